@@ -1,0 +1,44 @@
+"""Draft gRPC servicer: proto -> ProposeInput -> engine -> proto. Nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from specdec.engine.types import ProposeInput
+from specdec.errors import FailedPrecondition
+from specdec.protocol import sampling_from_proto, sparse_to_proto, stats_to_proto
+from specdec.server.model_service import ModelServiceBase
+from specdec.v1 import draft_pb2, draft_pb2_grpc
+
+SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["Draft"].full_name
+
+
+class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
+    """Implements specdec.v1.Draft."""
+
+    def __init__(self) -> None:
+        super().__init__("draft")
+
+    async def Propose(self, request: draft_pb2.ProposeRequest, context: grpc.aio.ServicerContext) -> Any:
+        bundle = self.loaded()
+        kind = request.draft_kind if request.HasField("draft_kind") and request.draft_kind else bundle.default_kind
+        engine = bundle.engines.get(kind)
+        if engine is None:
+            raise FailedPrecondition(f"this draft service has no {kind!r} draft (it serves {sorted(bundle.engines)})")
+        inp = ProposeInput(
+            session_id=request.session_id, context_ids=list(request.context_ids), k=request.k,
+            sampling=sampling_from_proto(request.sampling), draft_kind=kind,
+            ngram_min_n=request.ngram.min_n if request.ngram.HasField("min_n") else None,
+            ngram_max_n=request.ngram.max_n if request.ngram.HasField("max_n") else None,
+            position_base=request.position_base,
+        )
+        out, queue_ms = await self.worker.run(request.session_id, lambda: engine.propose(inp))
+        out.stats.queue_ms = queue_ms
+        return draft_pb2.ProposeResponse(draft_ids=out.draft_ids, draft_probs=sparse_to_proto(out.draft_probs),
+                                         stats=stats_to_proto(out.stats), draft_kind=out.draft_kind)
+
+
+def add_to_server(servicer: DraftServicer, server: grpc.aio.Server) -> None:
+    draft_pb2_grpc.add_DraftServicer_to_server(servicer, server)

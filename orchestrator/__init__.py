@@ -1,0 +1,1 @@
+"""Orchestrator service: tokenizes, keeps sessions in Redis, drives speculative rounds and streams text."""

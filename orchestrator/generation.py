@@ -1,0 +1,278 @@
+"""One generation: session in Redis, speculative rounds, detokenizing, stop handling, stats.
+
+`Generation.chunks()` is the single implementation behind both Generate
+(unary: the chunks are gathered) and GenerateStream. Per round:
+  1. choose k for the round (clipped to the tokens and context left),
+  2. run the round (draft proposes, target verifies in one pass),
+  3. cut at EOS / max_new_tokens,
+  4. detokenize incrementally and hold back text that may start a stop string,
+  5. store the kept tokens in Redis (version-checked, under this instance's lease),
+  6. stream the text delta (and the round, with trace).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from specdec.config import OrchestratorConfig
+from specdec.errors import Aborted, AlreadyExists, InvalidArgument, NotFound, Unavailable
+from specdec.params import GenerationParams, field_or_default, resolve_generation
+from specdec.v1 import orchestrator_pb2 as pb
+
+from orchestrator.detokenize import IncrementalDetokenizer
+from orchestrator.prompting import Message, Prompter
+from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner
+from orchestrator.session_store import (
+    LeaseLost, Session, SessionBusy, SessionExists, SessionNotFound, SessionStore, StoreUnavailable, VersionConflict,
+)
+from orchestrator.stats import StatsCollector
+from orchestrator.stops import StopMatcher, tokens_before_stop
+
+FINISH_NAMES = {pb.FINISH_REASON_EOS: "eos", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_STOP: "stop",
+                pb.FINISH_REASON_CONTEXT: "context", pb.FINISH_REASON_CANCELLED: "cancelled"}
+FINISH_BY_NAME = {v: k for k, v in FINISH_NAMES.items()}
+
+
+@contextlib.contextmanager
+def store_errors():
+    """Session-store failures as the gRPC statuses the client should see."""
+    try:
+        yield
+    except StoreUnavailable as exc:
+        raise Unavailable(f"session store (Redis) unavailable: {exc}") from None
+    except SessionNotFound as exc:
+        raise NotFound(f"{exc}; pass create_session=true to create it") from None
+    except SessionExists as exc:
+        raise AlreadyExists(str(exc)) from None
+    except (VersionConflict, LeaseLost, SessionBusy) as exc:
+        raise Aborted(str(exc)) from None
+
+
+@dataclass
+class Deps:
+    """What a generation needs from its orchestrator."""
+
+    cfg: OrchestratorConfig
+    store: SessionStore
+    runner: RoundRunner
+    prompter: Prompter
+    eos_ids: frozenset[int]
+    max_context: int
+    owner: str
+    model_name: str
+
+
+@dataclass
+class State:
+    """The mutable state of one generation (its round state lives in `session`)."""
+
+    session: Session
+    prompt_len: int                      # tokens before the completion
+    completion: list[int] = field(default_factory=list)
+    text: str = ""                       # text delivered so far (after stop hold-back)
+    finish: int = pb.FINISH_REASON_UNSPECIFIED
+    trace: list[pb.Round] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)
+
+
+class Generation:
+    """One Generate/GenerateStream call."""
+
+    def __init__(self, deps: Deps, request: pb.GenerateRequest) -> None:
+        self.deps = deps
+        self.request = request
+        self.params: GenerationParams = resolve_generation(request, deps.cfg.limits)
+        self.session_id = request.session_id if request.HasField("session_id") else uuid.uuid4().hex
+        self.request_id = request.request_id if request.HasField("request_id") else uuid.uuid4().hex
+        self.stats = StatsCollector()
+        self.state: State | None = None
+
+    async def chunks(self) -> AsyncIterator[pb.GenerateChunk]:
+        """The generation as a stream of chunks; the last one carries finish reason, usage, stats."""
+        with store_errors():
+            state = self.state = await self._begin()
+            detok, stops = self._text_pipeline(state)
+            catch_up = self._catch_up(state, detok, stops)
+            if catch_up is not None:
+                yield catch_up
+            if state.finish != pb.FINISH_REASON_UNSPECIFIED:  # a retry of a request that already finished
+                yield self._final_chunk(state)
+                return
+            try:
+                while state.finish == pb.FINISH_REASON_UNSPECIFIED:
+                    chunk = await self._round(state, detok, stops)
+                    if chunk is not None:
+                        yield chunk
+                await self._finish(state)
+            finally:
+                if state.finish == pb.FINISH_REASON_UNSPECIFIED:
+                    state.finish = pb.FINISH_REASON_CANCELLED
+                    await asyncio.shield(self._finish_quietly(state))
+        yield self._final_chunk(state)
+
+    # -- session ---------------------------------------------------------------------------
+
+    async def _begin(self) -> State:
+        """Create or continue the session and register this request (idempotent on request_id)."""
+        d, req = self.deps, self.request
+        existing = await d.store.get(self.session_id) if req.HasField("session_id") else None
+        if existing is None and req.HasField("session_id") and not field_or_default(req, "create_session"):
+            raise NotFound(f"session {self.session_id!r} does not exist; pass create_session=true to create it")
+        turn = self._turn_ids(existing)
+        session, _ = await d.store.begin_request(
+            self.session_id, self.request_id, d.owner, d.cfg.lease_s, turn,
+            {"k": self.params.k, "max_new_tokens": self.params.max_new_tokens, "seed": self.params.sampling.seed},
+            create_missing=existing is None)
+        prompt_len = len(session.ids) - len(session.completion_ids)
+        self._check_lengths(prompt_len)
+        state = State(session, prompt_len, list(session.completion_ids))
+        if session.status == "idle" and session.request_id == self.request_id and session.last_finish_reason:
+            state.finish = FINISH_BY_NAME.get(session.last_finish_reason, pb.FINISH_REASON_UNSPECIFIED)
+        return state
+
+    def _turn_ids(self, existing: Session | None) -> list[int]:
+        """Token ids of the new turn (closing the previous assistant turn when it lacked EOS)."""
+        req, prompter, first = self.request, self.deps.prompter, existing is None or not existing.ids
+        which = req.WhichOneof("input")
+        if which == "messages":
+            msgs = [Message(m.role, m.content) for m in req.messages.messages]
+            add = self.params.add_generation_prompt
+            ids = prompter.first_turn(msgs, add) if first else prompter.next_turn(msgs, add)
+        elif which == "prompt" and req.prompt:
+            ids = prompter.encode_text(req.prompt, first_turn=first)
+        else:
+            raise InvalidArgument("the prompt is empty: give a prompt or chat messages")
+        if not ids:
+            raise InvalidArgument("the prompt tokenizes to nothing")
+        if not first and existing.last_finish_reason not in ("", "eos") and which == "messages":
+            ids = prompter.end_of_turn() + ids
+        return ids
+
+    def _check_lengths(self, prompt_len: int) -> None:
+        limits, p = self.deps.cfg.limits, self.params
+        if prompt_len > limits.max_prompt_tokens:
+            raise InvalidArgument(f"the prompt has {prompt_len} tokens, over the limit of {limits.max_prompt_tokens}")
+        if prompt_len + p.max_new_tokens > self.deps.max_context:
+            raise InvalidArgument(
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({p.max_new_tokens}) exceeds the model's "
+                f"context of {self.deps.max_context} tokens")
+
+    # -- text ------------------------------------------------------------------------------
+
+    def _text_pipeline(self, state: State) -> tuple[IncrementalDetokenizer, StopMatcher]:
+        prompt = state.session.ids[: state.prompt_len]
+        return IncrementalDetokenizer(self.deps.prompter.tokenizer, prompt), StopMatcher(self.params.stop)
+
+    def _catch_up(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher) -> pb.GenerateChunk | None:
+        """A resumed request: replay stored completion tokens the client does not hold yet."""
+        if not state.completion:
+            return None
+        offset = min(int(field_or_default(self.request, "resume_offset")), len(state.completion))
+        state.text = stops.push(detok.push(state.completion[:offset])).emit
+        emitted = stops.push(detok.push(state.completion[offset:])).emit
+        state.text += emitted
+        return pb.GenerateChunk(text_delta=emitted, token_ids=state.completion[offset:], offset=offset,
+                                session_id=self.session_id, request_id=self.request_id)
+
+    # -- rounds ----------------------------------------------------------------------------
+
+    def _round_k(self, state: State) -> int:
+        left_tokens = self.params.max_new_tokens - len(state.completion)
+        left_context = self.deps.max_context - len(state.session.ids)
+        return max(0, min(self.params.k, left_tokens - 1, left_context - 1))
+
+    async def _round(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher) -> pb.GenerateChunk | None:
+        """Steps 1-6 of the module docstring for one round."""
+        start_len = len(state.completion)
+        outcome = await self.deps.runner.run(RoundRequest(                                   # 1, 2
+            self.session_id, self.request_id, list(state.session.ids), self._round_k(state),
+            self.params.sampling, self.params.draft_kind, self.params.logprobs))
+        tokens = self._cut(state, outcome.emitted)                                            # 3
+        delta = stops.push(detok.push(tokens))                                                # 4
+        state.completion += tokens
+        if delta.stopped:
+            state.finish = pb.FINISH_REASON_STOP
+            keep = tokens_before_stop(self.deps.prompter.tokenizer, state.completion, len(state.text + delta.emit))
+            tokens = state.completion[start_len:keep] if keep >= start_len else []
+            await self._store_cut(state, keep, start_len)
+            state.completion = state.completion[:keep]
+        elif state.finish != pb.FINISH_REASON_UNSPECIFIED:
+            delta = type(delta)(delta.emit + stops.push(detok.flush()).emit + stops.flush(), False, None)
+        if tokens:
+            await self._store(state, tokens, outcome)                                         # 5
+        state.text += delta.emit
+        self.stats.add_round(outcome, len(tokens))
+        return self._chunk(state, outcome, tokens, start_len, delta.emit)                      # 6
+
+    def _cut(self, state: State, emitted: list[int]) -> list[int]:
+        """Cut the round's tokens at EOS (when honoured), max_new_tokens or the context end."""
+        p = self.params
+        for i, token in enumerate(emitted):
+            produced = len(state.completion) + i + 1
+            if token in self.deps.eos_ids and not p.ignore_eos and produced > p.min_tokens:
+                state.finish = pb.FINISH_REASON_EOS
+                return emitted[: i + 1]
+            if produced >= p.max_new_tokens:
+                state.finish = pb.FINISH_REASON_LENGTH
+                return emitted[: i + 1]
+            if len(state.session.ids) + i + 1 >= self.deps.max_context:
+                state.finish = pb.FINISH_REASON_CONTEXT
+                return emitted[: i + 1]
+        return emitted
+
+    async def _store(self, state: State, tokens: list[int], outcome: RoundOutcome) -> None:
+        counters = {"rounds": 1, "drafted": len(outcome.draft_ids), "accepted": outcome.num_accepted,
+                    "delivered": len(tokens)}
+        state.session = await self.deps.store.append(
+            self.session_id, state.session.version, tokens, counters, self.deps.owner)
+        state.logprobs += outcome.logprobs[: len(tokens)]
+
+    async def _store_cut(self, state: State, keep: int, start_len: int) -> None:
+        """A stop string ended inside tokens stored by earlier rounds: drop them from the session."""
+        if keep < start_len:
+            state.session = await self.deps.store.truncate(
+                self.session_id, state.session.version, state.prompt_len + keep, self.deps.owner)
+
+    def _chunk(self, state: State, outcome: RoundOutcome, tokens: list[int], offset: int,
+               text: str) -> pb.GenerateChunk | None:
+        rounds = []
+        if self.params.trace:
+            rounds = [self.stats.round_proto(outcome, self.deps.prompter.tokenizer.decode(outcome.emitted))]
+            state.trace += rounds
+        if not tokens and not text and not rounds:
+            return None
+        return pb.GenerateChunk(text_delta=text, token_ids=tokens, offset=offset, rounds=rounds)
+
+    # -- end -------------------------------------------------------------------------------
+
+    async def _finish(self, state: State) -> None:
+        state.session = await self.deps.store.finish_request(
+            self.session_id, self.deps.owner, FINISH_NAMES[state.finish], state.session.version)
+
+    async def _finish_quietly(self, state: State) -> None:
+        with contextlib.suppress(Exception):
+            await self._finish(state)
+
+    def usage(self) -> pb.Usage:
+        state = self.state
+        n = len(state.completion)
+        return pb.Usage(prompt_tokens=state.prompt_len, completion_tokens=n, total_tokens=state.prompt_len + n)
+
+    def _final_chunk(self, state: State) -> pb.GenerateChunk:
+        chunk = pb.GenerateChunk(offset=len(state.completion), usage=self.usage(), stats=self.stats.proto(),
+                                 session_id=self.session_id, request_id=self.request_id)
+        chunk.finish_reason = state.finish
+        return chunk
+
+    def response(self) -> pb.GenerateResponse:
+        """The whole result, after chunks() ran to the end."""
+        s = self.state
+        return pb.GenerateResponse(
+            session_id=self.session_id, request_id=self.request_id, text=s.text, token_ids=s.completion,
+            finish_reason=s.finish, usage=self.usage(), stats=self.stats.proto(), trace=s.trace,
+            logprobs=s.logprobs, model=self.deps.model_name)

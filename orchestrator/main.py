@@ -1,0 +1,70 @@
+"""`specdec serve orchestrator`: the public gRPC entry point."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import uuid
+
+from specdec.config import OrchestratorConfig
+from specdec.errors import Unavailable
+from specdec.engine.loading import load_config
+from specdec.models.loader import load_tokenizer
+from specdec.models.tokenizer_info import describe_tokenizer
+from specdec.server.app import GrpcApp
+
+from orchestrator.generation import Deps
+from orchestrator.pair import PairMonitor
+from orchestrator.prompting import Prompter
+from orchestrator.replicas import ReplicaPool
+from orchestrator.rounds import RoundRunner
+from orchestrator.servicer import SERVICE_NAME, Admission, OrchestratorServicer
+from orchestrator.session_store import SessionStore, open_redis
+from specdec.v1 import orchestrator_pb2_grpc
+
+log = logging.getLogger("specdec.orchestrator")
+REFRESH_SECONDS = 2.0
+FIRST_PAIR_WAIT_S = 0.5
+
+
+def build_pools(cfg: OrchestratorConfig) -> tuple[ReplicaPool, ReplicaPool | None]:
+    """The target pool (required) and the draft pool (optional: none = target-only decoding)."""
+    if not cfg.target_addresses:
+        raise SystemExit("specdec orchestrator: no target address (SPECDEC_TARGET_ADDRESSES or --target)")
+    target = ReplicaPool("target", cfg.target_addresses, cfg.server, cfg.retry)
+    draft = ReplicaPool("draft", cfg.draft_addresses, cfg.server, cfg.retry) if cfg.draft_addresses else None
+    return target, draft
+
+
+async def serve(cfg: OrchestratorConfig) -> None:
+    """Load the tokenizer, connect Redis and the pools, serve until SIGTERM."""
+    if not cfg.redis_url:
+        raise SystemExit("specdec orchestrator: REDIS_URL is not set (specdec up starts an embedded Redis)")
+    tokenizer = await asyncio.to_thread(
+        load_tokenizer, cfg.tokenizer, load_config(cache_dir=cfg.cache_dir, offline=cfg.offline))
+    target, draft = build_pools(cfg)
+    pair = PairMonitor(target, draft, describe_tokenizer(tokenizer), cfg.tokenizer, REFRESH_SECONDS)
+    store = SessionStore(open_redis(cfg.redis_url), prefix=cfg.redis_prefix, ttl_seconds=cfg.session_ttl_s)
+    deps = Deps(cfg=cfg, store=store, runner=RoundRunner(draft, target, cfg.retry), prompter=Prompter(tokenizer),
+                eos_ids=frozenset(), max_context=0, owner=f"orch-{uuid.uuid4().hex[:12]}", model_name="")
+    servicer = OrchestratorServicer(deps, pair, Admission(cfg.max_concurrent))
+    app = GrpcApp(SERVICE_NAME, cfg.server, cfg.auth_tokens)
+    port = await app.start(lambda server: orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(servicer, server))
+    app.install_signal_handlers()
+    print(f"specdec orchestrator listening on {cfg.server.host}:{port}", file=sys.stderr, flush=True)
+
+    async def on_change(ok: bool) -> None:
+        info = pair.target_info()
+        if info is not None:
+            deps.eos_ids, deps.max_context, deps.model_name = frozenset(info.eos_token_ids), info.max_context, info.model_id
+        await app.set_serving(ok)
+
+    stop = asyncio.Event()
+    monitor = asyncio.create_task(pair.run(stop, on_change))
+    await app.run_until_stopped()
+    stop.set()
+    await monitor
+    await target.close()
+    if draft is not None:
+        await draft.close()

@@ -1,0 +1,88 @@
+"""Watches the draft and target pools: discovery, Info, and the tokenizer check.
+
+The orchestrator refuses a replica whose tokenizer differs from the target's
+(and a target whose tokenizer differs from the orchestrator's own). While no
+compatible pair is available, health is NOT_SERVING and requests get
+FAILED_PRECONDITION with a message naming both models and what differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Awaitable, Callable
+
+from specdec.models.tokenizer_info import TokenizerInfo
+from specdec.v1 import orchestrator_pb2 as pb
+
+from orchestrator.replicas import ReplicaPool
+
+log = logging.getLogger("specdec.orchestrator")
+
+
+class PairMonitor:
+    """Keeps the pools fresh and says whether a compatible draft/target pair is available."""
+
+    def __init__(self, target: ReplicaPool, draft: ReplicaPool | None, tokenizer: TokenizerInfo,
+                 tokenizer_name: str, refresh_s: float) -> None:
+        self.target, self.draft = target, draft
+        self.tokenizer, self.tokenizer_name = tokenizer, tokenizer_name
+        self.refresh_s = refresh_s
+        self._problem = "no target replica has answered yet"
+
+    def problem(self) -> str:
+        """Why requests cannot be served now ('' when they can)."""
+        return self._problem
+
+    async def refresh(self) -> None:
+        """One discovery + Info + compatibility pass over both pools."""
+        await self.target.refresh()
+        self.target.check_compatible(self.tokenizer, f"orchestrator tokenizer {self.tokenizer_name}")
+        targets = self.target.usable()
+        if self.draft is not None:
+            await self.draft.refresh()
+            if targets:
+                t = targets[0].info
+                ref = TokenizerInfo(vocab_size=t.vocab_size, fingerprint=t.tokenizer_fingerprint,
+                                    special_tokens=dict(t.special_tokens))
+                self.draft.check_compatible(ref, f"target {t.model_id}")
+        self._problem = self._diagnose()
+
+    def _diagnose(self) -> str:
+        if not self.target.usable():
+            errors = [r.error for r in self.target.replicas.values() if r.error]
+            return "; ".join(errors) or "no target replica is reachable"
+        if self.draft is not None and self.draft.replicas and not self.draft.usable():
+            incompatible = [r.error for r in self.draft.replicas.values() if r.error and "differ" in r.error]
+            if incompatible and len(incompatible) == len(self.draft.replicas):
+                return "; ".join(incompatible)
+        return ""
+
+    async def run(self, stop: asyncio.Event, on_change: Callable[[bool], Awaitable[None]]) -> None:
+        """Refresh every refresh_s until stop; report serving/not serving to on_change."""
+        while not stop.is_set():
+            try:
+                await self.refresh()
+            except Exception as exc:  # noqa: BLE001 - discovery errors must not kill the loop
+                self._problem = f"replica discovery failed: {exc}"
+                log.warning(self._problem)
+            await on_change(not self._problem)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.refresh_s)
+
+    def target_info(self):
+        usable = self.target.usable()
+        return usable[0].info if usable else None
+
+    async def release_session(self, session_id: str) -> None:
+        await self.target.release_session(session_id)
+        if self.draft is not None:
+            await self.draft.release_session(session_id)
+
+    def replica_statuses(self) -> list[pb.ReplicaStatus]:
+        pools = [self.target] + ([self.draft] if self.draft is not None else [])
+        return [pb.ReplicaStatus(address=r.address, role=pool.role, healthy=not r.error and r.info is not None
+                                 and r.address not in pool.set.unhealthy, error=r.error,
+                                 in_flight=pool.set.in_flight(r.address), info=r.info)
+                for pool in pools for r in pool.replicas.values()]

@@ -1,0 +1,152 @@
+"""The orchestrator's view of the draft and target pools: channels, Info, routing, retries.
+
+Each pool discovers its replicas (static list or DNS), asks each one for Info
+when it first sees it, and routes a session's calls by rendezvous hashing on
+the session id (so the replica holding the session's KV cache keeps getting
+it). A call that fails with UNAVAILABLE marks the replica unhealthy and is
+retried on the session's next choice: routing is a cache hint, never needed for
+correctness, since every call carries the full token context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import grpc
+
+from specdec.config import RetryConfig, ServerConfig
+from specdec.errors import Unavailable
+from specdec.models.tokenizer_info import TokenizerInfo, compare_tokenizers
+from specdec.routing import ReplicaSet, RoutingConfig, make_resolver
+from specdec.server.app import grpc_options
+from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
+
+log = logging.getLogger("specdec.orchestrator")
+
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+STUBS = {"draft": draft_pb2_grpc.DraftStub, "target": target_pb2_grpc.TargetStub}
+
+
+def client_credentials(server_cfg: ServerConfig) -> grpc.ChannelCredentials | None:
+    """TLS toward the model services when a CA is configured (mTLS when cert+key too)."""
+    tls = server_cfg.tls
+    if not tls.ca:
+        return None
+    read = lambda p: open(p, "rb").read() if p else None  # noqa: E731
+    return grpc.ssl_channel_credentials(read(tls.ca), read(tls.key), read(tls.cert))
+
+
+@dataclass
+class Replica:
+    """One model-service process as the orchestrator sees it."""
+
+    address: str
+    channel: grpc.aio.Channel
+    stub: Any
+    info: common_pb2.ModelInfo | None = None
+    error: str = ""          # why it cannot be used (incompatible tokenizer, Info failed)
+
+
+@dataclass
+class ReplicaPool:
+    """A pool of draft or target replicas behind one address spec."""
+
+    role: str
+    addresses: str
+    server_cfg: ServerConfig
+    retry: RetryConfig
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    replicas: dict[str, Replica] = field(default_factory=dict)
+    set: ReplicaSet = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.set = ReplicaSet(make_resolver(self.addresses), self.routing)
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        token = self.server_cfg.service_token
+        return (("authorization", f"Bearer {token}"),) if token else ()
+
+    def _connect(self, address: str) -> Replica:
+        creds = client_credentials(self.server_cfg)
+        opts = grpc_options(self.server_cfg.max_message_bytes)
+        channel = (grpc.aio.secure_channel(address, creds, options=opts) if creds
+                   else grpc.aio.insecure_channel(address, options=opts))
+        return Replica(address, channel, STUBS[self.role](channel))
+
+    async def refresh(self) -> None:
+        """Re-resolve the pool; connect to new replicas and ask them for Info."""
+        await self.set.refresh()
+        for address in self.set.replicas:
+            if address not in self.replicas:
+                self.replicas[address] = self._connect(address)
+        for address in list(self.replicas):
+            if address not in self.set.replicas:
+                await self.replicas.pop(address).channel.close()
+        stale = [r for r in self.replicas.values() if r.info is None or r.address in self.set.unhealthy]
+        await asyncio.gather(*(self._fetch_info(r) for r in stale))
+
+    async def _fetch_info(self, replica: Replica) -> None:
+        try:
+            replica.info = await replica.stub.Info(common_pb2.InfoRequest(), timeout=self.retry.connect_timeout_s,
+                                                   metadata=self._metadata())
+            replica.error = ""
+            self.set.mark_healthy(replica.address)
+        except grpc.aio.AioRpcError as exc:
+            replica.error = f"{self.role} replica {replica.address}: {exc.code().name}: {exc.details()}"
+            self.set.mark_unhealthy(replica.address)
+
+    def usable(self) -> list[Replica]:
+        """Replicas with Info and no compatibility error."""
+        return [r for r in self.replicas.values() if r.info is not None and not r.error]
+
+    def check_compatible(self, reference: TokenizerInfo, reference_name: str) -> None:
+        """Mark replicas whose tokenizer differs from the reference (n-gram drafts are always compatible)."""
+        for r in self.replicas.values():
+            if r.info is None or not r.info.tokenizer_fingerprint:
+                continue
+            theirs = TokenizerInfo(vocab_size=r.info.vocab_size, fingerprint=r.info.tokenizer_fingerprint,
+                                   special_tokens=dict(r.info.special_tokens))
+            problem = compare_tokenizers(reference, theirs, reference_name, f"{self.role} {r.info.model_id} at {r.address}")
+            r.error = problem or ""
+            if problem:
+                self.set.mark_unhealthy(r.address)
+                log.error("refusing %s", problem)
+
+    async def call(self, session_id: str, method: str, request: Any, timeout: float) -> tuple[Any, str, int]:
+        """Call `method` on the session's replica, retrying UNAVAILABLE on the next choices.
+
+        Returns (response, replica address, retries). Raises Unavailable when no replica answers.
+        """
+        errors: list[str] = []
+        for attempt in range(self.retry.attempts):
+            address = self.set.pick(session_id)
+            replica = self.replicas.get(address) if address else None
+            if replica is None or replica.error:
+                break
+            self.set.acquire(address)
+            try:
+                response = await getattr(replica.stub, method)(request, timeout=timeout, metadata=self._metadata())
+                return response, address, attempt
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in RETRYABLE:
+                    raise
+                errors.append(f"{address}: {exc.details()}")
+                self.set.mark_unhealthy(address)
+                await asyncio.sleep(self.retry.backoff_s * (attempt + 1))
+            finally:
+                self.set.release(address)
+        raise Unavailable(f"no {self.role} replica could serve the call ({'; '.join(errors) or 'none available'})")
+
+    async def release_session(self, session_id: str) -> None:
+        """Best effort: tell every usable replica to drop the session's cache."""
+        req = common_pb2.ReleaseRequest(session_id=session_id)
+        calls = [r.stub.Release(req, timeout=self.retry.connect_timeout_s, metadata=self._metadata())
+                 for r in self.usable()]
+        await asyncio.gather(*calls, return_exceptions=True)
+
+    async def close(self) -> None:
+        for r in self.replicas.values():
+            await r.channel.close()

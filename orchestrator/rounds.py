@@ -1,0 +1,125 @@
+"""One speculative round between the draft and target pools.
+
+  1. the draft proposes up to k tokens d1..dk from the accepted context;
+  2. the target scores context + d1..dk in ONE forward pass;
+  3. the longest agreeing prefix (m tokens) is accepted, then the target's
+     token t(m+1) is appended: RECOVERED when m < k, BONUS when m == k.
+So every round yields m + 1 >= 1 tokens. With k = 0 a round is one plain
+target step. When no draft replica answers, the round degrades to k = 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from specdec.config import RetryConfig
+from specdec.core.sampling import SamplingConfig
+from specdec.errors import Unavailable
+from specdec.protocol import sampling_to_proto
+from specdec.v1 import draft_pb2, target_pb2
+
+from orchestrator.replicas import ReplicaPool
+
+log = logging.getLogger("specdec.orchestrator")
+MS_PER_S = 1000.0
+
+
+@dataclass
+class RoundOutcome:
+    """What one round produced and what it cost (the article's per-round table row)."""
+
+    k: int
+    draft_ids: list[int]
+    matches: list[bool]
+    target_ids: list[int]
+    num_accepted: int
+    next_token: int
+    next_kind: int                  # target_pb2.NextKind
+    emitted: list[int]              # accepted draft tokens + the recovered/bonus token
+    logprobs: list = field(default_factory=list)
+    draft_ms: float = 0.0           # draft forward time
+    target_ms: float = 0.0          # target forward time
+    wall_ms: float = 0.0
+    wire_bytes: int = 0
+    draft_replica: str = ""
+    target_replica: str = ""
+    degraded: bool = False
+    retries: int = 0
+
+    @property
+    def overhead_ms(self) -> float:
+        """Everything that is not a model forward: hops, serialisation, queueing."""
+        return max(0.0, self.wall_ms - self.draft_ms - self.target_ms)
+
+
+@dataclass
+class RoundRequest:
+    session_id: str
+    request_id: str
+    context_ids: list[int]
+    k: int
+    sampling: SamplingConfig
+    draft_kind: str = ""
+    logprobs: int = -1
+
+
+class RoundRunner:
+    """Drives single rounds against the two pools, with deadlines scaled to the work."""
+
+    def __init__(self, draft: ReplicaPool | None, target: ReplicaPool, retry: RetryConfig) -> None:
+        self.draft = draft
+        self.target = target
+        self.retry = retry
+
+    def _deadline(self, tokens: int) -> float:
+        return self.retry.base_deadline_s + self.retry.per_token_deadline_s * tokens
+
+    async def run(self, req: RoundRequest) -> RoundOutcome:
+        """Steps 1-3 of the round (see module docstring)."""
+        start = time.perf_counter()
+        proposal, out = await self._propose(req)
+        verify = target_pb2.VerifyRequest(
+            session_id=req.session_id, request_id=req.request_id, context_ids=req.context_ids,
+            draft_ids=proposal.draft_ids, draft_probs=proposal.draft_probs,
+            sampling=sampling_to_proto(req.sampling))
+        if req.logprobs >= 0:
+            verify.logprobs = req.logprobs
+        timeout = self._deadline(len(req.context_ids) + len(proposal.draft_ids))
+        verdict, out.target_replica, retries = await self.target.call(req.session_id, "Verify", verify, timeout)
+        m = verdict.num_accepted
+        out.draft_ids, out.target_ids, out.matches = list(proposal.draft_ids), list(verdict.target_ids), list(verdict.matches)
+        out.num_accepted, out.next_token, out.next_kind = m, verdict.next_token, verdict.next_kind
+        out.emitted = list(proposal.draft_ids[:m]) + [verdict.next_token]
+        out.logprobs = list(verdict.logprobs)
+        out.target_ms = verdict.stats.forward_ms
+        out.wire_bytes += verify.ByteSize() + verdict.ByteSize()
+        out.retries += retries
+        out.wall_ms = (time.perf_counter() - start) * MS_PER_S
+        return out
+
+    async def _propose(self, req: RoundRequest) -> tuple[draft_pb2.ProposeResponse, RoundOutcome]:
+        out = RoundOutcome(k=req.k, draft_ids=[], matches=[], target_ids=[], num_accepted=0,
+                           next_token=-1, next_kind=0, emitted=[])
+        empty = draft_pb2.ProposeResponse()
+        if req.k == 0:
+            return empty, out
+        if self.draft is None:
+            out.degraded = True
+            return empty, out
+        propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id,
+                                           context_ids=req.context_ids, k=req.k,
+                                           sampling=sampling_to_proto(req.sampling))
+        if req.draft_kind:
+            propose.draft_kind = req.draft_kind
+        try:
+            timeout = self._deadline(len(req.context_ids) + req.k)
+            response, out.draft_replica, out.retries = await self.draft.call(req.session_id, "Propose", propose, timeout)
+        except Unavailable as exc:
+            log.warning("draft unavailable, degrading session %s to target-only this round: %s", req.session_id, exc)
+            out.degraded = True
+            return empty, out
+        out.draft_ms = response.stats.forward_ms
+        out.wire_bytes = propose.ByteSize() + response.ByteSize()
+        return response, out

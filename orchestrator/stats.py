@@ -1,0 +1,84 @@
+"""Per-generation statistics: collected per round, exported as the Stats proto.
+
+Mean accepted length counts the recovered/bonus token: a round that accepts m
+draft tokens yields m + 1 tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import target_pb2
+
+from orchestrator.rounds import RoundOutcome
+
+MS_PER_S = 1000.0
+
+
+@dataclass
+class StatsCollector:
+    """Sums over the rounds of one generation."""
+
+    started: float = field(default_factory=time.perf_counter)
+    first_token_ms: float = 0.0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    recovered: int = 0
+    bonus: int = 0
+    round_tokens: int = 0            # m + 1 summed over rounds (before EOS/length cuts)
+    draft_ms: float = 0.0
+    target_ms: float = 0.0
+    overhead_ms: float = 0.0
+    wire_bytes: int = 0
+    degraded: int = 0
+    retries: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
+
+    def add_round(self, o: RoundOutcome, kept_tokens: int) -> None:
+        """Account for one round."""
+        if self.rounds == 0 and kept_tokens:
+            self.first_token_ms = (time.perf_counter() - self.started) * MS_PER_S
+        self.rounds += 1
+        self.drafted += len(o.draft_ids)
+        self.accepted += o.num_accepted
+        self.recovered += o.next_kind == target_pb2.NEXT_KIND_RECOVERED
+        self.bonus += o.next_kind == target_pb2.NEXT_KIND_BONUS
+        self.round_tokens += o.num_accepted + 1
+        self.draft_ms += o.draft_ms
+        self.target_ms += o.target_ms
+        self.overhead_ms += o.overhead_ms
+        self.wire_bytes += o.wire_bytes
+        self.degraded += o.degraded
+        self.retries += o.retries
+        for i in range(len(o.draft_ids)):
+            if i >= len(self.drafted_per_position):
+                self.drafted_per_position.append(0)
+                self.accepted_per_position.append(0)
+            self.drafted_per_position[i] += 1
+            self.accepted_per_position[i] += i < o.num_accepted
+
+    def proto(self) -> pb.Stats:
+        """Export as the wire Stats message."""
+        rounds = max(self.rounds, 1)
+        return pb.Stats(
+            rounds=self.rounds, draft_tokens=self.drafted, accepted_tokens=self.accepted,
+            recovered_tokens=self.recovered, bonus_tokens=self.bonus,
+            acceptance_rate=self.accepted / self.drafted if self.drafted else 0.0,
+            mean_accepted_length=self.round_tokens / rounds if self.rounds else 0.0,
+            draft_ms=self.draft_ms, target_ms=self.target_ms, overhead_ms=self.overhead_ms,
+            total_ms=(time.perf_counter() - self.started) * MS_PER_S,
+            wire_bytes=self.wire_bytes, wire_bytes_per_round=self.wire_bytes / rounds,
+            target_passes=self.rounds, degraded_rounds=self.degraded,
+            accepted_per_position=self.accepted_per_position, drafted_per_position=self.drafted_per_position,
+            time_to_first_token_ms=self.first_token_ms, retries=self.retries)
+
+    def round_proto(self, o: RoundOutcome, text: str) -> pb.Round:
+        """One row of the per-round trace."""
+        return pb.Round(index=self.rounds, k=o.k, draft_ids=o.draft_ids, matches=o.matches,
+                        target_ids=o.target_ids, num_accepted=o.num_accepted, next_token=o.next_token,
+                        next_kind=o.next_kind, text=text, draft_ms=o.draft_ms, target_ms=o.target_ms,
+                        overhead_ms=o.overhead_ms, draft_replica=o.draft_replica, target_replica=o.target_replica)

@@ -1,0 +1,1 @@
+"""Distributed speculative decoding: draft and target models as separate services."""

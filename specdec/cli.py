@@ -1,0 +1,226 @@
+"""The `specdec` command: serve a service, run the whole stack locally, generate.
+
+  specdec serve draft|target|orchestrator [options]
+  specdec up [--target-model SPEC] [--draft-kind ngram|model] [--draft-replicas N] [--target-replicas M]
+  specdec generate "prompt" [--k N] [--max-new-tokens N] [--session ID] [--trace] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+
+from specdec.config import DEFAULT_DRAFT_PORT, DEFAULT_ORCHESTRATOR_PORT, DEFAULT_TARGET_PORT
+
+EXIT_USAGE, EXIT_LOAD_ERROR = 2, 2
+DEFAULT_PORTS = {"draft": DEFAULT_DRAFT_PORT, "target": DEFAULT_TARGET_PORT, "orchestrator": DEFAULT_ORCHESTRATOR_PORT}
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run one service")
+    p.add_argument("role", choices=["draft", "target", "orchestrator"])
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--metrics-port", type=int)
+    p.add_argument("--model", help="model spec: embedded | modelscope:ORG/NAME | hf:ORG/NAME | DIR | gguf:FILE")
+    p.add_argument("--draft-kind", choices=["model", "ngram"])
+    p.add_argument("--device")
+    p.add_argument("--dtype")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--cache-budget-bytes", type=int)
+    p.add_argument("--draft", dest="draft_addresses", help="draft replicas: host:port,... or dns:///name:port")
+    p.add_argument("--target", dest="target_addresses", help="target replicas: host:port,... or dns:///name:port")
+    p.add_argument("--redis-url")
+    p.add_argument("--tokenizer", help="model spec of the target (tokenizer only)")
+    p.add_argument("--max-concurrent", type=int)
+
+
+def _apply(cfg: object, args: argparse.Namespace, names: list[str]) -> None:
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(cfg, name, value)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Build the role's config from env + flags and run it until SIGTERM."""
+    from specdec.config import ModelServiceConfig, OrchestratorConfig
+    from specdec.models.spec import ModelLoadError
+
+    if args.role == "orchestrator":
+        cfg = OrchestratorConfig()
+        _apply(cfg, args, ["draft_addresses", "target_addresses", "redis_url", "tokenizer", "max_concurrent"])
+        from orchestrator.main import serve
+    else:
+        cfg = ModelServiceConfig(role=args.role)
+        _apply(cfg, args, ["model", "draft_kind", "device", "dtype", "threads", "cache_budget_bytes"])
+        if args.role == "draft":
+            from draft_service.main import serve
+        else:
+            from target_service.main import serve
+    _apply(cfg.server, args, ["host", "metrics_port"])
+    cfg.server.port = args.port if args.port is not None else DEFAULT_PORTS[args.role]
+    try:
+        asyncio.run(serve(cfg))
+    except ModelLoadError as exc:
+        print(f"specdec {args.role}: {exc}", file=sys.stderr)
+        return EXIT_LOAD_ERROR
+    return 0
+
+
+def _up_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="start Redis, draft, target and orchestrator locally; Ctrl-C stops all")
+    p.add_argument("--target-model", default="embedded")
+    p.add_argument("--draft-model", default="")
+    p.add_argument("--draft-kind", choices=["model", "ngram"], default="ngram")
+    p.add_argument("--draft-replicas", type=int, default=1)
+    p.add_argument("--target-replicas", type=int, default=1)
+    p.add_argument("--redis-url", default="")
+    p.add_argument("--threads", type=int, default=1)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Run the local stack until Ctrl-C."""
+    from specdec.launcher import LocalStack, StackConfig
+
+    cfg = StackConfig(target_model=args.target_model, draft_model=args.draft_model, draft_kind=args.draft_kind,
+                      draft_replicas=args.draft_replicas, target_replicas=args.target_replicas,
+                      redis_url=args.redis_url, threads=args.threads)
+    stack = LocalStack(cfg)
+    print("starting Redis, draft, target and orchestrator (the first model load converts the GGUF, ~1 min)...")
+    try:
+        stack.start()
+    except (RuntimeError, TimeoutError) as exc:
+        stack.stop()
+        print(f"specdec up: {exc}", file=sys.stderr)
+        return 1
+    for proc in stack.procs:
+        print(f"  {proc.role:<12} {proc.address}   log: {proc.log_path}")
+    print(f"ready: specdec generate --address {stack.orchestrator_address} \"Hello\"   (Ctrl-C stops all)")
+    stopped = False
+    def _stop(*_: object) -> None:
+        nonlocal stopped
+        stopped = True
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while not stopped:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    stack.stop()
+    return 0
+
+
+def _generate_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text through the orchestrator")
+    p.add_argument("prompt")
+    p.add_argument("--address", default=f"127.0.0.1:{DEFAULT_ORCHESTRATOR_PORT}")
+    p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
+    p.add_argument("--k", type=int)
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--draft-kind", choices=["model", "ngram"])
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[])
+    p.add_argument("--session")
+    p.add_argument("--new-session", action="store_true", help="create --session if it does not exist")
+    p.add_argument("--trace", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--stream", action="store_true")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--token", help="bearer token")
+
+
+def build_request(args: argparse.Namespace):
+    """GenerateRequest from CLI flags: unset flags stay unset (server defaults apply)."""
+    from specdec.v1 import orchestrator_pb2 as pb
+
+    req = pb.GenerateRequest(stop=args.stop)
+    if args.chat:
+        req.messages.messages.add(role="user", content=args.prompt)
+    else:
+        req.prompt = args.prompt
+    for flag, fld in (("k", "k"), ("max_new_tokens", "max_new_tokens"), ("draft_kind", "draft_kind"),
+                      ("session", "session_id")):
+        if getattr(args, flag) is not None:
+            setattr(req, fld, getattr(args, flag))
+    for flag in ("temperature", "top_k", "top_p", "seed"):
+        if getattr(args, flag) is not None:
+            setattr(req.sampling, flag, getattr(args, flag))
+    if args.new_session:
+        req.create_session = True
+    if args.trace:
+        req.trace = True
+    return req
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Call Generate (or GenerateStream) and print text, stats and the round table."""
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from specdec.report import round_table, stats_lines
+    from specdec.v1 import orchestrator_pb2_grpc
+
+    req = build_request(args)
+    metadata = (("authorization", f"Bearer {args.token}"),) if args.token else ()
+    with grpc.insecure_channel(args.address) as channel:
+        stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+        try:
+            if args.stream and not args.json:
+                return _print_stream(stub.GenerateStream(req, timeout=args.timeout, metadata=metadata), args)
+            resp = stub.Generate(req, timeout=args.timeout, metadata=metadata)
+        except grpc.RpcError as exc:
+            print(f"specdec generate: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+    if args.json:
+        print(json.dumps(MessageToDict(resp, preserving_proto_field_name=True), ensure_ascii=False, indent=2))
+        return 0
+    print(resp.text)
+    print()
+    print(stats_lines(resp.stats, resp.usage, resp.finish_reason))
+    if args.trace:
+        print()
+        print(round_table(resp.trace))
+    return 0
+
+
+def _print_stream(chunks, args: argparse.Namespace) -> int:
+    from specdec.report import round_table, stats_lines
+
+    rounds = []
+    for chunk in chunks:
+        sys.stdout.write(chunk.text_delta)
+        sys.stdout.flush()
+        rounds += list(chunk.rounds)
+        if chunk.HasField("finish_reason"):
+            print("\n")
+            print(stats_lines(chunk.stats, chunk.usage, chunk.finish_reason))
+    if args.trace:
+        print()
+        print(round_table(rounds))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `specdec` console script."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    _up_parser(sub)
+    _generate_parser(sub)
+    args = parser.parse_args(argv)
+    handlers = {"serve": cmd_serve, "up": cmd_up, "generate": cmd_generate}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Configuration dataclasses for the three services, read from the environment.
+
+Every limit the system enforces is named here (no magic numbers in code).
+Environment variables (CLI flags override them):
+
+  SPECDEC_HOST, SPECDEC_PORT, SPECDEC_METRICS_PORT, SPECDEC_DRAIN_SECONDS,
+  SPECDEC_MODEL, SPECDEC_DRAFT_KIND, SPECDEC_DEVICE, SPECDEC_DTYPE,
+  SPECDEC_THREADS, SPECDEC_MODEL_CACHE_DIR, SPECDEC_OFFLINE,
+  SPECDEC_CACHE_BUDGET_BYTES, SPECDEC_MAX_MESSAGE_BYTES,
+  REDIS_URL, SPECDEC_TOKENIZER, SPECDEC_DRAFT_ADDRESSES,
+  SPECDEC_TARGET_ADDRESSES, SPECDEC_MAX_CONCURRENT, SPECDEC_SESSION_TTL,
+  SPECDEC_REDIS_PREFIX, SPECDEC_AUTH_TOKENS, SPECDEC_SERVICE_TOKEN,
+  SPECDEC_TLS_CERT, SPECDEC_TLS_KEY, SPECDEC_TLS_CA
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+DEFAULT_ORCHESTRATOR_PORT = 50050
+DEFAULT_DRAFT_PORT = 50051
+DEFAULT_TARGET_PORT = 50052
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+
+def env_str(name: str, default: str = "") -> str:
+    """String from the environment, or the default when unset or empty."""
+    return os.environ.get(name) or default
+
+
+def env_int(name: str, default: int) -> int:
+    """Integer from the environment, or the default."""
+    raw = os.environ.get(name)
+    return int(raw) if raw else default
+
+
+def env_float(name: str, default: float) -> float:
+    """Float from the environment, or the default."""
+    raw = os.environ.get(name)
+    return float(raw) if raw else default
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    """Boolean from the environment (1/true/yes/on), or the default."""
+    raw = os.environ.get(name)
+    return default if not raw else raw.strip().lower() in {"1", "true", "yes", "on"}
+
+
+@dataclass
+class Limits:
+    """Named limits enforced on requests (INVALID_ARGUMENT / RESOURCE_EXHAUSTED beyond them)."""
+
+    max_k: int = 16
+    max_new_tokens: int = 4096
+    max_prompt_tokens: int = 8192
+    max_stop_strings: int = 8
+    max_stop_chars: int = 256
+    max_logprobs: int = 20
+    max_message_bytes: int = 4 * MIB
+    max_rounds_factor: int = 2      # rounds <= factor * max_new_tokens (a round yields >= 1 token)
+
+
+@dataclass
+class TLSConfig:
+    """Optional TLS/mTLS: server cert+key, and a CA to verify peers (mTLS) or servers (client side)."""
+
+    cert: str = field(default_factory=lambda: env_str("SPECDEC_TLS_CERT"))
+    key: str = field(default_factory=lambda: env_str("SPECDEC_TLS_KEY"))
+    ca: str = field(default_factory=lambda: env_str("SPECDEC_TLS_CA"))
+
+    @property
+    def enabled(self) -> bool:
+        """True when a certificate and key are configured."""
+        return bool(self.cert and self.key)
+
+
+@dataclass
+class ServerConfig:
+    """What every gRPC service shares: address, metrics, drain, message size, security."""
+
+    host: str = field(default_factory=lambda: env_str("SPECDEC_HOST", "127.0.0.1"))
+    port: int = 0
+    metrics_port: int = field(default_factory=lambda: env_int("SPECDEC_METRICS_PORT", 0))
+    drain_seconds: float = field(default_factory=lambda: env_float("SPECDEC_DRAIN_SECONDS", 30.0))
+    max_message_bytes: int = field(default_factory=lambda: env_int("SPECDEC_MAX_MESSAGE_BYTES", 4 * MIB))
+    service_token: str = field(default_factory=lambda: env_str("SPECDEC_SERVICE_TOKEN"))
+    tls: TLSConfig = field(default_factory=TLSConfig)
+
+
+@dataclass
+class ModelServiceConfig:
+    """A draft or target worker: which model, where, and its KV-cache budget."""
+
+    role: str = "target"
+    model: str = field(default_factory=lambda: env_str("SPECDEC_MODEL", "embedded"))
+    draft_kind: str = field(default_factory=lambda: env_str("SPECDEC_DRAFT_KIND", "model"))
+    device: str = field(default_factory=lambda: env_str("SPECDEC_DEVICE", "auto"))
+    dtype: str = field(default_factory=lambda: env_str("SPECDEC_DTYPE", "auto"))
+    threads: int = field(default_factory=lambda: env_int("SPECDEC_THREADS", 0))
+    cache_dir: str = field(default_factory=lambda: env_str("SPECDEC_MODEL_CACHE_DIR"))
+    offline: bool = field(default_factory=lambda: env_bool("SPECDEC_OFFLINE"))
+    cache_budget_bytes: int = field(default_factory=lambda: env_int("SPECDEC_CACHE_BUDGET_BYTES", 2 * GIB))
+    max_k: int = Limits.max_k
+    ngram_min_n: int = 1
+    ngram_max_n: int = 4
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+
+@dataclass
+class RetryConfig:
+    """Deadlines and retries of orchestrator -> model-service calls."""
+
+    base_deadline_s: float = 10.0          # per call, plus per_token_deadline_s per token computed
+    per_token_deadline_s: float = 0.05
+    attempts: int = 3                      # tries over distinct replicas on UNAVAILABLE
+    backoff_s: float = 0.05
+    connect_timeout_s: float = 5.0
+
+
+@dataclass
+class OrchestratorConfig:
+    """The public entry point: where the pools and Redis are, admission, sessions."""
+
+    tokenizer: str = field(default_factory=lambda: env_str("SPECDEC_TOKENIZER", "embedded"))
+    draft_addresses: str = field(default_factory=lambda: env_str("SPECDEC_DRAFT_ADDRESSES"))
+    target_addresses: str = field(default_factory=lambda: env_str("SPECDEC_TARGET_ADDRESSES"))
+    redis_url: str = field(default_factory=lambda: env_str("REDIS_URL"))
+    redis_prefix: str = field(default_factory=lambda: env_str("SPECDEC_REDIS_PREFIX", "specdec:"))
+    session_ttl_s: int = field(default_factory=lambda: env_int("SPECDEC_SESSION_TTL", 24 * 3600))
+    lease_s: float = 30.0
+    max_concurrent: int = field(default_factory=lambda: env_int("SPECDEC_MAX_CONCURRENT", 64))
+    auth_tokens: tuple[str, ...] = field(
+        default_factory=lambda: tuple(t for t in env_str("SPECDEC_AUTH_TOKENS").split(",") if t))
+    cache_dir: str = field(default_factory=lambda: env_str("SPECDEC_MODEL_CACHE_DIR"))
+    offline: bool = field(default_factory=lambda: env_bool("SPECDEC_OFFLINE"))
+    limits: Limits = field(default_factory=Limits)
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)

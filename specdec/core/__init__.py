@@ -1,0 +1,1 @@
+"""Pure tensor functions of one speculative round: sampling, accept rule, n-gram proposer."""

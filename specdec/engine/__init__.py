@@ -1,0 +1,1 @@
+"""Model-side engines: per-session KV caches and the draft/target computations."""

@@ -1,0 +1,23 @@
+"""Request checks shared by the draft and target engines (INVALID_ARGUMENT before any model work)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from specdec.errors import InvalidArgument
+
+
+def check_token_ids(ids: Sequence[int], width: int, what: str) -> None:
+    """Every id must lie in [0, width)."""
+    for i, t in enumerate(ids):
+        if not 0 <= t < width:
+            raise InvalidArgument(f"{what}[{i}] = {t} is outside the vocabulary [0, {width})")
+
+
+def check_lengths(context_len: int, extra: int, max_context: int) -> None:
+    """A non-empty context and room for `extra` more tokens within the model's context."""
+    if context_len == 0:
+        raise InvalidArgument("context_ids is empty: at least one token (e.g. BOS) is needed")
+    if context_len + extra > max_context:
+        raise InvalidArgument(
+            f"context of {context_len} tokens + {extra} more exceeds the model's context of {max_context}")

@@ -1,0 +1,86 @@
+"""Draft engines: propose up to k tokens from a context.
+
+`model`: a causal LM sharing the target's tokenizer, one token per forward,
+sampling from the truncated q' (top-N) it reports back; greedy proposes the argmax.
+`ngram`: model-free prompt lookup; a point mass (q(d) = 1), nothing to report.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdec.core.ngram import propose_ngram
+from specdec.core.sampling import draw_generator, logits_to_probs, sample, token_counts, truncate_top_n
+from specdec.engine.checks import check_lengths, check_token_ids
+from specdec.engine.runner import CausalLMRunner
+from specdec.engine.types import ComputeStatsData, ProposeInput, ProposeOutput, SparseDist
+from specdec.errors import InvalidArgument
+
+MODEL, NGRAM = "model", "ngram"
+
+
+class NgramDraft:
+    """Prompt lookup: propose what followed the most recent earlier match of the context's tail."""
+
+    kind = NGRAM
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n, self.max_n = min_n, max_n
+
+    def propose(self, inp: ProposeInput) -> ProposeOutput:
+        """Point-mass proposal of up to k tokens (possibly none)."""
+        min_n = inp.ngram_min_n or self.min_n
+        max_n = inp.ngram_max_n or self.max_n
+        if not 1 <= min_n <= max_n:
+            raise InvalidArgument(f"n-gram sizes need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+        ids = propose_ngram(inp.context_ids, inp.k, min_n=min_n, max_n=max_n)
+        return ProposeOutput(list(ids), [], NGRAM)
+
+
+class ModelDraft:
+    """A small causal LM with per-session KV caches.
+
+    Args:
+        runner: the model and its session caches.
+        max_context: the model's context length.
+        eos_ids: drafting stops after proposing one of these (the target decides on it).
+    """
+
+    kind = MODEL
+
+    def __init__(self, runner: CausalLMRunner, max_context: int, eos_ids: Sequence[int]) -> None:
+        self.runner = runner
+        self.max_context = max_context
+        self.eos_ids = set(eos_ids)
+        self.width = runner.model.get_output_embeddings().weight.shape[0]
+
+    def propose(self, inp: ProposeInput) -> ProposeOutput:
+        """Steps per draft token: 1. forward the new tokens, 2. q from the logits, 3. pick, 4. stop at EOS."""
+        check_lengths(len(inp.context_ids), inp.k, self.max_context)
+        check_token_ids(inp.context_ids, self.width, "context_ids")
+        cfg = inp.sampling
+        counts = token_counts(inp.context_ids, self.width) if cfg.has_penalties else None  # [V]
+        ids, dists, stats = list(inp.context_ids), [], ComputeStatsData()
+        for i in range(inp.k):
+            fwd = self.runner.extend(inp.session_id, ids, first=len(ids) - 1)  # logits: [1, V]
+            stats.add(ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms))
+            probs = logits_to_probs(fwd.logits, cfg, counts)  # [1, V]
+            token = self._pick(probs, cfg, inp.position_base + len(ids), dists)
+            ids.append(token)
+            if counts is not None:
+                counts[token] += 1
+            if token in self.eos_ids:
+                break
+        return ProposeOutput(ids[len(inp.context_ids):], dists, MODEL, stats)
+
+    @staticmethod
+    def _pick(probs: torch.Tensor, cfg, position: int, dists: list[SparseDist]) -> int:
+        if cfg.greedy:
+            return int(torch.argmax(probs[0]))
+        top_ids, top_probs = truncate_top_n(probs, cfg.draft_top_n)  # [1, N], [1, N]
+        choice = sample(top_probs[0], draw_generator(cfg.seed, position, "draft"))
+        keep = top_probs[0] > 0
+        dists.append(SparseDist(top_ids[0][keep].tolist(), top_probs[0][keep].tolist()))
+        return int(top_ids[0, choice])

@@ -1,0 +1,145 @@
+"""Per-session KV caches with an explicit `truncate(n)`, an LRU byte budget, and counters.
+
+A session's cache is soft state: the tokens it covers are stored beside it, each
+call reuses the longest common prefix with the request's tokens, rolls back the
+rest (rejected draft tokens) and computes only what is new. After eviction or a
+restart it is rebuilt from the tokens in the request, with the same output.
+
+Only plain full-attention layers (transformers' DynamicLayer) can be rolled back
+exactly; anything else is refused loudly.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from specdec.errors import ResourceExhausted
+
+
+class UnsupportedCacheError(RuntimeError):
+    """The model's cache has layers that cannot be truncated exactly."""
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class SessionKV:
+    """One session's KV cache and the tokens it covers (len(tokens) == cache length)."""
+
+    cache: DynamicCache
+    tokens: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def truncate(self, n: int) -> int:
+        """Keep the first n cached positions; return how many were dropped."""
+        dropped = len(self.tokens) - n
+        if dropped <= 0:
+            return 0
+        for layer in self.cache.layers:
+            if type(layer) is not DynamicLayer:
+                raise UnsupportedCacheError(f"cannot truncate cache layer {type(layer).__name__}")
+            if layer.is_initialized:
+                layer.keys = layer.keys[..., :n, :]
+                layer.values = layer.values[..., :n, :]
+        del self.tokens[n:]
+        return dropped
+
+
+@dataclass
+class CacheCounters:
+    """What the pool did; exported as metrics and in responses."""
+
+    hits: int = 0            # calls that reused >= 1 cached token
+    misses: int = 0          # calls that found nothing to reuse
+    rollbacks: int = 0       # calls that dropped cached tokens
+    rolled_back_tokens: int = 0
+    evictions: int = 0
+    computed_tokens: int = 0
+    reused_tokens: int = 0
+
+
+class KVCachePool:
+    """Session id -> SessionKV, least recently used evicted first to stay within a byte budget.
+
+    Args:
+        budget_bytes: the most KV bytes held over all sessions.
+        bytes_per_token: KV bytes of one cached position (2 * layers * kv_heads * head_dim * dtype size).
+        model_config: passed to DynamicCache so it builds the right layer types.
+    """
+
+    def __init__(self, budget_bytes: int, bytes_per_token: int, model_config: Any = None) -> None:
+        self.budget_bytes = budget_bytes
+        self.bytes_per_token = max(1, bytes_per_token)
+        self._config = model_config
+        self._sessions: OrderedDict[str, SessionKV] = OrderedDict()
+        self._lock = threading.Lock()
+        self.counters = CacheCounters()
+
+    @property
+    def max_tokens(self) -> int:
+        """The most positions the budget can hold."""
+        return self.budget_bytes // self.bytes_per_token
+
+    def used_bytes(self) -> int:
+        """Bytes currently held (logical: cached positions x bytes per position)."""
+        with self._lock:
+            return sum(len(s) for s in self._sessions.values()) * self.bytes_per_token
+
+    def session_count(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def acquire(self, session_id: str, total_tokens: int) -> SessionKV:
+        """The session's cache (new if absent), after making room for total_tokens positions."""
+        if total_tokens > self.max_tokens:
+            raise ResourceExhausted(
+                f"session {session_id!r} needs {total_tokens} cached tokens "
+                f"({total_tokens * self.bytes_per_token} bytes), over the cache budget of "
+                f"{self.budget_bytes} bytes ({self.max_tokens} tokens)")
+        with self._lock:
+            kv = self._sessions.pop(session_id, None)
+            if kv is None:
+                kv = SessionKV(cache=DynamicCache(config=self._config) if self._config else DynamicCache())
+            self._make_room(total_tokens - len(kv))
+            self._sessions[session_id] = kv
+            return kv
+
+    def _make_room(self, extra_tokens: int) -> None:
+        held = sum(len(s) for s in self._sessions.values())
+        while self._sessions and (held + extra_tokens) > self.max_tokens:
+            _, victim = self._sessions.popitem(last=False)
+            held -= len(victim)
+            self.counters.evictions += 1
+
+    def release(self, session_id: str) -> bool:
+        """Drop a session's cache; True when there was one."""
+        with self._lock:
+            return self._sessions.pop(session_id, None) is not None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._sessions.clear()
+
+
+def kv_bytes_per_token(model_config: Any, dtype_bytes: int) -> int:
+    """KV bytes of one cached position for a decoder-only transformer config."""
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * dtype_bytes

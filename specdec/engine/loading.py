@@ -1,0 +1,82 @@
+"""Build a draft or target engine from a model service config (model, cache pool, info)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specdec.config import ModelServiceConfig
+from specdec.engine.draft import MODEL, NGRAM, ModelDraft, NgramDraft
+from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
+from specdec.engine.runner import CausalLMRunner
+from specdec.engine.target import TargetEngine
+from specdec.models.loader import LoadConfig, check_cache_truncatable, load_causal_lm
+from specdec.models.spec import parse_model_spec
+from specdec.models.tokenizer_info import describe_tokenizer, eos_token_ids
+
+log = logging.getLogger("specdec.engine")
+
+
+@dataclass
+class ModelBundle:
+    """A loaded model service: its engines and what Info reports."""
+
+    role: str
+    model_id: str
+    engines: dict[str, Any]                 # kind -> engine ("target", "model", "ngram")
+    default_kind: str
+    info: dict[str, Any] = field(default_factory=dict)
+    pool: KVCachePool | None = None
+    load_seconds: float = 0.0
+
+
+def load_config(device: str = "auto", dtype: str = "auto", cache_dir: str = "", offline: bool = False) -> LoadConfig:
+    """A LoadConfig; offline=False keeps the loader's own default (HF_HUB_OFFLINE and friends)."""
+    extra = {"offline": True} if offline else {}
+    return LoadConfig(device=device, dtype=dtype, cache_dir=cache_dir or None, **extra)
+
+
+def _load(cfg: ModelServiceConfig) -> tuple[Any, Any, CausalLMRunner, dict[str, Any], float]:
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    load_cfg = load_config(cfg.device, cfg.dtype, cfg.cache_dir, cfg.offline)
+    loaded = load_causal_lm(parse_model_spec(cfg.model), load_cfg)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    check_cache_truncatable(model.config)
+    dtype_bytes = torch.finfo(model.dtype).bits // 8
+    pool = KVCachePool(cfg.cache_budget_bytes, kv_bytes_per_token(model.config, dtype_bytes), model.config)
+    runner = CausalLMRunner(model, pool)
+    tok = describe_tokenizer(tokenizer)
+    text_cfg = model.config.get_text_config()
+    info = dict(
+        model_id=cfg.model, vocab_size=tok.vocab_size, logits_width=model.get_output_embeddings().weight.shape[0],
+        tokenizer_fingerprint=tok.fingerprint, eos_token_ids=eos_token_ids(model, tokenizer),
+        max_context=int(getattr(text_cfg, "max_position_embeddings", 0) or 0), special_tokens=tok.special_tokens,
+        device=str(runner.device), dtype=str(model.dtype).replace("torch.", ""), hidden_size=text_cfg.hidden_size,
+        cache_budget_bytes=cfg.cache_budget_bytes, max_k=cfg.max_k,
+    )
+    return model, tokenizer, runner, info, loaded.load_seconds
+
+
+def load_target(cfg: ModelServiceConfig) -> ModelBundle:
+    """Load the target model and its verify engine."""
+    _, _, runner, info, seconds = _load(cfg)
+    engine = TargetEngine(runner, info["max_context"], cfg.max_k)
+    return ModelBundle("target", cfg.model, {"target": engine}, "target", info, runner.pool, seconds)
+
+
+def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
+    """Load the draft: a model draft (plus n-gram for per-request override), or n-gram alone."""
+    ngram = NgramDraft(cfg.ngram_min_n, cfg.ngram_max_n)
+    if cfg.draft_kind == NGRAM:
+        info = dict(model_id="ngram", draft_kind=NGRAM, max_k=cfg.max_k, device="cpu")
+        return ModelBundle("draft", "ngram", {NGRAM: ngram}, NGRAM, info)
+    if cfg.draft_kind != MODEL:
+        raise ValueError(f"draft kind must be 'model' or 'ngram', got {cfg.draft_kind!r}")
+    _, _, runner, info, seconds = _load(cfg)
+    engine = ModelDraft(runner, info["max_context"], info["eos_token_ids"])
+    info["draft_kind"] = MODEL
+    return ModelBundle("draft", cfg.model, {MODEL: engine, NGRAM: ngram}, MODEL, info, runner.pool, seconds)

@@ -1,0 +1,78 @@
+"""Plain dataclasses the engines take and return (servicers convert proto <-> these)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec.core.accept import AcceptResult
+from specdec.core.sampling import SamplingConfig
+
+
+@dataclass
+class SparseDist:
+    """q' at one draft position: the support the draft sampled from and its probabilities."""
+
+    token_ids: list[int]
+    probs: list[float]
+
+
+@dataclass
+class ComputeStatsData:
+    cached_tokens: int = 0
+    computed_tokens: int = 0
+    rolled_back: int = 0
+    forward_ms: float = 0.0
+    queue_ms: float = 0.0
+
+    def add(self, other: "ComputeStatsData") -> None:
+        """Accumulate another call's stats into this one."""
+        self.computed_tokens += other.computed_tokens
+        self.rolled_back += other.rolled_back
+        self.forward_ms += other.forward_ms
+        self.cached_tokens = max(self.cached_tokens, other.cached_tokens)
+
+
+@dataclass
+class ProposeInput:
+    session_id: str
+    context_ids: list[int]
+    k: int
+    sampling: SamplingConfig
+    draft_kind: str = ""            # "" = the service's configured kind
+    ngram_min_n: int | None = None
+    ngram_max_n: int | None = None
+    position_base: int = 0
+
+
+@dataclass
+class ProposeOutput:
+    draft_ids: list[int]
+    draft_probs: list[SparseDist]   # empty = point mass (greedy or n-gram)
+    draft_kind: str
+    stats: ComputeStatsData = field(default_factory=ComputeStatsData)
+
+
+@dataclass
+class VerifyInput:
+    session_id: str
+    context_ids: list[int]
+    draft_ids: list[int]
+    sampling: SamplingConfig
+    draft_probs: list[SparseDist] = field(default_factory=list)
+    logprobs: int = -1              # -1 none; 0 chosen token only; n top-n alternatives
+    position_base: int = 0
+
+
+@dataclass
+class TokenLogprobData:
+    token_id: int
+    logprob: float
+    top_token_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class VerifyOutput:
+    result: AcceptResult
+    logprobs: list[TokenLogprobData]
+    stats: ComputeStatsData

@@ -1,0 +1,71 @@
+"""Errors that cross a service boundary, each bound to one gRPC status code.
+
+Engines and stores raise these; the one error-mapping interceptor
+(specdec.server.interceptors) turns them into the status and message the
+client sees. Anything else that escapes a handler becomes INTERNAL with a
+short message (the traceback goes to the log, never to the client).
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class SpecDecError(Exception):
+    """Base class: an error with a gRPC status code and a message a person understands."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+
+class InvalidArgument(SpecDecError):
+    """The request itself is wrong (bad values, out-of-range ids, empty prompt)."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(SpecDecError):
+    """A named thing (session) does not exist."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(SpecDecError):
+    """Asked to create something that exists."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPrecondition(SpecDecError):
+    """The system is not in a state to serve this (e.g. incompatible draft/target pair)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ResourceExhausted(SpecDecError):
+    """Over a configured limit: admission cap, cache budget, message size."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(SpecDecError):
+    """A dependency (replica, Redis) cannot be reached right now; retrying may help."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class Aborted(SpecDecError):
+    """A concurrent writer won (session version conflict, lost lease)."""
+
+    code = grpc.StatusCode.ABORTED
+
+
+class DeadlineExceeded(SpecDecError):
+    """The call's deadline passed before the work finished."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Cancelled(SpecDecError):
+    """The client went away."""
+
+    code = grpc.StatusCode.CANCELLED

@@ -1,0 +1,158 @@
+"""Run the whole system locally as separate processes: Redis, draft(s), target(s), orchestrator.
+
+Used by `specdec up`, `make demo` and the integration tests, so all three run
+the services exactly the same way: `python -m specdec.cli serve ROLE ...`,
+each its own process, talking gRPC over loopback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdec.healthcheck import check
+from specdec.redis_server import EmbeddedRedis, free_port
+
+log = logging.getLogger("specdec.launcher")
+
+READY_TIMEOUT_S = 300.0
+POLL_S = 0.2
+STOP_TIMEOUT_S = 10.0
+
+
+@dataclass
+class StackConfig:
+    """What to start. Empty draft_model with draft_kind 'ngram' needs no draft weights."""
+
+    target_model: str = "embedded"
+    draft_model: str = ""
+    draft_kind: str = "ngram"
+    tokenizer: str = ""                  # default: the target's spec
+    draft_replicas: int = 1
+    target_replicas: int = 1
+    host: str = "127.0.0.1"
+    redis_url: str = ""                  # empty: start an embedded Redis
+    threads: int = 1                     # torch threads per model service
+    cache_budget_bytes: int = 0          # 0: the services' default
+    max_concurrent: int = 0              # 0: the orchestrator's default
+    log_dir: str = ""
+    extra_env: dict[str, str] = field(default_factory=dict)
+    orchestrator_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Proc:
+    role: str
+    port: int
+    popen: subprocess.Popen
+    log_path: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+class LocalStack:
+    """Starts, watches and stops the local processes."""
+
+    def __init__(self, cfg: StackConfig) -> None:
+        self.cfg = cfg
+        self.redis: EmbeddedRedis | None = None
+        self.procs: list[Proc] = []
+        self.log_dir = Path(cfg.log_dir or os.environ.get("TMPDIR", "/tmp")) / f"specdec-{os.getpid()}-{int(time.time())}"
+
+    def _spawn(self, role: str, args: list[str], port: int | None = None) -> Proc:
+        port = port or free_port()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{role}-{port}.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.extra_env}
+        cmd = [sys.executable, "-m", "specdec.cli", "serve", role, "--host", self.cfg.host, "--port", str(port), *args]
+        popen = subprocess.Popen(cmd, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, env=env,
+                                 start_new_session=True)
+        proc = Proc(role, port, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def _model_args(self, model: str) -> list[str]:
+        args = ["--model", model, "--threads", str(self.cfg.threads)]
+        if self.cfg.cache_budget_bytes:
+            args += ["--cache-budget-bytes", str(self.cfg.cache_budget_bytes)]
+        return args
+
+    def start_target(self, port: int | None = None) -> Proc:
+        return self._spawn("target", self._model_args(self.cfg.target_model), port)
+
+    def start_draft(self, port: int | None = None) -> Proc:
+        args = ["--draft-kind", self.cfg.draft_kind]
+        if self.cfg.draft_kind == "model":
+            args += self._model_args(self.cfg.draft_model)
+        return self._spawn("draft", args, port)
+
+    def start(self) -> "LocalStack":
+        """Start everything and wait until every service reports SERVING."""
+        url = self.cfg.redis_url
+        if not url:
+            self.redis = EmbeddedRedis().start()
+            url = self.redis.url
+        targets = [self.start_target() for _ in range(self.cfg.target_replicas)]
+        drafts = [self.start_draft() for _ in range(self.cfg.draft_replicas)]
+        args = ["--target", ",".join(p.address for p in targets), "--redis-url", url,
+                "--tokenizer", self.cfg.tokenizer or self.cfg.target_model, *self.cfg.orchestrator_args]
+        if drafts:
+            args += ["--draft", ",".join(p.address for p in drafts)]
+        if self.cfg.max_concurrent:
+            args += ["--max-concurrent", str(self.cfg.max_concurrent)]
+        self.orchestrator = self._spawn("orchestrator", args)
+        for proc in self.procs:
+            self.wait_ready(proc)
+        return self
+
+    def wait_ready(self, proc: Proc, timeout: float = READY_TIMEOUT_S) -> None:
+        """Poll the health service until SERVING; fail with the log tail if the process died."""
+        deadline = time.monotonic() + timeout
+        status = ""
+        while time.monotonic() < deadline:
+            if proc.popen.poll() is not None:
+                raise RuntimeError(f"{proc.role} on port {proc.port} exited ({proc.popen.returncode}):\n{self.tail(proc)}")
+            ok, status = check(proc.address, timeout=1.0)
+            if ok:
+                return
+            time.sleep(POLL_S)
+        raise TimeoutError(f"{proc.role} on port {proc.port} not SERVING after {timeout:.0f}s ({status}):\n{self.tail(proc)}")
+
+    @staticmethod
+    def tail(proc: Proc, lines: int = 30) -> str:
+        try:
+            return "\n".join(proc.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    @property
+    def orchestrator_address(self) -> str:
+        return self.orchestrator.address
+
+    def stop(self) -> None:
+        """SIGTERM every process (they drain), then SIGKILL what is left; stop Redis."""
+        for proc in self.procs:
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.popen.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+        if self.redis is not None:
+            self.redis.stop()
+
+    def __enter__(self) -> "LocalStack":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

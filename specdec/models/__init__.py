@@ -1,0 +1,1 @@
+"""Model specs, loading from every source, the embedded offline default and tokenizer fingerprints."""

@@ -1,0 +1,45 @@
+"""Human-readable output of a generation: stats and the per-round table (the source article's trace)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import target_pb2
+
+KIND = {target_pb2.NEXT_KIND_RECOVERED: "recovered", target_pb2.NEXT_KIND_BONUS: "bonus"}
+MAX_IDS_SHOWN = 8
+
+
+def _ids(ids: Iterable[int]) -> str:
+    ids = list(ids)
+    shown = ", ".join(str(i) for i in ids[:MAX_IDS_SHOWN])
+    return f"[{shown}{', …' if len(ids) > MAX_IDS_SHOWN else ''}]"
+
+
+def _flags(flags: Iterable[bool]) -> str:
+    return "[" + ",".join("T" if f else "F" for f in flags) + "]"
+
+
+def round_table(rounds: Iterable[pb.Round]) -> str:
+    """One line per round: draft ids, match flags, target ids, accepted, next token and appended text."""
+    header = f"{'round':>5} {'k':>2}  {'draft tokens':<34} {'match':<12} {'target tokens':<34} {'acc':>3}  {'next':<16} text"
+    lines = [header, "-" * len(header)]
+    for r in rounds:
+        nxt = f"{r.next_token} ({KIND.get(r.next_kind, '?')})"
+        lines.append(f"{r.index + 1:>5} {r.k:>2}  {_ids(r.draft_ids):<34} {_flags(r.matches):<12} "
+                     f"{_ids(r.target_ids):<34} {r.num_accepted:>3}  {nxt:<16} {r.text!r}")
+    return "\n".join(lines)
+
+
+def stats_lines(stats: pb.Stats, usage: pb.Usage, finish: Any) -> str:
+    """A short block of the numbers users ask about first."""
+    finish_name = pb.FinishReason.Name(finish).replace("FINISH_REASON_", "").lower()
+    return "\n".join([
+        f"finish: {finish_name}   prompt tokens: {usage.prompt_tokens}   completion tokens: {usage.completion_tokens}",
+        f"rounds: {stats.rounds}   drafted: {stats.draft_tokens}   accepted: {stats.accepted_tokens}   "
+        f"acceptance rate: {stats.acceptance_rate:.1%}   mean accepted length: {stats.mean_accepted_length:.2f} tokens/round",
+        f"time: total {stats.total_ms:.0f} ms = draft {stats.draft_ms:.0f} ms + target {stats.target_ms:.0f} ms "
+        f"+ overhead {stats.overhead_ms:.0f} ms ({stats.overhead_ms / max(stats.rounds, 1):.2f} ms/round)   "
+        f"wire: {stats.wire_bytes_per_round:.0f} B/round   degraded rounds: {stats.degraded_rounds}",
+    ])

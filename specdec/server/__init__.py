@@ -1,0 +1,1 @@
+"""Server scaffolding shared by the draft, target and orchestrator services."""

@@ -1,0 +1,117 @@
+"""One way to run a gRPC service: grpc.aio, health, reflection, interceptors, drain.
+
+Life of a service:
+  1. `start()` binds the port with health NOT_SERVING (probes answer at once),
+  2. the caller loads its model (slow) and calls `set_serving(True)`,
+  3. SIGTERM/SIGINT -> health NOT_SERVING, new RPCs refused, in-flight RPCs get
+     `drain_seconds` to finish (`stop()`), then the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from specdec.config import ServerConfig
+from specdec.server.interceptors import ErrorMappingInterceptor, TokenAuthInterceptor
+
+log = logging.getLogger("specdec.server")
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def server_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials from the configured files; mTLS when a CA is given too."""
+    if not cfg.tls.enabled:
+        return None
+    key, cert = Path(cfg.tls.key).read_bytes(), Path(cfg.tls.cert).read_bytes()
+    ca = Path(cfg.tls.ca).read_bytes() if cfg.tls.ca else None
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+
+
+def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """Channel/server options shared by clients and servers."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+@dataclass
+class GrpcApp:
+    """A grpc.aio server with the house scaffolding.
+
+    Args:
+        name: the service's full name for health and reflection, e.g. "specdec.v1.Target".
+        cfg: address, message size, drain time, TLS.
+        auth_tokens: bearer tokens accepted (empty = no auth).
+    """
+
+    name: str
+    cfg: ServerConfig
+    auth_tokens: Sequence[str] = ()
+    server: grpc.aio.Server = field(init=False)
+    health: HealthServicer = field(init=False)
+    port: int = field(init=False, default=0)
+    _stopping: asyncio.Event = field(init=False)
+
+    def __post_init__(self) -> None:
+        interceptors = [ErrorMappingInterceptor()]
+        if self.auth_tokens:
+            interceptors.insert(0, TokenAuthInterceptor(self.auth_tokens))
+        self.server = grpc.aio.server(interceptors=interceptors, options=grpc_options(self.cfg.max_message_bytes))
+        self.health = HealthServicer()
+        self._stopping = asyncio.Event()
+
+    async def start(self, register: Callable[[grpc.aio.Server], None]) -> int:
+        """Register the servicer, health and reflection; bind; start NOT_SERVING. Returns the port."""
+        register(self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = (self.name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, self.server)
+        address = f"{self.cfg.host}:{self.cfg.port}"
+        creds = server_credentials(self.cfg)
+        self.port = self.server.add_secure_port(address, creds) if creds else self.server.add_insecure_port(address)
+        if self.port == 0:
+            raise RuntimeError(f"could not bind {address}")
+        await self.server.start()
+        await self.set_serving(False)
+        log.info("%s listening on %s:%d%s", self.name, self.cfg.host, self.port, " (TLS)" if creds else "")
+        return self.port
+
+    async def set_serving(self, serving: bool) -> None:
+        """Set the health status of the service and of the server as a whole ("")."""
+        status = SERVING if serving and not self._stopping.is_set() else NOT_SERVING
+        for service in ("", self.name):
+            await self.health.set(service, status)
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT start a graceful drain."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+
+    async def run_until_stopped(self, on_drain: Callable[[], None] | None = None) -> None:
+        """Block until a signal, then drain: NOT_SERVING, refuse new RPCs, wait for in-flight ones."""
+        await self._stopping.wait()
+        log.info("%s draining (up to %.0fs)", self.name, self.cfg.drain_seconds)
+        await self.health.enter_graceful_shutdown()
+        if on_drain is not None:
+            on_drain()
+        await self.server.stop(grace=self.cfg.drain_seconds)
+        log.info("%s stopped", self.name)
+
+    def request_stop(self) -> None:
+        """Start the drain from code (tests, CLI)."""
+        self._stopping.set()

@@ -1,0 +1,43 @@
+"""Target gRPC servicer: proto -> VerifyInput -> engine -> proto. Nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from specdec.core.accept import BONUS
+from specdec.engine.types import VerifyInput
+from specdec.protocol import logprobs_to_proto, sampling_from_proto, sparse_from_proto, stats_to_proto
+from specdec.server.model_service import ModelServiceBase
+from specdec.v1 import target_pb2, target_pb2_grpc
+
+SERVICE_NAME = target_pb2.DESCRIPTOR.services_by_name["Target"].full_name
+
+
+class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
+    """Implements specdec.v1.Target."""
+
+    def __init__(self) -> None:
+        super().__init__("target")
+
+    async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext) -> Any:
+        engine = self.loaded().engines["target"]
+        inp = VerifyInput(
+            session_id=request.session_id, context_ids=list(request.context_ids),
+            draft_ids=list(request.draft_ids), sampling=sampling_from_proto(request.sampling),
+            draft_probs=sparse_from_proto(request.draft_probs),
+            logprobs=request.logprobs if request.HasField("logprobs") else -1,
+            position_base=request.position_base,
+        )
+        out, queue_ms = await self.worker.run(request.session_id, lambda: engine.verify(inp))
+        out.stats.queue_ms = queue_ms
+        r = out.result
+        kind = target_pb2.NEXT_KIND_BONUS if r.next_kind == BONUS else target_pb2.NEXT_KIND_RECOVERED
+        return target_pb2.VerifyResponse(
+            num_accepted=r.num_accepted, next_token=r.next_token, next_kind=kind, target_ids=r.target_ids,
+            matches=r.matches, logprobs=logprobs_to_proto(out.logprobs), stats=stats_to_proto(out.stats))
+
+
+def add_to_server(servicer: TargetServicer, server: grpc.aio.Server) -> None:
+    target_pb2_grpc.add_TargetServicer_to_server(servicer, server)

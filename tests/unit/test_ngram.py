@@ -1,0 +1,69 @@
+"""Unit tests of the model-free n-gram (prompt-lookup) draft proposer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.core.ngram import propose_ngram
+
+K = 3
+LONG_CONTEXT = 8192
+LONG_VOCAB = 50
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _single_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def test_no_match_returns_empty():
+    assert propose_ngram([1, 2, 3, 4], K) == []
+    assert propose_ngram([], K) == []
+    assert propose_ngram([7], K) == []
+
+
+def test_single_match_proposes_continuation():
+    assert propose_ngram([5, 6, 7, 8, 9, 5], K) == [6, 7, 8]
+
+
+def test_longest_ngram_wins_over_shorter_more_recent_one():
+    # suffix [1, 2]: the bigram occurs at 0 (-> 10, 11); the unigram 2 occurs later (-> 20)
+    context = [1, 2, 10, 11, 2, 20, 1, 2]
+    assert propose_ngram(context, K) == [10, 11, 2]
+    assert propose_ngram(context, K, max_n=1) == [20, 1, 2]
+
+
+def test_most_recent_occurrence_wins():
+    assert propose_ngram([4, 1, 4, 2, 4, 3, 9, 4], K, max_n=1) == [3, 9, 4]
+
+
+def test_k_truncates_the_proposal():
+    assert propose_ngram([5, 6, 7, 8, 9, 5], 2) == [6, 7]
+    assert propose_ngram([5, 6, 7, 8, 9, 5], 0) == []
+
+
+def test_match_running_into_end_of_context_is_shorter():
+    assert propose_ngram([3, 4, 3], K) == [4, 3]
+    assert propose_ngram([5, 5, 5, 5], K) == [5]  # overlapping, most recent earlier match
+
+
+def test_min_n_excludes_short_matches():
+    assert propose_ngram([2, 9, 1, 2], K, min_n=2) == []
+    assert propose_ngram([2, 9, 1, 2], K, min_n=1) == [9, 1, 2]
+
+
+def test_argument_validation():
+    with pytest.raises(ValueError, match="k must be"):
+        propose_ngram([1, 1], -1)
+    with pytest.raises(ValueError, match="min_n"):
+        propose_ngram([1, 1], K, min_n=3, max_n=2)
+
+
+def test_accepts_tensors_and_long_contexts():
+    context = torch.randint(LONG_VOCAB, (LONG_CONTEXT,), generator=torch.Generator().manual_seed(0))
+    proposal = propose_ngram(context, K)
+    assert len(proposal) <= K and all(isinstance(t, int) for t in proposal)
