@@ -40,7 +40,7 @@ class WireModel:
     session_id_chars: int = 36          # UUID text
     request_id_chars: int = 36
     sampling_bytes: int = 12            # temperature + top_p (float32) + draft_top_n
-    stats_bytes: int = 17               # ComputeStats: 3 small varints + 2 float32
+    stats_bytes: int = 25               # ComputeStats: 3 small varints + 2 doubles
     draft_kind_chars: int = 5           # "model"
     context_tokens_bytes_per_id: int = 0  # 0 = worst case from vocab_size
     grpc_prefix_bytes: int = 5          # gRPC length-prefixed message
@@ -61,14 +61,22 @@ class SpeedModel:
 
 @dataclass(frozen=True)
 class RedisModel:
-    """The session store contract the note assumes for the orchestrator."""
+    """The session store of orchestrator/session_store.py: one Lua script per write.
 
-    commands_per_round: int = 3          # RPUSH accepted ids, HSET cursor, PEXPIRE (one pipeline)
-    round_trips_per_round: int = 1
-    commands_per_request: int = 5        # load (HGETALL+LRANGE), admission INCR/DECR, final PEXPIRE
-    round_trips_per_request: int = 3
+    Per round the orchestrator runs the `append` script (EVALSHA: one command,
+    one round trip). Inside it: TIME, EXISTS, 3 HGET (owner, lease_until,
+    version), HGET + HSET of the whole `ids` blob, 4 HINCRBY counters, the
+    version HINCRBY, HSET updated_at, EXPIRE and the HGETALL reply = 15 calls.
+    Per request: get, begin, finish and one lease renewal.
+    """
+
+    scripts_per_round: int = 1
+    calls_per_round_script: int = 15
+    scripts_per_request: int = 4
     generated_tokens_per_request: int = 256
-    shard_commands_per_s: float = 50_000.0   # conservative budget for one Redis primary
+    id_bytes_stored: int = 4                # ids kept as little-endian int32
+    hash_fields_reply_bytes: int = 600      # HGETALL of the other 16 fields, RESP (estimate)
+    shard_scripts_per_s: float = 10_000.0   # conservative budget for one Redis primary
 
 
 def varint_size(value: int) -> int:
@@ -164,6 +172,7 @@ RATIO_ACCEPTANCE = 0.7
 SCALE_REPLICAS = [1, 10, 100, 300]
 SCALE_BATCH = 8
 SCALE_CONTEXT_IDS = 2048
+REDIS_SESSION_LENGTHS = [512, 2048, 8192]
 
 
 def wire_table(model: WireModel) -> str:
@@ -183,24 +192,41 @@ def q_prime_table(model: WireModel) -> str:
                            f"x k={model.k} positions", "sent twice (resp + verify req)"], rows)
 
 
+def scripts_per_token(redis: RedisModel, tokens_per_round: float) -> float:
+    """Redis script calls (= client commands = round trips) per generated token."""
+    return redis.scripts_per_round / tokens_per_round \
+        + redis.scripts_per_request / redis.generated_tokens_per_request
+
+
 def redis_rows(redis: RedisModel, k: int) -> list[list[str]]:
-    """Redis commands and round trips per generated token for each acceptance."""
+    """Redis load per generated token for each acceptance."""
     rows = []
     for acceptance in ACCEPTANCES:
         tokens = expected_tokens_per_round(acceptance, k)
-        per_token = redis.commands_per_round / tokens \
-            + redis.commands_per_request / redis.generated_tokens_per_request
-        trips = redis.round_trips_per_round / tokens \
-            + redis.round_trips_per_request / redis.generated_tokens_per_request
-        rows.append([f"{acceptance:.1f}", f"{tokens:.2f}", f"{per_token:.2f}", f"{trips:.2f}"])
+        scripts = scripts_per_token(redis, tokens)
+        calls = redis.calls_per_round_script * redis.scripts_per_round / tokens
+        rows.append([f"{acceptance:.1f}", f"{tokens:.2f}", f"{scripts:.2f}", f"{calls:.1f}"])
     return rows
 
 
 def redis_table(redis: RedisModel, k: int) -> str:
     """Table 2: Redis load per generated token at k."""
-    header = ["acceptance a", f"tokens/round (k={k})", "Redis commands/token",
-              "Redis round trips/token"]
+    header = ["acceptance a", f"tokens/round (k={k})",
+              "scripts (= commands = round trips)/token", "calls inside scripts/token"]
     return markdown_table(header, redis_rows(redis, k))
+
+
+def redis_bytes_table(redis: RedisModel, k: int) -> str:
+    """Table 2b: bytes the append script copies and returns per round, by session length."""
+    tokens = expected_tokens_per_round(WIRE_ACCEPTANCE, k)
+    rows = []
+    for length in REDIS_SESSION_LENGTHS:
+        blob = length * redis.id_bytes_stored
+        reply = blob + redis.hash_fields_reply_bytes
+        rows.append([f"{length:,}", f"{blob:,}", f"{reply:,}", f"{reply / tokens:,.0f}"])
+    header = ["session tokens", "ids blob rewritten/round", "HGETALL reply/round",
+              f"reply bytes/token (a={WIRE_ACCEPTANCE})"]
+    return markdown_table(header, rows)
 
 
 def drafts_per_target(speed: SpeedModel, k: int) -> float:
@@ -247,19 +273,18 @@ def scale_rows(model: WireModel, redis: RedisModel) -> list[list[str]]:
     rows = []
     for replicas in SCALE_REPLICAS:
         rounds = replicas * rounds_per_target
-        commands = rounds * redis.commands_per_round \
-            + rounds * tokens / redis.generated_tokens_per_request * redis.commands_per_request
+        commands = rounds * tokens * scripts_per_token(redis, tokens)
         rows.append([str(replicas), f"{rounds * tokens:,.0f}",
-                     str(math.ceil(replicas * drafts_per_target(speed, k))),
-                     f"{commands:,.0f}", str(math.ceil(commands / redis.shard_commands_per_s)),
+                     f"{math.ceil(replicas * drafts_per_target(speed, k)):,}",
+                     f"{commands:,.0f}", str(math.ceil(commands / redis.shard_scripts_per_s)),
                      f"{rounds * full * 8 / 1e6:,.0f}", f"{rounds * delta * 8 / 1e6:,.0f}"])
     return rows
 
 
 def scale_table(model: WireModel, redis: RedisModel) -> str:
     """Table 4: what 1 to 300 target replicas ask of Redis, drafts and the network."""
-    header = ["target replicas", "tokens/s", "draft workers", "Redis commands/s",
-              f"Redis primaries @{redis.shard_commands_per_s:,.0f}/s",
+    header = ["target replicas", "tokens/s", "draft workers", "Redis scripts/s",
+              f"Redis primaries @{redis.shard_scripts_per_s:,.0f}/s",
               f"Mbit/s, full context {SCALE_CONTEXT_IDS}", "Mbit/s, delta"]
     return markdown_table(header, scale_rows(model, redis))
 
@@ -268,7 +293,8 @@ def tables(model: WireModel | None = None, redis: RedisModel | None = None) -> d
     """Every table of the note, by marker name."""
     model, redis = model or WireModel(), redis or RedisModel()
     return {"wire": wire_table(model), "qprime": q_prime_table(model),
-            "redis": redis_table(redis, model.k), "ratio": ratio_table(),
+            "redis": redis_table(redis, model.k), "redisbytes": redis_bytes_table(redis, model.k),
+            "ratio": ratio_table(),
             "scale": scale_table(model, redis)}
 
 

@@ -12,7 +12,14 @@ Decoding one token at a time is wrong for two reasons:
 already-emitted tokens of left context (``[prefix_offset, read_offset)``) plus the
 tokens not yet emitted — and emits the part of the window text that lies after the
 context text. A trailing U+FFFD (an incomplete character) is held back until the
-bytes that complete it arrive; everything before it is emitted at once.
+bytes that complete it arrive; everything before it is emitted at once. The
+window is kept small (context + at most a few pending tokens) even when every chunk
+ends mid-character, so each push costs O(chunk) decode work.
+
+Known limits: a model emitting invalid UTF-8 for more than ``MAX_PENDING_TOKENS``
+tokens in a row gets its U+FFFD emitted early (bounded cost over exactness); a
+tokenizer with ``clean_up_tokenization_spaces=True`` may differ from a full decode
+at window boundaries (SmolLM2 has it False).
 
 Invariant (see tests/unit/test_detokenize.py): for a byte-level tokenizer, the
 concatenation of all ``push`` deltas plus ``flush()`` equals
@@ -34,7 +41,7 @@ REPLACEMENT_CHAR = "\ufffd"
 """What decoders produce for an incomplete (or invalid) UTF-8 sequence."""
 
 CONTEXT_TOKENS = 5
-"""Tokens of already-decoded left context used for the first window (as vLLM)."""
+"""Tokens of already-decoded left context kept in the window (vLLM uses 5 too)."""
 
 MAX_INCOMPLETE_TAIL_TOKENS = 3
 """A valid UTF-8 character is at most 4 bytes and a byte-level token at least one byte,

@@ -259,9 +259,12 @@ class Generation:
             await self._finish(state)
 
     def usage(self) -> pb.Usage:
+        """prompt_tokens counts the whole context before the completion (earlier turns included);
+        cached_prompt_tokens says how many of them the session already held."""
         state = self.state
         n = len(state.completion)
-        return pb.Usage(prompt_tokens=state.prompt_len, completion_tokens=n, total_tokens=state.prompt_len + n)
+        return pb.Usage(prompt_tokens=state.prompt_len, completion_tokens=n, total_tokens=state.prompt_len + n,
+                        cached_prompt_tokens=state.session.request_base_len)
 
     def _final_chunk(self, state: State) -> pb.GenerateChunk:
         chunk = pb.GenerateChunk(offset=len(state.completion), usage=self.usage(), stats=self.stats.proto(),

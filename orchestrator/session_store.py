@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_PREFIX = "specdec:"
 DEFAULT_TTL_SECONDS = 24 * 60 * 60
 MS_PER_SECOND = 1000
+US_PER_MS = 1000
 ID_BYTES = 4
 """Each token id is stored as a little-endian int32."""
 COUNTER_FIELDS = frozenset({"rounds", "drafted", "accepted", "delivered"})
@@ -64,9 +65,9 @@ _R_VERSION, _R_LEASE, _R_BUSY, _R_RANGE = "VERSION", "LEASE", "BUSY", "RANGE"
 
 _LUA_PRELUDE = """
 if redis.replicate_commands then redis.replicate_commands() end
-local function now_ms()
+local function now_ms()  -- Redis server clock: seconds, microseconds -> milliseconds
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * MS_PER_SECOND + math.floor(tonumber(t[2]) / US_PER_MS)
 end
 local function hnum(key, field)
   return tonumber(redis.call('HGET', key, field) or '0') or 0
@@ -121,7 +122,7 @@ local err = check(KEYS[1], ARGV[1], ARGV[2], now)
 if err then return err end
 local ids = redis.call('HGET', KEYS[1], 'ids') or ''
 local n = tonumber(ARGV[3])
-if n > #ids then return {'RANGE', tostring(#ids / 4)} end
+if n > #ids then return {'RANGE', tostring(#ids / ID_BYTES)} end
 redis.call('HSET', KEYS[1], 'ids', string.sub(ids, 1, n))
 touch(KEYS[1], now, ARGV[4])
 return {'OK', redis.call('HGETALL', KEYS[1])}
@@ -147,10 +148,10 @@ if redis.call('HGET', key, 'request_id') == ARGV[1] then
 end
 if generating and live then return {'BUSY', owner} end
 local ids = redis.call('HGET', key, 'ids') or ''
-redis.call('HSET', key, 'ids', ids .. ARGV[4], 'prompt_tokens', #ARGV[4] / 4,
+redis.call('HSET', key, 'ids', ids .. ARGV[4], 'prompt_tokens', #ARGV[4] / ID_BYTES,
   'params', ARGV[5], 'status', 'generating', 'owner', ARGV[2],
   'lease_until', now + tonumber(ARGV[3]), 'request_id', ARGV[1],
-  'request_base_len', #ids / 4, 'delivered', 0, 'last_finish_reason', '')
+  'request_base_len', #ids / ID_BYTES, 'delivered', 0, 'last_finish_reason', '')
 redis.call('HINCRBY', key, 'turns', 1)
 touch(key, now, ARGV[6])
 return {'OK', redis.call('HGETALL', key)}
@@ -181,12 +182,20 @@ touch(KEYS[1], now, ARGV[4])
 return {'OK', redis.call('HGETALL', KEYS[1])}
 """
 
+_LUA_CONSTANTS = {"ID_BYTES": ID_BYTES, "MS_PER_SECOND": MS_PER_SECOND, "US_PER_MS": US_PER_MS}
+
+
+def _lua(body: str) -> str:
+    """Prefix a script body with the prelude and substitute the Python constants it names."""
+    source = _LUA_PRELUDE + body
+    for name, value in _LUA_CONSTANTS.items():
+        source = source.replace(name, str(value))
+    return source
+
+
 _SCRIPTS = {
-    name: _LUA_PRELUDE + body
-    for name, body in (
-        ("create", _LUA_CREATE), ("append", _LUA_APPEND), ("truncate", _LUA_TRUNCATE),
-        ("begin", _LUA_BEGIN), ("renew", _LUA_RENEW), ("finish", _LUA_FINISH),
-    )
+    "create": _lua(_LUA_CREATE), "append": _lua(_LUA_APPEND), "truncate": _lua(_LUA_TRUNCATE),
+    "begin": _lua(_LUA_BEGIN), "renew": _lua(_LUA_RENEW), "finish": _lua(_LUA_FINISH),
 }
 
 

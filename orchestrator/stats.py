@@ -78,7 +78,7 @@ class StatsCollector:
 
     def round_proto(self, o: RoundOutcome, text: str) -> pb.Round:
         """One row of the per-round trace."""
-        return pb.Round(index=self.rounds, k=o.k, draft_ids=o.draft_ids, matches=o.matches,
+        return pb.Round(index=self.rounds - 1, k=o.k, draft_ids=o.draft_ids, matches=o.matches,
                         target_ids=o.target_ids, num_accepted=o.num_accepted, next_token=o.next_token,
                         next_kind=o.next_kind, text=text, draft_ms=o.draft_ms, target_ms=o.target_ms,
                         overhead_ms=o.overhead_ms, draft_replica=o.draft_replica, target_replica=o.target_replica)

@@ -50,6 +50,7 @@ class RoutingConfig:
     refresh_seconds: float = DEFAULT_REFRESH_SECONDS
 
     def __post_init__(self) -> None:
+        """Reject limits that would make routing impossible."""
         if self.max_in_flight_per_replica < 1:
             raise ValueError("max_in_flight_per_replica must be >= 1")
         if self.refresh_seconds <= 0:
@@ -168,6 +169,7 @@ def make_resolver(text: str) -> Resolver:
     parsed = parse_addresses(text)
     if isinstance(parsed, DnsTarget):
         async def resolve_dns() -> list[str]:
+            """Every ready replica behind the DNS name."""
             return await dns_resolver(parsed.host, parsed.port)
         return resolve_dns
     static = list(parsed)

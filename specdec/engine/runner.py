@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -39,6 +40,9 @@ class CausalLMRunner:
         self.model = model
         self.pool = pool
         self.device = next(model.parameters()).device
+        # transformers >= 5.2x names the argument `cache`; earlier releases `past_key_values`.
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     @torch.inference_mode()
     def extend(self, session_id: str, ids: Sequence[int], first: int) -> ForwardResult:
@@ -68,8 +72,8 @@ class CausalLMRunner:
     def _forward(self, cache: Any, new_ids: list[int], past: int, keep: int) -> torch.Tensor:
         input_ids = torch.tensor([new_ids], dtype=torch.long, device=self.device)  # [1, t]
         positions = torch.arange(past, past + len(new_ids), device=self.device).unsqueeze(0)  # [1, t]
-        out = self.model(input_ids=input_ids, past_key_values=cache, position_ids=positions,
-                         use_cache=True, logits_to_keep=keep)
+        out = self.model(input_ids=input_ids, position_ids=positions, use_cache=True, logits_to_keep=keep,
+                         **{self._cache_arg: cache})
         return out.logits[0, -keep:].float().cpu()  # [keep, V]
 
     def _count(self, reused: int, computed: int, rolled_back: int) -> None:

@@ -86,6 +86,9 @@ HASH_CHUNK_BYTES = 8 * 1024 * 1024
 HASH_PREFIX_HEX = 16
 MAX_HASH_INDEX_ENTRIES = 256
 STALE_TMP_SECONDS = 3600
+#: mkdtemp/mkstemp create 0700/0600; cache entries are shared, so publish them as 0755/0644.
+CACHE_DIR_MODE = 0o755
+CACHE_FILE_MODE = 0o644
 MAX_ERROR_CHARS = 240
 #: dtype the GGUF is dequantised to for the converted cache (exact for every GGUF quant type).
 CONVERSION_DTYPE = torch.float32
@@ -382,6 +385,7 @@ def _write_json_atomic(path: Path, data: Any) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=1, sort_keys=True)
+        os.chmod(tmp, CACHE_FILE_MODE)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -444,6 +448,7 @@ def atomic_build_dir(final: Path, build: Callable[[Path], None]) -> bool:
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{final.name}-", dir=final.parent))
     try:
         build(tmp)
+        os.chmod(tmp, CACHE_DIR_MODE)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -661,7 +666,7 @@ def _read_model(directory: Path, spec: ModelSpec, device: torch.device, dtype: t
         config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
         check_cache_truncatable(config, str(spec))
         tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-        device_map = None if device.type == "cpu" else {"": str(device)}
+        device_map = None if device.type == "cpu" else str(device)  # load straight onto the GPU
         model = AutoModelForCausalLM.from_pretrained(
             str(directory), config=config, dtype=dtype, device_map=device_map, local_files_only=True
         )

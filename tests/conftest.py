@@ -1,0 +1,23 @@
+"""Fixtures shared by the suite: a real Redis server, thread limits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.redis_server import EmbeddedRedis
+
+TEST_THREADS = 1
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _limit_threads() -> None:
+    """Two cores are shared by the test process and the services it starts."""
+    torch.set_num_threads(TEST_THREADS)
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A real redis-server process on a free loopback port (no persistence)."""
+    with EmbeddedRedis() as server:
+        yield server

@@ -1,0 +1,329 @@
+"""SessionStore against a real redis-server (EmbeddedRedis): no fakes, no mocks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from array import array
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from orchestrator.session_store import (
+    ID_BYTES,
+    LeaseLost,
+    SessionBusy,
+    SessionExists,
+    SessionNotFound,
+    SessionStore,
+    StoreUnavailable,
+    VersionConflict,
+    encode_ids,
+    open_redis,
+)
+from specdec.redis_server import EmbeddedRedis
+
+pytestmark = pytest.mark.integration
+
+TTL_S = 3600
+LEASE_S = 30.0
+SHORT_LEASE_S = 0.2
+LEASE_EXPIRY_WAIT_S = 0.4
+WRITES_PER_WRITER = 25
+CHUNK = 3
+UNAVAILABLE_BOUND_S = 5.0
+PARAMS = {"max_tokens": 64, "temperature": 0.0, "stop": ["\n"]}
+
+StoreFn = Callable[[SessionStore, aioredis.Redis], Awaitable[Any]]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[EmbeddedRedis]:
+    """One non-persistent redis-server shared by the module's tests."""
+    with EmbeddedRedis() as srv:
+        yield srv
+
+
+def _sid() -> str:
+    return f"s-{uuid.uuid4().hex[:12]}"
+
+
+def run_with_store(url: str, fn: StoreFn, **store_kwargs: Any) -> Any:
+    """Run ``fn(store, client)`` in a fresh event loop with a fresh client."""
+
+    async def main() -> Any:
+        client = open_redis(url)
+        try:
+            return await fn(SessionStore(client, **store_kwargs), client)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
+def test_create_get_and_binary_layout(server: EmbeddedRedis) -> None:
+    sid, ids = _sid(), [1, 2, 49151, 0, 7]
+
+    async def body(store: SessionStore, client: aioredis.Redis) -> None:
+        created = await store.create(sid, ids, 5, PARAMS)
+        assert (created.ids, created.prompt_tokens, created.turns) == (ids, 5, 1)
+        assert (created.version, created.status, created.params) == (1, "idle", PARAMS)
+        assert created.created_at == created.updated_at > 0
+        got = await store.get(sid)
+        assert got == created
+        raw = await client.hget(store.key(sid), "ids")
+        assert raw == array("i", ids).tobytes() == encode_ids(ids)
+        assert len(raw) == ID_BYTES * len(ids)
+        with pytest.raises(SessionExists):
+            await store.create(sid, [9], 1, {})
+        assert await store.get(_sid()) is None
+
+    run_with_store(server.url, body)
+
+
+def test_append_bumps_version_and_counters(server: EmbeddedRedis) -> None:
+    sid = _sid()
+
+    async def body(store: SessionStore, client: aioredis.Redis) -> None:
+        await store.create(sid, [1, 2], 2, PARAMS)
+        s = await store.append(sid, 1, [3, 4], {"rounds": 1, "drafted": 4, "accepted": 2}, "o1")
+        assert (s.ids, s.version, s.rounds, s.drafted, s.accepted) == ([1, 2, 3, 4], 2, 1, 4, 2)
+        s = await store.append(sid, 2, [], {"delivered": 2}, "o1")
+        assert (s.ids, s.version, s.delivered) == ([1, 2, 3, 4], 3, 2)
+        with pytest.raises(VersionConflict) as info:
+            await store.append(sid, 2, [5], {}, "o1")
+        assert (info.value.expected, info.value.current) == (2, 3)
+        with pytest.raises(ValueError):
+            await store.append(sid, 3, [5], {"bogus": 1}, "o1")
+        with pytest.raises(SessionNotFound):
+            await store.append(_sid(), 1, [5], {}, "o1")
+        assert (await store.get(sid)).ids == [1, 2, 3, 4]
+
+    run_with_store(server.url, body)
+
+
+def test_two_concurrent_writers_same_version_exactly_one_wins(server: EmbeddedRedis) -> None:
+    sid = _sid()
+
+    async def body(store: SessionStore, client: aioredis.Redis) -> None:
+        other = SessionStore(open_redis(server.url))
+        await store.create(sid, [], 0, {})
+        try:
+            for version in range(1, WRITES_PER_WRITER + 1):
+                results = await asyncio.gather(
+                    store.append(sid, version, [1] * CHUNK, {"rounds": 1}, "o"),
+                    other.append(sid, version, [2] * CHUNK, {"rounds": 1}, "o"),
+                    return_exceptions=True,
+                )
+                wins = [r for r in results if not isinstance(r, Exception)]
+                assert len(wins) == 1 and wins[0].version == version + 1
+                assert sum(isinstance(r, VersionConflict) for r in results) == 1
+        finally:
+            await other._redis.aclose()
+        final = await store.get(sid)
+        assert len(final.ids) == CHUNK * WRITES_PER_WRITER == CHUNK * final.rounds
+
+    run_with_store(server.url, body)
+
+
+async def _writer(store: SessionStore, sid: str, token: int, writes: int) -> int:
+    """Append ``writes`` chunks of ``token``, retrying on version conflicts; return conflicts."""
+    conflicts, done = 0, 0
+    while done < writes:
+        current = await store.get(sid)
+        try:
+            await store.append(sid, current.version, [token] * CHUNK, {"rounds": 1}, "o")
+            done += 1
+        except VersionConflict:
+            conflicts += 1
+        await asyncio.sleep(0)
+    return conflicts
+
+
+def test_concurrent_writers_never_interleave_tokens(server: EmbeddedRedis) -> None:
+    sid = _sid()
+
+    async def body(store: SessionStore, client: aioredis.Redis) -> None:
+        stores = [store, SessionStore(open_redis(server.url))]
+        await store.create(sid, [], 0, {})
+        try:
+            conflicts = await asyncio.gather(
+                *(_writer(s, sid, token, WRITES_PER_WRITER) for token, s in enumerate(stores, 1))
+            )
+        finally:
+            await stores[1]._redis.aclose()
+        final = await store.get(sid)
+        assert final.version == 1 + 2 * WRITES_PER_WRITER
+        assert len(final.ids) == 2 * CHUNK * WRITES_PER_WRITER
+        blocks = [final.ids[i:i + CHUNK] for i in range(0, len(final.ids), CHUNK)]
+        assert all(len(set(b)) == 1 for b in blocks), "tokens of two writers interleaved"
+        assert sum(conflicts) > 0, "writers never raced; test is not exercising concurrency"
+
+    run_with_store(server.url, body)
+
+
+def test_zombie_owner_cannot_append_after_takeover(server: EmbeddedRedis) -> None:
+    sid = _sid()
+
+    async def body(store: SessionStore, client: aioredis.Redis) -> None:
+        s, resumed = await store.begin_request(
+            sid, "req-1", "zombie", SHORT_LEASE_S, [10, 11], PARAMS, create_missing=True
+        )
+        assert not resumed and s.owner == "zombie" and s.status == "generating"
+        s = await store.append(sid, s.version, [12], {}, "zombie")
+        with pytest.raises(LeaseLost):
+            await store.append(sid, s.version, [99], {}, "other")
+        with pytest.raises(SessionBusy):
+            await store.begin_request(sid, "req-1", "other", LEASE_S, [10, 11], PARAMS)
+        await asyncio.sleep(LEASE_EXPIRY_WAIT_S)  # the zombie stalls; its lease expires
+        taken, resumed = await store.begin_request(sid, "req-1", "other", LEASE_S, [10, 11], {})
+        assert resumed and taken.owner == "other" and taken.ids == [10, 11, 12]
+        for version in (s.version, taken.version):
+            with pytest.raises(LeaseLost):
+                await store.append(sid, version, [66], {}, "zombie")
+        with pytest.raises(LeaseLost):
+            await store.finish_request(sid, "zombie", "stop", taken.version)
+        with pytest.raises(LeaseLost):
+            await store.renew_lease(sid, "zombie", LEASE_S)
+        s = await store.append(sid, taken.version, [13], {}, "other")
+        assert s.ids == [10, 11, 12, 13] and s.completion_ids == [12, 13]
+
+    run_with_store(server.url, body)
+
+
+def test_begin_request_retry_resumes_and_appends_turn_once(server: EmbeddedRedis) -> None:
+    sid = _sid()
+
+    async def body(store: SessionStore, client: aioredis.Redis) -> None:
+        await store.create(sid, [], 0, {})
+        first, resumed = await store.begin_request(sid, "r1", "o1", LEASE_S, [1, 2, 3], PARAMS)
+        assert not resumed and (first.turns, first.request_base_len, first.prompt_tokens) == (1, 0, 3)
+        again, resumed = await store.begin_request(sid, "r1", "o1", LEASE_S, [1, 2, 3], PARAMS)
+        assert resumed and again.ids == [1, 2, 3] and again.turns == 1
+        s = await store.append(sid, again.version, [4, 5], {"delivered": 2}, "o1")
+        with pytest.raises(SessionBusy):
+            await store.begin_request(sid, "r2", "o1", LEASE_S, [6], PARAMS)
+        done = await store.finish_request(sid, "o1", "stop", s.version)
+        assert (done.status, done.owner, done.last_finish_reason) == ("idle", "", "stop")
+        retry, resumed = await store.begin_request(sid, "r1", "o2", LEASE_S, [1, 2, 3], PARAMS)
+        assert resumed and retry.status == "idle" and retry.completion_ids == [4, 5]
+        second, resumed = await store.begin_request(sid, "r2", "o2", LEASE_S, [6, 7], {"n": 1})
+        assert not resumed and second.ids == [1, 2, 3, 4, 5, 6, 7]
+        assert (second.turns, second.request_base_len, second.prompt_tokens) == (2, 5, 2)
+        assert (second.delivered, second.params, second.completion_ids) == (0, {"n": 1}, [])
+        with pytest.raises(SessionNotFound):
+            await store.begin_request(_sid(), "r1", "o1", LEASE_S, [1], {})
+
+    run_with_store(server.url, body)
+
+
+def test_renew_lease_extends_without_version_bump(server: EmbeddedRedis) -> None:
+    sid = _sid()
+
+    async def body(store: SessionStore, client: aioredis.Redis) -> None:
+        s, _ = await store.begin_request(sid, "r", "o1", SHORT_LEASE_S, [1], {}, create_missing=True)
+        until = await store.renew_lease(sid, "o1", LEASE_S)
+        assert until > time.time() + LEASE_S / 2
+        renewed = await store.get(sid)
+        assert renewed.version == s.version and renewed.lease_until == until
+        await asyncio.sleep(LEASE_EXPIRY_WAIT_S)
+        assert (await store.append(sid, s.version, [2], {}, "o1")).ids == [1, 2]
+        with pytest.raises(LeaseLost):
+            await store.renew_lease(sid, "o2", LEASE_S)
+        with pytest.raises(SessionNotFound):
+            await store.renew_lease(_sid(), "o1", LEASE_S)
+
+    run_with_store(server.url, body)
+
+
+def test_ttl_set_and_refreshed_on_write(server: EmbeddedRedis) -> None:
+    sid, short = _sid(), 10
+
+    async def body(store: SessionStore, client: aioredis.Redis) -> None:
+        s = await store.create(sid, [1], 1, {})
+        assert TTL_S - 5 <= await client.ttl(store.key(sid)) <= TTL_S
+        await client.expire(store.key(sid), short)
+        await store.append(sid, s.version, [2], {}, "o")
+        assert await client.ttl(store.key(sid)) > short
+
+    run_with_store(server.url, body, ttl_seconds=TTL_S)
+
+
+def test_truncate_delete_memory_and_prefix(server: EmbeddedRedis) -> None:
+    sid, prefix = _sid(), "acl-test:"
+
+    async def body(store: SessionStore, client: aioredis.Redis) -> None:
+        s = await store.create(sid, list(range(100)), 10, {})
+        assert store.key(sid).startswith(prefix)
+        assert [k async for k in client.scan_iter(match=f"{prefix}*")] == [store.key(sid).encode()]
+        assert await store.memory_bytes(sid) >= ID_BYTES * 100
+        s = await store.truncate(sid, s.version, 40, "o")
+        assert s.ids == list(range(40)) and s.version == 2
+        with pytest.raises(ValueError):
+            await store.truncate(sid, s.version, 41, "o")
+        with pytest.raises(VersionConflict):
+            await store.truncate(sid, 1, 10, "o")
+        assert await store.delete(sid) is True
+        assert await store.delete(sid) is False
+        assert await store.get(sid) is None and await store.memory_bytes(sid) is None
+
+    run_with_store(server.url, body, prefix=prefix)
+
+
+def test_decode_responses_client_is_rejected(server: EmbeddedRedis) -> None:
+    client = aioredis.Redis.from_url(server.url, decode_responses=True)
+    with pytest.raises(ValueError, match="decode_responses"):
+        SessionStore(client)
+
+
+def test_redis_down_raises_store_unavailable_then_recovers() -> None:
+    with EmbeddedRedis() as srv:
+
+        async def body(store: SessionStore, client: aioredis.Redis) -> None:
+            await store.create("before", [1], 1, {})
+            srv.stop()
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="Redis unavailable") as info:
+                await store.get("before")
+            assert time.monotonic() - started < UNAVAILABLE_BOUND_S
+            assert info.value.__cause__ is None and info.value.__suppress_context__
+            with pytest.raises(StoreUnavailable):
+                await store.append("before", 1, [2], {}, "o")
+            srv.start()
+            assert await store.get("before") is None  # no persistence: data is gone
+            assert (await store.create("after", [3], 1, {})).ids == [3]
+
+        run_with_store(srv.url, body)
+
+
+def test_session_survives_restart_with_appendonly(tmp_path: Path) -> None:
+    sid = _sid()
+    with EmbeddedRedis(data_dir=tmp_path / "data") as srv:
+
+        async def write(store: SessionStore, client: aioredis.Redis) -> Any:
+            s = await store.create(sid, [1, 2, 3], 3, PARAMS)
+            return await store.append(sid, s.version, [4], {"rounds": 1}, "o")
+
+        async def read(store: SessionStore, client: aioredis.Redis) -> Any:
+            return await store.get(sid)
+
+        before = run_with_store(srv.url, write)
+        port = srv.port
+        srv.restart()
+        assert srv.port == port
+        after = run_with_store(srv.url, read)
+        assert after == before and after.ids == [1, 2, 3, 4]
+
+
+def test_embedded_redis_with_password(tmp_path: Path) -> None:
+    with EmbeddedRedis(password="s3cr:t/@x") as srv:
+        assert "@127.0.0.1:" in srv.url
+        sid = _sid()
+
+        async def body(store: SessionStore, client: aioredis.Redis) -> Any:
+            return await store.create(sid, [5], 1, {})
+
+        assert run_with_store(srv.url, body).ids == [5]

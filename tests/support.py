@@ -1,0 +1,161 @@
+"""Shared test helpers: the SmolLM2 tokenizer, tiny model pairs, and an in-process stack.
+
+The in-process stack runs the real draft, target and orchestrator servicers as
+three grpc.aio servers on loopback ports inside one background event loop,
+with a real Redis server. It exercises everything but process boundaries
+(tests/integration/test_processes.py covers those) and is fast enough for the
+hundreds of generations the greedy-identity test runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+
+from specdec.config import ModelServiceConfig, OrchestratorConfig, ServerConfig
+from specdec.engine.loading import ModelBundle, load_draft, load_target
+from specdec.models.loader import load_tokenizer
+from specdec.models.tiny import build_tiny_causal_lm, save_tiny_pair
+from specdec.models.tokenizer_info import describe_tokenizer
+from specdec.server.app import GrpcApp
+from specdec.v1 import orchestrator_pb2_grpc
+
+from draft_service import servicer as draft_servicer
+from orchestrator.generation import Deps
+from orchestrator.pair import PairMonitor
+from orchestrator.prompting import Prompter
+from orchestrator.replicas import ReplicaPool
+from orchestrator.rounds import RoundRunner
+from orchestrator.servicer import SERVICE_NAME as ORCH_NAME
+from orchestrator.servicer import Admission, OrchestratorServicer
+from orchestrator.session_store import SessionStore, open_redis
+from target_service import servicer as target_servicer
+
+TINY_NOISE = 0.03
+TINY_INIT_RANGE = 0.5
+EOS_PROBE_TOKENS = 24
+START_TIMEOUT_S = 60.0
+
+_tokenizer_cache: dict[str, Any] = {}
+
+
+def smollm2_tokenizer() -> Any:
+    """The real SmolLM2 tokenizer (from the embedded GGUF, cached by the loader)."""
+    if "smollm2" not in _tokenizer_cache:
+        _tokenizer_cache["smollm2"] = load_tokenizer("embedded")
+    return _tokenizer_cache["smollm2"]
+
+
+def pick_emitted_eos(model: Any, tokenizer: Any, prompts: list[str]) -> int:
+    """A token the tiny target actually emits on about half of the prompts (so EOS paths run)."""
+    seen: dict[int, int] = {}
+    for text in prompts:
+        ids = torch.tensor([tokenizer.encode(text)])
+        out = model.generate(ids, max_new_tokens=EOS_PROBE_TOKENS, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[0, ids.shape[1]:].tolist()
+        for t in set(out):
+            seen[t] = seen.get(t, 0) + 1
+    target = len(prompts) / 2
+    return min(seen, key=lambda t: (abs(seen[t] - target), t))
+
+
+def make_tiny_pair(directory: Path, prompts: list[str], noise: float = TINY_NOISE, seed: int = 0) -> tuple[Path, Path]:
+    """Save a tiny Llama target (with an EOS it emits) and a perturbed draft; return their dirs."""
+    tok = smollm2_tokenizer()
+    probe = build_tiny_causal_lm(tok, seed=seed, init_range=TINY_INIT_RANGE)
+    eos = pick_emitted_eos(probe, tok, prompts)
+    pair = save_tiny_pair(directory, tok, noise=noise, seed=seed, init_range=TINY_INIT_RANGE, eos_token_id=eos)
+    return pair.target_dir, pair.draft_dir
+
+
+@dataclass
+class InProcessStack:
+    """Draft, target and orchestrator servers in one background event loop."""
+
+    target_model: str
+    draft_model: str = ""
+    draft_kind: str = "model"
+    redis_url: str = ""
+    threads: int = 1
+
+    def start(self) -> "InProcessStack":
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.call(self._start())
+        return self
+
+    def call(self, coro: Any, timeout: float = START_TIMEOUT_S) -> Any:
+        """Run a coroutine on the stack's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _serve_model(self, role: str, bundle: ModelBundle) -> tuple[GrpcApp, Any, int]:
+        mod = draft_servicer if role == "draft" else target_servicer
+        servicer = mod.DraftServicer() if role == "draft" else mod.TargetServicer()
+        servicer.bundle = bundle
+        app = GrpcApp(mod.SERVICE_NAME, ServerConfig(host="127.0.0.1", port=0, drain_seconds=1.0))
+        port = await app.start(lambda server: mod.add_to_server(servicer, server))
+        await app.set_serving(True)
+        return app, servicer, port
+
+    async def _start(self) -> None:
+        torch.set_num_threads(self.threads)
+        tcfg = ModelServiceConfig(role="target", model=self.target_model, cache_budget_bytes=1 << 30)
+        dcfg = ModelServiceConfig(role="draft", model=self.draft_model, draft_kind=self.draft_kind,
+                                  cache_budget_bytes=1 << 30)
+        self.target_bundle = await asyncio.to_thread(load_target, tcfg)
+        self.draft_bundle = await asyncio.to_thread(load_draft, dcfg)
+        self.target_app, self.target_servicer, tport = await self._serve_model("target", self.target_bundle)
+        self.draft_app, self.draft_servicer, dport = await self._serve_model("draft", self.draft_bundle)
+        await self._start_orchestrator(f"127.0.0.1:{tport}", f"127.0.0.1:{dport}")
+
+    async def _start_orchestrator(self, target_address: str, draft_address: str) -> None:
+        cfg = OrchestratorConfig(tokenizer=self.target_model, draft_addresses=draft_address,
+                                 target_addresses=target_address, redis_url=self.redis_url,
+                                 server=ServerConfig(host="127.0.0.1", port=0, drain_seconds=1.0))
+        tokenizer = await asyncio.to_thread(load_tokenizer, self.target_model)
+        target = ReplicaPool("target", cfg.target_addresses, cfg.server, cfg.retry)
+        draft = ReplicaPool("draft", cfg.draft_addresses, cfg.server, cfg.retry)
+        self.pair = PairMonitor(target, draft, describe_tokenizer(tokenizer), cfg.tokenizer, refresh_s=1.0)
+        await self.pair.refresh()
+        info = self.pair.target_info()
+        store = SessionStore(open_redis(self.redis_url), prefix=f"test-{uuid.uuid4().hex[:8]}:")
+        self.deps = Deps(cfg=cfg, store=store, runner=RoundRunner(draft, target, cfg.retry),
+                         prompter=Prompter(tokenizer), eos_ids=frozenset(info.eos_token_ids),
+                         max_context=info.max_context, owner="test-orchestrator", model_name=info.model_id)
+        self.admission = Admission(cfg.max_concurrent)
+        self.servicer = OrchestratorServicer(self.deps, self.pair, self.admission)
+        self.app = GrpcApp(ORCH_NAME, cfg.server)
+        port = await self.app.start(
+            lambda s: orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(self.servicer, s))
+        await self.app.set_serving(True)
+        self.address = f"127.0.0.1:{port}"
+        self.tokenizer = tokenizer
+
+    def stub(self) -> tuple[grpc.Channel, orchestrator_pb2_grpc.OrchestratorStub]:
+        channel = grpc.insecure_channel(self.address)
+        return channel, orchestrator_pb2_grpc.OrchestratorStub(channel)
+
+    def stop(self) -> None:
+        async def _stop() -> None:
+            for app in (self.app, self.draft_app, self.target_app):
+                await app.server.stop(grace=None)
+        self.call(_stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+
+
+def target_greedy(model: Any, ids: list[int], max_new_tokens: int, eos_ids: list[int]) -> list[int]:
+    """Plain target greedy decoding with HF generate (the reference every identity test uses)."""
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=list(eos_ids), pad_token_id=eos_ids[0], top_k=None, top_p=None,
+                             temperature=None)
+    return out[0, len(ids):].tolist()
