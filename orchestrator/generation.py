@@ -71,7 +71,9 @@ class Deps:
 class State:
     """The mutable state of one generation (its round state lives in `session`)."""
 
-    session: Session
+    session: Session                     # as read when the request began
+    ids: list[int]                       # the whole context: prompt (all turns) + completion so far
+    version: int                         # the session's version after our last write
     prompt_len: int                      # tokens before the completion
     completion: list[int] = field(default_factory=list)
     text: str = ""                       # text delivered so far (after stop hold-back)
@@ -130,7 +132,7 @@ class Generation:
             create_missing=existing is None)
         prompt_len = len(session.ids) - len(session.completion_ids)
         self._check_lengths(prompt_len)
-        state = State(session, prompt_len, list(session.completion_ids))
+        state = State(session, list(session.ids), session.version, prompt_len, list(session.completion_ids))
         if session.status == "idle" and session.request_id == self.request_id and session.last_finish_reason:
             state.finish = FINISH_BY_NAME.get(session.last_finish_reason, pb.FINISH_REASON_UNSPECIFIED)
         return state
@@ -165,7 +167,7 @@ class Generation:
     # -- text ------------------------------------------------------------------------------
 
     def _text_pipeline(self, state: State) -> tuple[IncrementalDetokenizer, StopMatcher]:
-        prompt = state.session.ids[: state.prompt_len]
+        prompt = state.ids[: state.prompt_len]
         return IncrementalDetokenizer(self.deps.prompter.tokenizer, prompt), StopMatcher(self.params.stop)
 
     def _catch_up(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher) -> pb.GenerateChunk | None:
@@ -183,14 +185,14 @@ class Generation:
 
     def _round_k(self, state: State) -> int:
         left_tokens = self.params.max_new_tokens - len(state.completion)
-        left_context = self.deps.max_context - len(state.session.ids)
+        left_context = self.deps.max_context - len(state.ids)
         return max(0, min(self.params.k, left_tokens - 1, left_context - 1))
 
     async def _round(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher) -> pb.GenerateChunk | None:
         """Steps 1-6 of the module docstring for one round."""
         start_len = len(state.completion)
         outcome = await self.deps.runner.run(RoundRequest(                                   # 1, 2
-            self.session_id, self.request_id, list(state.session.ids), self._round_k(state),
+            self.session_id, self.request_id, list(state.ids), self._round_k(state),
             self.params.sampling, self.params.draft_kind, self.params.logprobs))
         tokens = self._cut(state, outcome.emitted)                                            # 3
         delta = stops.push(detok.push(tokens))                                                # 4
@@ -220,7 +222,7 @@ class Generation:
             if produced >= p.max_new_tokens:
                 state.finish = pb.FINISH_REASON_LENGTH
                 return emitted[: i + 1]
-            if len(state.session.ids) + i + 1 >= self.deps.max_context:
+            if len(state.ids) + i + 1 >= self.deps.max_context:
                 state.finish = pb.FINISH_REASON_CONTEXT
                 return emitted[: i + 1]
         return emitted
@@ -228,15 +230,18 @@ class Generation:
     async def _store(self, state: State, tokens: list[int], outcome: RoundOutcome) -> None:
         counters = {"rounds": 1, "drafted": len(outcome.draft_ids), "accepted": outcome.num_accepted,
                     "delivered": len(tokens)}
-        state.session = await self.deps.store.append(
-            self.session_id, state.session.version, tokens, counters, self.deps.owner)
+        written = await self.deps.store.append(self.session_id, state.version, tokens, counters, self.deps.owner)
+        state.version = written.version
+        state.ids += tokens
         state.logprobs += outcome.logprobs[: len(tokens)]
 
     async def _store_cut(self, state: State, keep: int, start_len: int) -> None:
         """A stop string ended inside tokens stored by earlier rounds: drop them from the session."""
         if keep < start_len:
-            state.session = await self.deps.store.truncate(
-                self.session_id, state.session.version, state.prompt_len + keep, self.deps.owner)
+            written = await self.deps.store.truncate(
+                self.session_id, state.version, state.prompt_len + keep, self.deps.owner)
+            state.version = written.version
+            del state.ids[state.prompt_len + keep:]
 
     def _chunk(self, state: State, outcome: RoundOutcome, tokens: list[int], offset: int,
                text: str) -> pb.GenerateChunk | None:
@@ -252,7 +257,8 @@ class Generation:
 
     async def _finish(self, state: State) -> None:
         state.session = await self.deps.store.finish_request(
-            self.session_id, self.deps.owner, FINISH_NAMES[state.finish], state.session.version)
+            self.session_id, self.deps.owner, FINISH_NAMES[state.finish], state.version)
+        state.version = state.session.version
 
     async def _finish_quietly(self, state: State) -> None:
         with contextlib.suppress(Exception):

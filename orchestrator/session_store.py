@@ -1,8 +1,9 @@
-"""Sessions in Redis (``redis.asyncio``), one hash per session, every write one Lua script.
+"""Sessions in Redis (``redis.asyncio``), two keys per session, every write one Lua script.
 
-Layout: key ``{prefix}session:{session_id}`` is a hash with fields
+Layout: ``{prefix}session:{<session_id>}:ids`` is a string of the accepted token ids,
+little-endian int32 (4 bytes per id), grown with ``APPEND``; ``{prefix}session:{<session_id>}``
+is a hash with fields
 
-    ids                 accepted token ids, little-endian int32 array (4 bytes per id)
     prompt_tokens       length of the prompt part of the latest turn
     turns               number of turns begun
     params              JSON of the resolved request parameters
@@ -15,9 +16,20 @@ Layout: key ``{prefix}session:{session_id}`` is a hash with fields
     request_id          id of the latest request (kept after it finished)
     request_base_len    tokens the session had when that request began
 
-A single key per session keeps every script single-slot (works on Redis Cluster).
+The session id is the hash tag (between braces; the prefix stays outside), so both keys
+map to one slot and every script stays single-slot on Redis Cluster. (An id that starts
+with ``}`` gives an empty tag; such a session works on a single Redis but not on Cluster.)
+Both keys always exist together: a session counts as present only while both do, every
+write refreshes the TTL of both, :meth:`SessionStore.delete` removes both.
+
+The per-round write (:meth:`SessionStore.append`) costs O(new tokens) in Redis and on the
+wire: it appends to the ids string and answers only ``(version, length, lease_until)``
+(:class:`Written`); the caller keeps the context ids itself. Reads of the whole session
+(:meth:`~SessionStore.get`, ``create``, ``begin_request``, ``finish_request``) return the
+full :class:`Session`.
+
 Time comes from the Redis server (``TIME``), so leases do not depend on clock skew
-between orchestrator instances. Every write refreshes the TTL.
+between orchestrator instances.
 
 Concurrency: :meth:`SessionStore.append`, :meth:`~SessionStore.truncate` and
 :meth:`~SessionStore.finish_request` check the lease first (no lease, same owner or
@@ -59,127 +71,153 @@ RETRY_BACKOFF_BASE_S = 0.05
 
 
 # --- Lua scripts -------------------------------------------------------------------------
-# Replies are {STATUS, detail}: OK/RESUMED carry the HGETALL of the session after the write.
+# KEYS[1] = session hash, KEYS[2] = ids string (same hash tag).
+# Replies are {STATUS, detail...}: OK/RESUMED of create/begin/finish/get carry the HGETALL of
+# the hash and the ids string; OK of append/truncate carries version, length, lease_until (ms).
 _R_OK, _R_RESUMED, _R_NOT_FOUND, _R_EXISTS = "OK", "RESUMED", "NOT_FOUND", "EXISTS"
 _R_VERSION, _R_LEASE, _R_BUSY, _R_RANGE = "VERSION", "LEASE", "BUSY", "RANGE"
 
 _LUA_PRELUDE = """
 if redis.replicate_commands then redis.replicate_commands() end
+local H, I = KEYS[1], KEYS[2]
 local function now_ms()  -- Redis server clock: seconds, microseconds -> milliseconds
   local t = redis.call('TIME')
   return tonumber(t[1]) * MS_PER_SECOND + math.floor(tonumber(t[2]) / US_PER_MS)
 end
-local function hnum(key, field)
-  return tonumber(redis.call('HGET', key, field) or '0') or 0
+local function present()  -- both keys (a lone one, e.g. after eviction, is no session)
+  return redis.call('EXISTS', H, I) == 2
 end
-local function lease_ok(key, owner, now)
-  local cur = redis.call('HGET', key, 'owner') or ''
-  return cur == '' or cur == owner or hnum(key, 'lease_until') <= now
+local function hnum(field)
+  return tonumber(redis.call('HGET', H, field) or '0') or 0
 end
-local function check(key, expected, owner, now)
-  if redis.call('EXISTS', key) == 0 then return {'NOT_FOUND'} end
-  if not lease_ok(key, owner, now) then return {'LEASE', redis.call('HGET', key, 'owner')} end
-  local v = hnum(key, 'version')
+local function lease_ok(owner, now)
+  local cur = redis.call('HGET', H, 'owner') or ''
+  return cur == '' or cur == owner or hnum('lease_until') <= now
+end
+local function check(expected, owner, now)
+  if not present() then return {'NOT_FOUND'} end
+  if not lease_ok(owner, now) then return {'LEASE', redis.call('HGET', H, 'owner')} end
+  local v = hnum('version')
   if v ~= tonumber(expected) then return {'VERSION', tostring(v)} end
   return nil
 end
-local function touch(key, now, ttl)
-  redis.call('HINCRBY', key, 'version', 1)
-  redis.call('HSET', key, 'updated_at', now)
-  redis.call('EXPIRE', key, ttl)
+local function expire(ttl)
+  redis.call('EXPIRE', H, ttl)
+  redis.call('EXPIRE', I, ttl)
 end
-local function init(key, now, blob, prompt_tokens, turns, params)
-  redis.call('HSET', key, 'ids', blob, 'prompt_tokens', prompt_tokens, 'turns', turns,
+local function touch(now, ttl)  -- returns the new version
+  local v = redis.call('HINCRBY', H, 'version', 1)
+  redis.call('HSET', H, 'updated_at', now)
+  expire(ttl)
+  return v
+end
+local function init(now, blob, prompt_tokens, turns, params)
+  redis.call('DEL', H, I)
+  redis.call('SET', I, blob)
+  redis.call('HSET', H, 'prompt_tokens', prompt_tokens, 'turns', turns,
     'params', params, 'status', 'idle', 'rounds', 0, 'drafted', 0, 'accepted', 0,
     'delivered', 0, 'last_finish_reason', '', 'created_at', now, 'updated_at', now,
     'version', 1, 'owner', '', 'lease_until', 0, 'request_id', '', 'request_base_len', 0)
 end
+local function full(status)
+  return {status, redis.call('HGETALL', H), redis.call('GET', I)}
+end
+local function written(version, nbytes)
+  return {'OK', version, math.floor(nbytes / ID_BYTES), hnum('lease_until')}
+end
+"""
+
+_LUA_GET = """
+if not present() then return {'NOT_FOUND'} end
+return full('OK')
 """
 
 # ARGV: ids, prompt_tokens, turns, params, ttl
 _LUA_CREATE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'EXISTS'} end
-init(KEYS[1], now_ms(), ARGV[1], ARGV[2], ARGV[3], ARGV[4])
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-return {'OK', redis.call('HGETALL', KEYS[1])}
+if present() then return {'EXISTS'} end
+init(now_ms(), ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+expire(ARGV[5])
+return full('OK')
 """
 
 # ARGV: expected_version, owner, ids, ttl, counter, delta, counter, delta...
 _LUA_APPEND = """
 local now = now_ms()
-local err = check(KEYS[1], ARGV[1], ARGV[2], now)
+local err = check(ARGV[1], ARGV[2], now)
 if err then return err end
-redis.call('HSET', KEYS[1], 'ids', (redis.call('HGET', KEYS[1], 'ids') or '') .. ARGV[3])
-for i = 5, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
-touch(KEYS[1], now, ARGV[4])
-return {'OK', redis.call('HGETALL', KEYS[1])}
+local nbytes = redis.call('APPEND', I, ARGV[3])
+for i = 5, #ARGV, 2 do redis.call('HINCRBY', H, ARGV[i], ARGV[i + 1]) end
+return written(touch(now, ARGV[4]), nbytes)
 """
 
 # ARGV: expected_version, owner, length_in_bytes, ttl
 _LUA_TRUNCATE = """
 local now = now_ms()
-local err = check(KEYS[1], ARGV[1], ARGV[2], now)
+local err = check(ARGV[1], ARGV[2], now)
 if err then return err end
-local ids = redis.call('HGET', KEYS[1], 'ids') or ''
-local n = tonumber(ARGV[3])
-if n > #ids then return {'RANGE', tostring(#ids / ID_BYTES)} end
-redis.call('HSET', KEYS[1], 'ids', string.sub(ids, 1, n))
-touch(KEYS[1], now, ARGV[4])
-return {'OK', redis.call('HGETALL', KEYS[1])}
+local have, n = redis.call('STRLEN', I), tonumber(ARGV[3])
+if n > have then return {'RANGE', tostring(have / ID_BYTES)} end
+if n == 0 then
+  redis.call('SET', I, '')
+elseif n < have then
+  redis.call('SET', I, redis.call('GETRANGE', I, 0, n - 1))
+end
+return written(touch(now, ARGV[4]), n)
 """
 
 # ARGV: request_id, owner, lease_ms, turn_ids, params, ttl, create_missing
 _LUA_BEGIN = """
-local key, now = KEYS[1], now_ms()
-if redis.call('EXISTS', key) == 0 then
+local now = now_ms()
+if not present() then
   if ARGV[7] ~= '1' then return {'NOT_FOUND'} end
-  init(key, now, '', 0, 0, ARGV[5])
+  init(now, '', 0, 0, ARGV[5])
 end
-local owner = redis.call('HGET', key, 'owner') or ''
-local live = owner ~= '' and hnum(key, 'lease_until') > now
-local generating = redis.call('HGET', key, 'status') == 'generating'
-if redis.call('HGET', key, 'request_id') == ARGV[1] then
+local owner = redis.call('HGET', H, 'owner') or ''
+local live = owner ~= '' and hnum('lease_until') > now
+local generating = redis.call('HGET', H, 'status') == 'generating'
+if redis.call('HGET', H, 'request_id') == ARGV[1] then
   if generating then
     if live and owner ~= ARGV[2] then return {'BUSY', owner} end
-    redis.call('HSET', key, 'owner', ARGV[2], 'lease_until', now + tonumber(ARGV[3]))
-    touch(key, now, ARGV[6])
+    redis.call('HSET', H, 'owner', ARGV[2], 'lease_until', now + tonumber(ARGV[3]))
+    touch(now, ARGV[6])
   end
-  return {'RESUMED', redis.call('HGETALL', key)}
+  return full('RESUMED')
 end
 if generating and live then return {'BUSY', owner} end
-local ids = redis.call('HGET', key, 'ids') or ''
-redis.call('HSET', key, 'ids', ids .. ARGV[4], 'prompt_tokens', #ARGV[4] / ID_BYTES,
+local base = redis.call('STRLEN', I)
+redis.call('APPEND', I, ARGV[4])
+redis.call('HSET', H, 'prompt_tokens', #ARGV[4] / ID_BYTES,
   'params', ARGV[5], 'status', 'generating', 'owner', ARGV[2],
   'lease_until', now + tonumber(ARGV[3]), 'request_id', ARGV[1],
-  'request_base_len', #ids / ID_BYTES, 'delivered', 0, 'last_finish_reason', '')
-redis.call('HINCRBY', key, 'turns', 1)
-touch(key, now, ARGV[6])
-return {'OK', redis.call('HGETALL', key)}
+  'request_base_len', base / ID_BYTES, 'delivered', 0, 'last_finish_reason', '')
+redis.call('HINCRBY', H, 'turns', 1)
+touch(now, ARGV[6])
+return full('OK')
 """
 
 # ARGV: owner, lease_ms, ttl
 _LUA_RENEW = """
 local now = now_ms()
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'NOT_FOUND'} end
-if redis.call('HGET', KEYS[1], 'status') ~= 'generating' then return {'LEASE', ''} end
-if not lease_ok(KEYS[1], ARGV[1], now) then
-  return {'LEASE', redis.call('HGET', KEYS[1], 'owner')}
+if not present() then return {'NOT_FOUND'} end
+if redis.call('HGET', H, 'status') ~= 'generating' then return {'LEASE', ''} end
+if not lease_ok(ARGV[1], now) then
+  return {'LEASE', redis.call('HGET', H, 'owner')}
 end
 local lease_until = now + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'lease_until', lease_until)
-redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('HSET', H, 'owner', ARGV[1], 'lease_until', lease_until)
+expire(ARGV[3])
 return {'OK', tostring(lease_until)}
 """
 
 # ARGV: owner, finish_reason, expected_version, ttl
 _LUA_FINISH = """
 local now = now_ms()
-local err = check(KEYS[1], ARGV[3], ARGV[1], now)
+local err = check(ARGV[3], ARGV[1], now)
 if err then return err end
-redis.call('HSET', KEYS[1], 'status', 'idle', 'owner', '', 'lease_until', 0,
+redis.call('HSET', H, 'status', 'idle', 'owner', '', 'lease_until', 0,
   'last_finish_reason', ARGV[2])
-touch(KEYS[1], now, ARGV[4])
-return {'OK', redis.call('HGETALL', KEYS[1])}
+touch(now, ARGV[4])
+return full('OK')
 """
 
 _LUA_CONSTANTS = {"ID_BYTES": ID_BYTES, "MS_PER_SECOND": MS_PER_SECOND, "US_PER_MS": US_PER_MS}
@@ -194,8 +232,9 @@ def _lua(body: str) -> str:
 
 
 _SCRIPTS = {
-    "create": _lua(_LUA_CREATE), "append": _lua(_LUA_APPEND), "truncate": _lua(_LUA_TRUNCATE),
-    "begin": _lua(_LUA_BEGIN), "renew": _lua(_LUA_RENEW), "finish": _lua(_LUA_FINISH),
+    "get": _lua(_LUA_GET), "create": _lua(_LUA_CREATE), "append": _lua(_LUA_APPEND),
+    "truncate": _lua(_LUA_TRUNCATE), "begin": _lua(_LUA_BEGIN), "renew": _lua(_LUA_RENEW),
+    "finish": _lua(_LUA_FINISH),
 }
 
 
@@ -270,6 +309,20 @@ class Session:
         return self.ids[self.request_base_len + self.prompt_tokens:]
 
 
+@dataclass(frozen=True)
+class Written:
+    """Result of :meth:`SessionStore.append` / :meth:`~SessionStore.truncate`: O(1) in size.
+
+    ``version`` is the session's version after the write (pass it as the next
+    ``expected_version``), ``length`` the number of ids after the write, ``lease_until``
+    the lease expiry in seconds since the epoch (Redis server clock; 0 = no lease).
+    """
+
+    version: int
+    length: int
+    lease_until: float
+
+
 def encode_ids(ids: Sequence[int]) -> bytes:
     """Pack token ids as little-endian int32 bytes.
 
@@ -320,8 +373,9 @@ def _text(value: Optional[bytes]) -> str:
     return value.decode("utf-8") if value is not None else ""
 
 
-def _session_from_flat(session_id: str, flat: Sequence[bytes]) -> Session:
-    """Build a Session from an HGETALL reply given as a flat [field, value, ...] list."""
+def _session_from_reply(session_id: str, reply: Sequence[Any]) -> Session:
+    """Build a Session from a script reply ``[status, HGETALL flat list, ids blob]``."""
+    flat, blob = reply[1], reply[2]
     h = {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
 
     def num(name: str) -> int:
@@ -329,7 +383,7 @@ def _session_from_flat(session_id: str, flat: Sequence[bytes]) -> Session:
 
     return Session(
         session_id=session_id,
-        ids=decode_ids(h.get("ids", b"")),
+        ids=decode_ids(blob or b""),
         prompt_tokens=num("prompt_tokens"),
         turns=num("turns"),
         params=json.loads(h.get("params") or b"{}"),
@@ -346,6 +400,13 @@ def _session_from_flat(session_id: str, flat: Sequence[bytes]) -> Session:
         lease_until=num("lease_until") / MS_PER_SECOND,
         request_id=_text(h.get("request_id")),
         request_base_len=num("request_base_len"),
+    )
+
+
+def _written_from_reply(reply: Sequence[Any]) -> Written:
+    """Build a Written from a script reply ``[status, version, length, lease_until_ms]``."""
+    return Written(
+        version=int(reply[1]), length=int(reply[2]), lease_until=int(reply[3]) / MS_PER_SECOND
     )
 
 
@@ -386,10 +447,18 @@ class SessionStore:
         self._scripts = {name: redis.register_script(src) for name, src in _SCRIPTS.items()}
 
     def key(self, session_id: str) -> str:
-        """Redis key of a session."""
+        """Redis key of a session's hash (the session id is the Cluster hash tag)."""
         if not session_id:
             raise ValueError("session_id must be non-empty")
-        return f"{self.prefix}session:{session_id}"
+        return f"{self.prefix}session:{{{session_id}}}"
+
+    def ids_key(self, session_id: str) -> str:
+        """Redis key of a session's token ids (same hash tag, hence same slot, as the hash)."""
+        return self.key(session_id) + ":ids"
+
+    def keys(self, session_id: str) -> list[str]:
+        """Both keys of a session: [hash, ids]."""
+        return [self.key(session_id), self.ids_key(session_id)]
 
     async def _run(self, coro: Any) -> Any:
         """Await a Redis call, turning connection failures into StoreUnavailable."""
@@ -399,8 +468,8 @@ class SessionStore:
             raise StoreUnavailable(f"Redis unavailable ({type(exc).__name__}: {exc})") from None
 
     async def _script(self, name: str, session_id: str, *args: Any) -> list[Any]:
-        """Run a registered Lua script on the session key."""
-        return await self._run(self._scripts[name](keys=[self.key(session_id)], args=list(args)))
+        """Run a registered Lua script on the session's two keys."""
+        return await self._run(self._scripts[name](keys=self.keys(session_id), args=list(args)))
 
     def _raise_for(self, session_id: str, reply: list[Any], expected: int = 0) -> None:
         """Raise the error a script reported with its status word (no-op for OK/RESUMED)."""
@@ -435,16 +504,15 @@ class SessionStore:
             _params_json(params), self.ttl_seconds,
         )
         self._raise_for(session_id, reply)
-        return _session_from_flat(session_id, reply[1])
+        return _session_from_reply(session_id, reply)
 
     async def get(self, session_id: str) -> Optional[Session]:
-        """Return the session, or None if it does not exist."""
-        flat = await self._run(self._redis.execute_command("HGETALL", self.key(session_id)))
-        if not flat:
+        """Return the session (hash and ids read atomically), or None if it does not exist."""
+        reply = await self._script("get", session_id)
+        if _text(reply[0]) == _R_NOT_FOUND:
             return None
-        if isinstance(flat, dict):  # RESP3 clients answer a map
-            flat = [x for pair in flat.items() for x in pair]
-        return _session_from_flat(session_id, flat)
+        self._raise_for(session_id, reply)
+        return _session_from_reply(session_id, reply)
 
     async def append(
         self,
@@ -453,9 +521,12 @@ class SessionStore:
         new_ids: Sequence[int],
         counters_delta: Mapping[str, int],
         owner: str,
-    ) -> Session:
+    ) -> Written:
         """Atomically append ``new_ids`` and add ``counters_delta`` (keys: rounds, drafted,
         accepted, delivered); bumps version.
+
+        Costs O(len(new_ids)): the reply is only the new version, length and lease expiry
+        (the caller keeps the context ids; :meth:`get` reads them all).
 
         Raises:
             VersionConflict, LeaseLost, SessionNotFound, StoreUnavailable, ValueError (bad counter).
@@ -469,7 +540,7 @@ class SessionStore:
             self.ttl_seconds, *pairs,
         )
         self._raise_for(session_id, reply, expected_version)
-        return _session_from_flat(session_id, reply[1])
+        return _written_from_reply(reply)
 
     async def begin_request(
         self,
@@ -503,7 +574,7 @@ class SessionStore:
             "1" if create_missing else "0",
         )
         self._raise_for(session_id, reply)
-        return _session_from_flat(session_id, reply[1]), _text(reply[0]) == _R_RESUMED
+        return _session_from_reply(session_id, reply), _text(reply[0]) == _R_RESUMED
 
     async def renew_lease(self, session_id: str, owner: str, lease_seconds: float) -> float:
         """Extend ``owner``'s lease (no version bump); returns the new lease_until (seconds).
@@ -528,12 +599,17 @@ class SessionStore:
             "finish", session_id, owner, finish_reason, int(expected_version), self.ttl_seconds
         )
         self._raise_for(session_id, reply, expected_version)
-        return _session_from_flat(session_id, reply[1])
+        return _session_from_reply(session_id, reply)
 
     async def truncate(
         self, session_id: str, expected_version: int, length: int, owner: str
-    ) -> Session:
-        """Keep only the first ``length`` ids (e.g. tokens after a stop string); bumps version."""
+    ) -> Written:
+        """Keep only the first ``length`` ids (e.g. tokens after a stop string); bumps version.
+
+        Raises:
+            ValueError: ``length`` exceeds the session's length (or is negative).
+            VersionConflict, LeaseLost, SessionNotFound, StoreUnavailable.
+        """
         if length < 0:
             raise ValueError("length must be >= 0")
         reply = await self._script(
@@ -541,13 +617,22 @@ class SessionStore:
             self.ttl_seconds,
         )
         self._raise_for(session_id, reply, expected_version)
-        return _session_from_flat(session_id, reply[1])
+        return _written_from_reply(reply)
 
     async def delete(self, session_id: str) -> bool:
-        """Delete the session; True if it existed."""
-        return bool(await self._run(self._redis.delete(self.key(session_id))))
+        """Delete the session (both keys); True if it existed."""
+        return bool(await self._run(self._redis.delete(*self.keys(session_id))))
 
     async def memory_bytes(self, session_id: str) -> Optional[int]:
-        """Bytes Redis uses for the session (``MEMORY USAGE``), None if absent."""
-        used = await self._run(self._redis.memory_usage(self.key(session_id), samples=0))
-        return int(used) if used is not None else None
+        """Bytes Redis uses for the session, hash plus ids (``MEMORY USAGE``); None if absent."""
+
+        async def both() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in self.keys(session_id):
+                    pipe.memory_usage(key, samples=0)
+                return await pipe.execute()
+
+        used = await self._run(both())
+        if used[0] is None:
+            return None
+        return sum(int(u) for u in used if u is not None)

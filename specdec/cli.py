@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from specdec.config import DEFAULT_DRAFT_PORT, DEFAULT_ORCHESTRATOR_PORT, DEFAULT_TARGET_PORT
+from specdec.config import DEFAULT_DRAFT_PORT, DEFAULT_ORCHESTRATOR_PORT, DEFAULT_TARGET_PORT, env_int
 
 EXIT_USAGE, EXIT_LOAD_ERROR = 2, 2
 DEFAULT_PORTS = {"draft": DEFAULT_DRAFT_PORT, "target": DEFAULT_TARGET_PORT, "orchestrator": DEFAULT_ORCHESTRATOR_PORT}
@@ -64,7 +64,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else:
             from target_service.main import serve
     _apply(cfg.server, args, ["host", "metrics_port"])
-    cfg.server.port = args.port if args.port is not None else DEFAULT_PORTS[args.role]
+    cfg.server.port = args.port if args.port is not None else env_int("SPECDEC_PORT", DEFAULT_PORTS[args.role])
     try:
         asyncio.run(serve(cfg))
     except ModelLoadError as exc:

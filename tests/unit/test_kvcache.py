@@ -1,0 +1,100 @@
+"""KV caches: explicit truncation, reuse of the longest common prefix, LRU budget, O(n) compute."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdec.engine.kvcache import KVCachePool, common_prefix_len, kv_bytes_per_token
+from specdec.engine.runner import CausalLMRunner
+from specdec.errors import ResourceExhausted
+
+VOCAB = 64
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        m = LlamaForCausalLM(cfg)
+    return m.eval()
+
+
+def runner_for(model, budget_tokens=10_000):
+    per_token = kv_bytes_per_token(model.config, 4)
+    return CausalLMRunner(model, KVCachePool(budget_tokens * per_token, per_token, model.config))
+
+
+def full_logits(model, ids):
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def test_common_prefix_len():
+    assert common_prefix_len([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix_len([], [1]) == 0
+    assert common_prefix_len([1, 2], [1, 2, 3]) == 2
+
+
+def test_bytes_per_token_counts_keys_and_values(model):
+    # 2 (K and V) x 2 layers x 2 kv heads x head_dim 8 x 4 bytes
+    assert kv_bytes_per_token(model.config, 4) == 2 * 2 * 2 * 8 * 4
+
+
+def test_reuse_and_rollback_give_the_same_logits_as_a_full_forward(model):
+    runner = runner_for(model)
+    ids = list(range(1, 21))
+    first = runner.extend("s", ids, first=len(ids) - 1)
+    assert first.computed_tokens == 20 and first.cached_tokens == 0
+    # a "rejected draft": roll back 5 tokens and go another way
+    branch = ids[:15] + [40, 41, 42]
+    again = runner.extend("s", branch, first=14)
+    assert again.cached_tokens == 14 and again.rolled_back == 6 and again.computed_tokens == 4
+    torch.testing.assert_close(again.logits, full_logits(model, branch)[14:], atol=1e-4, rtol=1e-4)
+    assert runner.pool.counters.rollbacks == 1
+
+
+def test_computed_tokens_are_linear_in_length_not_rounds(model):
+    runner = runner_for(model)
+    ids = [3, 4, 5]
+    for step in range(60):  # a decode loop: each call adds 2 tokens, one of which is later rolled back
+        ids = ids + [step % VOCAB, (step * 7) % VOCAB]
+        runner.extend("s", ids, first=len(ids) - 2)
+        ids = ids[:-1]
+    assert runner.pool.counters.computed_tokens <= 3 + 2 * 60 + 60  # O(total length), not O(rounds x length)
+
+
+def test_a_dropped_cache_is_rebuilt_with_the_same_logits(model):
+    runner = runner_for(model)
+    ids = list(range(5, 30))
+    a = runner.extend("s", ids, first=20).logits
+    assert runner.pool.release("s")
+    b = runner.extend("s", ids, first=20)
+    assert b.cached_tokens == 0
+    torch.testing.assert_close(a, b.logits)
+
+
+def test_lru_eviction_keeps_the_budget(model):
+    runner = runner_for(model, budget_tokens=50)
+    for s in range(5):
+        runner.extend(f"s{s}", list(range(1, 21)), first=19)
+        assert runner.pool.used_bytes() <= runner.pool.budget_bytes
+    assert runner.pool.counters.evictions >= 3
+    assert runner.pool.session_count() <= 2
+
+
+def test_one_session_over_the_budget_is_refused_clearly(model):
+    runner = runner_for(model, budget_tokens=10)
+    with pytest.raises(ResourceExhausted, match="over the cache budget"):
+        runner.extend("big", list(range(1, 30)), first=28)
+
+
+def test_a_failed_forward_drops_the_half_updated_cache(model):
+    runner = runner_for(model)
+    runner.extend("s", [1, 2, 3, 4], first=3)
+    with pytest.raises(Exception):
+        runner.extend("s", [1, 2, 3, 4, VOCAB + 5], first=3)  # out-of-range id fails inside the model
+    assert runner.pool.session_count() == 0
