@@ -128,3 +128,37 @@ class ComputeStats(_message.Message):
     forward_ms: float
     queue_ms: float
     def __init__(self, cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., rolled_back: _Optional[int] = ..., forward_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ...) -> None: ...
+
+class ServiceStats(_message.Message):
+    __slots__ = ("calls", "failures", "in_flight", "cached_sessions", "cache_used_bytes", "cache_budget_bytes", "cache_hits", "cache_misses", "cache_rollbacks", "rolled_back_tokens", "cache_evictions", "computed_tokens", "reused_tokens", "last_call_ok", "last_error")
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    CACHED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MISSES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_ROLLBACKS_FIELD_NUMBER: _ClassVar[int]
+    ROLLED_BACK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CALL_OK_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    calls: int
+    failures: int
+    in_flight: int
+    cached_sessions: int
+    cache_used_bytes: int
+    cache_budget_bytes: int
+    cache_hits: int
+    cache_misses: int
+    cache_rollbacks: int
+    rolled_back_tokens: int
+    cache_evictions: int
+    computed_tokens: int
+    reused_tokens: int
+    last_call_ok: bool
+    last_error: str
+    def __init__(self, calls: _Optional[int] = ..., failures: _Optional[int] = ..., in_flight: _Optional[int] = ..., cached_sessions: _Optional[int] = ..., cache_used_bytes: _Optional[int] = ..., cache_budget_bytes: _Optional[int] = ..., cache_hits: _Optional[int] = ..., cache_misses: _Optional[int] = ..., cache_rollbacks: _Optional[int] = ..., rolled_back_tokens: _Optional[int] = ..., cache_evictions: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., last_call_ok: _Optional[bool] = ..., last_error: _Optional[str] = ...) -> None: ...

@@ -50,6 +50,11 @@ class DraftStub:
                 request_serializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_common__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.Stats = channel.unary_unary(
+                '/specdec.v1.Draft/Stats',
+                request_serializer=specdec_dot_v1_dot_common__pb2.InfoRequest.SerializeToString,
+                response_deserializer=specdec_dot_v1_dot_common__pb2.ServiceStats.FromString,
+                _registered_method=True)
 
 
 class DraftServicer:
@@ -73,6 +78,12 @@ class DraftServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Stats(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DraftServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -90,6 +101,11 @@ def add_DraftServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_common__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Stats': grpc.unary_unary_rpc_method_handler(
+                    servicer.Stats,
+                    request_deserializer=specdec_dot_v1_dot_common__pb2.InfoRequest.FromString,
+                    response_serializer=specdec_dot_v1_dot_common__pb2.ServiceStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -173,6 +189,33 @@ class Draft:
             '/specdec.v1.Draft/Release',
             specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
             specdec_dot_v1_dot_common__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specdec.v1.Draft/Stats',
+            specdec_dot_v1_dot_common__pb2.InfoRequest.SerializeToString,
+            specdec_dot_v1_dot_common__pb2.ServiceStats.FromString,
             options,
             channel_credentials,
             insecure,
