@@ -10,7 +10,8 @@ Environment variables (CLI flags override them):
   REDIS_URL, SPECDEC_TOKENIZER, SPECDEC_DRAFT_ADDRESSES,
   SPECDEC_TARGET_ADDRESSES, SPECDEC_MAX_CONCURRENT, SPECDEC_SESSION_TTL,
   SPECDEC_REDIS_PREFIX, SPECDEC_AUTH_TOKENS, SPECDEC_SERVICE_TOKEN,
-  SPECDEC_TLS_CERT, SPECDEC_TLS_KEY, SPECDEC_TLS_CA
+  SPECDEC_TLS_CERT, SPECDEC_TLS_KEY, SPECDEC_TLS_CA,
+  SPECDEC_LEASE_SECONDS, SPECDEC_HEALTH_WEDGED_SECONDS, SPECDEC_FAULT_FILE
 """
 
 from __future__ import annotations
@@ -90,6 +91,21 @@ class ServerConfig:
 
 
 @dataclass
+class HealthConfig:
+    """When a model service reports NOT_SERVING besides loading and draining.
+
+    poll_s: how often the health watcher looks at the model worker.
+    wedged_s: a forward running longer than this marks the service NOT_SERVING (0 = never).
+    fault_file: chaos/testing hook, off unless set: while this file exists, every forward
+        fails with RuntimeError (a real failure of the worker, used by the reliability tests).
+    """
+
+    poll_s: float = 0.2
+    wedged_s: float = field(default_factory=lambda: env_float("SPECDEC_HEALTH_WEDGED_SECONDS", 120.0))
+    fault_file: str = field(default_factory=lambda: env_str("SPECDEC_FAULT_FILE"))
+
+
+@dataclass
 class ModelServiceConfig:
     """A draft or target worker: which model, where, and its KV-cache budget."""
 
@@ -106,6 +122,7 @@ class ModelServiceConfig:
     ngram_min_n: int = 1
     ngram_max_n: int = 4
     server: ServerConfig = field(default_factory=ServerConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
 
 
 @dataclass
@@ -117,6 +134,38 @@ class RetryConfig:
     attempts: int = 3                      # tries over distinct replicas on UNAVAILABLE
     backoff_s: float = 0.05
     connect_timeout_s: float = 5.0
+    min_deadline_s: float = 0.05           # below this much of the client's deadline left: DEADLINE_EXCEEDED
+
+
+@dataclass
+class LeaseConfig:
+    """The per-session lease an orchestrator holds while it generates (see orchestrator/generation.py).
+
+    seconds: lease length; renewed every seconds / renew_fraction while the generation runs,
+        so a dead orchestrator's session is free again at most `seconds` after it died.
+    takeover_wait_s: how long a retried request (same request_id) waits for the old lease to
+        expire before giving up with ABORTED (default: one lease plus margin), capped by the
+        client's deadline.
+    poll_s: how often the waiting retry asks Redis again.
+    release_s: the lease left behind when a generation fails with a retryable error (the
+        request stays resumable and is free for another orchestrator almost at once).
+    """
+
+    seconds: float = field(default_factory=lambda: env_float("SPECDEC_LEASE_SECONDS", 6.0))
+    renew_fraction: float = 3.0
+    takeover_margin_s: float = 1.0
+    poll_s: float = 0.1
+    release_s: float = 0.001
+
+    @property
+    def renew_s(self) -> float:
+        """Interval between renewals."""
+        return self.seconds / self.renew_fraction
+
+    @property
+    def takeover_wait_s(self) -> float:
+        """Longest wait for another instance's lease to expire."""
+        return self.seconds + self.takeover_margin_s
 
 
 @dataclass
@@ -129,7 +178,7 @@ class OrchestratorConfig:
     redis_url: str = field(default_factory=lambda: env_str("REDIS_URL"))
     redis_prefix: str = field(default_factory=lambda: env_str("SPECDEC_REDIS_PREFIX", "specdec:"))
     session_ttl_s: int = field(default_factory=lambda: env_int("SPECDEC_SESSION_TTL", 24 * 3600))
-    lease_s: float = 30.0
+    lease: LeaseConfig = field(default_factory=LeaseConfig)
     max_concurrent: int = field(default_factory=lambda: env_int("SPECDEC_MAX_CONCURRENT", 64))
     auth_tokens: tuple[str, ...] = field(
         default_factory=lambda: tuple(t for t in env_str("SPECDEC_AUTH_TOKENS").split(",") if t))
@@ -138,3 +187,8 @@ class OrchestratorConfig:
     limits: Limits = field(default_factory=Limits)
     retry: RetryConfig = field(default_factory=RetryConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+
+    @property
+    def lease_s(self) -> float:
+        """The session lease length (LeaseConfig.seconds)."""
+        return self.lease.seconds

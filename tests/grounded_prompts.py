@@ -51,3 +51,6 @@ GROUNDED_PROMPTS = [
 
     "Repeat this sentence exactly three times: The early bird catches the worm.",
 ]
+
+# For the CLI test (not in GROUNDED_PROMPTS, so the CLI run is a fresh generation).
+CLI_PROMPT = "Repeat the following list in reverse order: red, orange, yellow, green, blue, indigo, violet."

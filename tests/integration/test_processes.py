@@ -31,7 +31,7 @@ from specdec.models.loader import LoadConfig, load_causal_lm
 from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
-from tests.grounded_prompts import GROUNDED_PROMPTS
+from tests.grounded_prompts import CLI_PROMPT, GROUNDED_PROMPTS
 from tests.support import target_greedy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -52,7 +52,6 @@ REPLACEMENT_CHAR = "\ufffd"
 STREAM_CASES = [("Write one sentence about the spring.", MAX_NEW, 0),
                 ("把下面这句话重复一遍：春天来了，花开了，小鸟在树上唱歌。", 60, 1)]
 MIN_STOP_OFFSET = 10  # the stop must start this many characters into the completion
-CLI_PROMPT = "Repeat the following list in reverse order: red, orange, yellow, green, blue, indigo, violet."
 CLI_K = 3
 CLI_MAX_NEW = 48
 SPECDEC_BIN = Path(sys.executable).with_name("specdec")

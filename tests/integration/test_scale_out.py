@@ -1,0 +1,70 @@
+"""Scale-out: 2 draft and 2 target processes behind one orchestrator (real gRPC, real Redis).
+
+Sessions spread over both replicas of each pool, every round of a session goes
+to the same replica (rendezvous hashing on the session id), so the replicas'
+KV caches are hit, and the output equals the target alone.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from specdec.launcher import LocalStack, StackConfig
+from specdec.v1 import common_pb2, orchestrator_pb2 as pb, orchestrator_pb2_grpc, target_pb2_grpc, draft_pb2_grpc
+from tests.prompts import IDENTITY_PROMPTS
+from tests.support import make_tiny_pair, target_greedy
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SESSIONS, MAX_NEW, K = 12, 24, 3
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, redis_server):
+    target_dir, draft_dir = make_tiny_pair(tmp_path_factory.mktemp("tiny"), IDENTITY_PROMPTS)
+    cfg = StackConfig(target_model=str(target_dir), draft_model=str(draft_dir), draft_kind="model",
+                      draft_replicas=2, target_replicas=2, redis_url=redis_server.url)
+    with LocalStack(cfg) as s:
+        s.target_dir = target_dir
+        yield s
+
+
+def run_session(address: str, i: int) -> pb.GenerateResponse:
+    with grpc.insecure_channel(address) as channel:
+        stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+        req = pb.GenerateRequest(prompt=IDENTITY_PROMPTS[i], k=K, max_new_tokens=MAX_NEW, trace=True,
+                                 ignore_eos=True, session_id=f"scale-{i}", create_session=True)
+        return stub.Generate(req, timeout=120)
+
+
+def service_stats(address: str, role: str) -> common_pb2.ServiceStats:
+    stub_cls = target_pb2_grpc.TargetStub if role == "target" else draft_pb2_grpc.DraftStub
+    with grpc.insecure_channel(address) as channel:
+        return stub_cls(channel).Stats(common_pb2.InfoRequest(), timeout=10)
+
+
+def test_sessions_spread_stick_and_match_the_target(stack):
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        responses = list(pool.map(lambda i: run_session(stack.orchestrator_address, i), range(SESSIONS)))
+    model = AutoModelForCausalLM.from_pretrained(str(stack.target_dir), dtype=torch.float32).eval()
+    tok_ids = lambda text: __import__("specdec.models.loader", fromlist=["x"]).load_tokenizer(str(stack.target_dir)).encode(text)  # noqa: E731
+    used_targets, used_drafts = set(), set()
+    for i, resp in enumerate(responses):
+        targets = {r.target_replica for r in resp.trace}
+        drafts = {r.draft_replica for r in resp.trace if r.k > 0}
+        assert len(targets) == 1 and len(drafts) == 1, f"session {i} moved between replicas: {targets} {drafts}"
+        used_targets |= targets
+        used_drafts |= drafts
+        assert list(resp.token_ids) == target_greedy(model, tok_ids(IDENTITY_PROMPTS[i]), MAX_NEW, [-1])
+    assert len(used_targets) == 2 and len(used_drafts) == 2, (used_targets, used_drafts)
+    for proc in stack.procs:
+        if proc.role in ("target", "draft"):
+            st = service_stats(proc.address, proc.role)
+            print(f"{proc.role} {proc.address}: calls={st.calls} hits={st.cache_hits} misses={st.cache_misses} "
+                  f"rollbacks={st.cache_rollbacks} computed={st.computed_tokens} reused={st.reused_tokens}")
+            assert st.cache_hits > st.cache_misses > 0
