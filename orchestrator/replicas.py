@@ -5,20 +5,29 @@ when it first sees it, and routes a session's calls by rendezvous hashing on
 the session id (so the replica holding the session's KV cache keeps getting
 it). A call that fails with UNAVAILABLE marks the replica unhealthy and is
 retried on the session's next choice: routing is a cache hint, never needed for
-correctness, since every call carries the full token context.
+correctness, since every call carries the full token context (a replica that
+never saw the session rebuilds its KV cache from it).
+
+Only UNAVAILABLE is retried (with linear backoff, never past the call's
+deadline). Any other failure of a replica reaches the client as the status in
+DOWNSTREAM_ERRORS (e.g. a replica's DEADLINE_EXCEEDED stays DEADLINE_EXCEEDED,
+an unexpected INTERNAL becomes UNAVAILABLE: a dependency failed, retrying helps).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 import grpc
 
 from specdec.config import RetryConfig, ServerConfig
-from specdec.errors import Unavailable
+from specdec.errors import (
+    Cancelled, DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted, SpecDecError, Unavailable,
+)
 from specdec.models.tokenizer_info import TokenizerInfo, compare_tokenizers
 from specdec.routing import ReplicaSet, RoutingConfig, make_resolver
 from specdec.server.app import grpc_options
@@ -27,7 +36,21 @@ from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 log = logging.getLogger("specdec.orchestrator")
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+MS_PER_S = 1000
 STUBS = {"draft": draft_pb2_grpc.DraftStub, "target": target_pb2_grpc.TargetStub}
+DOWNSTREAM_ERRORS: dict[grpc.StatusCode, type[SpecDecError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.CANCELLED: Cancelled,
+}
+
+
+def downstream_error(role: str, address: str, method: str, exc: grpc.aio.AioRpcError) -> SpecDecError:
+    """A replica's failure as the error the orchestrator's client sees (UNAVAILABLE by default)."""
+    kind = DOWNSTREAM_ERRORS.get(exc.code(), Unavailable)
+    return kind(f"{role} replica {address} failed {method}: {exc.code().name}: {exc.details()}")
 
 
 def client_credentials(server_cfg: ServerConfig) -> grpc.ChannelCredentials | None:
@@ -71,7 +94,11 @@ class ReplicaPool:
 
     def _connect(self, address: str) -> Replica:
         creds = client_credentials(self.server_cfg)
-        opts = grpc_options(self.server_cfg.max_message_bytes)
+        opts = grpc_options(self.server_cfg.max_message_bytes) + [
+            ("grpc.initial_reconnect_backoff_ms", int(self.retry.reconnect_initial_s * MS_PER_S)),
+            ("grpc.min_reconnect_backoff_ms", int(self.retry.reconnect_initial_s * MS_PER_S)),
+            ("grpc.max_reconnect_backoff_ms", int(self.retry.reconnect_max_s * MS_PER_S)),
+        ]
         channel = (grpc.aio.secure_channel(address, creds, options=opts) if creds
                    else grpc.aio.insecure_channel(address, options=opts))
         return Replica(address, channel, STUBS[self.role](channel))
@@ -118,26 +145,30 @@ class ReplicaPool:
     async def call(self, session_id: str, method: str, request: Any, timeout: float) -> tuple[Any, str, int]:
         """Call `method` on the session's replica, retrying UNAVAILABLE on the next choices.
 
-        Returns (response, replica address, retries). Raises Unavailable when no replica answers.
+        `timeout` bounds the whole call, retries and backoff included.
+        Returns (response, replica address, retries). Raises Unavailable when no replica answers,
+        another SpecDecError (DOWNSTREAM_ERRORS) when a replica fails otherwise.
         """
         errors: list[str] = []
+        deadline = time.monotonic() + timeout
         for attempt in range(self.retry.attempts):
             address = self.set.pick(session_id)
             replica = self.replicas.get(address) if address else None
-            if replica is None or replica.error:
+            left = deadline - time.monotonic()
+            if replica is None or replica.error or left <= 0:
                 break
             self.set.acquire(address)
             try:
-                response = await getattr(replica.stub, method)(request, timeout=timeout, metadata=self._metadata())
+                response = await getattr(replica.stub, method)(request, timeout=left, metadata=self._metadata())
                 return response, address, attempt
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in RETRYABLE:
-                    raise
+                    raise downstream_error(self.role, address, method, exc) from None
                 errors.append(f"{address}: {exc.details()}")
                 self.set.mark_unhealthy(address)
-                await asyncio.sleep(self.retry.backoff_s * (attempt + 1))
             finally:
                 self.set.release(address)
+            await asyncio.sleep(min(self.retry.backoff_s * (attempt + 1), max(0.0, deadline - time.monotonic())))
         raise Unavailable(f"no {self.role} replica could serve the call ({'; '.join(errors) or 'none available'})")
 
     async def release_session(self, session_id: str) -> None:

@@ -135,6 +135,8 @@ class RetryConfig:
     backoff_s: float = 0.05
     connect_timeout_s: float = 5.0
     min_deadline_s: float = 0.05           # below this much of the client's deadline left: DEADLINE_EXCEEDED
+    reconnect_initial_s: float = 0.2       # channel reconnect backoff toward a replica that went away
+    reconnect_max_s: float = 2.0           # (gRPC's default grows to 120 s: a restarted replica would wait)
 
 
 @dataclass

@@ -3,12 +3,18 @@
 Model forwards run on a single worker thread (torch uses its own intra-op
 threads; two forwards at once on the same cores only thrash). A per-session
 asyncio lock guarantees two callers never interleave on one session's cache.
-The worker remembers whether its last forward failed, so health can say so.
+The worker remembers whether its last forward failed and since when the
+current one runs, so health can say so (specdec/server/model_service.py).
+
+Chaos hook (off unless configured): while `fault_file` exists, every call
+fails with RuntimeError before touching the model -- a real worker failure,
+used by the reliability tests to drive health to NOT_SERVING and back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,12 +35,18 @@ class WorkerState:
     failures: int = 0
     last_error: str = ""
     last_ok: bool = True
+    busy_since: float = 0.0          # time.monotonic() when the running call started (0 = idle)
+
+    def busy_for(self) -> float:
+        """Seconds the current call has been running (0 when idle)."""
+        return time.monotonic() - self.busy_since if self.busy_since else 0.0
 
 
 class ModelWorker:
     """Serialises model work and per-session access."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, fault_file: str = "") -> None:
+        self.fault_file = fault_file
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-model")
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiters: dict[str, int] = {}
@@ -61,7 +73,10 @@ class ModelWorker:
 
     def _call(self, fn: Callable[[], T]) -> T:
         self.state.calls += 1
+        self.state.busy_since = time.monotonic()
         try:
+            if self.fault_file and os.path.exists(self.fault_file):
+                raise RuntimeError(f"injected fault ({self.fault_file} exists)")
             result = fn()
         except SpecDecError:
             raise  # the request was wrong, not the worker
@@ -70,6 +85,8 @@ class ModelWorker:
             self.state.last_ok = False
             self.state.last_error = f"{type(exc).__name__}: {exc}"
             raise
+        finally:
+            self.state.busy_since = 0.0
         self.state.last_ok = True
         return result
 

@@ -1,23 +1,50 @@
-"""What the draft and target services share: Info, Release, loading, and the serve loop."""
+"""What the draft and target services share: Info, Release, loading, health, and the serve loop.
+
+Health tells the truth (NOT_SERVING):
+  * while the model loads (GrpcApp starts NOT_SERVING),
+  * while the model worker's last forward failed (back to SERVING after the next success),
+  * while a forward has run longer than HealthConfig.wedged_s (the worker is wedged),
+  * while draining after SIGTERM (GrpcApp).
+
+Observable counters (no proto change): every Info reply carries the worker's counters as
+trailing metadata (WORKER_METADATA_PREFIX + calls / failures / in-flight / last-ok), which
+the reliability tests read to prove that rejected or cancelled requests did no model work.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 from typing import Any, Callable
 
 import grpc
 
-from specdec.config import ModelServiceConfig
+from specdec.config import HealthConfig, ModelServiceConfig
 from specdec.engine.loading import ModelBundle
-from specdec.engine.worker import ModelWorker
+from specdec.engine.worker import ModelWorker, WorkerState
 from specdec.errors import Unavailable
 from specdec.protocol import PROTOCOL_VERSION
 from specdec.server.app import GrpcApp
 from specdec.v1 import common_pb2
 
 log = logging.getLogger("specdec.server")
+
+WORKER_METADATA_PREFIX = "specdec-worker-"
+
+
+def worker_metadata(state: WorkerState) -> tuple[tuple[str, str], ...]:
+    """The worker's counters as gRPC metadata pairs."""
+    values = {"calls": state.calls, "failures": state.failures, "in-flight": state.in_flight,
+              "last-ok": int(state.last_ok)}
+    return tuple((WORKER_METADATA_PREFIX + name, str(value)) for name, value in values.items())
+
+
+def worker_healthy(state: WorkerState, cfg: HealthConfig) -> bool:
+    """False when the last forward failed or the current one runs past cfg.wedged_s."""
+    wedged = cfg.wedged_s > 0 and state.busy_for() > cfg.wedged_s
+    return state.last_ok and not wedged
 
 
 class ModelServiceBase:
@@ -36,25 +63,27 @@ class ModelServiceBase:
 
     async def Info(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ModelInfo:
         bundle = self.loaded()
+        context.set_trailing_metadata(worker_metadata(self.worker.state))
         return common_pb2.ModelInfo(protocol_version=PROTOCOL_VERSION, role=self.role, **bundle.info)
-
-    async def Stats(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ServiceStats:
-        state, pool = self.worker.state, self.bundle.pool if self.bundle is not None else None
-        out = common_pb2.ServiceStats(calls=state.calls, failures=state.failures, in_flight=state.in_flight,
-                                      last_call_ok=state.last_ok, last_error=state.last_error)
-        if pool is not None:
-            c = pool.counters
-            out.MergeFrom(common_pb2.ServiceStats(
-                cached_sessions=pool.session_count(), cache_used_bytes=pool.used_bytes(),
-                cache_budget_bytes=pool.budget_bytes, cache_hits=c.hits, cache_misses=c.misses,
-                cache_rollbacks=c.rollbacks, rolled_back_tokens=c.rolled_back_tokens, cache_evictions=c.evictions,
-                computed_tokens=c.computed_tokens, reused_tokens=c.reused_tokens))
-        return out
 
     async def Release(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ReleaseResponse:
         bundle = self.loaded()
         released = bundle.pool.release(request.session_id) if bundle.pool is not None else False
         return common_pb2.ReleaseResponse(released=released)
+
+
+async def watch_health(app: GrpcApp, worker: ModelWorker, cfg: HealthConfig, stop: asyncio.Event) -> None:
+    """Flip health between SERVING and NOT_SERVING as the worker fails and recovers."""
+    serving = True
+    while not stop.is_set():
+        healthy = worker_healthy(worker.state, cfg)
+        if healthy != serving:
+            serving = healthy
+            log.warning("%s health -> %s%s", app.name, "SERVING" if healthy else "NOT_SERVING",
+                        "" if healthy else f" (last error: {worker.state.last_error or 'forward running too long'})")
+            await app.set_serving(healthy)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=cfg.poll_s)
 
 
 async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase, service_name: str,
@@ -63,6 +92,7 @@ async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase,
     """Bind (NOT_SERVING), load the model off the loop, serve, drain on SIGTERM."""
     tokens = (cfg.server.service_token,) if cfg.server.service_token else ()
     app = GrpcApp(service_name, cfg.server, tokens)
+    servicer.worker.fault_file = cfg.health.fault_file
     port = await app.start(lambda server: add_to_server(servicer, server))
     app.install_signal_handlers()
     print(f"specdec {servicer.role} listening on {cfg.server.host}:{port}", file=sys.stderr, flush=True)
@@ -74,5 +104,8 @@ async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase,
         raise
     log.info("%s model %s loaded in %.1fs", servicer.role, servicer.bundle.model_id, servicer.bundle.load_seconds)
     await app.set_serving(True)
-    await app.run_until_stopped(on_drain=None)
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(watch_health(app, servicer.worker, cfg.health, stop))
+    await app.run_until_stopped(on_drain=stop.set)
+    await watcher
     servicer.worker.shutdown()

@@ -1,0 +1,66 @@
+"""A draft whose tokenizer differs from the target's is refused: health NOT_SERVING,
+requests FAILED_PRECONDITION with a message naming both models and what differs."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from specdec.healthcheck import check
+from specdec.launcher import LocalStack, StackConfig
+from specdec.models.tiny import build_tiny_causal_lm
+from specdec.v1 import orchestrator_pb2 as pb, orchestrator_pb2_grpc
+from tests.prompts import IDENTITY_PROMPTS
+from tests.support import make_tiny_pair, smollm2_tokenizer
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+WAIT_S = 60.0
+
+
+def save_other_vocab_draft(directory) -> None:
+    """A tiny draft whose tokenizer has one extra special token (vocabulary 49,153)."""
+    tok = smollm2_tokenizer()
+    tok = tok.__class__.from_pretrained(tok.name_or_path)
+    tok.add_special_tokens({"additional_special_tokens": ["<|draft_only|>"]})
+    model = build_tiny_causal_lm(tok, seed=3)
+    model.save_pretrained(str(directory))
+    tok.save_pretrained(str(directory))
+
+
+def wait_for_status(address: str, want_serving: bool) -> str:
+    deadline, status = time.monotonic() + WAIT_S, ""
+    while time.monotonic() < deadline:
+        ok, status = check(address, timeout=1.0)
+        if ok == want_serving and status != "UNAVAILABLE" and not status.startswith("UNAVAILABLE"):
+            return status
+        time.sleep(0.3)
+    raise AssertionError(f"{address} never became {'SERVING' if want_serving else 'NOT_SERVING'} ({status})")
+
+
+def test_incompatible_draft_is_refused_with_a_clear_message(tmp_path, redis_server):
+    target_dir, _ = make_tiny_pair(tmp_path / "pair", IDENTITY_PROMPTS)
+    other = tmp_path / "other-draft"
+    save_other_vocab_draft(other)
+    stack = LocalStack(StackConfig(target_model=str(target_dir), draft_model=str(other), draft_kind="model",
+                                   redis_url=redis_server.url))
+    try:
+        target, draft = stack.start_target(), stack.start_draft()
+        stack.wait_ready(target)
+        stack.wait_ready(draft)
+        orch = stack._spawn("orchestrator", ["--target", target.address, "--draft", draft.address,
+                                             "--redis-url", redis_server.url, "--tokenizer", str(target_dir)])
+        assert wait_for_status(orch.address, want_serving=False) == "NOT_SERVING"
+        with grpc.insecure_channel(orch.address) as channel:
+            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Generate(pb.GenerateRequest(prompt="hello", max_new_tokens=4), timeout=30)
+    finally:
+        stack.stop()
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    message = err.value.details()
+    print("\n" + message)
+    assert "differ" in message and "vocabulary size 49152" in message and "49153" in message
+    assert str(other) in message and str(target_dir) in message
