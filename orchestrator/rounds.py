@@ -5,7 +5,12 @@
   3. the longest agreeing prefix (m tokens) is accepted, then the target's
      token t(m+1) is appended: RECOVERED when m < k, BONUS when m == k.
 So every round yields m + 1 >= 1 tokens. With k = 0 a round is one plain
-target step. When no draft replica answers, the round degrades to k = 0.
+target step. When no draft replica answers, the round degrades to k = 0
+(RoundOutcome.degraded, counted in Stats.degraded_rounds).
+
+Deadlines: each call gets base + per_token x (tokens it must compute: the whole
+context, since a replica without the session's cache re-runs the prefill),
+capped by what is left of the client's deadline (RoundRequest.deadline).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass, field
 
 from specdec.config import RetryConfig
 from specdec.core.sampling import SamplingConfig
-from specdec.errors import Unavailable
+from specdec.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from specdec.protocol import sampling_to_proto
 from specdec.v1 import draft_pb2, target_pb2
 
@@ -24,6 +29,10 @@ from orchestrator.replicas import ReplicaPool
 
 log = logging.getLogger("specdec.orchestrator")
 MS_PER_S = 1000.0
+# Draft failures that degrade the round to k = 0 instead of failing the generation (the draft is
+# an accelerator, never needed for correctness); a bad request (INVALID_ARGUMENT, unknown draft
+# kind) still fails.
+DEGRADING_DRAFT_ERRORS = (Unavailable, DeadlineExceeded, ResourceExhausted)
 
 
 @dataclass
@@ -63,6 +72,7 @@ class RoundRequest:
     sampling: SamplingConfig
     draft_kind: str = ""
     logprobs: int = -1
+    deadline: float | None = None     # time.monotonic() by which the client wants its answer
 
 
 class RoundRunner:
@@ -73,8 +83,15 @@ class RoundRunner:
         self.target = target
         self.retry = retry
 
-    def _deadline(self, tokens: int) -> float:
-        return self.retry.base_deadline_s + self.retry.per_token_deadline_s * tokens
+    def _deadline(self, tokens: int, deadline: float | None = None) -> float:
+        """Seconds for a call computing `tokens` tokens, within the client's deadline."""
+        scaled = self.retry.base_deadline_s + self.retry.per_token_deadline_s * tokens
+        if deadline is None:
+            return scaled
+        left = deadline - time.monotonic()
+        if left < self.retry.min_deadline_s:
+            raise DeadlineExceeded("the client's deadline passed before the round could run")
+        return min(scaled, left)
 
     async def run(self, req: RoundRequest) -> RoundOutcome:
         """Steps 1-3 of the round (see module docstring)."""
@@ -86,7 +103,7 @@ class RoundRunner:
             sampling=sampling_to_proto(req.sampling))
         if req.logprobs >= 0:
             verify.logprobs = req.logprobs
-        timeout = self._deadline(len(req.context_ids) + len(proposal.draft_ids))
+        timeout = self._deadline(len(req.context_ids) + len(proposal.draft_ids), req.deadline)
         verdict, out.target_replica, retries = await self.target.call(req.session_id, "Verify", verify, timeout)
         m = verdict.num_accepted
         out.draft_ids, out.target_ids, out.matches = list(proposal.draft_ids), list(verdict.target_ids), list(verdict.matches)
@@ -114,9 +131,9 @@ class RoundRunner:
         if req.draft_kind:
             propose.draft_kind = req.draft_kind
         try:
-            timeout = self._deadline(len(req.context_ids) + req.k)
+            timeout = self._deadline(len(req.context_ids) + req.k, req.deadline)
             response, out.draft_replica, out.retries = await self.draft.call(req.session_id, "Propose", propose, timeout)
-        except Unavailable as exc:
+        except DEGRADING_DRAFT_ERRORS as exc:
             log.warning("draft unavailable, degrading session %s to target-only this round: %s", req.session_id, exc)
             out.degraded = True
             return empty, out

@@ -1,0 +1,121 @@
+"""Prometheus metrics: collected in the services, exported on /metrics, never mixed with logging.
+
+Names follow vLLM's spec-decode metrics where one exists
+(`specdec_spec_decode_num_drafts_total`, `..._num_draft_tokens_total`,
+`..._num_accepted_tokens_total`, per-position accepted tokens).
+
+* Model services export their engine's counters (KV-cache hits, misses,
+  rollbacks, evictions, computed tokens, bytes in use) through a collector that
+  reads them at scrape time: nothing on the hot path.
+* The orchestrator observes each round and each generation (`OrchestratorMetrics`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+PREFIX = "specdec"
+# Seconds: from 1 ms to ~30 s, for rounds and latencies on CPUs and GPUs alike.
+LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+MAX_POSITIONS = 16
+MS_PER_S = 1000.0
+
+
+def serve_metrics(port: int, registry: CollectorRegistry, host: str = "0.0.0.0") -> None:
+    """Export `registry` on http://host:port/metrics (no-op when port is 0)."""
+    if port:
+        start_http_server(port, addr=host, registry=registry)
+
+
+class ModelServiceCollector:
+    """Reads a model service's worker state and KV-cache pool at scrape time."""
+
+    def __init__(self, role: str, state: Callable[[], Any], pool: Callable[[], Any]) -> None:
+        self.role, self._state, self._pool = role, state, pool
+
+    def collect(self) -> Iterable[Any]:
+        labels = {"role": self.role}
+        state, pool = self._state(), self._pool()
+        yield _counter("calls", "Propose/Verify calls served", state.calls, labels)
+        yield _counter("call_failures", "calls that failed inside the model", state.failures, labels)
+        yield _gauge("queue_depth", "calls waiting for or running on the model", state.in_flight, labels)
+        if pool is None:
+            return
+        c = pool.counters
+        for name, value, doc in (("cache_hits", c.hits, "calls that reused cached tokens"),
+                                 ("cache_misses", c.misses, "calls that reused nothing"),
+                                 ("cache_rollbacks", c.rollbacks, "calls that dropped rejected tokens"),
+                                 ("cache_rolled_back_tokens", c.rolled_back_tokens, "tokens dropped"),
+                                 ("cache_evictions", c.evictions, "sessions evicted to stay in budget"),
+                                 ("computed_tokens", c.computed_tokens, "tokens run through the model"),
+                                 ("reused_tokens", c.reused_tokens, "tokens served from the KV cache")):
+            yield _counter(name, doc, value, labels)
+        yield _gauge("cache_used_bytes", "KV-cache bytes in use", pool.used_bytes(), labels)
+        yield _gauge("cache_budget_bytes", "KV-cache byte budget", pool.budget_bytes, labels)
+        yield _gauge("cache_sessions", "sessions with a KV cache", pool.session_count(), labels)
+
+
+def _counter(name: str, doc: str, value: float, labels: dict[str, str]) -> CounterMetricFamily:
+    family = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
+    family.add_metric(list(labels.values()), value)
+    return family
+
+
+def _gauge(name: str, doc: str, value: float, labels: dict[str, str]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
+    family.add_metric(list(labels.values()), value)
+    return family
+
+
+def model_service_registry(role: str, state: Callable[[], Any], pool: Callable[[], Any]) -> CollectorRegistry:
+    """A registry exporting one model service's counters."""
+    registry = CollectorRegistry()
+    registry.register(ModelServiceCollector(role, state, pool))
+    return registry
+
+
+class OrchestratorMetrics:
+    """Counters and histograms the orchestrator updates per round and per generation."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r, p = self.registry, f"{PREFIX}_spec_decode"
+        self.drafts = Counter(f"{p}_num_drafts", "rounds with a draft", registry=r)
+        self.draft_tokens = Counter(f"{p}_num_draft_tokens", "draft tokens proposed", registry=r)
+        self.accepted_tokens = Counter(f"{p}_num_accepted_tokens", "draft tokens accepted", registry=r)
+        self.emitted_tokens = Counter(f"{p}_num_emitted_tokens", "tokens per round incl. recovered/bonus", registry=r)
+        self.accepted_per_pos = Counter(f"{p}_num_accepted_tokens_per_pos", "accepted at position", ["position"], registry=r)
+        self.degraded_rounds = Counter(f"{PREFIX}_degraded_rounds", "rounds run target-only: no draft", registry=r)
+        self.generations = Counter(f"{PREFIX}_generations", "finished generations", ["finish_reason"], registry=r)
+        self.round_seconds = Histogram(f"{PREFIX}_round_seconds", "time per round by part", ["part"],
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "time to first token", buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds", "round time / tokens it yielded",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.in_flight = Gauge(f"{PREFIX}_generations_in_flight", "admitted generations running", registry=r)
+        self.rejected = Counter(f"{PREFIX}_admission_rejected", "requests refused at admission", registry=r)
+
+    def observe_round(self, draft_ids: list[int], num_accepted: int, kept: int, draft_ms: float,
+                      target_ms: float, overhead_ms: float, wall_ms: float, degraded: bool) -> None:
+        """Account for one round."""
+        if draft_ids:
+            self.drafts.inc()
+            self.draft_tokens.inc(len(draft_ids))
+            self.accepted_tokens.inc(num_accepted)
+            for i in range(min(num_accepted, MAX_POSITIONS)):
+                self.accepted_per_pos.labels(position=str(i)).inc()
+        self.emitted_tokens.inc(num_accepted + 1)
+        self.degraded_rounds.inc(degraded)
+        for part, ms in (("draft", draft_ms), ("verify", target_ms), ("overhead", overhead_ms)):
+            self.round_seconds.labels(part=part).observe(ms / MS_PER_S)
+        if kept:
+            self.itl.observe(wall_ms / MS_PER_S / kept)
+
+    def observe_generation(self, finish_reason: str, ttft_ms: float) -> None:
+        """Account for a finished generation."""
+        self.generations.labels(finish_reason=finish_reason).inc()
+        if ttft_ms:
+            self.ttft.observe(ttft_ms / MS_PER_S)
