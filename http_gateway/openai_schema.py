@@ -15,6 +15,7 @@ in a `"specdec"` field beside `usage`.
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,6 +225,10 @@ def parse_request(body: Any, *, chat: bool, session_header: str | None = None) -
             raise bad_request(f"header {SESSION_HEADER} and specdec.session_id differ", "specdec.session_id")
         req.session_id = session_header
     session_id = req.session_id if req.HasField("session_id") else None
+    if not req.HasField("request_id"):
+        # Not a generation parameter: an id of our own makes the stream's chunk ids stable and lets a
+        # client retry/resume the same generation (specdec.request_id in every response).
+        req.request_id = uuid.uuid4().hex
 
     all_messages: list[dict[str, str]] = []
     if chat:
@@ -282,8 +287,26 @@ def _usage(u: pb.Usage) -> dict[str, Any]:
 
 
 def _msg_dict(message: Any) -> dict[str, Any]:
-    from google.protobuf.json_format import MessageToDict
-    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    """A proto message as plain JSON values (64-bit integers stay numbers, enums become names)."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    def value(fd: Any, v: Any) -> Any:
+        if fd.type == F.TYPE_MESSAGE:
+            return _msg_dict(v)
+        if fd.type == F.TYPE_ENUM:
+            return fd.enum_type.values_by_number[v].name if v in fd.enum_type.values_by_number else v
+        return v
+
+    out: dict[str, Any] = {}
+    for fd in message.DESCRIPTOR.fields:
+        v = getattr(message, fd.name)
+        if fd.is_repeated:
+            out[fd.name] = [value(fd, x) for x in v]
+        elif fd.type == F.TYPE_MESSAGE and not message.HasField(fd.name):
+            out[fd.name] = None
+        else:
+            out[fd.name] = value(fd, v)
+    return out
 
 
 def token_str(token_id: int) -> str:

@@ -1,8 +1,9 @@
 """The `specdec` command: serve a service, run the whole stack locally, generate.
 
-  specdec serve draft|target|orchestrator [options]
-  specdec up [--target-model SPEC] [--draft-kind ngram|model] [--draft-replicas N] [--target-replicas M]
+  specdec serve draft|target|orchestrator|http [options]
+  specdec up [--target-model SPEC] [--draft-kind ngram|model] [--draft-replicas N] [--target-replicas M] [--http-port N]
   specdec generate "prompt" [--k N] [--max-new-tokens N] [--session ID] [--trace] [--json]
+  specdec bench [--prompts grounded,open] [--k 2,4,6,8] [--max-new-tokens N] [--repeats N] [--threads N] [--quick]
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ DEFAULT_PORTS = {"draft": DEFAULT_DRAFT_PORT, "target": DEFAULT_TARGET_PORT, "or
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run one service")
-    p.add_argument("role", choices=["draft", "target", "orchestrator"])
+    p.add_argument("role", choices=["draft", "target", "orchestrator", "http"])
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--metrics-port", type=int)
@@ -38,6 +39,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--redis-url")
     p.add_argument("--tokenizer", help="model spec of the target (tokenizer only)")
     p.add_argument("--max-concurrent", type=int)
+    p.add_argument("--orchestrator", help="http: the orchestrator's gRPC address (default SPECDEC_ORCHESTRATOR)")
+    p.add_argument("--http-port", type=int, help="http: the HTTP port (same as --port)")
 
 
 def _apply(cfg: object, args: argparse.Namespace, names: list[str]) -> None:
@@ -49,6 +52,8 @@ def _apply(cfg: object, args: argparse.Namespace, names: list[str]) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Build the role's config from env + flags and run it until SIGTERM."""
+    if args.role == "http":
+        return cmd_serve_http(args)
     from specdec.config import ModelServiceConfig, OrchestratorConfig
     from specdec.models.spec import ModelLoadError
 
@@ -73,6 +78,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_http(args: argparse.Namespace) -> int:
+    """The OpenAI-compatible HTTP gateway (http_gateway/) in front of an orchestrator."""
+    from http_gateway.main import config_from_env, serve
+
+    cfg = config_from_env()
+    if args.orchestrator:
+        cfg.orchestrator = args.orchestrator
+    if args.host:
+        cfg.host = args.host
+    port = args.http_port if args.http_port is not None else args.port
+    if port is not None:
+        cfg.port = port
+    asyncio.run(serve(cfg))
+    return 0
+
+
 def _up_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="start Redis, draft, target and orchestrator locally; Ctrl-C stops all")
     p.add_argument("--target-model", default="embedded")
@@ -82,6 +103,8 @@ def _up_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target-replicas", type=int, default=1)
     p.add_argument("--redis-url", default="")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--http-port", type=int, default=0, help="port of the OpenAI-compatible HTTP API (0: a free one)")
+    p.add_argument("--no-http", action="store_true", help="do not start the HTTP gateway")
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -99,9 +122,26 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack.stop()
         print(f"specdec up: {exc}", file=sys.stderr)
         return 1
+    gateway = None
+    if not args.no_http:
+        from http_gateway.process import GatewayProcess
+
+        gateway = GatewayProcess(stack.orchestrator_address, port=args.http_port, log_dir=str(stack.log_dir))
+        try:
+            gateway.start()
+        except (RuntimeError, TimeoutError) as exc:
+            gateway.stop()
+            stack.stop()
+            print(f"specdec up: {exc}", file=sys.stderr)
+            return 1
     for proc in stack.procs:
         print(f"  {proc.role:<12} {proc.address}   log: {proc.log_path}")
+    if gateway is not None:
+        print(f"  {'http':<12} {gateway.url}   log: {gateway.log_path}")
     print(f"ready: specdec generate --address {stack.orchestrator_address} \"Hello\"   (Ctrl-C stops all)")
+    if gateway is not None:
+        print(f"OpenAI-compatible API: {gateway.url}/v1   (POST /v1/chat/completions, /v1/completions)")
+    sys.stdout.flush()
     stopped = False
     def _stop(*_: object) -> None:
         nonlocal stopped
@@ -112,6 +152,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
+    if gateway is not None:
+        gateway.stop()
     stack.stop()
     return 0
 
@@ -217,8 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     _serve_parser(sub)
     _up_parser(sub)
     _generate_parser(sub)
+    from specdec.bench.runner import add_parser as _bench_parser
+    from specdec.bench.runner import cmd_bench
+    _bench_parser(sub)
     args = parser.parse_args(argv)
-    handlers = {"serve": cmd_serve, "up": cmd_up, "generate": cmd_generate}
+    handlers = {"serve": cmd_serve, "up": cmd_up, "generate": cmd_generate, "bench": cmd_bench}
     return handlers[args.command](args)
 
 

@@ -1,0 +1,280 @@
+"""The aiohttp application: OpenAI-compatible endpoints in front of the orchestrator's gRPC API.
+
+Every generation is one orchestrator `Generate` / `GenerateStream` call, so the
+HTTP front shares the one round loop (orchestrator/generation.py); this module
+only translates (http_gateway/openai_schema.py) and forwards.
+
+  POST /v1/completions        prompt -> GenerateRequest.prompt
+  POST /v1/chat/completions   messages -> GenerateRequest.messages (the orchestrator applies the chat template)
+  GET  /v1/models             the orchestrator's target model (Status) and the alias "specdec"
+  GET  /health                200 when the orchestrator's health service says SERVING, else 503
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import orchestrator_pb2_grpc
+
+from http_gateway import openai_schema as schema
+
+log = logging.getLogger("specdec.http")
+
+GATEWAY_KEY: web.AppKey["Gateway"] = web.AppKey("gateway")
+STATUS_TIMEOUT_S = 5.0
+HEALTH_TIMEOUT_S = 2.0
+MODEL_CACHE_S = 5.0
+
+
+@dataclass
+class GatewayConfig:
+    """Where the orchestrator is and how to talk to it; what this gateway accepts."""
+
+    orchestrator: str = "127.0.0.1:50050"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    auth_tokens: tuple[str, ...] = ()       # non-empty: require `Authorization: Bearer <one of them>`
+    tls: bool = False                        # TLS to the orchestrator
+    tls_ca: str = ""                         # CA file for the orchestrator's certificate (default: system roots)
+    request_timeout_s: float = 600.0         # gRPC deadline of one generation
+    max_message_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = 4 * 1024 * 1024
+
+
+@dataclass
+class Gateway:
+    """State shared by the handlers: the channel to the orchestrator and the served model id."""
+
+    cfg: GatewayConfig
+    channel: grpc.aio.Channel | None = None
+    stub: orchestrator_pb2_grpc.OrchestratorStub | None = None
+    _model: str = ""
+    _model_at: float = 0.0
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def open(self) -> None:
+        options = [("grpc.max_send_message_length", self.cfg.max_message_bytes),
+                   ("grpc.max_receive_message_length", self.cfg.max_message_bytes)]
+        if self.cfg.tls:
+            ca = open(self.cfg.tls_ca, "rb").read() if self.cfg.tls_ca else None
+            self.channel = grpc.aio.secure_channel(self.cfg.orchestrator, grpc.ssl_channel_credentials(ca), options)
+        else:
+            self.channel = grpc.aio.insecure_channel(self.cfg.orchestrator, options)
+        self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
+
+    async def close(self) -> None:
+        if self.channel is not None:
+            await self.channel.close()
+
+    # -- auth ------------------------------------------------------------------------------------
+
+    def metadata(self, request: web.Request) -> tuple[tuple[str, str], ...]:
+        """Check the bearer token (when tokens are configured) and forward it as gRPC metadata."""
+        header = request.headers.get("Authorization", "")
+        token = header[len("Bearer "):] if header.startswith("Bearer ") else ""
+        if self.cfg.auth_tokens and not any(hmac.compare_digest(token.encode(), t.encode())
+                                            for t in self.cfg.auth_tokens):
+            raise schema.ApiError(401, "missing or invalid bearer token (header 'Authorization: Bearer <token>')",
+                                  "authentication_error", None, "invalid_api_key")
+        return (("authorization", f"Bearer {token}"),) if token else ()
+
+    # -- model -----------------------------------------------------------------------------------
+
+    async def served_model(self, metadata: tuple[tuple[str, str], ...], refresh: bool = False) -> str:
+        """The orchestrator's target model id (Status), cached for a few seconds."""
+        async with self._lock:
+            if refresh or not self._model or time.monotonic() - self._model_at > MODEL_CACHE_S:
+                status = await self.stub.Status(pb.StatusRequest(), timeout=STATUS_TIMEOUT_S, metadata=metadata)
+                self._model, self._model_at = status.target_model, time.monotonic()
+            return self._model
+
+    async def check_model(self, requested: str, metadata: tuple[tuple[str, str], ...]) -> str:
+        """The model id to report; 404 model_not_found unless `requested` is the served id or the alias."""
+        served = await self.served_model(metadata)
+        if not schema.model_matches(requested, served):
+            served = await self.served_model(metadata, refresh=True)
+        if not schema.model_matches(requested, served):
+            raise schema.ApiError(404, f"The model '{requested}' does not exist; this server serves "
+                                       f"'{served}' (alias '{schema.MODEL_ALIAS}')",
+                                  "invalid_request_error", "model", "model_not_found")
+        return served or schema.MODEL_ALIAS
+
+    async def session_is_new(self, session_id: str, create: bool, metadata: tuple[tuple[str, str], ...]) -> bool:
+        """True when the session does not exist yet and the request may create it."""
+        try:
+            await self.stub.GetSession(pb.SessionRequest(session_id=session_id), timeout=STATUS_TIMEOUT_S,
+                                       metadata=metadata)
+            return False
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND and create:
+                return True
+            raise
+
+
+def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(text=json.dumps(body, ensure_ascii=False), status=status, headers=headers,
+                        content_type="application/json")
+
+
+def _error_response(err: schema.ApiError) -> web.Response:
+    return _json(err.body(), err.status)
+
+
+def _sse(data: dict[str, Any] | str) -> bytes:
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {text}\n\n".encode()
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """ApiError and gRPC errors as OpenAI error objects with the mapped HTTP status."""
+    try:
+        return await handler(request)
+    except schema.ApiError as err:
+        return _error_response(err)
+    except grpc.aio.AioRpcError as exc:
+        return _error_response(schema.from_grpc(exc.code(), exc.details()))
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return _error_response(schema.ApiError(exc.status, exc.reason, "invalid_request_error"))
+        raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the one place that turns surprises into a 500 error object
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return _error_response(schema.ApiError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error"))
+
+
+async def _body(request: web.Request) -> Any:
+    try:
+        return await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+        raise schema.bad_request("the request body is not valid JSON") from None
+
+
+async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+    gw: Gateway = request.app[GATEWAY_KEY]
+    metadata = gw.metadata(request)
+    parsed = schema.parse_request(await _body(request), chat=chat,
+                                  session_header=request.headers.get(schema.SESSION_HEADER))
+    if parsed.user:
+        log.info("request from user %r", parsed.user)
+    model = await gw.check_model(parsed.model, metadata)
+    req = parsed.request
+    if chat and parsed.session_id and req.create_session:
+        # A session that does not exist yet gets the whole conversation, not only the last message.
+        if await gw.session_is_new(parsed.session_id, True, metadata):
+            del req.messages.messages[:]
+            for m in parsed.all_messages:
+                req.messages.messages.add(role=m["role"], content=m["content"])
+    if parsed.stream:
+        return await _stream(request, gw, parsed, model, metadata)
+    resp = await gw.stub.Generate(req, timeout=gw.cfg.request_timeout_s, metadata=metadata)
+    return _json(schema.response_body(parsed, resp, model), headers={schema.SESSION_HEADER: resp.session_id})
+
+
+async def _stream(request: web.Request, gw: Gateway, parsed: schema.Parsed, model: str,
+                  metadata: tuple[tuple[str, str], ...]) -> web.StreamResponse:
+    """Server-Sent Events. The first gRPC message is awaited before the 200 is sent, so errors the
+    orchestrator raises at the start (validation, unknown session, overload) keep their HTTP status."""
+    call = gw.stub.GenerateStream(parsed.request, timeout=gw.cfg.request_timeout_s, metadata=metadata)
+    it = call.__aiter__()
+    try:
+        first = await it.__anext__()
+    except StopAsyncIteration:
+        raise schema.ApiError(502, "the orchestrator closed the stream without a result", "server_error") from None
+    except BaseException:
+        call.cancel()
+        raise
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
+    writer = schema.ChunkWriter(parsed, model)
+    chunk: pb.GenerateChunk | None = first
+    try:
+        while chunk is not None:
+            if not response.prepared:
+                if chunk.session_id:
+                    response.headers[schema.SESSION_HEADER] = chunk.session_id
+                await response.prepare(request)
+            for body in writer.chunks(chunk):
+                await response.write(_sse(body))
+            try:
+                chunk = await it.__anext__()
+            except StopAsyncIteration:
+                chunk = None
+        await response.write(_sse("[DONE]"))
+    except grpc.aio.AioRpcError as exc:  # mid-stream: the status is sent already; an error event ends it
+        log.warning("stream failed: %s: %s", exc.code().name, exc.details())
+        if not response.prepared:
+            await response.prepare(request)
+        await response.write(_sse(schema.from_grpc(exc.code(), exc.details()).body()))
+    except (ConnectionResetError, asyncio.CancelledError):  # the client went away: stop the generation
+        call.cancel()
+        raise
+    finally:
+        if not call.done():
+            call.cancel()
+    await response.write_eof()
+    return response
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=True)
+
+
+async def models(request: web.Request) -> web.Response:
+    gw: Gateway = request.app[GATEWAY_KEY]
+    served = await gw.served_model(gw.metadata(request), refresh=True)
+    data = [{"id": mid, "object": "model", "created": 0, "owned_by": "specdec"}
+            for mid in dict.fromkeys([served, schema.MODEL_ALIAS]) if mid]
+    return _json({"object": "list", "data": data})
+
+
+async def health(request: web.Request) -> web.Response:
+    """200 when the orchestrator is SERVING (no auth: probes)."""
+    gw: Gateway = request.app[GATEWAY_KEY]
+    try:
+        reply = await health_pb2_grpc.HealthStub(gw.channel).Check(health_pb2.HealthCheckRequest(),
+                                                                  timeout=HEALTH_TIMEOUT_S)
+        state = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    except grpc.aio.AioRpcError as exc:
+        state = f"{exc.code().name}: {exc.details()}"
+    ok = state == "SERVING"
+    return _json({"status": "ok" if ok else "unavailable", "orchestrator": gw.cfg.orchestrator,
+                  "orchestrator_health": state}, 200 if ok else 503)
+
+
+def build_app(cfg: GatewayConfig) -> web.Application:
+    """The aiohttp application (the channel opens on startup, closes on cleanup)."""
+    app = web.Application(middlewares=[errors_middleware], client_max_size=cfg.max_body_bytes)
+    gateway = Gateway(cfg)
+    app[GATEWAY_KEY] = gateway
+
+    async def on_startup(_: web.Application) -> None:
+        await gateway.open()
+
+    async def on_cleanup(_: web.Application) -> None:
+        await gateway.close()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    return app
