@@ -8,12 +8,40 @@
   4. detokenize incrementally and hold back text that may start a stop string,
   5. store the kept tokens in Redis (version-checked, under this instance's lease),
   6. stream the text delta (and the round, with trace).
+
+Reliability (see the README's Reliability section):
+  * Lease: the orchestrator holds the session's lease (LeaseConfig.seconds, default 6 s)
+    while it generates and renews it every seconds/3 from a background task. Every write
+    (append, truncate, finish) is checked against the lease and the session version in
+    one Lua script, so a zombie instance that lost its lease can never append: its
+    generation ends with ABORTED.
+  * Resume / takeover: a client whose stream broke retries with the same session_id and
+    request_id (and resume_offset = completion tokens it already holds) on any
+    orchestrator. If the old instance died, its lease is still live for up to
+    LeaseConfig.seconds: the retry WAITS (polling Redis, at most takeover_wait_s and
+    never past the client's deadline) until it expires, then takes the request over and
+    continues from the accepted tokens in Redis. We chose waiting over a client-side
+    "takeover" flag: a flag would let any client steal a live generation from a healthy
+    instance and create two writers; waiting keeps exactly one.
+  * Failure of a dependency (no target replica, Redis, deadline): the error goes to the
+    client (UNAVAILABLE / DEADLINE_EXCEEDED), the request stays "generating" with its
+    lease released at once, so the client's retry resumes it immediately.
+  * Client cancel / disconnect: the round in flight is abandoned (its gRPC calls are
+    cancelled), no further round runs, the request is finished as "cancelled" (session
+    back to idle).
+  * Deadlines: the client's deadline (`deadline`, from context.time_remaining()) caps
+    every draft/target call (orchestrator/rounds.py).
+  * ignore_eos (off by default): EOS never ends the generation, it runs to max_new_tokens
+    (or the context end) -- for benchmarks and kill tests. min_tokens (default 0): EOS is
+    not honoured before that many completion tokens. Neither changes which tokens the
+    target picks, only where the generation is cut.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -36,6 +64,7 @@ from orchestrator.stops import StopMatcher, tokens_before_stop
 FINISH_NAMES = {pb.FINISH_REASON_EOS: "eos", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_STOP: "stop",
                 pb.FINISH_REASON_CONTEXT: "context", pb.FINISH_REASON_CANCELLED: "cancelled"}
 FINISH_BY_NAME = {v: k for k, v in FINISH_NAMES.items()}
+log = logging.getLogger("specdec.orchestrator")
 
 
 @contextlib.contextmanager
@@ -51,6 +80,14 @@ def store_errors():
         raise AlreadyExists(str(exc)) from None
     except (VersionConflict, LeaseLost, SessionBusy) as exc:
         raise Aborted(str(exc)) from None
+
+
+def check_id(name: str, value: str, max_chars: int) -> None:
+    """Session and request ids: non-empty, at most max_chars characters (INVALID_ARGUMENT)."""
+    if not value:
+        raise InvalidArgument(f"{name} must not be empty (leave it unset for a new one)")
+    if len(value) > max_chars:
+        raise InvalidArgument(f"{name} is longer than {max_chars} characters")
 
 
 @dataclass
@@ -85,10 +122,15 @@ class State:
 class Generation:
     """One Generate/GenerateStream call."""
 
-    def __init__(self, deps: Deps, request: pb.GenerateRequest) -> None:
+    def __init__(self, deps: Deps, request: pb.GenerateRequest, deadline: float | None = None) -> None:
         self.deps = deps
         self.request = request
+        self.deadline = deadline          # time.monotonic() of the client's deadline (None = none)
+        self.lease_lost = ""              # set by the lease renewer when another instance took over
         self.params: GenerationParams = resolve_generation(request, deps.cfg.limits)
+        for name in ("session_id", "request_id"):
+            if request.HasField(name):
+                check_id(name, getattr(request, name), deps.cfg.limits.max_id_chars)
         self.session_id = request.session_id if request.HasField("session_id") else uuid.uuid4().hex
         self.request_id = request.request_id if request.HasField("request_id") else uuid.uuid4().hex
         self.stats = StatsCollector()
@@ -106,16 +148,60 @@ class Generation:
                 yield self._final_chunk(state)
                 return
             try:
-                while state.finish == pb.FINISH_REASON_UNSPECIFIED:
-                    chunk = await self._round(state, detok, stops)
-                    if chunk is not None:
-                        yield chunk
+                async with self._renewing():
+                    while state.finish == pb.FINISH_REASON_UNSPECIFIED:
+                        self._check_lease()
+                        chunk = await self._round(state, detok, stops)
+                        if chunk is not None:
+                            yield chunk
                 await self._finish(state)
-            finally:
-                if state.finish == pb.FINISH_REASON_UNSPECIFIED:
-                    state.finish = pb.FINISH_REASON_CANCELLED
-                    await asyncio.shield(self._finish_quietly(state))
+            except (asyncio.CancelledError, GeneratorExit):
+                state.finish = pb.FINISH_REASON_CANCELLED
+                await asyncio.shield(self._finish_quietly(state))
+                raise
+            except Exception:  # noqa: BLE001 - re-raised below, after the lease is handled
+                await self._after_failure()
+                raise
         yield self._final_chunk(state)
+
+    # -- lease -----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _renewing(self) -> AsyncIterator[None]:
+        """Renew this instance's lease every LeaseConfig.renew_s while the block runs."""
+        task = asyncio.create_task(self._renew_forever())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _renew_forever(self) -> None:
+        lease = self.deps.cfg.lease
+        while True:
+            await asyncio.sleep(lease.renew_s)
+            try:
+                await self.deps.store.renew_lease(self.session_id, self.deps.owner, lease.seconds)
+            except LeaseLost as exc:
+                self.lease_lost = str(exc)
+                return
+            except (StoreUnavailable, SessionNotFound) as exc:
+                log.warning("could not renew the lease of session %s: %s", self.session_id, exc)
+
+    def _check_lease(self) -> None:
+        if self.lease_lost:
+            raise Aborted(f"this orchestrator lost the session's lease, another instance owns it: {self.lease_lost}")
+
+    async def _after_failure(self) -> None:
+        """A failed generation: free the lease at once (the request stays resumable with the same
+        request_id), or raise Aborted when another instance owns the session now."""
+        try:
+            await self.deps.store.renew_lease(self.session_id, self.deps.owner, self.deps.cfg.lease.release_s)
+        except LeaseLost as exc:
+            raise Aborted(f"this orchestrator lost the session's lease, another instance owns it: {exc}") from None
+        except (StoreUnavailable, SessionNotFound) as exc:
+            log.warning("could not release the lease of session %s: %s", self.session_id, exc)
 
     # -- session ---------------------------------------------------------------------------
 
@@ -126,16 +212,32 @@ class Generation:
         if existing is None and req.HasField("session_id") and not field_or_default(req, "create_session"):
             raise NotFound(f"session {self.session_id!r} does not exist; pass create_session=true to create it")
         turn = self._turn_ids(existing)
-        session, _ = await d.store.begin_request(
-            self.session_id, self.request_id, d.owner, d.cfg.lease_s, turn,
-            {"k": self.params.k, "max_new_tokens": self.params.max_new_tokens, "seed": self.params.sampling.seed},
-            create_missing=existing is None)
+        resuming = existing is not None and existing.request_id == self.request_id
+        if not resuming:
+            self._check_lengths((len(existing.ids) if existing else 0) + len(turn))
+        session = await self._begin_request(turn, existing is None, resuming)
         prompt_len = len(session.ids) - len(session.completion_ids)
-        self._check_lengths(prompt_len)
         state = State(session, list(session.ids), session.version, prompt_len, list(session.completion_ids))
         if session.status == "idle" and session.request_id == self.request_id and session.last_finish_reason:
             state.finish = FINISH_BY_NAME.get(session.last_finish_reason, pb.FINISH_REASON_UNSPECIFIED)
         return state
+
+    async def _begin_request(self, turn: list[int], create: bool, resuming: bool) -> Session:
+        """begin_request; a retry of our own request waits for a dead instance's lease to expire."""
+        d = self.deps
+        give_up = time.monotonic() + d.cfg.lease.takeover_wait_s
+        if self.deadline is not None:
+            give_up = min(give_up, self.deadline)
+        params = {"k": self.params.k, "max_new_tokens": self.params.max_new_tokens, "seed": self.params.sampling.seed}
+        while True:
+            try:
+                session, _ = await d.store.begin_request(
+                    self.session_id, self.request_id, d.owner, d.cfg.lease.seconds, turn, params, create_missing=create)
+                return session
+            except SessionBusy:
+                if not resuming or time.monotonic() + d.cfg.lease.poll_s >= give_up:
+                    raise
+            await asyncio.sleep(d.cfg.lease.poll_s)
 
     def _turn_ids(self, existing: Session | None) -> list[int]:
         """Token ids of the new turn (closing the previous assistant turn when it lacked EOS)."""
@@ -193,7 +295,7 @@ class Generation:
         start_len = len(state.completion)
         outcome = await self.deps.runner.run(RoundRequest(                                   # 1, 2
             self.session_id, self.request_id, list(state.ids), self._round_k(state),
-            self.params.sampling, self.params.draft_kind, self.params.logprobs))
+            self.params.sampling, self.params.draft_kind, self.params.logprobs, self.deadline))
         tokens = self._cut(state, outcome.emitted)                                            # 3
         delta = stops.push(detok.push(tokens))                                                # 4
         state.completion += tokens

@@ -3,7 +3,14 @@
 The orchestrator refuses a replica whose tokenizer differs from the target's
 (and a target whose tokenizer differs from the orchestrator's own). While no
 compatible pair is available, health is NOT_SERVING and requests get
-FAILED_PRECONDITION with a message naming both models and what differs.
+FAILED_PRECONDITION with a message naming both models and what differs. While
+no target replica answers at all (they died, or are restarting), requests get
+UNAVAILABLE instead: retrying later (or elsewhere) helps.
+
+Every refresh_s the pools are re-resolved and every replica marked unhealthy
+(a failed call, a failed Info) is asked for Info again: a replica that is
+back is routed to again from the next round on (how a killed draft "comes
+back" after the session ran degraded, k = 0).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import contextlib
 import logging
 from typing import Awaitable, Callable
 
+from specdec.errors import FailedPrecondition, SpecDecError, Unavailable
 from specdec.models.tokenizer_info import TokenizerInfo
 from specdec.v1 import orchestrator_pb2 as pb
 
@@ -30,10 +38,17 @@ class PairMonitor:
         self.tokenizer, self.tokenizer_name = tokenizer, tokenizer_name
         self.refresh_s = refresh_s
         self._problem = "no target replica has answered yet"
+        self._transient = True
 
     def problem(self) -> str:
         """Why requests cannot be served now ('' when they can)."""
         return self._problem
+
+    def problem_error(self) -> SpecDecError | None:
+        """The error a request gets now: None, UNAVAILABLE (nothing answers) or FAILED_PRECONDITION."""
+        if not self._problem:
+            return None
+        return (Unavailable if self._transient else FailedPrecondition)(self._problem)
 
     async def refresh(self) -> None:
         """One discovery + Info + compatibility pass over both pools."""
@@ -50,9 +65,11 @@ class PairMonitor:
         self._problem = self._diagnose()
 
     def _diagnose(self) -> str:
+        self._transient = not any(r.incompatible for r in self.target.replicas.values())
         if not self.target.usable():
             errors = [r.error for r in self.target.replicas.values() if r.error]
             return "; ".join(errors) or "no target replica is reachable"
+        self._transient = False
         if self.draft is not None and self.draft.replicas and not self.draft.usable():
             incompatible = [r.error for r in self.draft.replicas.values() if r.error and "differ" in r.error]
             if incompatible and len(incompatible) == len(self.draft.replicas):
@@ -65,7 +82,7 @@ class PairMonitor:
             try:
                 await self.refresh()
             except Exception as exc:  # noqa: BLE001 - discovery errors must not kill the loop
-                self._problem = f"replica discovery failed: {exc}"
+                self._problem, self._transient = f"replica discovery failed: {exc}", True
                 log.warning(self._problem)
             await on_change(not self._problem)
             with contextlib.suppress(asyncio.TimeoutError):

@@ -71,6 +71,7 @@ class Replica:
     stub: Any
     info: common_pb2.ModelInfo | None = None
     error: str = ""          # why it cannot be used (incompatible tokenizer, Info failed)
+    incompatible: bool = False  # the error is a tokenizer mismatch (not transient)
 
 
 @dataclass
@@ -137,7 +138,9 @@ class ReplicaPool:
             theirs = TokenizerInfo(vocab_size=r.info.vocab_size, fingerprint=r.info.tokenizer_fingerprint,
                                    special_tokens=dict(r.info.special_tokens))
             problem = compare_tokenizers(reference, theirs, reference_name, f"{self.role} {r.info.model_id} at {r.address}")
-            r.error = problem or ""
+            if problem or r.incompatible:
+                r.error = problem or ""
+            r.incompatible = bool(problem)
             if problem:
                 self.set.mark_unhealthy(r.address)
                 log.error("refusing %s", problem)

@@ -1,21 +1,35 @@
-"""Orchestrator gRPC servicer: admission, pair check, then one Generation per call."""
+"""Orchestrator gRPC servicer: admission, pair check, then one Generation per call.
+
+Order of checks for Generate/GenerateStream (each before any draft or target call):
+  1. the pair: UNAVAILABLE when no target replica answers, FAILED_PRECONDITION when the
+     draft/target tokenizers differ;
+  2. the request's values: INVALID_ARGUMENT (specdec.params);
+  3. admission: RESOURCE_EXHAUSTED beyond OrchestratorConfig.max_concurrent generations.
+The client's deadline (context.time_remaining()) is handed to the Generation, which caps
+every inter-service call with it.
+
+Observable counters (no proto change): Status replies carry the admission counters as
+trailing metadata (ADMISSION_METADATA_PREFIX + active / admitted / released / rejected).
+"""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import grpc
 
-from specdec.errors import FailedPrecondition, NotFound, ResourceExhausted
+from specdec.errors import NotFound, ResourceExhausted
 from specdec.protocol import PROTOCOL_VERSION
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 
-from orchestrator.generation import Deps, Generation, store_errors
+from orchestrator.generation import Deps, Generation, check_id, store_errors
 from orchestrator.pair import PairMonitor
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Orchestrator"].full_name
+ADMISSION_METADATA_PREFIX = "specdec-admission-"
 
 
 @dataclass
@@ -39,6 +53,18 @@ class Admission:
         self.active -= 1
         self.released += 1
 
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The counters as gRPC metadata pairs."""
+        values = {"active": self.active, "admitted": self.admitted, "released": self.released,
+                  "rejected": self.rejected, "cap": self.cap}
+        return tuple((ADMISSION_METADATA_PREFIX + name, str(v)) for name, v in values.items())
+
+
+def client_deadline(context: grpc.aio.ServicerContext) -> float | None:
+    """The client's deadline as a time.monotonic() value (None when it set none)."""
+    left = context.time_remaining()
+    return None if left is None else time.monotonic() + left
+
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     """Implements specdec.v1.Orchestrator."""
@@ -48,16 +74,16 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         self.pair = pair
         self.admission = admission
 
-    def _start(self, request: pb.GenerateRequest) -> Generation:
-        problem = self.pair.problem()
-        if problem:
-            raise FailedPrecondition(problem)
-        generation = Generation(self.deps, request)  # validates: INVALID_ARGUMENT before admission
+    def _start(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> Generation:
+        problem = self.pair.problem_error()
+        if problem is not None:
+            raise problem
+        generation = Generation(self.deps, request, client_deadline(context))  # INVALID_ARGUMENT before admission
         self.admission.enter()
         return generation
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        generation = self._start(request)
+        generation = self._start(request, context)
         try:
             async for _ in generation.chunks():
                 pass
@@ -66,7 +92,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         return generation.response()
 
     async def GenerateStream(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
-        generation = self._start(request)
+        generation = self._start(request, context)
         try:
             async for chunk in generation.chunks():
                 yield chunk
@@ -74,6 +100,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             self.admission.leave()
 
     async def GetSession(self, request: pb.SessionRequest, context: Any) -> pb.SessionInfo:
+        check_id("session_id", request.session_id, self.deps.cfg.limits.max_id_chars)
         with store_errors():
             s = await self.deps.store.get(request.session_id)
         if s is None:
@@ -91,5 +118,6 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         return info
 
     async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
+        context.set_trailing_metadata(self.admission.metadata())
         return pb.StatusResponse(protocol_version=PROTOCOL_VERSION, target_model=self.deps.model_name,
                                  replicas=self.pair.replica_statuses())

@@ -65,15 +65,20 @@ class LocalStack:
         self.cfg = cfg
         self.redis: EmbeddedRedis | None = None
         self.procs: list[Proc] = []
+        self.targets: list[Proc] = []
+        self.drafts: list[Proc] = []
+        self.orchestrators: list[Proc] = []
+        self.redis_url = cfg.redis_url
         self.log_dir = Path(cfg.log_dir or os.environ.get("TMPDIR", "/tmp")) / f"specdec-{os.getpid()}-{int(time.time())}"
 
-    def _spawn(self, role: str, args: list[str], port: int | None = None) -> Proc:
+    def _spawn(self, role: str, args: list[str], port: int | None = None,
+               env_overrides: dict[str, str] | None = None) -> Proc:
         port = port or free_port()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{role}-{port}.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.extra_env}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.extra_env, **(env_overrides or {})}
         cmd = [sys.executable, "-m", "specdec.cli", "serve", role, "--host", self.cfg.host, "--port", str(port), *args]
-        popen = subprocess.Popen(cmd, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, env=env,
+        popen = subprocess.Popen(cmd, stdout=log_path.open("ab"), stderr=subprocess.STDOUT, env=env,
                                  start_new_session=True)
         proc = Proc(role, port, popen, log_path)
         self.procs.append(proc)
@@ -85,30 +90,54 @@ class LocalStack:
             args += ["--cache-budget-bytes", str(self.cfg.cache_budget_bytes)]
         return args
 
-    def start_target(self, port: int | None = None) -> Proc:
-        return self._spawn("target", self._model_args(self.cfg.target_model), port)
+    def start_target(self, port: int | None = None, env: dict[str, str] | None = None) -> Proc:
+        return self._spawn("target", self._model_args(self.cfg.target_model), port, env)
 
-    def start_draft(self, port: int | None = None) -> Proc:
+    def start_draft(self, port: int | None = None, env: dict[str, str] | None = None) -> Proc:
         args = ["--draft-kind", self.cfg.draft_kind]
         if self.cfg.draft_kind == "model":
             args += self._model_args(self.cfg.draft_model)
-        return self._spawn("draft", args, port)
+        return self._spawn("draft", args, port, env)
+
+    def start_orchestrator(self, targets: list[Proc] | None = None, drafts: list[Proc] | None = None,
+                           args: list[str] | None = None, env: dict[str, str] | None = None,
+                           port: int | None = None) -> Proc:
+        """One more orchestrator on the same Redis (default: over all targets and drafts started).
+
+        Several orchestrators may serve the same sessions: they share state only through Redis.
+        """
+        targets = self.targets if targets is None else targets
+        drafts = self.drafts if drafts is None else drafts
+        cmd = ["--target", ",".join(p.address for p in targets), "--redis-url", self.redis_url,
+               "--tokenizer", self.cfg.tokenizer or self.cfg.target_model, *self.cfg.orchestrator_args, *(args or [])]
+        if drafts:
+            cmd += ["--draft", ",".join(p.address for p in drafts)]
+        if self.cfg.max_concurrent and "--max-concurrent" not in cmd:
+            cmd += ["--max-concurrent", str(self.cfg.max_concurrent)]
+        proc = self._spawn("orchestrator", cmd, port, env)
+        self.orchestrators.append(proc)
+        return proc
+
+    def restart(self, proc: Proc, env: dict[str, str] | None = None) -> Proc:
+        """Start `proc`'s role again on the same port (after it was killed); does not wait for it."""
+        if proc.popen.poll() is None:
+            raise RuntimeError(f"{proc.role} on port {proc.port} is still running")
+        self.procs.remove(proc)
+        new = self._spawn(proc.role, proc.popen.args[proc.popen.args.index("--port") + 2:], proc.port, env)
+        for group in (self.targets, self.drafts, self.orchestrators):
+            if proc in group:
+                group[group.index(proc)] = new
+        return new
 
     def start(self) -> "LocalStack":
         """Start everything and wait until every service reports SERVING."""
-        url = self.cfg.redis_url
-        if not url:
+        self.redis_url = self.cfg.redis_url
+        if not self.redis_url:
             self.redis = EmbeddedRedis().start()
-            url = self.redis.url
-        targets = [self.start_target() for _ in range(self.cfg.target_replicas)]
-        drafts = [self.start_draft() for _ in range(self.cfg.draft_replicas)]
-        args = ["--target", ",".join(p.address for p in targets), "--redis-url", url,
-                "--tokenizer", self.cfg.tokenizer or self.cfg.target_model, *self.cfg.orchestrator_args]
-        if drafts:
-            args += ["--draft", ",".join(p.address for p in drafts)]
-        if self.cfg.max_concurrent:
-            args += ["--max-concurrent", str(self.cfg.max_concurrent)]
-        self.orchestrator = self._spawn("orchestrator", args)
+            self.redis_url = self.redis.url
+        self.targets = [self.start_target() for _ in range(self.cfg.target_replicas)]
+        self.drafts = [self.start_draft() for _ in range(self.cfg.draft_replicas)]
+        self.orchestrator = self.start_orchestrator()
         for proc in self.procs:
             self.wait_ready(proc)
         return self

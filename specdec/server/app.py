@@ -3,25 +3,33 @@
 Life of a service:
   1. `start()` binds the port with health NOT_SERVING (probes answer at once),
   2. the caller loads its model (slow) and calls `set_serving(True)`,
-  3. SIGTERM/SIGINT -> health NOT_SERVING, new RPCs refused, in-flight RPCs get
-     `drain_seconds` to finish (`stop()`), then the process exits.
+  3. SIGTERM/SIGINT -> health NOT_SERVING, new RPCs refused (UNAVAILABLE: the
+     orchestrator retries them on another replica, a client on another orchestrator),
+     in-flight RPCs get `drain_seconds` to finish (`stop()`), then the process exits.
+
+Requests are parsed by StrictParseInterceptor, not by gRPC: a message that does not
+parse (e.g. a proto3 string field holding bad UTF-8) is INVALID_ARGUMENT with the
+parser's message, where grpc-python would answer UNKNOWN.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
+from google.protobuf.message import DecodeError
 from grpc_reflection.v1alpha import reflection
 
 from specdec.config import ServerConfig
+from specdec.errors import InvalidArgument
 from specdec.server.interceptors import ErrorMappingInterceptor, TokenAuthInterceptor
 
 log = logging.getLogger("specdec.server")
@@ -48,6 +56,40 @@ def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
+def _parse(parse: Callable[[bytes], Any], raw: bytes, method: str) -> Any:
+    try:
+        return parse(raw)
+    except DecodeError as exc:
+        raise InvalidArgument(f"malformed {method} request: {exc}") from None
+
+
+class StrictParseInterceptor(grpc.aio.ServerInterceptor):
+    """Parses unary requests itself so that a malformed one is INVALID_ARGUMENT, not UNKNOWN.
+
+    Installed inside ErrorMappingInterceptor, which maps the InvalidArgument it raises.
+    """
+
+    async def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if handler is None or handler.request_deserializer is None or handler.request_streaming:
+            return handler
+        parse, method = handler.request_deserializer, details.method
+        if handler.unary_unary is not None and inspect.iscoroutinefunction(handler.unary_unary):
+            behavior = handler.unary_unary
+
+            async def unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+                return await behavior(_parse(parse, raw, method), context)
+            return handler._replace(request_deserializer=None, unary_unary=unary)
+        if handler.unary_stream is not None and inspect.isasyncgenfunction(handler.unary_stream):
+            stream_behavior = handler.unary_stream
+
+            async def stream(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+                async for item in stream_behavior(_parse(parse, raw, method), context):
+                    yield item
+            return handler._replace(request_deserializer=None, unary_stream=stream)
+        return handler
+
+
 @dataclass
 class GrpcApp:
     """A grpc.aio server with the house scaffolding.
@@ -67,7 +109,7 @@ class GrpcApp:
     _stopping: asyncio.Event = field(init=False)
 
     def __post_init__(self) -> None:
-        interceptors = [ErrorMappingInterceptor()]
+        interceptors = [ErrorMappingInterceptor(), StrictParseInterceptor()]
         if self.auth_tokens:
             interceptors.insert(0, TokenAuthInterceptor(self.auth_tokens))
         self.server = grpc.aio.server(interceptors=interceptors, options=grpc_options(self.cfg.max_message_bytes))
