@@ -311,6 +311,8 @@ class Generation:
             await self._store(state, tokens, outcome)                                         # 5
         state.text += delta.emit
         self.stats.add_round(outcome, len(tokens))
+        if self.params.max_rounds and self.stats.rounds >= self.params.max_rounds and not state.finish:
+            state.finish = pb.FINISH_REASON_LENGTH
         return self._chunk(state, outcome, tokens, start_len, delta.emit)                      # 6
 
     def _cut(self, state: State, emitted: list[int]) -> list[int]:
@@ -349,7 +351,8 @@ class Generation:
                text: str) -> pb.GenerateChunk | None:
         rounds = []
         if self.params.trace:
-            rounds = [self.stats.round_proto(outcome, self.deps.prompter.tokenizer.decode(outcome.emitted))]
+            # the tokens this round appended (after EOS/length/stop cuts), special tokens shown
+            rounds = [self.stats.round_proto(outcome, self.deps.prompter.tokenizer.decode(tokens))]
             state.trace += rounds
         if not tokens and not text and not rounds:
             return None

@@ -177,7 +177,10 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--stream", action="store_true")
     p.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--token", help="bearer token")
+    p.add_argument("--token", help="bearer token (or SPECDEC_TOKEN)")
+    p.add_argument("--tls-ca", help="CA bundle to verify the orchestrator (enables TLS)")
+    p.add_argument("--tls-cert", help="client certificate (mTLS)")
+    p.add_argument("--tls-key", help="client key (mTLS)")
 
 
 def build_request(args: argparse.Namespace):
@@ -212,8 +215,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from specdec.v1 import orchestrator_pb2_grpc
 
     req = build_request(args)
-    metadata = (("authorization", f"Bearer {args.token}"),) if args.token else ()
-    with grpc.insecure_channel(args.address) as channel:
+    from specdec.config import TLSConfig, env_str
+    from specdec.healthcheck import channel_for
+
+    token = args.token or env_str("SPECDEC_TOKEN")
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    tls = TLSConfig(cert=args.tls_cert or "", key=args.tls_key or "", ca=args.tls_ca or "")
+    with channel_for(args.address, tls) as channel:
         stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
         try:
             if args.stream and not args.json:

@@ -60,7 +60,6 @@ class Limits:
     max_stop_chars: int = 256
     max_logprobs: int = 20
     max_message_bytes: int = 4 * MIB
-    max_rounds_factor: int = 2      # rounds <= factor * max_new_tokens (a round yields >= 1 token)
     max_id_chars: int = 256         # session_id / request_id length
 
 

@@ -1,6 +1,8 @@
 """`python -m specdec.healthcheck --port N`: exit 0 when the gRPC health service says SERVING.
 
-Used by the Docker HEALTHCHECK and by `specdec up` to wait for services.
+Used by the Docker HEALTHCHECK and by `specdec up` to wait for services. With
+SPECDEC_TLS_CA set (as in the service's own environment) it speaks TLS, presenting
+SPECDEC_TLS_CERT/KEY as a client certificate when the service requires mTLS.
 """
 
 from __future__ import annotations
@@ -11,12 +13,24 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from specdec.config import TLSConfig
+
 DEFAULT_TIMEOUT_S = 3.0
 
 
-def check(address: str, service: str = "", timeout: float = DEFAULT_TIMEOUT_S) -> tuple[bool, str]:
-    """(serving?, status name or error) of one health check."""
-    with grpc.insecure_channel(address) as channel:
+def channel_for(address: str, tls: TLSConfig | None = None) -> grpc.Channel:
+    """A blocking channel: TLS (with a client certificate for mTLS) when a CA is configured."""
+    if tls is None or not tls.ca:
+        return grpc.insecure_channel(address)
+    read = lambda path: open(path, "rb").read() if path else None  # noqa: E731
+    creds = grpc.ssl_channel_credentials(read(tls.ca), read(tls.key), read(tls.cert))
+    return grpc.secure_channel(address, creds)
+
+
+def check(address: str, service: str = "", timeout: float = DEFAULT_TIMEOUT_S,
+          tls: TLSConfig | None = None) -> tuple[bool, str]:
+    """(serving?, status name or error) of one health check (TLS per `tls`; plaintext when None)."""
+    with channel_for(address, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
@@ -33,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--service", default="")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
     args = parser.parse_args(argv)
-    ok, status = check(f"{args.host}:{args.port}", args.service, args.timeout)
+    ok, status = check(f"{args.host}:{args.port}", args.service, args.timeout, tls=TLSConfig())
     print(status)
     return 0 if ok else 1
 

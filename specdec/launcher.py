@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specdec.config import TLSConfig
 from specdec.healthcheck import check
 from specdec.redis_server import EmbeddedRedis, free_port
 
@@ -149,11 +150,17 @@ class LocalStack:
         while time.monotonic() < deadline:
             if proc.popen.poll() is not None:
                 raise RuntimeError(f"{proc.role} on port {proc.port} exited ({proc.popen.returncode}):\n{self.tail(proc)}")
-            ok, status = check(proc.address, timeout=1.0)
+            ok, status = check(proc.address, timeout=1.0, tls=self.tls())
             if ok:
                 return
             time.sleep(POLL_S)
         raise TimeoutError(f"{proc.role} on port {proc.port} not SERVING after {timeout:.0f}s ({status}):\n{self.tail(proc)}")
+
+    def tls(self) -> TLSConfig:
+        """The TLS settings the services were started with (extra_env over the environment)."""
+        env = {**os.environ, **self.cfg.extra_env}
+        return TLSConfig(cert=env.get("SPECDEC_TLS_CERT", ""), key=env.get("SPECDEC_TLS_KEY", ""),
+                         ca=env.get("SPECDEC_TLS_CA", ""))
 
     @staticmethod
     def tail(proc: Proc, lines: int = 30) -> str:

@@ -35,6 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "add_generation_prompt": True,
     "create_session": False,
     "resume_offset": 0,
+    "max_rounds": 0,             # 0 = no cap beyond max_new_tokens (every round yields >= 1 token)
     # sampling (applied identically by draft and target)
     "temperature": 0.0,
     "top_k": 0,
@@ -74,6 +75,7 @@ class GenerationParams:
     min_tokens: int = 0
     logprobs: int = -1
     add_generation_prompt: bool = True
+    max_rounds: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -107,8 +109,11 @@ def resolve_generation(request: Any, limits: Limits) -> GenerationParams:
         raise InvalidArgument(f"min_tokens must be in [0, max_new_tokens={max_new}], got {min_tokens}")
     if not -1 <= logprobs <= limits.max_logprobs:
         raise InvalidArgument(f"logprobs must be in [0, {limits.max_logprobs}], got {logprobs}")
+    max_rounds = get("max_rounds")
+    if max_rounds < 0:
+        raise InvalidArgument(f"max_rounds must be >= 0 (0 = no cap), got {max_rounds}")
     return GenerationParams(
-        max_new_tokens=max_new, k=k, draft_kind=draft_kind,
+        max_rounds=max_rounds, max_new_tokens=max_new, k=k, draft_kind=draft_kind,
         sampling=resolve_sampling(request.sampling if request.HasField("sampling") else None),
         stop=stop, trace=get("trace"), ignore_eos=get("ignore_eos"), min_tokens=min_tokens,
         logprobs=logprobs, add_generation_prompt=get("add_generation_prompt"),

@@ -35,6 +35,9 @@ class NgramDraft:
         max_n = inp.ngram_max_n or self.max_n
         if not 1 <= min_n <= max_n:
             raise InvalidArgument(f"n-gram sizes need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+        negative = next((i for i, t in enumerate(inp.context_ids) if t < 0), None)
+        if negative is not None:
+            raise InvalidArgument(f"context_ids[{negative}] = {inp.context_ids[negative]} is not a token id")
         ids = propose_ngram(inp.context_ids, inp.k, min_n=min_n, max_n=max_n)
         return ProposeOutput(list(ids), [], NGRAM)
 

@@ -77,3 +77,12 @@ def test_bad_values_are_invalid_argument_over_grpc(stack, field, value):
         gen(stack, **{field: value})
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert field in err.value.details()
+
+
+def test_max_rounds_caps_target_passes(stack):
+    channel, stub = stack.stub()
+    resp = stub.Generate(pb.GenerateRequest(prompt="Once upon a time", max_new_tokens=40, ignore_eos=True, k=2,
+                                            max_rounds=3, trace=True), timeout=60)
+    channel.close()
+    assert resp.stats.rounds == 3 and resp.finish_reason == pb.FINISH_REASON_LENGTH
+    assert "".join(r.text for r in resp.trace) == stack.tokenizer.decode(list(resp.token_ids))
