@@ -49,6 +49,7 @@ from typing import Any, AsyncIterator
 
 from specdec.config import OrchestratorConfig
 from specdec.errors import Aborted, AlreadyExists, InvalidArgument, NotFound, Unavailable
+from specdec.metrics import OrchestratorMetrics
 from specdec.params import GenerationParams, field_or_default, resolve_generation
 from specdec.v1 import orchestrator_pb2 as pb
 
@@ -102,6 +103,7 @@ class Deps:
     max_context: int
     owner: str
     model_name: str
+    metrics: OrchestratorMetrics = field(default_factory=OrchestratorMetrics)
 
 
 @dataclass
@@ -311,6 +313,8 @@ class Generation:
             await self._store(state, tokens, outcome)                                         # 5
         state.text += delta.emit
         self.stats.add_round(outcome, len(tokens))
+        self.deps.metrics.observe_round(outcome.draft_ids, outcome.num_accepted, len(tokens), outcome.draft_ms,
+                                        outcome.target_ms, outcome.overhead_ms, outcome.wall_ms, outcome.degraded)
         if self.params.max_rounds and self.stats.rounds >= self.params.max_rounds and not state.finish:
             state.finish = pb.FINISH_REASON_LENGTH
         return self._chunk(state, outcome, tokens, start_len, delta.emit)                      # 6
@@ -364,6 +368,7 @@ class Generation:
         state.session = await self.deps.store.finish_request(
             self.session_id, self.deps.owner, FINISH_NAMES[state.finish], state.version)
         state.version = state.session.version
+        self.deps.metrics.observe_generation(FINISH_NAMES[state.finish], self.stats.first_token_ms)
 
     async def _finish_quietly(self, state: State) -> None:
         with contextlib.suppress(Exception):

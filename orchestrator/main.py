@@ -12,6 +12,7 @@ from specdec.errors import Unavailable
 from specdec.engine.loading import load_config
 from specdec.models.loader import load_tokenizer
 from specdec.models.tokenizer_info import describe_tokenizer
+from specdec.metrics import serve_metrics
 from specdec.server.app import GrpcApp
 
 from orchestrator.generation import Deps
@@ -48,7 +49,8 @@ async def serve(cfg: OrchestratorConfig) -> None:
     store = SessionStore(open_redis(cfg.redis_url), prefix=cfg.redis_prefix, ttl_seconds=cfg.session_ttl_s)
     deps = Deps(cfg=cfg, store=store, runner=RoundRunner(draft, target, cfg.retry), prompter=Prompter(tokenizer),
                 eos_ids=frozenset(), max_context=0, owner=f"orch-{uuid.uuid4().hex[:12]}", model_name="")
-    servicer = OrchestratorServicer(deps, pair, Admission(cfg.max_concurrent))
+    servicer = OrchestratorServicer(deps, pair, Admission(cfg.max_concurrent, metrics=deps.metrics))
+    serve_metrics(cfg.server.metrics_port, deps.metrics.registry)
     app = GrpcApp(SERVICE_NAME, cfg.server, cfg.auth_tokens)
     port = await app.start(lambda server: orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(servicer, server))
     app.install_signal_handlers()

@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator
 import grpc
 
 from specdec.errors import NotFound, ResourceExhausted
+from specdec.metrics import OrchestratorMetrics
 from specdec.protocol import PROTOCOL_VERSION
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
@@ -41,17 +42,24 @@ class Admission:
     admitted: int = 0
     released: int = 0
     rejected: int = 0
+    metrics: OrchestratorMetrics | None = None
 
     def enter(self) -> None:
         if self.active >= self.cap:
             self.rejected += 1
+            if self.metrics is not None:
+                self.metrics.rejected.inc()
             raise ResourceExhausted(f"server busy: {self.active} generations running (limit {self.cap}); retry later")
         self.active += 1
         self.admitted += 1
+        if self.metrics is not None:
+            self.metrics.in_flight.set(self.active)
 
     def leave(self) -> None:
         self.active -= 1
         self.released += 1
+        if self.metrics is not None:
+            self.metrics.in_flight.set(self.active)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The counters as gRPC metadata pairs."""

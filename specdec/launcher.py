@@ -45,6 +45,7 @@ class StackConfig:
     log_dir: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
     orchestrator_args: list[str] = field(default_factory=list)
+    metrics: bool = False                # export /metrics of every process on a free port each
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Proc:
     port: int
     popen: subprocess.Popen
     log_path: Path
+    metrics_port: int = 0
 
     @property
     def address(self) -> str:
@@ -78,10 +80,12 @@ class LocalStack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{role}-{port}.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.extra_env, **(env_overrides or {})}
-        cmd = [sys.executable, "-m", "specdec.cli", "serve", role, "--host", self.cfg.host, "--port", str(port), *args]
+        metrics_port = free_port() if self.cfg.metrics else 0
+        cmd = [sys.executable, "-m", "specdec.cli", "serve", role, "--host", self.cfg.host, "--port", str(port),
+               "--metrics-port", str(metrics_port), *args]
         popen = subprocess.Popen(cmd, stdout=log_path.open("ab"), stderr=subprocess.STDOUT, env=env,
                                  start_new_session=True)
-        proc = Proc(role, port, popen, log_path)
+        proc = Proc(role, port, popen, log_path, metrics_port)
         self.procs.append(proc)
         return proc
 

@@ -25,6 +25,7 @@ from specdec.config import HealthConfig, ModelServiceConfig
 from specdec.engine.loading import ModelBundle
 from specdec.engine.worker import ModelWorker, WorkerState
 from specdec.errors import Unavailable
+from specdec.metrics import model_service_registry, serve_metrics
 from specdec.protocol import PROTOCOL_VERSION
 from specdec.server.app import GrpcApp
 from specdec.v1 import common_pb2
@@ -103,6 +104,8 @@ async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase,
         await app.run_until_stopped()
         raise
     log.info("%s model %s loaded in %.1fs", servicer.role, servicer.bundle.model_id, servicer.bundle.load_seconds)
+    serve_metrics(cfg.server.metrics_port, model_service_registry(
+        servicer.role, lambda: servicer.worker.state, lambda: servicer.bundle.pool))
     await app.set_serving(True)
     stop = asyncio.Event()
     watcher = asyncio.create_task(watch_health(app, servicer.worker, cfg.health, stop))
