@@ -53,6 +53,7 @@ from specdec.metrics import OrchestratorMetrics
 from specdec.params import GenerationParams, field_or_default, resolve_generation
 from specdec.v1 import orchestrator_pb2 as pb
 
+from orchestrator.adaptive import AcceptanceTracker, CostModel, choose_k
 from orchestrator.detokenize import IncrementalDetokenizer
 from orchestrator.prompting import Message, Prompter
 from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner
@@ -104,6 +105,7 @@ class Deps:
     owner: str
     model_name: str
     metrics: OrchestratorMetrics = field(default_factory=OrchestratorMetrics)
+    costs: CostModel = field(default_factory=CostModel)   # measured draft/verify costs, shared by sessions
 
 
 @dataclass
@@ -136,6 +138,7 @@ class Generation:
         self.session_id = request.session_id if request.HasField("session_id") else uuid.uuid4().hex
         self.request_id = request.request_id if request.HasField("request_id") else uuid.uuid4().hex
         self.stats = StatsCollector()
+        self.acceptance = AcceptanceTracker(k_max=max(self.params.k, 1))
         self.state: State | None = None
 
     async def chunks(self) -> AsyncIterator[pb.GenerateChunk]:
@@ -290,7 +293,16 @@ class Generation:
     def _round_k(self, state: State) -> int:
         left_tokens = self.params.max_new_tokens - len(state.completion)
         left_context = self.deps.max_context - len(state.ids)
-        return max(0, min(self.params.k, left_tokens - 1, left_context - 1))
+        cap = max(0, min(self.params.k, left_tokens - 1, left_context - 1))
+        return choose_k(self.deps.costs, self.acceptance, cap) if self.params.adaptive_k else cap
+
+    def _learn(self, outcome: RoundOutcome) -> None:
+        """Feed adaptive k: acceptance per session; costs only from rounds without a prefill."""
+        proposed = len(outcome.draft_ids)
+        if proposed:
+            self.acceptance.observe(proposed, outcome.num_accepted)
+        if outcome.target_computed <= proposed + 1 and not outcome.degraded:
+            self.deps.costs.observe(proposed, proposed + 1, outcome.draft_ms, outcome.target_ms, outcome.overhead_ms)
 
     async def _round(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher) -> pb.GenerateChunk | None:
         """Steps 1-6 of the module docstring for one round."""
@@ -313,6 +325,7 @@ class Generation:
             await self._store(state, tokens, outcome)                                         # 5
         state.text += delta.emit
         self.stats.add_round(outcome, len(tokens))
+        self._learn(outcome)
         self.deps.metrics.observe_round(outcome.draft_ids, outcome.num_accepted, len(tokens), outcome.draft_ms,
                                         outcome.target_ms, outcome.overhead_ms, outcome.wall_ms, outcome.degraded)
         if self.params.max_rounds and self.stats.rounds >= self.params.max_rounds and not state.finish:

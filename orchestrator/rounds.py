@@ -50,6 +50,9 @@ class RoundOutcome:
     logprobs: list = field(default_factory=list)
     draft_ms: float = 0.0           # draft forward time
     target_ms: float = 0.0          # target forward time
+    target_cached: int = 0          # context tokens the target reused from its KV cache
+    target_computed: int = 0        # tokens the target ran through its model
+    draft_computed: int = 0
     wall_ms: float = 0.0
     wire_bytes: int = 0
     draft_replica: str = ""
@@ -111,6 +114,7 @@ class RoundRunner:
         out.emitted = list(proposal.draft_ids[:m]) + [verdict.next_token]
         out.logprobs = list(verdict.logprobs)
         out.target_ms = verdict.stats.forward_ms
+        out.target_cached, out.target_computed = verdict.stats.cached_tokens, verdict.stats.computed_tokens
         out.wire_bytes += verify.ByteSize() + verdict.ByteSize()
         out.retries += retries
         out.wall_ms = (time.perf_counter() - start) * MS_PER_S
@@ -138,5 +142,6 @@ class RoundRunner:
             out.degraded = True
             return empty, out
         out.draft_ms = response.stats.forward_ms
+        out.draft_computed = response.stats.computed_tokens
         out.wire_bytes = propose.ByteSize() + response.ByteSize()
         return response, out

@@ -35,6 +35,8 @@ class StatsCollector:
     wire_bytes: int = 0
     degraded: int = 0
     retries: int = 0
+    target_computed: int = 0
+    draft_computed: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
 
@@ -54,6 +56,8 @@ class StatsCollector:
         self.wire_bytes += o.wire_bytes
         self.degraded += o.degraded
         self.retries += o.retries
+        self.target_computed += o.target_computed
+        self.draft_computed += o.draft_computed
         for i in range(len(o.draft_ids)):
             if i >= len(self.drafted_per_position):
                 self.drafted_per_position.append(0)
@@ -74,11 +78,14 @@ class StatsCollector:
             wire_bytes=self.wire_bytes, wire_bytes_per_round=self.wire_bytes / rounds,
             target_passes=self.rounds, degraded_rounds=self.degraded,
             accepted_per_position=self.accepted_per_position, drafted_per_position=self.drafted_per_position,
-            time_to_first_token_ms=self.first_token_ms, retries=self.retries)
+            time_to_first_token_ms=self.first_token_ms, retries=self.retries,
+            target_computed_tokens=self.target_computed, draft_computed_tokens=self.draft_computed)
 
     def round_proto(self, o: RoundOutcome, text: str) -> pb.Round:
         """One row of the per-round trace."""
         return pb.Round(index=self.rounds - 1, k=o.k, draft_ids=o.draft_ids, matches=o.matches,
                         target_ids=o.target_ids, num_accepted=o.num_accepted, next_token=o.next_token,
                         next_kind=o.next_kind, text=text, draft_ms=o.draft_ms, target_ms=o.target_ms,
-                        overhead_ms=o.overhead_ms, draft_replica=o.draft_replica, target_replica=o.target_replica)
+                        overhead_ms=o.overhead_ms, draft_replica=o.draft_replica, target_replica=o.target_replica,
+                        target_cached_tokens=o.target_cached, target_computed_tokens=o.target_computed,
+                        draft_computed_tokens=o.draft_computed)

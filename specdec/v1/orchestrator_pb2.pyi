@@ -39,7 +39,7 @@ class ChatMessages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "session_id", "create_session", "request_id", "resume_offset", "max_new_tokens", "k", "draft_kind", "sampling", "stop", "trace", "ignore_eos", "min_tokens", "logprobs", "add_generation_prompt", "max_rounds")
+    __slots__ = ("prompt", "messages", "session_id", "create_session", "request_id", "resume_offset", "max_new_tokens", "k", "draft_kind", "sampling", "stop", "trace", "ignore_eos", "min_tokens", "logprobs", "add_generation_prompt", "max_rounds", "adaptive_k")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class GenerateRequest(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     MAX_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_K_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: ChatMessages
     session_id: str
@@ -74,7 +75,8 @@ class GenerateRequest(_message.Message):
     logprobs: int
     add_generation_prompt: bool
     max_rounds: int
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., session_id: _Optional[str] = ..., create_session: _Optional[bool] = ..., request_id: _Optional[str] = ..., resume_offset: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., k: _Optional[int] = ..., draft_kind: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., trace: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ..., add_generation_prompt: _Optional[bool] = ..., max_rounds: _Optional[int] = ...) -> None: ...
+    adaptive_k: bool
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., session_id: _Optional[str] = ..., create_session: _Optional[bool] = ..., request_id: _Optional[str] = ..., resume_offset: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., k: _Optional[int] = ..., draft_kind: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., trace: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ..., add_generation_prompt: _Optional[bool] = ..., max_rounds: _Optional[int] = ..., adaptive_k: _Optional[bool] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens", "cached_prompt_tokens")

@@ -86,3 +86,18 @@ def test_max_rounds_caps_target_passes(stack):
     channel.close()
     assert resp.stats.rounds == 3 and resp.finish_reason == pb.FINISH_REASON_LENGTH
     assert "".join(r.text for r in resp.trace) == stack.tokenizer.decode(list(resp.token_ids))
+
+
+def test_adaptive_k_keeps_greedy_output_and_varies_k(stack):
+    channel, stub = stack.stub()
+    base = pb.GenerateRequest(prompt="The quick brown fox", max_new_tokens=40, ignore_eos=True, k=6, trace=True)
+    fixed = stub.Generate(base, timeout=60)
+    adaptive_req = pb.GenerateRequest()
+    adaptive_req.CopyFrom(base)
+    adaptive_req.adaptive_k = True
+    adaptive = stub.Generate(adaptive_req, timeout=60)
+    channel.close()
+    assert list(adaptive.token_ids) == list(fixed.token_ids)
+    assert all(0 <= r.k <= 6 for r in adaptive.trace)
+    assert adaptive.stats.target_computed_tokens > 0
+    assert all(r.target_computed_tokens >= 1 for r in adaptive.trace)

@@ -1,0 +1,114 @@
+"""Adaptive k: choose each round's draft length to maximise expected tokens per second.
+
+For a round with k draft tokens:
+    E[tokens](k) = 1 + sum_{i=1..k} prod_{j<=i} a_j          (the +1 is the recovered/bonus token)
+    E[time](k)   = v(k+1) + (k > 0) * (k * c + o_draft) + o
+where a_j is the session's running acceptance rate at draft position j (given
+positions < j were accepted), c the cost of one draft step, v(n) the cost of
+verifying n tokens, o_draft the draft hop's overhead and o the rest of a round.
+k = 0 (plain target decoding) is always a candidate, so speculation backs off when
+it does not pay; every PROBE_EVERY rounds at k = 0 one round probes k_max, so a
+context that starts to offer matches (n-gram) is noticed.
+
+Costs are properties of the deployment and shared by all sessions of an
+orchestrator (`CostModel`); acceptance is per session (`AcceptanceTracker`),
+starting from an optimistic prior.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+EMA_WEIGHT = 0.2             # weight of a new observation in running means
+PRIOR_ACCEPTS, PRIOR_TRIES = 1.5, 2.0   # optimistic Beta prior per position (a_j = 0.75 before data)
+DECAY = 0.9                  # older rounds count less: acceptance drifts with the context
+PROBE_EVERY = 8              # rounds at k = 0 before one probing round at k_max
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * new
+
+
+@dataclass
+class CostModel:
+    """Measured costs of the pair, in milliseconds, shared across sessions."""
+
+    verify_ms: dict[int, float] = field(default_factory=dict)  # n tokens verified -> ms
+    draft_step_ms: float | None = None
+    draft_hop_ms: float | None = None       # overhead of a round with a draft call minus one without
+    overhead_ms: dict[bool, float] = field(default_factory=dict)  # drafted? -> non-forward time per round
+
+    def observe(self, k: int, verified: int, draft_ms: float, target_ms: float, overhead_ms: float) -> None:
+        """Account for one round (k proposed tokens, `verified` = k + 1 scored by the target)."""
+        self.verify_ms[verified] = _ema(self.verify_ms.get(verified), target_ms)
+        if k > 0:
+            self.draft_step_ms = _ema(self.draft_step_ms, draft_ms / k)
+        self.overhead_ms[k > 0] = _ema(self.overhead_ms.get(k > 0), overhead_ms)
+
+    def verify(self, n: int) -> float:
+        """v(n): measured, or interpolated/extrapolated linearly from the measured points."""
+        if n in self.verify_ms:
+            return self.verify_ms[n]
+        known = sorted(self.verify_ms)
+        if not known:
+            return 1.0
+        if len(known) == 1:
+            return self.verify_ms[known[0]]
+        lo = max([x for x in known if x < n], default=known[0])
+        hi = min([x for x in known if x > n], default=known[-1])
+        if lo == hi:
+            lo, hi = known[-2], known[-1]
+        slope = (self.verify_ms[hi] - self.verify_ms[lo]) / (hi - lo)
+        return max(self.verify_ms[lo] + slope * (n - lo), 0.0)
+
+    def round_ms(self, k: int) -> float:
+        """Expected wall time of a round with k draft tokens."""
+        base = self.overhead_ms.get(k > 0, self.overhead_ms.get(not k > 0, 0.0))
+        draft = k * (self.draft_step_ms or 0.0) if k > 0 else 0.0
+        return self.verify(k + 1) + draft + base
+
+
+@dataclass
+class AcceptanceTracker:
+    """Per-position acceptance of one session, decayed so that it follows the context."""
+
+    k_max: int
+    accepts: list[float] = field(default_factory=list)
+    tries: list[float] = field(default_factory=list)
+    rounds_at_zero: int = 0
+
+    def __post_init__(self) -> None:
+        self.accepts = [PRIOR_ACCEPTS] * self.k_max
+        self.tries = [PRIOR_TRIES] * self.k_max
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """Positions 1..accepted were accepted; position accepted+1 (if proposed) was rejected."""
+        for i in range(self.k_max):
+            self.accepts[i] *= DECAY
+            self.tries[i] *= DECAY
+        for i in range(min(proposed, accepted + 1)):
+            self.tries[i] += 1
+            self.accepts[i] += i < accepted
+
+    def rates(self) -> list[float]:
+        return [a / t for a, t in zip(self.accepts, self.tries)]
+
+    def expected_tokens(self, k: int) -> float:
+        """1 + sum over positions of the probability that all positions up to it are accepted."""
+        total, survive = 1.0, 1.0
+        for rate in self.rates()[:k]:
+            survive *= rate
+            total += survive
+        return total
+
+
+def choose_k(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int) -> int:
+    """The k in [0, k_cap] with the most expected tokens per ms (probing k_cap now and then)."""
+    if k_cap <= 0:
+        return 0
+    if acceptance.rounds_at_zero >= PROBE_EVERY:
+        acceptance.rounds_at_zero = 0
+        return k_cap
+    best = max(range(k_cap + 1), key=lambda k: acceptance.expected_tokens(k) / max(costs.round_ms(k), 1e-6))
+    acceptance.rounds_at_zero = acceptance.rounds_at_zero + 1 if best == 0 else 0
+    return best

@@ -1,0 +1,50 @@
+"""Adaptive k: backs off when drafts are rejected, goes long when they are accepted."""
+
+from __future__ import annotations
+
+from orchestrator.adaptive import PROBE_EVERY, AcceptanceTracker, CostModel, choose_k
+
+
+def cpu_like_costs() -> CostModel:
+    costs = CostModel()
+    for n, ms in ((1, 60.0), (3, 66.0), (5, 72.0), (9, 85.0)):  # verifying more tokens costs a little more
+        costs.observe(k=n - 1, verified=n, draft_ms=0.0, target_ms=ms, overhead_ms=2.0)
+    return costs
+
+
+def test_verify_cost_interpolates_between_measured_points():
+    costs = cpu_like_costs()
+    assert costs.verify(2) == 63.0 and costs.verify(5) == 72.0
+    assert costs.verify(13) > costs.verify(9)
+
+
+def test_high_acceptance_picks_long_drafts():
+    costs, acc = cpu_like_costs(), AcceptanceTracker(k_max=8)
+    for _ in range(30):
+        acc.observe(proposed=8, accepted=8)
+    assert choose_k(costs, acc, 8) >= 6
+
+
+def test_rejections_back_off_to_target_only_and_probe_later():
+    costs, acc = cpu_like_costs(), AcceptanceTracker(k_max=8)
+    for _ in range(30):
+        acc.observe(proposed=4, accepted=0)
+    picks = [choose_k(costs, acc, 8) for _ in range(PROBE_EVERY + 1)]
+    assert picks[:PROBE_EVERY] == [0] * PROBE_EVERY
+    assert picks[PROBE_EVERY] == 8  # a probing round
+
+
+def test_expensive_draft_steps_shorten_the_draft():
+    acc = AcceptanceTracker(k_max=8)
+    for accepted in [0, 1, 2, 3, 5, 8] * 5:  # each further position is less likely to be accepted
+        acc.observe(proposed=8, accepted=accepted)
+    cheap, dear = cpu_like_costs(), cpu_like_costs()
+    dear.observe(k=4, verified=5, draft_ms=4 * 40.0, target_ms=72.0, overhead_ms=2.0)
+    dear.draft_step_ms = 40.0
+    assert choose_k(dear, acc, 8) < choose_k(cheap, acc, 8)
+
+
+def test_expected_tokens_counts_the_bonus():
+    acc = AcceptanceTracker(k_max=3)
+    acc.accepts, acc.tries = [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]
+    assert acc.expected_tokens(3) == 4.0 and acc.expected_tokens(0) == 1.0
