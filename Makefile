@@ -32,6 +32,10 @@ test-fast: $(STAMP)
 protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
 
+## Our stack (k = 0, a k sweep, the default k) vs Hugging Face on the shipped prompts: table, JSON, PNG (see bench/README.md).
+bench: $(STAMP)
+	$(BIN)/specdec bench --out bench/results/latest.json --plot bench/results/latest.png
+
 up: $(STAMP)
 	$(BIN)/specdec up
 

@@ -67,6 +67,19 @@ class ModelServiceBase:
         context.set_trailing_metadata(worker_metadata(self.worker.state))
         return common_pb2.ModelInfo(protocol_version=PROTOCOL_VERSION, role=self.role, **bundle.info)
 
+    async def Stats(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ServiceStats:
+        state, pool = self.worker.state, self.bundle.pool if self.bundle is not None else None
+        out = common_pb2.ServiceStats(calls=state.calls, failures=state.failures, in_flight=state.in_flight,
+                                      last_call_ok=state.last_ok, last_error=state.last_error)
+        if pool is not None:
+            c = pool.counters
+            out.MergeFrom(common_pb2.ServiceStats(
+                cached_sessions=pool.session_count(), cache_used_bytes=pool.used_bytes(),
+                cache_budget_bytes=pool.budget_bytes, cache_hits=c.hits, cache_misses=c.misses,
+                cache_rollbacks=c.rollbacks, rolled_back_tokens=c.rolled_back_tokens, cache_evictions=c.evictions,
+                computed_tokens=c.computed_tokens, reused_tokens=c.reused_tokens))
+        return out
+
     async def Release(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ReleaseResponse:
         bundle = self.loaded()
         released = bundle.pool.release(request.session_id) if bundle.pool is not None else False

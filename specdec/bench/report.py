@@ -1,0 +1,390 @@
+"""Aggregating the bench's runs: the JSON, the table on stdout, the PNG.
+
+JSON layout (``result[SET][MEASURE][CONFIG]``, SET = ``grounded`` | ``open``): every measure that
+varies from run to run is ``{"median", "min", "max", "n", "values"}`` over the repeats (each
+repeat pooled over the set's prompts); counts that greedy decoding makes identical in every
+repeat (acceptance, mean accepted length, ...) are single numbers pooled over all runs.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+K0, KDEF, ADAPTIVE, HF_TARGET, HF_ASSISTED = "k0", "kdefault", "adaptive", "hf_target", "hf_assisted"
+
+
+# -- small helpers -------------------------------------------------------------------------------
+def pct(values: list[float], q: float) -> float | None:
+    """Percentile with linear interpolation (q in [0, 100]); None for no values."""
+    if not values:
+        return None
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def spread(values: list[float | None]) -> dict[str, Any] | None:
+    """Median with min/max over the repeats."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals),
+            "values": [round(v, 6) for v in vals]}
+
+
+def _itl_samples(arrivals: list[tuple[float, int]]) -> list[float]:
+    """Inter-token latency in ms: a chunk of n tokens after a gap g gives n samples of g/n."""
+    out = []
+    for (t0, _), (t1, n) in zip(arrivals, arrivals[1:]):
+        out += [(t1 - t0) * 1000.0 / n] * n
+    return out
+
+
+def _decode_tps(r: Any) -> float | None:
+    """Tokens per second after the first token arrived (prefill excluded)."""
+    if len(r.arrivals) < 2:
+        return None
+    first_t, first_n = r.arrivals[0]
+    dt = r.wall_s - first_t
+    return (len(r.tokens) - first_n) / dt if dt > 0 else None
+
+
+# -- build ---------------------------------------------------------------------------------------
+def build(records: list[Any], configs: list[Any], prompts: list[Any], *, settings: dict, machine: dict,
+          hf_settings: dict, verify: dict, draft_step_cost: float | None, identity: dict, rss: dict,
+          kv_per_token_model: dict, default_k: int, stats_error: str = "") -> dict[str, Any]:
+    names = [c.name for c in configs]
+    dk = default_k if isinstance(default_k, int) else None      # None: the server picks k (adaptive)
+    ks = {c.name: (None if c.adaptive else dk if c.k is None else c.k) for c in configs if c.kind == "stack"}
+    repeats = sorted({r.repeat for r in records})
+    sets = list(dict.fromkeys(p.set for p in prompts))
+    c = draft_step_cost if draft_step_cost is not None else 0.0
+    ratio = {int(n): v for n, v in verify["ratio"].items()}
+
+    def v(n: int) -> float:
+        return ratio.get(n, ratio[max(ratio)] * n / max(ratio))      # beyond the measured range: linear
+
+    result: dict[str, Any] = {"schema": 1, "machine": machine, "settings": settings, "hf_settings": hf_settings}
+    for s in sets:
+        runs = {(n, rep): [r for r in records if r.set == s and r.config == n and r.repeat == rep]
+                for n in names for rep in repeats}
+        tps = {key: (sum(len(r.tokens) for r in rs) / sum(r.wall_s for r in rs)) if rs else None
+               for key, rs in runs.items()}
+        dtps = {key: _ratio_mean([_decode_tps(r) for r in rs]) for key, rs in runs.items()}
+        out: dict[str, Any] = {m: {} for m in (
+            "tokens_per_s", "speedup", "speedup_decode", "vs_hf", "vs_hf_target", "overhead_ms_p50",
+            "overhead_share_p50", "overhead_e2e_ms_per_round", "acceptance_rate", "mean_accepted_length",
+            "per_position_acceptance", "target_passes_per_token", "itl_ms_p50", "itl_ms_p95", "ttft_ms_p50",
+            "draft_ms_per_round", "verify_ms_per_round", "verify_cost_ratio_stack", "bound", "bound_drafted",
+            "speedup_vs_bound", "mean_k")}
+        for n in names:
+            out["tokens_per_s"][n] = spread([tps[(n, rep)] for rep in repeats])
+            out["speedup"][n] = spread([_div(tps[(n, rep)], tps.get((K0, rep))) for rep in repeats])
+            out["speedup_decode"][n] = spread([_div(dtps[(n, rep)], dtps.get((K0, rep))) for rep in repeats])
+            out["vs_hf"][n] = spread([_div(tps[(n, rep)], tps.get((HF_ASSISTED, rep))) for rep in repeats])
+            out["vs_hf_target"][n] = spread([_div(tps[(n, rep)], tps.get((HF_TARGET, rep))) for rep in repeats])
+            out["itl_ms_p50"][n] = spread([pct(sum((_itl_samples(r.arrivals) for r in runs[(n, rep)]), []), 50)
+                                           for rep in repeats])
+            out["itl_ms_p95"][n] = spread([pct(sum((_itl_samples(r.arrivals) for r in runs[(n, rep)]), []), 95)
+                                           for rep in repeats])
+            out["ttft_ms_p50"][n] = spread([pct([r.arrivals[0][0] * 1000 for r in runs[(n, rep)] if r.arrivals], 50)
+                                            for rep in repeats])
+            if n not in ks:
+                continue
+            _stack_measures(out, n, ks[n], runs, repeats, c, v)
+            vs = out["verify_ms_per_round"].get(n)
+            v0 = out["verify_ms_per_round"].get(K0)
+            if vs and v0 and v0["p50"]:
+                out["verify_cost_ratio_stack"][n] = vs["p50"] / v0["p50"]
+            sp = out["speedup_decode"][n]
+            if sp and out["bound_drafted"].get(n):
+                out["speedup_vs_bound"][n] = sp["median"] / out["bound_drafted"][n]
+        out["memory"] = _set_memory(records, s, kv_per_token_model, settings.get("draft_kind", "ngram"))
+        out["identity"] = identity.get(s, {})
+        result[s] = out
+
+    kv_target = [result[s]["memory"].get("target_kv_bytes_per_token") for s in sets]
+    kv_draft = [result[s]["memory"].get("draft_kv_bytes_per_token") for s in sets]
+    result["memory"] = {
+        "peak_rss_bytes": {role: m["bytes"] for role, m in rss.items()},
+        "peak_rss_source": sorted({m["source"] for m in rss.values()}),
+        "kv_bytes_per_token": {
+            "target": _first(kv_target), "draft": _first(kv_draft),
+            "target_from_config": kv_per_token_model.get("target"),
+            "target_measured_tensors": verify.get("kv_bytes_per_token_measured"),
+        },
+        "kv_source": _first([result[s]["memory"].get("kv_source") for s in sets]),
+        "stats_rpc_error": stats_error or None,
+        "note": "the n-gram draft holds no KV cache; Redis bytes = MEMORY USAGE of the session's two keys",
+    }
+    result["verify_cost"] = {k: v for k, v in verify.items() if k != "kv_bytes_per_token_measured"}
+    result["draft_step_cost_c"] = draft_step_cost if draft_step_cost is not None else 0.0
+    result["draft_step_cost_note"] = ("c measured in-process (draft 1-token step / target 1-token step)"
+                                      if draft_step_cost is not None else "n-gram draft: c = 0 (no model)")
+    result["runs"] = [r.compact() for r in records]
+    return result
+
+
+def _stack_measures(out: dict, n: str, k: int | None, runs: dict, repeats: list[int], c: float, v: Any) -> None:
+    all_runs = [r for rep in repeats for r in runs[(n, rep)]]
+    rounds = [rd for r in all_runs for rd in r.rounds]
+    decode_rounds = [rd for r in all_runs for rd in r.rounds[1:]]     # round 0 carries the prefill
+    out["mean_k"][n] = statistics.fmean(rd["k"] for rd in rounds) if rounds else None
+    if k is None:                                                      # server-chosen k: its mean
+        k = out["mean_k"][n] or 0
+    drafted = sum(rd["drafted"] for rd in rounds)
+    accepted = sum(rd["accepted"] for rd in rounds)
+    out["acceptance_rate"][n] = accepted / drafted if drafted else None
+    out["mean_accepted_length"][n] = (accepted + len(rounds)) / len(rounds) if rounds else None
+    per_acc: list[int] = []
+    per_draft: list[int] = []
+    for r in all_runs:
+        a, d = r.stats.get("accepted_per_position", []), r.stats.get("drafted_per_position", [])
+        for i in range(len(d)):
+            if i >= len(per_draft):
+                per_acc.append(0)
+                per_draft.append(0)
+            per_draft[i] += int(d[i])
+            per_acc[i] += int(a[i]) if i < len(a) else 0
+    out["per_position_acceptance"][n] = [x / y if y else None for x, y in zip(per_acc, per_draft)]
+    tokens = sum(len(r.tokens) for r in all_runs)
+    out["target_passes_per_token"][n] = len(rounds) / tokens if tokens else None
+    out["overhead_ms_p50"][n] = spread([pct([rd["overhead_ms"] for r in runs[(n, rep)] for rd in r.rounds], 50)
+                                        for rep in repeats])
+    out["overhead_share_p50"][n] = spread([pct([rd["overhead_ms"] / tot for r in runs[(n, rep)] for rd in r.rounds
+                                                for tot in [rd["overhead_ms"] + rd["draft_ms"] + rd["target_ms"]]
+                                                if tot > 0], 50) for rep in repeats])
+    out["overhead_e2e_ms_per_round"][n] = spread([
+        _div(sum(r.wall_s * 1000 - sum(rd["draft_ms"] + rd["target_ms"] for rd in r.rounds) for r in runs[(n, rep)]),
+             sum(len(r.rounds) for r in runs[(n, rep)])) for rep in repeats])
+    out["draft_ms_per_round"][n] = _p50_mean([rd["draft_ms"] for rd in decode_rounds])
+    out["verify_ms_per_round"][n] = _p50_mean([rd["target_ms"] for rd in decode_rounds])
+    # The bound, in units of one target step: tokens per round / cost of a round.
+    mal = out["mean_accepted_length"][n]
+    if mal is not None:
+        out["bound"][n] = mal / (k * c + v(k + 1))
+    cost = sum(rd["drafted"] * c + v(rd["drafted"] + 1) for rd in decode_rounds)
+    gained = sum(rd["accepted"] + 1 for rd in decode_rounds)
+    out["bound_drafted"][n] = gained / cost if cost else None
+
+
+def _set_memory(records: list[Any], s: str, kv_per_token_model: dict, draft_kind: str) -> dict[str, Any]:
+    """KV bytes per session and per token for target and draft, Redis bytes per session (medians over runs).
+
+    From the Stats RPC when the services answer it (cache_used_bytes with only this session cached);
+    otherwise computed: KV bytes per token from the model config x the tokens the cache holds after a
+    generation (every session token but the last one emitted, which no forward has seen yet).
+    """
+    mem = [r.memory for r in records if r.set == s and r.memory]
+    if not mem:
+        return {}
+
+    def med(values: list[Any]) -> float | None:
+        vals = [v for v in values if v is not None]
+        return statistics.median(vals) if vals else None
+
+    from_rpc = all("target_kv_bytes" in m for m in mem)
+    out: dict[str, Any] = {"session_tokens": med([m.get("session_tokens") for m in mem]),
+                           "redis_bytes_per_session": med([m.get("redis_bytes") for m in mem])}
+    if from_rpc:
+        out["kv_source"] = "Stats RPC (cache_used_bytes, one session cached)"
+        out["target_kv_bytes_per_session"] = med([m["target_kv_bytes"] for m in mem])
+        out["draft_kv_bytes_per_session"] = med([m.get("draft_kv_bytes") for m in mem])
+        out["max_cached_sessions_seen"] = max(m.get("target_cached_sessions", 0) for m in mem)
+        tok = [m for m in mem if m.get("session_tokens")]
+        out["target_kv_bytes_per_token"] = med([m["target_kv_bytes"] / m["session_tokens"] for m in tok])
+        out["draft_kv_bytes_per_token"] = med([m.get("draft_kv_bytes", 0) / m["session_tokens"] for m in tok])
+    else:
+        per = kv_per_token_model.get("target")
+        draft_per = kv_per_token_model.get("draft", 0 if draft_kind == "ngram" else None)
+        out["kv_source"] = "computed: KV bytes per token from the model config x cached tokens (Stats RPC unavailable)"
+        cached = [m["session_tokens"] - 1 for m in mem if m.get("session_tokens")]
+        out["target_kv_bytes_per_session"] = med([per * c for c in cached]) if per else None
+        out["draft_kv_bytes_per_session"] = med([draft_per * c for c in cached]) if draft_per is not None else None
+        out["target_kv_bytes_per_token"] = per
+        out["draft_kv_bytes_per_token"] = draft_per
+    tok = [m for m in mem if m.get("session_tokens") and m.get("redis_bytes") is not None]
+    out["redis_bytes_per_token"] = med([m["redis_bytes"] / m["session_tokens"] for m in tok])
+    return out
+
+
+def _p50_mean(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"p50": pct(values, 50), "mean": statistics.fmean(values), "rounds": len(values)}
+
+
+def _ratio_mean(values: list[float | None]) -> float | None:
+    vals = [x for x in values if x is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _first(values: list[Any]) -> Any:
+    return next((x for x in values if x is not None), None)
+
+
+# -- table ---------------------------------------------------------------------------------------
+def _fmt(x: Any, digits: int = 2, spread_: bool = False) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, dict):
+        med = x.get("median", x.get("p50"))
+        if med is None:
+            return "-"
+        if spread_ and x.get("n", 1) > 1:
+            return f"{med:.{digits}f} [{x['min']:.{digits}f}-{x['max']:.{digits}f}]"
+        return f"{med:.{digits}f}"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def table(result: dict[str, Any]) -> str:
+    """The human-readable summary printed at the end of a run."""
+    lines = []
+    st, m = result["settings"], result["machine"]
+    lines.append(f"machine: {m['cpu_model']} | {m['cores']} cores ({m['usable_cores']} usable) | torch {m['torch']} "
+                 f"| transformers {m['transformers']}")
+    load = m.get("load_avg_at_start")
+    if load and load[0] > 0.5 * (m.get("usable_cores") or 1):
+        lines.append(f"WARNING: the machine was busy (1-minute load average {load[0]:.1f} at the start on "
+                     f"{m.get('usable_cores')} cores): timings are not representative")
+    lines.append(f"target {st['target_model_id']} ({st['dtype']}), draft {st['draft_kind']}, threads "
+                 f"{st['threads']['target_service']}, {st['max_new_tokens']} new tokens, {st['repeats']} repeat(s), "
+                 f"greedy, ignore_eos; HF assisted: {result['hf_settings']}")
+    cols = [("config", 26), ("mean k", 6), ("tok/s", 20), ("speedup", 18), ("vs HF(d)", 9), ("accept", 7), ("MAL", 5),
+            ("pass/tok", 8), ("ITL p50/p95 ms", 14), ("draft ms", 8), ("verify ms", 9), ("ovh p50 ms", 10),
+            ("ovh %", 6), ("bound", 6), ("/bound", 6), ("same", 5)]
+    for s in (k for k in result if isinstance(result[k], dict) and "tokens_per_s" in result[k]):
+        r = result[s]
+        lines.append("")
+        lines.append(f"== {s} ({len(st['prompts'].get(s, []))} prompts) ==")
+        lines.append("  ".join(name.ljust(w) for name, w in cols))
+        for n, label in st["configs"].items():
+            ident = r["identity"].get(n)
+            same = "ref" if n == K0 else (f"{ident['identical']}/{ident['prompts']}" if ident else "-")
+            itl = f"{_fmt(r['itl_ms_p50'].get(n), 1)}/{_fmt(r['itl_ms_p95'].get(n), 1)}"
+            share = r["overhead_share_p50"].get(n)
+            row = [label, _fmt(r["mean_k"].get(n), 1), _fmt(r["tokens_per_s"][n], 1, True), _fmt(r["speedup"][n], 2, True),
+                   _fmt(r["vs_hf"].get(n)), _fmt(r["acceptance_rate"].get(n)), _fmt(r["mean_accepted_length"].get(n)),
+                   _fmt(r["target_passes_per_token"].get(n)), itl, _fmt(r["draft_ms_per_round"].get(n), 1),
+                   _fmt(r["verify_ms_per_round"].get(n), 1), _fmt(r["overhead_ms_p50"].get(n), 2),
+                   f"{share['median'] * 100:.1f}" if share else "-", _fmt(r["bound_drafted"].get(n)),
+                   _fmt(r["speedup_vs_bound"].get(n)), same]
+            lines.append("  ".join(str(x).ljust(w) for x, (_, w) in zip(row, cols)))
+        mem = r.get("memory") or {}
+        if mem:
+            lines.append(f"  per session: target KV {_mb(mem.get('target_kv_bytes_per_session'))}, draft KV "
+                         f"{_mb(mem.get('draft_kv_bytes_per_session'))}, Redis {_kb(mem.get('redis_bytes_per_session'))} "
+                         f"({_fmt(mem.get('session_tokens'), 0)} tokens)")
+        diffs = [(n, d) for n, i in r["identity"].items() for d in i["differences"]]
+        for n, d in diffs:
+            lines.append(f"  token difference: {n} on {d['prompt']} at position {d['position']} "
+                         f"(top-2 logit gap {_fmt(d['top2_logit_gap'], 6)}{', near-tie' if d['near_tie'] else ''})")
+    mem = result["memory"]
+    lines.append("")
+    lines.append("peak RSS: " + ", ".join(f"{k} {_mb(v)}" for k, v in mem["peak_rss_bytes"].items())
+                 + f" ({'/'.join(mem['peak_rss_source'])})")
+    kv = mem["kv_bytes_per_token"]
+    lines.append(f"KV bytes per cached token: target {_fmt(kv['target'], 0)} (config {kv['target_from_config']}, "
+                 f"tensors {_fmt(kv['target_measured_tensors'], 0)}), draft {_fmt(kv['draft'], 0)}")
+    vc = result["verify_cost"]
+    lines.append(f"verify cost v(n)/v(1) on the target in-process ({vc['context_tokens']} cached tokens, "
+                 f"{vc['threads']} threads, v(1) = {vc['ms']['1']:.1f} ms): "
+                 + " ".join(f"{n}:{x:.2f}" for n, x in vc["ratio"].items()) + f"; c = {result['draft_step_cost_c']:.3f}")
+    lines.append("columns: speedup = tok/s over ours k=0 (median [min-max] over repeats); vs HF(d) = over HF "
+                 "assisted; MAL = mean accepted length (tokens per round); draft/verify ms = p50 per round; ovh = "
+                 "per-round overhead (not a model forward); bound = MAL/(k*c + v(k+1)) with the k actually drafted; "
+                 "/bound = decode-only speedup / bound; same = token-identical to ours k=0; mean k = k asked per round (adaptive: chosen)")
+    return "\n".join(lines)
+
+
+def _mb(x: Any) -> str:
+    return "-" if x is None else f"{x / 2**20:.1f} MiB"
+
+
+def _kb(x: Any) -> str:
+    return "-" if x is None else f"{x / 1024:.1f} KiB"
+
+
+# -- plot ----------------------------------------------------------------------------------------
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Speed-up vs k per prompt set, against the bound and HF assisted; plus v(n)/v(1)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = [k for k in result if isinstance(result[k], dict) and "speedup" in result[k]]
+    st = result["settings"]
+    fig, axes = plt.subplots(1, len(sets) + 1, figsize=(5.2 * (len(sets) + 1), 4.4))
+    axes = list(axes) if hasattr(axes, "__len__") else [axes]
+    for ax, s in zip(axes, sets):
+        r = result[s]
+        pts = sorted((int(n[1:]), n) for n in r["speedup"]
+                     if n.startswith("k") and n[1:].isdigit() and r["speedup"][n] is not None)
+        xs = [k for k, _ in pts]
+        meds = [_get(r["speedup"][n], "median") for _, n in pts]
+        lo = [m - _get(r["speedup"][n], "min", m) for (_, n), m in zip(pts, meds) if m is not None]
+        hi = [_get(r["speedup"][n], "max", m) - m for (_, n), m in zip(pts, meds) if m is not None]
+        ax.errorbar(xs, meds, yerr=[lo, hi], marker="o", capsize=3, label="ours, measured (min-max)")
+        dec = [_get(r["speedup_decode"].get(n), "median") for _, n in pts]
+        ax.plot(xs, dec, marker=".", linestyle=":", label="ours, decode only (prefill excluded)")
+        bk = [(k, r["bound"].get(n)) for k, n in pts if r["bound"].get(n) is not None]
+        if bk:
+            ax.plot([k for k, _ in bk], [b for _, b in bk], linestyle="--", marker="x", label="bound: MAL/(k·c+v(k+1))")
+        bd = [(k, r["bound_drafted"].get(n)) for k, n in pts if r["bound_drafted"].get(n) is not None]
+        if bd:
+            ax.plot([k for k, _ in bd], [b for _, b in bd], linestyle="-.", marker="+",
+                    label="bound with the k actually drafted")
+        if r["speedup"].get(KDEF):
+            x = st["server_default_k"] if isinstance(st["server_default_k"], int) else (r["mean_k"].get(KDEF) or 0)
+            ax.plot([x], [r["speedup"][KDEF]["median"]], marker="*", markersize=12,
+                    linestyle="none", label="ours, k unset (server default)")
+        if r["speedup"].get(ADAPTIVE):
+            ax.plot([r["mean_k"].get(ADAPTIVE) or 0], [r["speedup"][ADAPTIVE]["median"]], marker="D", markersize=8,
+                    linestyle="none", label=f"{st['configs'][ADAPTIVE]} (at its mean k)")
+        for name, style in ((HF_ASSISTED, "tab:red"), (HF_TARGET, "tab:gray")):
+            if r["speedup"].get(name):
+                ax.axhline(r["speedup"][name]["median"], color=style, linestyle=":",
+                           label=f"{st['configs'][name]} ({r['speedup'][name]['median']:.2f}x)")
+        ax.axhline(1.0, color="black", linewidth=0.6)
+        ax.set_title(f"{s}: speed-up over ours k=0")
+        ax.set_xlabel("k (draft tokens per round)")
+        ax.set_ylabel("speed-up (tokens/s ÷ ours k=0)")
+        ax.set_xticks(xs)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    ax = axes[-1]
+    vc = result["verify_cost"]
+    ns = sorted(int(n) for n in vc["ratio"])
+    ax.plot(ns, [vc["ratio"][str(n)] for n in ns], marker="o", label="measured v(n)/v(1)")
+    ax.plot(ns, ns, linestyle=":", color="gray", label="n (no batching benefit)")
+    ax.axhline(1.0, color="black", linewidth=0.6, label="1 (verify = one step)")
+    ax.set_title(f"target verify cost, {vc['context_tokens']} cached tokens, v(1)={vc['ms']['1']:.0f} ms")
+    ax.set_xlabel("n = tokens scored in one forward (k+1)")
+    ax.set_xticks(ns)
+    ax.set_ylabel("v(n) / v(1)")
+    ax.set_ylim(0, max(4.0, max(vc["ratio"].values()) * 1.1))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    m = result["machine"]
+    fig.suptitle(f"specdec bench — {st['target_model_id']} ({st['dtype']}), {st['draft_kind']} draft, "
+                 f"{st['threads']['target_service']} threads, {m['cpu_model']} ({m['cores']} cores), "
+                 f"{st['max_new_tokens']} tokens, {st['repeats']} repeat(s)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _get(d: Any, key: str, default: Any = None) -> Any:
+    return d.get(key, default) if isinstance(d, dict) else default
