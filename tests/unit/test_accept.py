@@ -29,14 +29,6 @@ MAX_K = 5
 NOISE = 0.7
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def one_hot_rows(ids: list[int], width: int = VOCAB) -> torch.Tensor:  # -> [len(ids), width]
     """Greedy target probabilities whose argmax at row i is ids[i]."""
     return torch.nn.functional.one_hot(torch.tensor(ids), width).to(torch.float32)

@@ -12,14 +12,6 @@ LONG_CONTEXT = 8192
 LONG_VOCAB = 50
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def test_no_match_returns_empty():
     assert propose_ngram([1, 2, 3, 4], K) == []
     assert propose_ngram([], K) == []

@@ -32,14 +32,6 @@ NUM_DRAWS = 8
 K = 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def ladder() -> torch.Tensor:  # [1, 4]
     return torch.tensor([LADDER])
 
