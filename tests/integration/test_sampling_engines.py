@@ -28,7 +28,7 @@ from specdec.params import resolve_sampling
 from specdec.errors import InvalidArgument
 from specdec.v1 import common_pb2
 
-VOCAB, K, SAMPLES, ALPHA, MIN_EXPECTED = 32, 2, 6000, 1e-3, 5.0
+VOCAB, K, SAMPLES, ALPHA, MIN_EXPECTED = 32, 2, 20_000, 1e-3, 5.0
 WEIGHT_SCALE, DRAFT_NOISE = 5.0, 0.015
 CONTEXT = [3, 7, 1, 9]
 CFG = dict(temperature=0.9, top_k=0, top_p=0.95, draft_top_n=8)
