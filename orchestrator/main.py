@@ -9,6 +9,7 @@ import uuid
 
 from specdec.config import OrchestratorConfig
 from specdec.errors import Unavailable
+from specdec.engine.draft import NgramDraft
 from specdec.engine.loading import load_config
 from specdec.models.loader import load_tokenizer
 from specdec.models.tokenizer_info import describe_tokenizer
@@ -29,6 +30,11 @@ REFRESH_SECONDS = 2.0
 FIRST_PAIR_WAIT_S = 0.5
 
 
+def local_ngram(cfg: OrchestratorConfig) -> NgramDraft | None:
+    """The in-process n-gram drafter, unless disabled (SPECDEC_LOCAL_NGRAM=0)."""
+    return NgramDraft(cfg.ngram_min_n, cfg.ngram_max_n) if cfg.local_ngram else None
+
+
 def build_pools(cfg: OrchestratorConfig) -> tuple[ReplicaPool, ReplicaPool | None]:
     """The target pool (required) and the draft pool (optional: none = target-only decoding)."""
     if not cfg.target_addresses:
@@ -47,7 +53,7 @@ async def serve(cfg: OrchestratorConfig) -> None:
     target, draft = build_pools(cfg)
     pair = PairMonitor(target, draft, describe_tokenizer(tokenizer), cfg.tokenizer, REFRESH_SECONDS)
     store = SessionStore(open_redis(cfg.redis_url), prefix=cfg.redis_prefix, ttl_seconds=cfg.session_ttl_s)
-    deps = Deps(cfg=cfg, store=store, runner=RoundRunner(draft, target, cfg.retry), prompter=Prompter(tokenizer),
+    deps = Deps(cfg=cfg, store=store, runner=RoundRunner(draft, target, cfg.retry, local_ngram(cfg)), prompter=Prompter(tokenizer),
                 eos_ids=frozenset(), max_context=0, owner=f"orch-{uuid.uuid4().hex[:12]}", model_name="")
     servicer = OrchestratorServicer(deps, pair, Admission(cfg.max_concurrent, metrics=deps.metrics))
     serve_metrics(cfg.server.metrics_port, deps.metrics.registry)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 from specdec.config import RetryConfig
 from specdec.core.sampling import SamplingConfig
+from specdec.engine.draft import NGRAM, NgramDraft
+from specdec.engine.types import ProposeInput
 from specdec.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from specdec.protocol import sampling_to_proto
 from specdec.v1 import draft_pb2, target_pb2
@@ -81,10 +83,24 @@ class RoundRequest:
 class RoundRunner:
     """Drives single rounds against the two pools, with deadlines scaled to the work."""
 
-    def __init__(self, draft: ReplicaPool | None, target: ReplicaPool, retry: RetryConfig) -> None:
+    def __init__(self, draft: ReplicaPool | None, target: ReplicaPool, retry: RetryConfig,
+                 local_ngram: NgramDraft | None = None) -> None:
         self.draft = draft
         self.target = target
         self.retry = retry
+        self.local_ngram = local_ngram
+
+    def draft_kind(self, requested: str) -> str:
+        """The kind a round uses: the request's, else the draft pool's, else n-gram (no pool)."""
+        if requested:
+            return requested
+        usable = self.draft.usable() if self.draft is not None else []
+        return usable[0].info.draft_kind if usable and usable[0].info.draft_kind else NGRAM
+
+    def _propose_locally(self, req: RoundRequest) -> draft_pb2.ProposeResponse:
+        """The model-free n-gram draft, in this process: no network hop."""
+        out = self.local_ngram.propose(ProposeInput(req.session_id, req.context_ids, req.k, req.sampling))
+        return draft_pb2.ProposeResponse(draft_ids=out.draft_ids, draft_kind=NGRAM)
 
     def _deadline(self, tokens: int, deadline: float | None = None) -> float:
         """Seconds for a call computing `tokens` tokens, within the client's deadline."""
@@ -126,6 +142,9 @@ class RoundRunner:
         empty = draft_pb2.ProposeResponse()
         if req.k == 0:
             return empty, out
+        if self.local_ngram is not None and self.draft_kind(req.draft_kind) == NGRAM:
+            out.draft_replica = "local"
+            return self._propose_locally(req), out
         if self.draft is None:
             out.degraded = True
             return empty, out

@@ -176,6 +176,11 @@ class OrchestratorConfig:
 
     tokenizer: str = field(default_factory=lambda: env_str("SPECDEC_TOKENIZER", "embedded"))
     draft_addresses: str = field(default_factory=lambda: env_str("SPECDEC_DRAFT_ADDRESSES"))
+    # The n-gram draft needs only the context, which the orchestrator holds: run it here and
+    # skip a network hop per round (a draft pool is then needed only for model drafts).
+    local_ngram: bool = field(default_factory=lambda: env_bool("SPECDEC_LOCAL_NGRAM", True))
+    ngram_min_n: int = 1
+    ngram_max_n: int = 4
     target_addresses: str = field(default_factory=lambda: env_str("SPECDEC_TARGET_ADDRESSES"))
     redis_url: str = field(default_factory=lambda: env_str("REDIS_URL"))
     redis_prefix: str = field(default_factory=lambda: env_str("SPECDEC_REDIS_PREFIX", "specdec:"))

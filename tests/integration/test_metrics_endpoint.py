@@ -26,7 +26,8 @@ def value(text: str, name: str) -> float:
 
 
 def test_metrics_of_all_three_services(redis_server):
-    cfg = StackConfig(target_model="embedded", draft_kind="ngram", redis_url=redis_server.url, metrics=True)
+    cfg = StackConfig(target_model="embedded", draft_kind="ngram", redis_url=redis_server.url, metrics=True,
+                      extra_env={"SPECDEC_LOCAL_NGRAM": "0"})  # n-gram through the draft service, to see its metrics
     with LocalStack(cfg) as stack:
         with grpc.insecure_channel(stack.orchestrator_address) as channel:
             stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
