@@ -115,13 +115,14 @@ class KVCachePool:
             kv = self._sessions.pop(session_id, None)
             if kv is None:
                 kv = SessionKV(cache=DynamicCache(config=self._config) if self._config else DynamicCache())
-            self._make_room(total_tokens - len(kv))
+            self._make_room(total_tokens)
             self._sessions[session_id] = kv
             return kv
 
-    def _make_room(self, extra_tokens: int) -> None:
-        held = sum(len(s) for s in self._sessions.values())
-        while self._sessions and (held + extra_tokens) > self.max_tokens:
+    def _make_room(self, needed_tokens: int) -> None:
+        """Evict least recently used sessions until the others plus `needed_tokens` fit the budget."""
+        held = sum(len(s) for s in self._sessions.values())  # the acquiring session is not among them
+        while self._sessions and (held + needed_tokens) > self.max_tokens:
             _, victim = self._sessions.popitem(last=False)
             held -= len(victim)
             self.counters.evictions += 1

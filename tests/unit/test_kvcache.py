@@ -86,6 +86,15 @@ def test_lru_eviction_keeps_the_budget(model):
     assert runner.pool.session_count() <= 2
 
 
+def test_a_growing_session_counts_its_whole_length_against_the_budget(model):
+    runner = runner_for(model, budget_tokens=50)
+    runner.extend("a", list(range(1, 21)), first=19)       # 20 tokens held by a
+    runner.extend("b", list(range(1, 21)), first=19)       # 20 tokens held by b: 40 in all
+    runner.extend("b", list(range(1, 41)), first=39)       # b grows to 40: a must go (40 + 20 > 50)
+    assert runner.pool.used_bytes() <= runner.pool.budget_bytes
+    assert runner.pool.session_count() == 1
+
+
 def test_one_session_over_the_budget_is_refused_clearly(model):
     runner = runner_for(model, budget_tokens=10)
     with pytest.raises(ResourceExhausted, match="over the cache budget"):
