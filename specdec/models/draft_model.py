@@ -1,0 +1,236 @@
+"""A trained draft for a target: a few decoder layers of the target's architecture that reuse the
+target's input embedding, final norm and LM head (loaded from the target at start, never stored),
+with an FR-Spec restricted output head.
+
+The head scores only the N most frequent tokens of the target's own outputs (ids stored with
+the draft); every other logit is -inf, so the draft's distribution lives on that subset.
+Sampling stays exact: q' is what the draft sampled from. The logits keep the target's full
+width, so nothing is remapped in the accept rule.
+
+On disk (``save_draft``)::
+
+    DIR/draft_config.json   {"kind": "specdec-draft", "target": SPEC, "layers": L, ...}
+    DIR/model.safetensors   the draft's own layer weights (fp16) + "head_token_ids" (int32)
+    DIR/MODEL_CARD.md
+
+``load_causal_lm`` delegates to :func:`load_trained_draft` for any directory holding a
+``draft_config.json``: the target named there is loaded through the normal spec machinery
+(cached GGUF conversion included) and the draft is assembled around its shared tensors.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+DRAFT_CONFIG = "draft_config.json"
+WEIGHTS = "model.safetensors"
+HEAD_KEY = "head_token_ids"
+LAYER_PREFIX = "layers."
+KIND = "specdec-draft"
+FORMAT_VERSION = 1
+STORE_DTYPE = torch.float16
+SUPPORTED_MODEL_TYPES = ("llama",)
+
+
+def is_draft_dir(path: str | Path) -> bool:
+    """True for a directory holding a trained draft (a ``draft_config.json``)."""
+    return (Path(path) / DRAFT_CONFIG).is_file()
+
+
+def init_layer_indices(target_layers: int, layers: int) -> list[int]:
+    """Which target layers initialise the draft's: the first ones, and the last as the draft's last."""
+    if layers == 1:
+        return [0]
+    return list(range(layers - 1)) + [target_layers - 1]
+
+
+class DraftForCausalLM(LlamaForCausalLM):
+    """A Llama causal LM of `config.num_hidden_layers` layers whose embedding, final norm and
+    LM head are a target's modules (shared), with a restricted output head.
+
+    Build with :func:`build_draft`; forward returns logits [B, n, V_full] (-inf outside the head set),
+    exactly what ``CausalLMRunner`` expects of any causal LM.
+    """
+
+    def attach(self, target: Any, head_ids: Sequence[int] | torch.Tensor | None) -> None:
+        """Share the target's embedding, final norm and LM head; set the restricted head."""
+        self.model.embed_tokens = target.get_input_embeddings()
+        self.model.norm = target.model.norm
+        self.lm_head = target.get_output_embeddings()
+        width = self.lm_head.weight.shape[0]
+        ids = torch.arange(width) if head_ids is None else torch.as_tensor(head_ids, dtype=torch.long)
+        ids = torch.unique(ids)  # sorted, distinct
+        if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= width:
+            raise ValueError(f"head token ids must lie in [0, {width})")
+        self.register_buffer("head_ids", ids.to(self.lm_head.weight.device), persistent=False)
+        self.refresh_head()
+
+    def refresh_head(self) -> None:
+        """Recompute the restricted head weight [N, H] from the (shared) LM head."""
+        with torch.no_grad():
+            weight = self.lm_head.weight.index_select(0, self.head_ids)
+        self.register_buffer("head_weight", weight, persistent=False)
+
+    @property
+    def logits_width(self) -> int:
+        return self.lm_head.weight.shape[0]
+
+    def hidden(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
+        return self.model(input_ids=input_ids, **kwargs)
+
+    def restricted_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] final hidden states -> [..., N] logits over the head set (training uses these)."""
+        return F.linear(hidden, self.head_weight.to(hidden.dtype))
+
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, cache: Any = None, inputs_embeds: torch.Tensor | None = None,
+                labels: Any = None, use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
+                **kwargs: Any) -> CausalLMOutputWithPast:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                         inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+        hidden = out.last_hidden_state                                   # [B, T, H]
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden = hidden[:, -logits_to_keep:]
+        elif not isinstance(logits_to_keep, int):
+            hidden = hidden[:, logits_to_keep]
+        sub = self.restricted_logits(hidden)                             # [B, n, N]
+        logits = sub.new_full((*sub.shape[:-1], self.logits_width), float("-inf"))  # [B, n, V]
+        logits[..., self.head_ids] = sub
+        return CausalLMOutputWithPast(logits=logits, cache=out.cache)
+
+
+def draft_config_for(target_config: Any, layers: int) -> LlamaConfig:
+    """The target's config with `layers` decoder layers (same hidden size, heads, rope, vocabulary)."""
+    text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    if getattr(text, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"trained drafts support {SUPPORTED_MODEL_TYPES} targets, not {text.model_type!r}")
+    cfg = copy.deepcopy(text)
+    cfg.num_hidden_layers = layers
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = list(cfg.layer_types[:layers])
+    cfg.architectures = ["DraftForCausalLM"]
+    return cfg
+
+
+def build_draft(target: Any, layers: int, head_ids: Sequence[int] | torch.Tensor | None,
+                init_from_target: bool = True) -> DraftForCausalLM:
+    """A draft around `target`'s shared modules; its layers copied from the target's (see init_layer_indices)."""
+    cfg = draft_config_for(target.config, layers)
+    with torch.random.fork_rng(devices=[]):  # default init draws from the global RNG; keep it untouched
+        draft = DraftForCausalLM(cfg)
+    draft.to(dtype=target.dtype, device=target.device)
+    draft.attach(target, head_ids)
+    if init_from_target:
+        src = init_layer_indices(cfg_layers(target.config), layers)
+        for i, j in enumerate(src):
+            draft.model.layers[i].load_state_dict(target.model.layers[j].state_dict())
+    draft.generation_config = copy.deepcopy(target.generation_config)
+    return draft.eval()
+
+
+def cfg_layers(config: Any) -> int:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(text.num_hidden_layers)
+
+
+def own_state_dict(draft: DraftForCausalLM) -> dict[str, torch.Tensor]:
+    """Only the draft's own weights (its decoder layers), keyed layers.I...."""
+    return {LAYER_PREFIX + k: v for k, v in draft.model.layers.state_dict().items()}
+
+
+def save_draft(directory: str | Path, draft: DraftForCausalLM, target_spec: str, meta: dict[str, Any] | None = None,
+               card: str | None = None) -> Path:
+    """Write draft_config.json + model.safetensors (own layers in fp16, head ids) [+ MODEL_CARD.md]."""
+    from safetensors.torch import save_file
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu", STORE_DTYPE).contiguous() for k, v in own_state_dict(draft).items()}
+    tensors[HEAD_KEY] = draft.head_ids.detach().to("cpu", torch.int32).contiguous()
+    tmp = out / (WEIGHTS + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt", "kind": KIND})
+    tmp.replace(out / WEIGHTS)
+    config = {
+        "kind": KIND, "format_version": FORMAT_VERSION, "target": target_spec,
+        "architecture": draft.config.model_type, "layers": draft.config.num_hidden_layers,
+        "hidden_size": draft.config.hidden_size, "logits_width": draft.logits_width,
+        "head_tokens": int(draft.head_ids.numel()), "head_token_ids_file": f"{WEIGHTS}:{HEAD_KEY}",
+        "dtype": str(STORE_DTYPE).replace("torch.", ""), "shared_from_target": ["embed_tokens", "norm", "lm_head"],
+        **(meta or {}),
+    }
+    (out / DRAFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    if card is not None:
+        (out / "MODEL_CARD.md").write_text(card)
+    return out
+
+
+def read_draft_config(directory: str | Path) -> dict[str, Any]:
+    path = Path(directory) / DRAFT_CONFIG
+    config = json.loads(path.read_text())
+    if config.get("kind") != KIND:
+        raise ValueError(f"{path} is not a specdec draft (kind={config.get('kind')!r})")
+    return config
+
+
+def target_spec_of(directory: str | Path, config: dict[str, Any]) -> str:
+    """The target's spec; a relative local path is taken relative to the draft directory."""
+    spec = str(config["target"])
+    if spec.startswith(("./", "../")):
+        return str((Path(directory) / spec).resolve())
+    return spec
+
+
+def load_draft_weights(draft: DraftForCausalLM, directory: str | Path) -> None:
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(Path(directory) / WEIGHTS))
+    tensors.pop(HEAD_KEY, None)
+    own = {k[len(LAYER_PREFIX):]: v for k, v in tensors.items() if k.startswith(LAYER_PREFIX)}
+    missing, unexpected = draft.model.layers.load_state_dict(own, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"draft weights do not match: missing {missing[:3]}, unexpected {unexpected[:3]}")
+
+
+def assemble(target: Any, directory: str | Path) -> DraftForCausalLM:
+    """Build the draft stored in `directory` around an already loaded target."""
+    from safetensors import safe_open
+
+    config = read_draft_config(directory)
+    with safe_open(str(Path(directory) / WEIGHTS), framework="pt") as f:
+        head_ids = f.get_tensor(HEAD_KEY).long()
+    draft = build_draft(target, int(config["layers"]), head_ids, init_from_target=False)
+    load_draft_weights(draft, directory)
+    draft.to(dtype=target.dtype)
+    draft.refresh_head()
+    return draft.eval()
+
+
+def load_trained_draft(directory: str | Path, cfg: Any = None) -> Any:
+    """Load the target named in DIR/draft_config.json (normal spec machinery) and assemble the draft.
+
+    Returns a LoadedModel whose tokenizer is the target's.
+    """
+    from specdec.models.loader import LoadConfig, LoadedModel, load_causal_lm
+    from specdec.models.spec import ModelLoadError, ModelSpec, SOURCE_LOCAL
+
+    started = time.perf_counter()
+    directory = Path(directory)
+    try:
+        config = read_draft_config(directory)
+        target = load_causal_lm(target_spec_of(directory, config), cfg or LoadConfig())
+        draft = assemble(target.model, directory)
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"cannot load the draft in {directory}: {str(exc).splitlines()[0]}") from exc
+    spec = ModelSpec(source=SOURCE_LOCAL, name=str(directory))
+    return LoadedModel(draft, target.tokenizer, spec, str(spec), time.perf_counter() - started, target.from_cache)

@@ -1,0 +1,85 @@
+"""`specdec distill` end to end on a tiny target, in seconds; the result loads in the draft service
+and greedy speculative output with it equals the target alone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from specdec.cli import main
+from specdec.config import ModelServiceConfig
+from specdec.distill.corpus import is_held_out
+from specdec.engine.loading import load_draft
+from specdec.models.draft_model import is_draft_dir
+from specdec.v1 import orchestrator_pb2 as pb
+from tests.prompts import IDENTITY_PROMPTS
+from tests.support import InProcessStack, make_tiny_pair, target_greedy
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CANDIDATES = [f"Tell me about topic number {i}." for i in range(200)]
+
+
+def _prompts() -> list[str]:
+    held = [p for p in CANDIDATES if is_held_out(p)][:2]
+    train = [p for p in CANDIDATES if not is_held_out(p)][:10]
+    return train + held
+
+
+@pytest.fixture(scope="module")
+def distilled(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distill")
+    target_dir, _ = make_tiny_pair(root / "pair", IDENTITY_PROMPTS)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in _prompts()))
+    out = root / "draft"
+    argv = ["distill", "--target", str(target_dir), "--out", str(out), "--prompts", str(prompts),
+            "--docstrings", "0", "--variants", "2", "--layers", "1", "--head-tokens", "3000", "--steps", "6",
+            "--batch-tokens", "256", "--checkpoint-every", "3", "--max-new-tokens", "8",
+            "--eval-max-new-tokens", "8", "--quiet"]
+    assert main(argv) == 0
+    return target_dir, out, argv
+
+
+def test_distill_writes_a_draft_and_a_report(distilled):
+    _, out, argv = distilled
+    assert is_draft_dir(out)
+    report = json.loads((out / "report.json").read_text())
+    assert report["held_out_prompts"] == 2
+    assert report["all_outputs_identical"] is True
+    assert report["tokenizer_fingerprint_match"] is True
+    assert report["mean_accepted_length"] >= 1.0
+    assert 0.0 <= report["acceptance_rate"] <= 1.0
+    assert (out / "MODEL_CARD.md").is_file()
+    assert len(list((out / "data").glob("chunk-*.pt"))) >= 1
+    config = json.loads((out / "draft_config.json").read_text())
+    assert config["layers"] == 1 and config["head_tokens"] == 3000 and config["training"]["steps"] == 6
+    # a second run without --resume refuses; with --resume everything is already done and is reused
+    assert main(argv) == 2
+    assert main(argv + ["--resume"]) == 0
+
+
+def test_distilled_draft_loads_and_greedy_output_equals_target(distilled, redis_server):
+    target_dir, out, _ = distilled
+    bundle = load_draft(ModelServiceConfig(role="draft", model=str(out), draft_kind="model"))
+    assert bundle.default_kind == "model"
+    assert bundle.info["logits_width"] == 49152
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    stack = InProcessStack(target_model=str(target_dir), draft_model=f"local:{out}",
+                           redis_url=redis_server.url).start()
+    try:
+        channel, stub = stack.stub()
+        eos = sorted(stack.deps.eos_ids)
+        drafted = 0
+        for prompt in IDENTITY_PROMPTS[:6]:
+            resp = stub.Generate(pb.GenerateRequest(prompt=prompt, k=4, max_new_tokens=16), timeout=120)
+            want = target_greedy(model, stack.tokenizer.encode(prompt), 16, eos)
+            assert list(resp.token_ids) == want, prompt
+            drafted += resp.stats.draft_tokens
+        channel.close()
+        assert drafted > 0
+    finally:
+        stack.stop()
