@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -221,11 +222,20 @@ class Generation:
         if not resuming:
             self._check_lengths((len(existing.ids) if existing else 0) + len(turn))
         session = await self._begin_request(turn, existing is None, resuming)
+        self._keep_seed_of(session)
         prompt_len = len(session.ids) - len(session.completion_ids)
         state = State(session, list(session.ids), session.version, prompt_len, list(session.completion_ids))
         if session.status == "idle" and session.request_id == self.request_id and session.last_finish_reason:
             state.finish = FINISH_BY_NAME.get(session.last_finish_reason, pb.FINISH_REASON_UNSPECIFIED)
         return state
+
+    def _keep_seed_of(self, session: Session) -> None:
+        """A resumed request continues with the seed it started with (stored in the session), so
+        its remaining draws are the ones the first attempt would have made."""
+        stored = session.params.get("seed") if session.request_id == self.request_id else None
+        if stored is not None and stored != self.params.sampling.seed:
+            sampling = dataclasses.replace(self.params.sampling, seed=int(stored))
+            self.params = dataclasses.replace(self.params, sampling=sampling)
 
     async def _begin_request(self, turn: list[int], create: bool, resuming: bool) -> Session:
         """begin_request; a retry of our own request waits for a dead instance's lease to expire."""

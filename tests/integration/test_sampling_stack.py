@@ -101,3 +101,26 @@ def test_adaptive_k_keeps_greedy_output_and_varies_k(stack):
     assert all(0 <= r.k <= 6 for r in adaptive.trace)
     assert adaptive.stats.target_computed_tokens > 0
     assert all(r.target_computed_tokens >= 1 for r in adaptive.trace)
+
+
+def test_a_resumed_request_keeps_its_server_chosen_seed(stack):
+    """No seed given: the server picks one and stores it in the session. A request cut off by its
+    deadline and retried with the same request_id continues with that seed, so the result equals
+    an uninterrupted run with the stored seed given explicitly."""
+    channel, stub = stack.stub()
+    req = pb.GenerateRequest(prompt="Once upon a time", max_new_tokens=300, ignore_eos=True, k=3,
+                             sampling=common_pb2.SamplingParams(temperature=0.9), request_id="seedless-1",
+                             session_id="seedless-s", create_session=True)
+    try:
+        stub.Generate(req, timeout=0.3)
+        pytest.skip("the first attempt finished before its deadline: nothing to resume")
+    except grpc.RpcError as exc:
+        assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    resumed = stub.Generate(req, timeout=120)
+    session = stack.call(stack.deps.store.get("seedless-s"))
+    seed = int(session.params["seed"])
+    explicit = stub.Generate(pb.GenerateRequest(prompt="Once upon a time", max_new_tokens=300, ignore_eos=True, k=3,
+                                                sampling=common_pb2.SamplingParams(temperature=0.9, seed=seed)),
+                             timeout=120)
+    channel.close()
+    assert list(resumed.token_ids) == list(explicit.token_ids)
