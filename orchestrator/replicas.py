@@ -31,6 +31,7 @@ from specdec.errors import (
 from specdec.models.tokenizer_info import TokenizerInfo, compare_tokenizers
 from specdec.routing import ReplicaSet, RoutingConfig, make_resolver
 from specdec.server.app import grpc_options
+from specdec.server.tls import channel_credentials
 from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
 log = logging.getLogger("specdec.orchestrator")
@@ -51,15 +52,6 @@ def downstream_error(role: str, address: str, method: str, exc: grpc.aio.AioRpcE
     """A replica's failure as the error the orchestrator's client sees (UNAVAILABLE by default)."""
     kind = DOWNSTREAM_ERRORS.get(exc.code(), Unavailable)
     return kind(f"{role} replica {address} failed {method}: {exc.code().name}: {exc.details()}")
-
-
-def client_credentials(server_cfg: ServerConfig) -> grpc.ChannelCredentials | None:
-    """TLS toward the model services when a CA is configured (mTLS when cert+key too)."""
-    tls = server_cfg.tls
-    if not tls.ca:
-        return None
-    read = lambda p: open(p, "rb").read() if p else None  # noqa: E731
-    return grpc.ssl_channel_credentials(read(tls.ca), read(tls.key), read(tls.cert))
 
 
 @dataclass
@@ -94,7 +86,7 @@ class ReplicaPool:
         return (("authorization", f"Bearer {token}"),) if token else ()
 
     def _connect(self, address: str) -> Replica:
-        creds = client_credentials(self.server_cfg)
+        creds = channel_credentials(self.server_cfg.tls)  # the orchestrator's own cert doubles as its client cert
         opts = grpc_options(self.server_cfg.max_message_bytes) + [
             ("grpc.initial_reconnect_backoff_ms", int(self.retry.reconnect_initial_s * MS_PER_S)),
             ("grpc.min_reconnect_backoff_ms", int(self.retry.reconnect_initial_s * MS_PER_S)),

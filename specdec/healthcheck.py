@@ -14,17 +14,15 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.config import TLSConfig
+from specdec.server.tls import channel_credentials
 
 DEFAULT_TIMEOUT_S = 3.0
 
 
 def channel_for(address: str, tls: TLSConfig | None = None) -> grpc.Channel:
     """A blocking channel: TLS (with a client certificate for mTLS) when a CA is configured."""
-    if tls is None or not tls.ca:
-        return grpc.insecure_channel(address)
-    read = lambda path: open(path, "rb").read() if path else None  # noqa: E731
-    creds = grpc.ssl_channel_credentials(read(tls.ca), read(tls.key), read(tls.cert))
-    return grpc.secure_channel(address, creds)
+    creds = channel_credentials(tls)
+    return grpc.secure_channel(address, creds) if creds is not None else grpc.insecure_channel(address)
 
 
 def check(address: str, service: str = "", timeout: float = DEFAULT_TIMEOUT_S,

@@ -19,7 +19,6 @@ import inspect
 import logging
 import signal
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import grpc
@@ -30,21 +29,13 @@ from grpc_reflection.v1alpha import reflection
 
 from specdec.config import ServerConfig
 from specdec.errors import InvalidArgument
+from specdec.server.tls import server_credentials
 from specdec.server.interceptors import ErrorMappingInterceptor, TokenAuthInterceptor
 
 log = logging.getLogger("specdec.server")
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-def server_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
-    """TLS credentials from the configured files; mTLS when a CA is given too."""
-    if not cfg.tls.enabled:
-        return None
-    key, cert = Path(cfg.tls.key).read_bytes(), Path(cfg.tls.cert).read_bytes()
-    ca = Path(cfg.tls.ca).read_bytes() if cfg.tls.ca else None
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
 
 
 def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -123,7 +114,7 @@ class GrpcApp:
         names = (self.name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)
         address = f"{self.cfg.host}:{self.cfg.port}"
-        creds = server_credentials(self.cfg)
+        creds = server_credentials(self.cfg.tls)
         self.port = self.server.add_secure_port(address, creds) if creds else self.server.add_insecure_port(address)
         if self.port == 0:
             raise RuntimeError(f"could not bind {address}")

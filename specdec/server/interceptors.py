@@ -16,17 +16,24 @@ log = logging.getLogger("specdec.server")
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
+async def _abort_for(exc: Exception, context: grpc.aio.ServicerContext, method: str) -> None:
+    """Abort with the status of a SpecDecError; anything else is logged and becomes INTERNAL."""
+    if isinstance(exc, SpecDecError):
+        code, message = exc.code, str(exc)
+    else:
+        log.exception("unhandled error in %s", method)
+        code, message = grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}: {exc}"
+    await context.abort(code, message)
+
+
 def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Awaitable[Any]]:
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await behavior(request, context)
-        except SpecDecError as exc:
-            await context.abort(exc.code, str(exc))
         except grpc.aio.AbortError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the one place that turns surprises into INTERNAL
-            log.exception("unhandled error in %s", method)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the one place that turns surprises into a status
+            await _abort_for(exc, context, method)
     return handler
 
 
@@ -35,13 +42,10 @@ def _wrap_stream(behavior: Callable[..., Any], method: str) -> Callable[..., Any
         try:
             async for item in behavior(request, context):
                 yield item
-        except SpecDecError as exc:
-            await context.abort(exc.code, str(exc))
         except grpc.aio.AbortError:
             raise
         except Exception as exc:  # noqa: BLE001
-            log.exception("unhandled error in %s", method)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}: {exc}")
+            await _abort_for(exc, context, method)
     return handler
 
 
