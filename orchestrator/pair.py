@@ -39,6 +39,14 @@ class PairMonitor:
         self.refresh_s = refresh_s
         self._problem = "no target replica has answered yet"
         self._transient = True
+        self.checked = asyncio.Event()  # set once the first pass over the pools finished
+
+    async def wait_checked(self, timeout_s: float) -> None:
+        """Wait (at most timeout_s) for the first pass over the pools, so that a request racing
+        the orchestrator's start gets the real verdict instead of 'not answered yet'."""
+        if not self.checked.is_set() and timeout_s > 0:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.checked.wait(), timeout=timeout_s)
 
     def problem(self) -> str:
         """Why requests cannot be served now ('' when they can)."""
@@ -63,6 +71,7 @@ class PairMonitor:
                                     special_tokens=dict(t.special_tokens))
                 self.draft.check_compatible(ref, f"target {t.model_id}")
         self._problem = self._diagnose()
+        self.checked.set()
 
     def _diagnose(self) -> str:
         self._transient = not any(r.incompatible for r in self.target.replicas.values())
@@ -85,6 +94,7 @@ class PairMonitor:
                 self._problem, self._transient = f"replica discovery failed: {exc}", True
                 log.warning(self._problem)
             await on_change(not self._problem)
+            self.checked.set()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.refresh_s)
 

@@ -82,7 +82,10 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         self.pair = pair
         self.admission = admission
 
-    def _start(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> Generation:
+    async def _start(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> Generation:
+        left = context.time_remaining()
+        wait_s = self.deps.cfg.first_check_wait_s
+        await self.pair.wait_checked(wait_s if left is None else min(wait_s, left))
         problem = self.pair.problem_error()
         if problem is not None:
             raise problem
@@ -91,7 +94,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         return generation
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        generation = self._start(request, context)
+        generation = await self._start(request, context)
         try:
             async for _ in generation.chunks():
                 pass
@@ -100,7 +103,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         return generation.response()
 
     async def GenerateStream(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
-        generation = self._start(request, context)
+        generation = await self._start(request, context)
         try:
             async for chunk in generation.chunks():
                 yield chunk

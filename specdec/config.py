@@ -187,6 +187,9 @@ class OrchestratorConfig:
     session_ttl_s: int = field(default_factory=lambda: env_int("SPECDEC_SESSION_TTL", 24 * 3600))
     lease: LeaseConfig = field(default_factory=LeaseConfig)
     max_concurrent: int = field(default_factory=lambda: env_int("SPECDEC_MAX_CONCURRENT", 64))
+    # A request that arrives before the first pool check finished waits this long (or until
+    # its own deadline) for the check, instead of failing UNAVAILABLE while the service starts.
+    first_check_wait_s: float = field(default_factory=lambda: env_float("SPECDEC_FIRST_CHECK_WAIT_S", 10.0))
     auth_tokens: tuple[str, ...] = field(
         default_factory=lambda: tuple(t for t in env_str("SPECDEC_AUTH_TOKENS").split(",") if t))
     cache_dir: str = field(default_factory=lambda: env_str("SPECDEC_MODEL_CACHE_DIR"))
