@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip -q --disable-pip-version-check
 
-.PHONY: install demo test test-fast protos bench constraints up clean
+.PHONY: install demo test test-fast protos bench bench-concurrency constraints up clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ protos: $(STAMP)
 ## Our stack (k = 0, a k sweep, the default k) vs Hugging Face on the shipped prompts: table, JSON, PNG (see bench/README.md).
 bench: $(STAMP)
 	$(BIN)/specdec bench --out bench/results/latest.json --plot bench/results/latest.png
+
+## Aggregate throughput with 1, 4, 8 concurrent sessions: batched vs unbatched target, k = 0 and k = 4.
+bench-concurrency: $(STAMP)
+	$(BIN)/specdec bench-concurrency --out bench/results/concurrency.json
 
 up: $(STAMP)
 	$(BIN)/specdec up

@@ -54,6 +54,7 @@ class RoundOutcome:
     target_ms: float = 0.0          # target forward time
     target_cached: int = 0          # context tokens the target reused from its KV cache
     target_computed: int = 0        # tokens the target ran through its model
+    target_batch: int = 0           # sessions the target verified in the same forward pass
     draft_computed: int = 0
     wall_ms: float = 0.0
     wire_bytes: int = 0
@@ -131,6 +132,7 @@ class RoundRunner:
         out.logprobs = list(verdict.logprobs)
         out.target_ms = verdict.stats.forward_ms
         out.target_cached, out.target_computed = verdict.stats.cached_tokens, verdict.stats.computed_tokens
+        out.target_batch = verdict.stats.batch_size
         out.wire_bytes += verify.ByteSize() + verdict.ByteSize()
         out.retries += retries
         out.wall_ms = (time.perf_counter() - start) * MS_PER_S

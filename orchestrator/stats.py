@@ -88,4 +88,4 @@ class StatsCollector:
                         next_kind=o.next_kind, text=text, draft_ms=o.draft_ms, target_ms=o.target_ms,
                         overhead_ms=o.overhead_ms, draft_replica=o.draft_replica, target_replica=o.target_replica,
                         target_cached_tokens=o.target_cached, target_computed_tokens=o.target_computed,
-                        draft_computed_tokens=o.draft_computed)
+                        draft_computed_tokens=o.draft_computed, target_batch_size=o.target_batch)

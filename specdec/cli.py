@@ -35,6 +35,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype")
     p.add_argument("--threads", type=int)
     p.add_argument("--cache-budget-bytes", type=int)
+    p.add_argument("--max-batch", type=int, help="target: sessions verified in one forward pass (1 = off)")
     p.add_argument("--draft", dest="draft_addresses", help="draft replicas: host:port,... or dns:///name:port")
     p.add_argument("--target", dest="target_addresses", help="target replicas: host:port,... or dns:///name:port")
     p.add_argument("--redis-url")
@@ -64,7 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from orchestrator.main import serve
     else:
         cfg = ModelServiceConfig(role=args.role)
-        _apply(cfg, args, ["model", "draft_kind", "device", "dtype", "threads", "cache_budget_bytes"])
+        _apply(cfg, args, ["model", "draft_kind", "device", "dtype", "threads", "cache_budget_bytes", "max_batch"])
         if args.role == "draft":
             from draft_service.main import serve
         else:
@@ -268,14 +269,17 @@ def main(argv: list[str] | None = None) -> int:
     _serve_parser(sub)
     _up_parser(sub)
     _generate_parser(sub)
+    from specdec.bench.concurrency import add_parser as _concurrency_parser
+    from specdec.bench.concurrency import cmd_bench_concurrency
     from specdec.bench.runner import add_parser as _bench_parser
     from specdec.bench.runner import cmd_bench
     _bench_parser(sub)
+    _concurrency_parser(sub)
     from specdec.distill.cli import add_parser as _distill_parser
     from specdec.distill.cli import run as cmd_distill
     _distill_parser(sub)
     args = parser.parse_args(argv)
-    handlers = {"serve": cmd_serve, "up": cmd_up, "generate": cmd_generate, "bench": cmd_bench,
+    handlers = {"serve": cmd_serve, "up": cmd_up, "generate": cmd_generate, "bench": cmd_bench, "bench-concurrency": cmd_bench_concurrency,
                 "distill": cmd_distill}
     return handlers[args.command](args)
 

@@ -119,6 +119,11 @@ class ModelServiceConfig:
     offline: bool = field(default_factory=lambda: env_bool("SPECDEC_OFFLINE"))
     cache_budget_bytes: int = field(default_factory=lambda: env_int("SPECDEC_CACHE_BUDGET_BYTES", 2 * GIB))
     max_k: int = Limits.max_k
+    # Target: concurrent Verify calls of different sessions scored in ONE forward pass (1 = off).
+    max_batch: int = field(default_factory=lambda: env_int("SPECDEC_MAX_BATCH", 8))
+    # How long a batch may wait for the previous batch's sessions to send their next round
+    # (one orchestrator round trip); a lone session never waits.
+    batch_wait_ms: float = field(default_factory=lambda: env_float("SPECDEC_BATCH_WAIT_MS", 5.0))
     ngram_min_n: int = 1
     ngram_max_n: int = 4
     server: ServerConfig = field(default_factory=ServerConfig)

@@ -41,6 +41,7 @@ class StackConfig:
     redis_url: str = ""                  # empty: start an embedded Redis
     threads: int = 1                     # torch threads per model service
     cache_budget_bytes: int = 0          # 0: the services' default
+    max_batch: int = 0                   # target sessions per forward pass; 0: the service's default
     max_concurrent: int = 0              # 0: the orchestrator's default
     log_dir: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -95,8 +96,14 @@ class LocalStack:
             args += ["--cache-budget-bytes", str(self.cfg.cache_budget_bytes)]
         return args
 
-    def start_target(self, port: int | None = None, env: dict[str, str] | None = None) -> Proc:
-        return self._spawn("target", self._model_args(self.cfg.target_model), port, env)
+    def start_target(self, port: int | None = None, env: dict[str, str] | None = None,
+                     max_batch: int | None = None) -> Proc:
+        """One more target process (max_batch: sessions per forward pass, default StackConfig.max_batch)."""
+        args = self._model_args(self.cfg.target_model)
+        max_batch = self.cfg.max_batch if max_batch is None else max_batch
+        if max_batch:
+            args += ["--max-batch", str(max_batch)]
+        return self._spawn("target", args, port, env)
 
     def start_draft(self, port: int | None = None, env: dict[str, str] | None = None) -> Proc:
         args = ["--draft-kind", self.cfg.draft_kind]

@@ -42,6 +42,9 @@ class ModelServiceCollector:
         yield _counter("calls", "Propose/Verify calls served", state.calls, labels)
         yield _counter("call_failures", "calls that failed inside the model", state.failures, labels)
         yield _gauge("queue_depth", "calls waiting for or running on the model", state.in_flight, labels)
+        yield _counter("forward_batches", "batched forward passes (target)", state.batches, labels)
+        yield _counter("batched_calls", "calls carried by batched passes (mean batch = this / forward_batches)",
+                       state.batched_calls, labels)
         if pool is None:
             return
         c = pool.counters

@@ -8,6 +8,7 @@ import grpc
 
 from specdec.core.accept import BONUS
 from specdec.engine.types import VerifyInput
+from specdec.engine.worker import BatchQueue
 from specdec.protocol import logprobs_to_proto, sampling_from_proto, sparse_from_proto, stats_to_proto
 from specdec.server.model_service import ModelServiceBase
 from specdec.v1 import target_pb2, target_pb2_grpc
@@ -20,9 +21,18 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
 
     def __init__(self) -> None:
         super().__init__("target")
+        self._batches: BatchQueue | None = None
+
+    def batches(self) -> BatchQueue:
+        """Concurrent Verify calls of distinct sessions go to the engine as one batch."""
+        if self._batches is None:
+            bundle = self.loaded()
+            self._batches = BatchQueue(self.worker, bundle.engines["target"].verify_batch,
+                                       bundle.info.get("max_batch", 1), bundle.batch_wait_s)
+        return self._batches
 
     async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext) -> Any:
-        engine = self.loaded().engines["target"]
+        batches = self.batches()
         inp = VerifyInput(
             session_id=request.session_id, context_ids=list(request.context_ids),
             draft_ids=list(request.draft_ids), sampling=sampling_from_proto(request.sampling),
@@ -30,7 +40,7 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
             logprobs=request.logprobs if request.HasField("logprobs") else -1,
             position_base=request.position_base,
         )
-        out, queue_ms = await self.worker.run(request.session_id, lambda: engine.verify(inp))
+        out, queue_ms = await batches.submit(request.session_id, inp)
         out.stats.queue_ms = queue_ms
         r = out.result
         kind = target_pb2.NEXT_KIND_BONUS if r.next_kind == BONUS else target_pb2.NEXT_KIND_RECOVERED

@@ -31,6 +31,7 @@ class ModelBundle:
     info: dict[str, Any] = field(default_factory=dict)
     pool: KVCachePool | None = None
     load_seconds: float = 0.0
+    batch_wait_s: float = 0.0               # target: how long a batch waits for its group (BatchQueue)
 
 
 def load_config(device: str = "auto", dtype: str = "auto", cache_dir: str = "", offline: bool = False) -> LoadConfig:
@@ -39,7 +40,7 @@ def load_config(device: str = "auto", dtype: str = "auto", cache_dir: str = "", 
     return LoadConfig(device=device, dtype=dtype, cache_dir=cache_dir or None, **extra)
 
 
-def _load(cfg: ModelServiceConfig) -> tuple[Any, Any, CausalLMRunner, dict[str, Any], float]:
+def _load(cfg: ModelServiceConfig, batching: bool = False) -> tuple[Any, Any, CausalLMRunner, dict[str, Any], float]:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     load_cfg = load_config(cfg.device, cfg.dtype, cfg.cache_dir, cfg.offline)
@@ -48,7 +49,10 @@ def _load(cfg: ModelServiceConfig) -> tuple[Any, Any, CausalLMRunner, dict[str, 
     check_cache_truncatable(model.config)
     dtype_bytes = torch.finfo(model.dtype).bits // 8
     pool = KVCachePool(cfg.cache_budget_bytes, kv_bytes_per_token(model.config, dtype_bytes), model.config)
-    runner = CausalLMRunner(model, pool)
+    runner = CausalLMRunner(model, pool, batching=batching)
+    if batching and not runner.batching:
+        log.warning("%s: attention cannot be switched to ragged batching; verifying one session per pass",
+                    cfg.model)
     tok = describe_tokenizer(tokenizer)
     text_cfg = model.config.get_text_config()
     info = dict(
@@ -63,9 +67,11 @@ def _load(cfg: ModelServiceConfig) -> tuple[Any, Any, CausalLMRunner, dict[str, 
 
 def load_target(cfg: ModelServiceConfig) -> ModelBundle:
     """Load the target model and its verify engine."""
-    _, _, runner, info, seconds = _load(cfg)
+    _, _, runner, info, seconds = _load(cfg, batching=cfg.max_batch > 1)
     engine = TargetEngine(runner, info["max_context"], cfg.max_k)
-    return ModelBundle("target", cfg.model, {"target": engine}, "target", info, runner.pool, seconds)
+    info["max_batch"] = cfg.max_batch if runner.batching else 1
+    return ModelBundle("target", cfg.model, {"target": engine}, "target", info, runner.pool, seconds,
+                       batch_wait_s=cfg.batch_wait_ms / 1000.0)
 
 
 def load_draft(cfg: ModelServiceConfig) -> ModelBundle:

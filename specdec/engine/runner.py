@@ -9,7 +9,8 @@ from typing import Any, Sequence
 
 import torch
 
-from specdec.engine.kvcache import KVCachePool, common_prefix_len
+from specdec.engine.kvcache import KVCachePool, SessionKV, common_prefix_len
+from specdec.engine.ragged import RaggedCache, enable_ragged, packed_inputs
 
 MS_PER_S = 1000.0
 
@@ -26,6 +27,30 @@ class ForwardResult:
     computed_tokens: int
     rolled_back: int
     forward_ms: float
+    batch_size: int = 1             # sessions in the same forward pass
+
+
+@dataclass
+class ExtendItem:
+    """One session's part of a (batched) extend: cover `ids`, return logits from position `first` on."""
+
+    session_id: str
+    ids: Sequence[int]
+    first: int
+
+
+@dataclass
+class _Plan:
+    item: ExtendItem
+    kv: SessionKV
+    reuse: int
+    rolled_back: int
+    new_ids: list[int]
+
+    @property
+    def keep(self) -> int:
+        """How many logits rows this session needs (positions first..len(ids)-1)."""
+        return len(self.item.ids) - self.item.first
 
 
 class CausalLMRunner:
@@ -34,11 +59,15 @@ class CausalLMRunner:
     Args:
         model: a transformers causal LM in eval mode.
         pool: the per-session KV caches of this service.
+        batching: allow `extend_batch` over several sessions (switches the model's attention
+            to specdec_ragged; stays False when the model's attention cannot be switched).
     """
 
-    def __init__(self, model: Any, pool: KVCachePool) -> None:
+    def __init__(self, model: Any, pool: KVCachePool, batching: bool = False) -> None:
         self.model = model
         self.pool = pool
+        # Batched forwards need the model's attention switched to the ragged implementation.
+        self.batching = batching and enable_ragged(model)
         self.device = next(model.parameters()).device
         # transformers >= 5.2x names the argument `cache`; earlier releases `past_key_values`.
         params = inspect.signature(model.forward).parameters
@@ -52,22 +81,54 @@ class CausalLMRunner:
         `first` (its logits must be computed); the rest is truncated (rollback).
         On any error the session's cache is dropped, so it can never be left half-updated.
         """
+        return self.extend_batch([ExtendItem(session_id, ids, first)])[0]
+
+    @torch.inference_mode()
+    def extend_batch(self, items: Sequence["ExtendItem"]) -> list[ForwardResult]:
+        """`extend` for several distinct sessions in ONE forward pass (continuous batching).
+
+        One item runs the plain path; several are packed into one sequence with
+        per-session attention (specdec/engine/ragged.py), which needs `batching`.
+        """
+        if len({item.session_id for item in items}) != len(items):
+            raise ValueError("a batch holds each session at most once")
+        if len(items) > 1 and not self.batching:
+            raise ValueError("this model was not switched to ragged attention: batches of one only")
+        plans = [self._plan(item) for item in items]
+        try:
+            start = time.perf_counter()
+            logits = self._forward_plans(plans)
+            elapsed = (time.perf_counter() - start) * MS_PER_S
+        except BaseException:
+            for item in items:
+                self.pool.release(item.session_id)
+            raise
+        results = []
+        for plan, rows in zip(plans, logits):
+            plan.kv.tokens = list(plan.item.ids)
+            self._count(plan.reuse, len(plan.new_ids), plan.rolled_back)
+            results.append(ForwardResult(rows, plan.reuse, len(plan.new_ids), plan.rolled_back, elapsed, len(items)))
+        return results
+
+    def _plan(self, item: "ExtendItem") -> "_Plan":
+        """Acquire the session's cache, keep the longest common prefix (never past `first`), roll back the rest."""
+        ids, first = item.ids, item.first
         if not 0 <= first < len(ids):
             raise ValueError(f"first={first} outside the {len(ids)} tokens")
-        kv = self.pool.acquire(session_id, len(ids))
+        kv = self.pool.acquire(item.session_id, len(ids))
         reuse = min(common_prefix_len(kv.tokens, ids), first)
         try:
             rolled_back = kv.truncate(reuse)
-            new_ids = list(ids[reuse:])
-            start = time.perf_counter()
-            logits = self._forward(kv.cache, new_ids, reuse, len(ids) - first)
-            elapsed = (time.perf_counter() - start) * MS_PER_S
         except BaseException:
-            self.pool.release(session_id)
+            self.pool.release(item.session_id)
             raise
-        kv.tokens = list(ids)
-        self._count(reuse, len(new_ids), rolled_back)
-        return ForwardResult(logits, reuse, len(new_ids), rolled_back, elapsed)
+        return _Plan(item, kv, reuse, rolled_back, list(ids[reuse:]))
+
+    def _forward_plans(self, plans: list["_Plan"]) -> list[torch.Tensor]:
+        if len(plans) == 1:
+            p = plans[0]
+            return [self._forward(p.kv.cache, p.new_ids, p.reuse, p.keep)]
+        return self._forward_packed(plans)
 
     def _forward(self, cache: Any, new_ids: list[int], past: int, keep: int) -> torch.Tensor:
         input_ids = torch.tensor([new_ids], dtype=torch.long, device=self.device)  # [1, t]
@@ -75,6 +136,15 @@ class CausalLMRunner:
         out = self.model(input_ids=input_ids, position_ids=positions, use_cache=True, logits_to_keep=keep,
                          **{self._cache_arg: cache})
         return out.logits[0, -keep:].float().cpu()  # [keep, V]
+
+    def _forward_packed(self, plans: list["_Plan"]) -> list[torch.Tensor]:
+        ids, positions, mask = packed_inputs([p.new_ids for p in plans], [p.reuse for p in plans], self.device)
+        cache = RaggedCache([p.kv.cache for p in plans], [len(p.new_ids) for p in plans])
+        keep = torch.cat([torch.arange(end - p.keep, end) for p, (_, end) in zip(plans, cache.spans)])
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                         logits_to_keep=keep.to(self.device), **{self._cache_arg: cache})
+        rows = out.logits[0].float().cpu()  # [sum of keep, V]
+        return list(torch.split(rows, [p.keep for p in plans]))
 
     def _count(self, reused: int, computed: int, rolled_back: int) -> None:
         c = self.pool.counters

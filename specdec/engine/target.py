@@ -11,9 +11,9 @@ from specdec.core.sampling import (
     SamplingConfig, logits_to_probs, position_counts, round_generators, sparse_to_dense, token_counts,
 )
 from specdec.engine.checks import check_lengths, check_token_ids
-from specdec.engine.runner import CausalLMRunner
+from specdec.engine.runner import CausalLMRunner, ExtendItem, ForwardResult
 from specdec.engine.types import ComputeStatsData, SparseDist, TokenLogprobData, VerifyInput, VerifyOutput
-from specdec.errors import InvalidArgument
+from specdec.errors import InvalidArgument, SpecDecError
 
 
 class TargetEngine:
@@ -32,11 +32,49 @@ class TargetEngine:
         self.width = runner.model.get_output_embeddings().weight.shape[0]
 
     def verify(self, inp: VerifyInput) -> VerifyOutput:
-        """Steps: 1. check, 2. one forward over context + draft, 3. p per row, 4. accept, 5. logprobs."""
+        """Verify one session's draft (a batch of one)."""
+        out = self.verify_batch([inp])[0]
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def verify_batch(self, inputs: list[VerifyInput]) -> list[VerifyOutput | SpecDecError]:
+        """Verify drafts of distinct sessions in ONE forward pass; an item's bad input fails that item only.
+
+        Steps: 1. check each input, 2. one (packed) forward over every context + draft,
+        3. per session: p per row, accept, logprobs. When the batched forward refuses
+        (one session over the cache budget), each item is run alone so only that one fails.
+        """
+        results: list[VerifyOutput | SpecDecError | None] = [None] * len(inputs)
+        todo = []
+        for i, inp in enumerate(inputs):
+            try:
+                self._check(inp, len(inp.draft_ids))
+                todo.append(i)
+            except SpecDecError as exc:
+                results[i] = exc
+        items = [ExtendItem(inputs[i].session_id, inputs[i].context_ids + inputs[i].draft_ids,
+                            len(inputs[i].context_ids) - 1) for i in todo]
+        try:
+            forwards = self.runner.extend_batch(items) if items else []
+        except SpecDecError as exc:
+            if len(items) == 1:
+                forwards = [exc]
+            else:
+                forwards = [self._extend_alone(item) for item in items]
+        for i, fwd in zip(todo, forwards):
+            results[i] = fwd if isinstance(fwd, SpecDecError) else self._judge(inputs[i], fwd)
+        return results
+
+    def _extend_alone(self, item: ExtendItem) -> ForwardResult | SpecDecError:
+        try:
+            return self.runner.extend_batch([item])[0]
+        except SpecDecError as exc:
+            return exc
+
+    def _judge(self, inp: VerifyInput, fwd: ForwardResult) -> VerifyOutput:
+        """p per row from the logits ([k+1, V]), the accept rule, logprobs of what was emitted."""
         k = len(inp.draft_ids)
-        self._check(inp, k)
-        ids = inp.context_ids + inp.draft_ids
-        fwd = self.runner.extend(inp.session_id, ids, first=len(inp.context_ids) - 1)  # logits: [k+1, V]
         history = self._history(inp) if inp.sampling.has_penalties else None
         p = logits_to_probs(fwd.logits, inp.sampling, history)  # [k+1, V]
         q = self._dense_q(inp.draft_probs, k)
@@ -46,7 +84,8 @@ class TargetEngine:
                         greedy=inp.sampling.greedy)
         emitted = inp.draft_ids[: result.num_accepted] + [result.next_token]
         logprobs = token_logprobs(fwd.logits, emitted, inp.logprobs)
-        stats = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms)
+        stats = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms,
+                                 batch_size=fwd.batch_size)
         return VerifyOutput(result, logprobs, stats)
 
     def _check(self, inp: VerifyInput, k: int) -> None:

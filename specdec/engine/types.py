@@ -23,6 +23,7 @@ class ComputeStatsData:
     rolled_back: int = 0
     forward_ms: float = 0.0
     queue_ms: float = 0.0
+    batch_size: int = 1             # sessions scored in the same forward pass
 
     def add(self, other: "ComputeStatsData") -> None:
         """Accumulate another call's stats into this one."""

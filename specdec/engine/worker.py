@@ -14,15 +14,18 @@ used by the reliability tests to drive health to NOT_SERVING and back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from collections import deque
+from typing import AsyncIterator, Callable, Generic, TypeVar
 
 from specdec.errors import SpecDecError
 
 T = TypeVar("T")
+I = TypeVar("I")
 MS_PER_S = 1000.0
 
 
@@ -36,6 +39,8 @@ class WorkerState:
     last_error: str = ""
     last_ok: bool = True
     busy_since: float = 0.0          # time.monotonic() when the running call started (0 = idle)
+    batches: int = 0                 # batched forward passes (BatchQueue)
+    batched_calls: int = 0           # calls those carried
 
     def busy_for(self) -> float:
         """Seconds the current call has been running (0 when idle)."""
@@ -55,21 +60,31 @@ class ModelWorker:
     async def run(self, session_id: str, fn: Callable[[], T]) -> tuple[T, float]:
         """Run fn on the model thread holding the session's lock; returns (result, queue_ms)."""
         queued = time.perf_counter()
+        async with self.session_slot(session_id):
+            loop = asyncio.get_running_loop()
+            queue_ms = (time.perf_counter() - queued) * MS_PER_S
+            result = await loop.run_in_executor(self._executor, self._call, fn)
+            return result, queue_ms
+
+    @contextlib.asynccontextmanager
+    async def session_slot(self, session_id: str) -> AsyncIterator[None]:
+        """Hold the session's lock (one call per session at a time) and count the call in flight."""
         lock = self._locks.setdefault(session_id, asyncio.Lock())
         self._waiters[session_id] = self._waiters.get(session_id, 0) + 1
         self.state.in_flight += 1
         try:
             async with lock:
-                loop = asyncio.get_running_loop()
-                queue_ms = (time.perf_counter() - queued) * MS_PER_S
-                result = await loop.run_in_executor(self._executor, self._call, fn)
-                return result, queue_ms
+                yield
         finally:
             self.state.in_flight -= 1
             self._waiters[session_id] -= 1
             if self._waiters[session_id] == 0:
                 del self._waiters[session_id]
                 self._locks.pop(session_id, None)
+
+    async def run_on_thread(self, fn: Callable[[], T]) -> T:
+        """Run fn on the model thread (no session lock: the caller holds what it needs)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn)
 
     def _call(self, fn: Callable[[], T]) -> T:
         self.state.calls += 1
@@ -92,3 +107,88 @@ class ModelWorker:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class BatchQueue(Generic[I, T]):
+    """Coalesces concurrent calls of distinct sessions into one `batch_fn` call on the model thread.
+
+    Continuous batching at round granularity: while one batch runs, new calls
+    queue; the next batch takes all of them (at most max_batch). Each session
+    holds its lock while queued, so a batch never holds one session twice.
+
+    Sessions come back one network round trip after their batch finished, not
+    all at the same instant; a batch that started with the first of them would
+    split the group into a batch of one and a batch of the rest, and stay split.
+    So when the previous batch held several sessions, the next one waits (at
+    most max_wait_s) until those sessions are back. A lone session never waits.
+
+    Args:
+        worker: the model thread and per-session locks.
+        batch_fn: items -> one result per item (a SpecDecError in an item's place fails that item).
+        max_batch: the most calls in one batch (1 = no batching).
+        max_wait_s: how long a batch may wait for the previous batch's sessions to come back.
+    """
+
+    def __init__(self, worker: ModelWorker, batch_fn: Callable[[list[I]], list[T | Exception]],
+                 max_batch: int, max_wait_s: float = 0.0) -> None:
+        self.worker, self.batch_fn, self.max_batch = worker, batch_fn, max(1, max_batch)
+        self.max_wait_s = max_wait_s
+        self._pending: deque[tuple[str, I, asyncio.Future, float]] = deque()
+        self._drainer: asyncio.Task | None = None
+        self._arrived = asyncio.Event()
+        self._last: set[str] = set()            # sessions of the previous batch
+
+    async def submit(self, session_id: str, item: I) -> tuple[T, float]:
+        """Queue one session's call; returns (its result, queue_ms until its batch started)."""
+        async with self.worker.session_slot(session_id):
+            future = asyncio.get_running_loop().create_future()
+            self._pending.append((session_id, item, future, time.perf_counter()))
+            self._arrived.set()
+            if self._drainer is None or self._drainer.done():
+                self._drainer = asyncio.create_task(self._drain())
+            return await future
+
+    async def _drain(self) -> None:
+        while self._pending:
+            await self._wait_for_group()
+            batch = self._take()
+            if not batch:
+                continue
+            self._last = {sid for sid, _, _, _ in batch}
+            self.worker.state.batches += 1
+            self.worker.state.batched_calls += len(batch)
+            started = time.perf_counter()
+            try:
+                results = await self.worker.run_on_thread(lambda: self.batch_fn([item for _, item, _, _ in batch]))
+            except Exception as exc:  # noqa: BLE001 - the whole forward failed: every caller gets it
+                results = [exc] * len(batch)
+            for (_, _, future, queued), result in zip(batch, results):
+                if future.done():
+                    continue  # the caller went away (cancelled)
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result((result, (started - queued) * MS_PER_S))
+
+    async def _wait_for_group(self) -> None:
+        """Wait (at most max_wait_s) until the previous batch's sessions are queued again."""
+        if self.max_wait_s <= 0 or len(self._last) <= 1:
+            return
+        deadline = time.perf_counter() + self.max_wait_s
+        while len(self._pending) < self.max_batch and not self._last <= {e[0] for e in self._pending}:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout=left)
+            except asyncio.TimeoutError:
+                return
+
+    def _take(self) -> list[tuple[str, I, asyncio.Future, float]]:
+        batch = []
+        while self._pending and len(batch) < self.max_batch:
+            entry = self._pending.popleft()
+            if not entry[2].done():
+                batch.append(entry)
+        return batch

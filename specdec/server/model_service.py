@@ -70,7 +70,8 @@ class ModelServiceBase:
     async def Stats(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ServiceStats:
         state, pool = self.worker.state, self.bundle.pool if self.bundle is not None else None
         out = common_pb2.ServiceStats(calls=state.calls, failures=state.failures, in_flight=state.in_flight,
-                                      last_call_ok=state.last_ok, last_error=state.last_error)
+                                      last_call_ok=state.last_ok, last_error=state.last_error,
+                                      batches=state.batches, batched_calls=state.batched_calls)
         if pool is not None:
             c = pool.counters
             out.MergeFrom(common_pb2.ServiceStats(

@@ -59,7 +59,7 @@ class HiddenStates(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., rows: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("protocol_version", "role", "model_id", "draft_kind", "vocab_size", "logits_width", "tokenizer_fingerprint", "eos_token_ids", "max_context", "special_tokens", "device", "dtype", "hidden_size", "cache_budget_bytes", "max_k")
+    __slots__ = ("protocol_version", "role", "model_id", "draft_kind", "vocab_size", "logits_width", "tokenizer_fingerprint", "eos_token_ids", "max_context", "special_tokens", "device", "dtype", "hidden_size", "cache_budget_bytes", "max_k", "max_batch")
     class SpecialTokensEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,7 @@ class ModelInfo(_message.Message):
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     CACHE_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_K_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     protocol_version: str
     role: str
     model_id: str
@@ -97,7 +98,8 @@ class ModelInfo(_message.Message):
     hidden_size: int
     cache_budget_bytes: int
     max_k: int
-    def __init__(self, protocol_version: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., draft_kind: _Optional[str] = ..., vocab_size: _Optional[int] = ..., logits_width: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_context: _Optional[int] = ..., special_tokens: _Optional[_Mapping[str, int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., hidden_size: _Optional[int] = ..., cache_budget_bytes: _Optional[int] = ..., max_k: _Optional[int] = ...) -> None: ...
+    max_batch: int
+    def __init__(self, protocol_version: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., draft_kind: _Optional[str] = ..., vocab_size: _Optional[int] = ..., logits_width: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_context: _Optional[int] = ..., special_tokens: _Optional[_Mapping[str, int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., hidden_size: _Optional[int] = ..., cache_budget_bytes: _Optional[int] = ..., max_k: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()
@@ -116,21 +118,23 @@ class ReleaseResponse(_message.Message):
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class ComputeStats(_message.Message):
-    __slots__ = ("cached_tokens", "computed_tokens", "rolled_back", "forward_ms", "queue_ms")
+    __slots__ = ("cached_tokens", "computed_tokens", "rolled_back", "forward_ms", "queue_ms", "batch_size")
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROLLED_BACK_FIELD_NUMBER: _ClassVar[int]
     FORWARD_MS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     cached_tokens: int
     computed_tokens: int
     rolled_back: int
     forward_ms: float
     queue_ms: float
-    def __init__(self, cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., rolled_back: _Optional[int] = ..., forward_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ...) -> None: ...
+    batch_size: int
+    def __init__(self, cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., rolled_back: _Optional[int] = ..., forward_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class ServiceStats(_message.Message):
-    __slots__ = ("calls", "failures", "in_flight", "cached_sessions", "cache_used_bytes", "cache_budget_bytes", "cache_hits", "cache_misses", "cache_rollbacks", "rolled_back_tokens", "cache_evictions", "computed_tokens", "reused_tokens", "last_call_ok", "last_error")
+    __slots__ = ("calls", "failures", "in_flight", "cached_sessions", "cache_used_bytes", "cache_budget_bytes", "cache_hits", "cache_misses", "cache_rollbacks", "rolled_back_tokens", "cache_evictions", "computed_tokens", "reused_tokens", "last_call_ok", "last_error", "batches", "batched_calls")
     CALLS_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +150,8 @@ class ServiceStats(_message.Message):
     REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LAST_CALL_OK_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    BATCHED_CALLS_FIELD_NUMBER: _ClassVar[int]
     calls: int
     failures: int
     in_flight: int
@@ -161,4 +167,6 @@ class ServiceStats(_message.Message):
     reused_tokens: int
     last_call_ok: bool
     last_error: str
-    def __init__(self, calls: _Optional[int] = ..., failures: _Optional[int] = ..., in_flight: _Optional[int] = ..., cached_sessions: _Optional[int] = ..., cache_used_bytes: _Optional[int] = ..., cache_budget_bytes: _Optional[int] = ..., cache_hits: _Optional[int] = ..., cache_misses: _Optional[int] = ..., cache_rollbacks: _Optional[int] = ..., rolled_back_tokens: _Optional[int] = ..., cache_evictions: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., last_call_ok: _Optional[bool] = ..., last_error: _Optional[str] = ...) -> None: ...
+    batches: int
+    batched_calls: int
+    def __init__(self, calls: _Optional[int] = ..., failures: _Optional[int] = ..., in_flight: _Optional[int] = ..., cached_sessions: _Optional[int] = ..., cache_used_bytes: _Optional[int] = ..., cache_budget_bytes: _Optional[int] = ..., cache_hits: _Optional[int] = ..., cache_misses: _Optional[int] = ..., cache_rollbacks: _Optional[int] = ..., rolled_back_tokens: _Optional[int] = ..., cache_evictions: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., last_call_ok: _Optional[bool] = ..., last_error: _Optional[str] = ..., batches: _Optional[int] = ..., batched_calls: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,277 @@
+"""`specdec bench-concurrency`: aggregate throughput with 1, 4, 8 concurrent sessions, batched vs not.
+
+One run starts one embedded Redis and two targets on the same model: one verifies
+concurrent sessions together (continuous batching, --max-batch N) and one verifies
+them one at a time (--max-batch 1), each behind its own orchestrator. For each
+repeat, for each concurrency c, for each k (0 = target only, and speculation), the
+batched and the unbatched stack run back to back (A B A B ...), so machine drift hits
+both alike. Every configuration does the same work: the same max(c) prompts (grounded
+and open in turn), in waves of c sessions at once (c = 1: one after the other). Every
+session is greedy, ignore_eos, with the same max_new_tokens; its tokens are compared
+with the same prompt run alone at k = 0.
+
+Reported per configuration: aggregate tokens/s (all sessions' tokens / the summed wall
+time of the waves, prefill included), median over repeats with min/max, and the mean
+number of sessions the target verified per forward pass (from the per-round trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdec.bench.runner import PROMPTS_DIR, Prompt, load_prompts, machine_info
+
+log = logging.getLogger("specdec.bench")
+
+DEFAULT_CONCURRENCY = (1, 4, 8)
+DEFAULT_KS = (0, 4)
+DEFAULT_MAX_BATCH = 8
+DEFAULT_MAX_NEW_TOKENS = 48
+DEFAULT_REPEATS = 2
+RPC_TIMEOUT_S = 600.0
+STACKS = ("batched", "unbatched")
+
+
+@dataclass
+class ConcurrencyArgs:
+    concurrency: list[int]
+    ks: list[int]
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    repeats: int = DEFAULT_REPEATS
+    max_batch: int = DEFAULT_MAX_BATCH
+    threads: int = 1
+    target_model: str = "embedded"
+    prompts: list[str] = field(default_factory=lambda: ["grounded", "open"])
+    prompts_dir: str = str(PROMPTS_DIR)
+    out: str = "bench/results/concurrency.json"
+    progress: bool = True
+
+
+@dataclass
+class Sample:
+    """One configuration run once: c sessions at once through one stack."""
+
+    stack: str
+    c: int
+    k: int
+    rep: int
+    tokens: int
+    wall_s: float
+    mean_batch: float
+    outputs: dict[str, list[int]]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class Stacks:
+    """Redis + a batched and an unbatched target, each behind its own orchestrator (n-gram drafting)."""
+
+    def __init__(self, args: ConcurrencyArgs) -> None:
+        from specdec.launcher import LocalStack, StackConfig
+
+        cfg = StackConfig(target_model=args.target_model, threads=args.threads, max_batch=args.max_batch,
+                          max_concurrent=max(args.concurrency) * 2)
+        self.stack = LocalStack(cfg)
+        self.max_batch = args.max_batch
+
+    def start(self) -> dict[str, str]:
+        """Start everything; return the orchestrator address of each stack."""
+        s = self.stack
+        s.start()                                   # Redis, the batched target, its orchestrator
+        plain = s.start_target(max_batch=1)
+        orch = s.start_orchestrator(targets=[plain])
+        for proc in (plain, orch):
+            s.wait_ready(proc)
+        return {"batched": s.orchestrator_address, "unbatched": orch.address}
+
+    def stop(self) -> None:
+        self.stack.stop()
+
+
+class Sessions:
+    """Runs c sessions at once against one orchestrator (a thread per session, unary Generate)."""
+
+    def __init__(self, address: str, max_new_tokens: int) -> None:
+        import grpc
+
+        from specdec.v1 import orchestrator_pb2_grpc
+
+        self.channel = grpc.insecure_channel(address)
+        self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
+        self.max_new_tokens = max_new_tokens
+
+    def one(self, prompt: Prompt, k: int) -> tuple[list[int], list[int]]:
+        """(completion tokens, the target batch size of every round)."""
+        from specdec.v1 import orchestrator_pb2 as pb
+
+        req = pb.GenerateRequest(max_new_tokens=self.max_new_tokens, ignore_eos=True, trace=True, k=k,
+                                 request_id=uuid.uuid4().hex)
+        req.messages.messages.add(role="user", content=prompt.user)
+        req.sampling.temperature = 0.0
+        res = self.stub.Generate(req, timeout=RPC_TIMEOUT_S)
+        self.stub.DeleteSession(pb.SessionRequest(session_id=res.session_id), timeout=RPC_TIMEOUT_S)
+        return list(res.token_ids), [r.target_batch_size for r in res.trace]
+
+    def run(self, prompts: list[Prompt], k: int, c: int) -> tuple[float, list[list[int]], list[int]]:
+        """The prompts in waves of c at once; (summed wall seconds, tokens per prompt, batch sizes of all rounds)."""
+        wall, results = 0.0, []
+        with ThreadPoolExecutor(max_workers=c) as pool:
+            for first in range(0, len(prompts), c):
+                start = time.perf_counter()
+                results += list(pool.map(lambda p: self.one(p, k), prompts[first:first + c]))
+                wall += time.perf_counter() - start
+        return wall, [tokens for tokens, _ in results], [b for _, sizes in results for b in sizes]
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def measure(args: ConcurrencyArgs, clients: dict[str, Sessions], prompts: list[Prompt]) -> list[Sample]:
+    """Every (repeat, c, k) on both stacks, batched then unbatched, back to back."""
+    from tqdm import tqdm
+
+    samples = []
+    total = args.repeats * len(args.concurrency) * len(args.ks) * len(STACKS)
+    with tqdm(total=total, desc="concurrency", unit="run", disable=not args.progress, file=sys.stderr) as bar:
+        for rep in range(args.repeats):
+            for c in args.concurrency:
+                for k in args.ks:
+                    for name in STACKS:
+                        bar.set_postfix_str(f"rep {rep + 1} c={c} k={k} {name}", refresh=False)
+                        wall, outputs, sizes = clients[name].run(prompts, k, c)
+                        samples.append(Sample(name, c, k, rep, sum(len(o) for o in outputs), wall,
+                                              statistics.fmean(sizes) if sizes else 0.0,
+                                              {p.id: o for p, o in zip(prompts, outputs)}))
+                        bar.update()
+    return samples
+
+
+def summarise(samples: list[Sample], args: ConcurrencyArgs, reference: dict[str, list[int]]) -> dict[str, Any]:
+    """tokens/s (median, min, max), mean batch, identity; ratios 8-vs-1 and batched-vs-unbatched."""
+    table: dict[str, Any] = {}
+    for s in samples:
+        cell = table.setdefault(f"k{s.k}", {}).setdefault(s.stack, {}).setdefault(str(s.c), {"runs": []})
+        cell["runs"].append(round(s.tokens_per_s, 2))
+        cell.setdefault("mean_batch", []).append(round(s.mean_batch, 2))
+        cell.setdefault("mismatched_sessions", 0)
+        cell["mismatched_sessions"] += sum(tokens != reference[pid] for pid, tokens in s.outputs.items())
+    for per_k in table.values():
+        for per_stack in per_k.values():
+            for cell in per_stack.values():
+                runs = cell["runs"]
+                cell.update(tokens_per_s=statistics.median(runs), min=min(runs), max=max(runs),
+                            mean_batch=statistics.fmean(cell["mean_batch"]))
+    return {"throughput": table, "ratios": ratios(table, args)}
+
+
+def ratios(table: dict[str, Any], args: ConcurrencyArgs) -> dict[str, Any]:
+    """Aggregate speed-up at the largest c over c = 1, and batched over unbatched at each c."""
+    lo, hi = str(min(args.concurrency)), str(max(args.concurrency))
+    out: dict[str, Any] = {}
+    for k_name, per_k in table.items():
+        b, u = per_k.get("batched", {}), per_k.get("unbatched", {})
+        out[k_name] = {
+            f"batched_{hi}_vs_{lo}": round(b[hi]["tokens_per_s"] / b[lo]["tokens_per_s"], 2),
+            f"unbatched_{hi}_vs_{lo}": round(u[hi]["tokens_per_s"] / u[lo]["tokens_per_s"], 2),
+            "batched_vs_unbatched": {c: round(b[c]["tokens_per_s"] / u[c]["tokens_per_s"], 2) for c in b},
+        }
+    return out
+
+
+def run(args: ConcurrencyArgs) -> dict[str, Any]:
+    """Start both stacks, take the reference outputs (alone, k = 0), measure, summarise."""
+    prompts = load_prompts(args.prompts, 0, Path(args.prompts_dir))
+    prompts = [prompts[i] for i in _alternate(prompts)][: max(args.concurrency)]
+    stacks = Stacks(args)
+    started = time.perf_counter()
+    clients: dict[str, Sessions] = {}
+    try:
+        addresses = stacks.start()
+        clients = {name: Sessions(addresses[name], args.max_new_tokens) for name in STACKS}
+        reference = {p.id: clients["unbatched"].one(p, 0)[0] for p in prompts}   # also the warm-up
+        samples = measure(args, clients, prompts)
+    finally:
+        for client in clients.values():
+            client.close()
+        stacks.stop()
+    result = summarise(samples, args, reference)
+    result["machine"] = machine_info()
+    result["settings"] = {
+        "concurrency": args.concurrency, "k": args.ks, "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats, "max_batch": args.max_batch, "target_model": args.target_model,
+        "threads": {"target_service": args.threads}, "draft": "n-gram, in the orchestrator",
+        "prompts": [p.id for p in prompts], "greedy": True, "ignore_eos": True,
+        "order": "for each repeat, c, k: batched then unbatched stack, back to back",
+        "work": "every configuration runs the same prompts, in waves of c sessions at once",
+        "timing": "aggregate tokens / summed wall time of the waves, first request to last response (prefill included)",
+    }
+    result["runtime_s"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def _alternate(prompts: list[Prompt]) -> list[int]:
+    """Indices taking the prompt sets in turn (grounded, open, grounded, ...)."""
+    by_set: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_set.setdefault(p.set, []).append(i)
+    order = []
+    for row in range(max(len(v) for v in by_set.values())):
+        order += [v[row] for v in by_set.values() if row < len(v)]
+    return order
+
+
+def table(result: dict[str, Any]) -> str:
+    """The human-readable summary."""
+    cs = [str(c) for c in result["settings"]["concurrency"]]
+    lines = [f"{'k':>3} {'stack':<10} " + " ".join(f"{'c=' + c:>20}" for c in cs)]
+    for k_name, per_k in result["throughput"].items():
+        for stack, cells in per_k.items():
+            row = " ".join(f"{cells[c]['tokens_per_s']:7.1f} tok/s b={cells[c]['mean_batch']:3.1f}"
+                           for c in cs)
+            lines.append(f"{k_name[1:]:>3} {stack:<10} {row}")
+    lines.append("ratios: " + json.dumps(result["ratios"]))
+    return "\n".join(lines)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench-concurrency", help="aggregate throughput at 1/4/8 sessions, batched vs unbatched target")
+    p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCY)))
+    p.add_argument("--k", default=",".join(map(str, DEFAULT_KS)), help="k values (0 = target only)")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
+    p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--target-model", default="embedded")
+    p.add_argument("--prompts", default="grounded,open")
+    p.add_argument("--prompts-dir", default=str(PROMPTS_DIR))
+    p.add_argument("--out", default="bench/results/concurrency.json")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def cmd_bench_concurrency(ns: argparse.Namespace) -> int:
+    """Run, write the JSON, print the table."""
+    ints = lambda text: sorted({int(x) for x in text.split(",") if x.strip()})  # noqa: E731
+    args = ConcurrencyArgs(concurrency=ints(ns.concurrency), ks=ints(ns.k), max_new_tokens=ns.max_new_tokens,
+                           repeats=ns.repeats, max_batch=ns.max_batch, threads=ns.threads,
+                           target_model=ns.target_model, prompts=ns.prompts.split(","),
+                           prompts_dir=ns.prompts_dir, out=ns.out, progress=not ns.no_progress)
+    logging.getLogger().setLevel(logging.WARNING)
+    result = run(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
+    print(f"\nJSON: {out}")
+    return 0

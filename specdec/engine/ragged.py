@@ -1,0 +1,115 @@
+"""Ragged batched forward: several sessions, each with its own KV cache and length, in ONE pass.
+
+Continuous batching for verification. The sessions' new tokens are packed into ONE
+sequence [1, S] (S = the sum of their lengths, no padding), so the linear layers
+(q/k/v/o projections, MLP, LM head) run once over all of them; attention runs per
+session against that session's own cache. No session's
+cache is copied into a padded batch tensor and back, each keeps its own length
+and its own `truncate(n)` (SessionKV), and a row's result does not depend on
+which other rows share the batch beyond float rounding of the batched matmuls.
+
+How it plugs into a transformers model: the attention implementation of the model
+is switched to `specdec_ragged` (registered below). For ordinary calls (a real
+cache object) it is plain SDPA, unchanged; for a batched call the cache passed
+in is a `RaggedCache`, whose `update` appends each row's new keys/values to that
+row's session cache and hands attention the per-row tensors (`RaggedRows`).
+A model whose attention does not go through transformers' attention interface
+cannot be batched this way: `enable_ragged` says so loudly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+ATTN_NAME = "specdec_ragged"
+
+
+@dataclass
+class RaggedRows:
+    """Per-session keys (or values) after the cache update: rows[i] is [1, kv_heads, L_i, head_dim]."""
+
+    rows: list[torch.Tensor]
+    spans: list[tuple[int, int]]    # session i's new tokens are packed positions [start, end)
+
+
+class RaggedCache:
+    """The cache object a packed forward sees: session i appends to its own cache.
+
+    Args:
+        caches: one transformers DynamicCache per session (the sessions' own caches).
+        new_lengths: new tokens per session, packed in this order.
+    """
+
+    def __init__(self, caches: list[Any], new_lengths: list[int]) -> None:
+        self.caches = caches
+        ends = torch.tensor(new_lengths).cumsum(0).tolist()
+        self.spans = [(end - n, end) for n, end in zip(new_lengths, ends)]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args: Any, **kwargs: Any) -> tuple[RaggedRows, RaggedRows]:
+        """key_states/value_states: [1, kv_heads, S, head_dim] for the packed new tokens."""
+        keys, values = [], []
+        for cache, (start, end) in zip(self.caches, self.spans):
+            k, v = cache.update(key_states[:, :, start:end], value_states[:, :, start:end], layer_idx)
+            keys.append(k)
+            values.append(v)
+        return RaggedRows(keys, self.spans), RaggedRows(values, self.spans)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0  # positions are always passed explicitly (position_ids)
+
+
+def ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: Any, value: Any,
+                     attention_mask: torch.Tensor | None, scaling: float | None = None,
+                     **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """query: [1, heads, S, head_dim] when packed. Returns ([1, S, heads, head_dim], None)."""
+    if not isinstance(key, RaggedRows):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    _, heads, packed, head_dim = query.shape
+    out = query.new_empty(1, packed, heads, head_dim)
+    for k, v, (start, end) in zip(key.rows, value.rows, key.spans):
+        n, total = end - start, k.shape[2]
+        mask = None if n == 1 else offset_causal_mask(n, total, query.device)
+        o = F.scaled_dot_product_attention(query[:, :, start:end], k, v, attn_mask=mask, scale=scaling,
+                                           enable_gqa=k.shape[1] != heads)  # [1, heads, n, head_dim]
+        out[0, start:end] = o[0].transpose(0, 1)
+    return out, None
+
+
+def offset_causal_mask(n: int, total: int, device: torch.device) -> torch.Tensor:  # [n, total] bool
+    """Query j (the (total-n+j)-th position) sees keys 0..total-n+j."""
+    keys = torch.arange(total, device=device)
+    last = torch.arange(total - n, total, device=device).unsqueeze(1)
+    return keys.unsqueeze(0) <= last
+
+
+AttentionInterface.register(ATTN_NAME, ragged_attention)
+AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+
+
+def enable_ragged(model: Any) -> bool:
+    """Switch the model to the ragged attention implementation; False when it cannot be."""
+    try:
+        model.set_attn_implementation(ATTN_NAME)
+    except (ValueError, AttributeError, TypeError, KeyError):
+        return False
+    return getattr(model.config, "_attn_implementation", None) == ATTN_NAME
+
+
+def packed_inputs(rows: list[list[int]], pasts: list[int], device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Packed ids [1, S], their positions [1, S], and the 4D placeholder mask the model passes through.
+
+    rows[i] are session i's new tokens, which follow its `pasts[i]` cached positions.
+    """
+    ids = torch.tensor([t for row in rows for t in row], dtype=torch.long).unsqueeze(0)
+    positions = torch.cat([torch.arange(past, past + len(row)) for row, past in zip(rows, pasts)]).unsqueeze(0)
+    placeholder = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # a 4D mask is returned as-is by mask creation
+    return ids.to(device), positions.to(device), placeholder.to(device)

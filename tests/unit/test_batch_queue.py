@@ -1,0 +1,144 @@
+"""BatchQueue: concurrent calls of distinct sessions run as one batch; no session twice in a batch."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from specdec.engine.worker import BatchQueue, ModelWorker
+from specdec.errors import InvalidArgument
+
+STEP_S = 0.05
+
+
+class Recorder:
+    """A batch function that records its batches and takes STEP_S per batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[tuple[str, int]]] = []
+
+    def __call__(self, items: list[tuple[str, int]]) -> list[object]:
+        self.batches.append(list(items))
+        time.sleep(STEP_S)
+        return [InvalidArgument(f"bad {n}") if n < 0 else n * 10 for _, n in items]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_concurrent_calls_are_batched_and_each_gets_its_own_result():
+    async def scenario():
+        rec = Recorder()
+        queue = BatchQueue(ModelWorker("t"), rec, max_batch=8)
+        results = await asyncio.gather(*(queue.submit(f"s{i}", (f"s{i}", i)) for i in range(6)))
+        return rec, queue, results
+
+    rec, queue, results = run(scenario())
+    assert [r for r, _ in results] == [i * 10 for i in range(6)]
+    assert len(rec.batches) == 1 and len(rec.batches[0]) == 6
+    assert (queue.worker.state.batches, queue.worker.state.batched_calls) == (1, 6)
+
+
+def test_max_batch_caps_a_batch_and_a_lone_call_does_not_wait():
+    async def scenario():
+        rec = Recorder()
+        queue = BatchQueue(ModelWorker("t"), rec, max_batch=4)
+        await asyncio.gather(*(queue.submit(f"s{i}", (f"s{i}", i)) for i in range(10)))
+        start = time.perf_counter()
+        (_, queue_ms) = await queue.submit("alone", ("alone", 1))
+        return rec, queue_ms, time.perf_counter() - start
+
+    rec, queue_ms, took = run(scenario())
+    assert [len(b) for b in rec.batches[:3]] == [4, 4, 2]
+    assert queue_ms < STEP_S * 1000 and took < 3 * STEP_S
+
+
+def test_one_session_is_never_twice_in_a_batch():
+    async def scenario():
+        rec = Recorder()
+        queue = BatchQueue(ModelWorker("t"), rec, max_batch=8)
+        await asyncio.gather(*(queue.submit("same" if i % 2 else f"s{i}", ("same" if i % 2 else f"s{i}", i))
+                               for i in range(6)))
+        return rec
+
+    rec = run(scenario())
+    for batch in rec.batches:
+        sessions = [sid for sid, _ in batch]
+        assert len(sessions) == len(set(sessions))
+    assert sum(len(b) for b in rec.batches) == 6
+
+
+def test_an_item_error_fails_that_caller_only():
+    async def scenario():
+        queue = BatchQueue(ModelWorker("t"), Recorder(), max_batch=8)
+        return await asyncio.gather(queue.submit("a", ("a", 1)), queue.submit("b", ("b", -1)),
+                                    return_exceptions=True)
+
+    ok, bad = run(scenario())
+    assert ok[0] == 10 and isinstance(bad, InvalidArgument)
+
+
+def test_a_failed_forward_fails_every_caller_of_the_batch_and_marks_the_worker():
+    def broken(items):
+        raise RuntimeError("device lost")
+
+    async def scenario():
+        worker = ModelWorker("t")
+        queue = BatchQueue(worker, broken, max_batch=8)
+        out = await asyncio.gather(*(queue.submit(f"s{i}", i) for i in range(3)), return_exceptions=True)
+        return worker, out
+
+    worker, out = run(scenario())
+    assert all(isinstance(o, RuntimeError) for o in out)
+    assert not worker.state.last_ok and worker.state.in_flight == 0
+
+
+def test_a_cancelled_caller_is_skipped():
+    async def scenario():
+        rec = Recorder()
+        queue = BatchQueue(ModelWorker("t"), rec, max_batch=8)
+        first = asyncio.create_task(queue.submit("a", ("a", 1)))
+        await asyncio.sleep(0.01)               # "a" is running; the next ones queue behind it
+        gone = asyncio.create_task(queue.submit("b", ("b", 2)))
+        kept = asyncio.create_task(queue.submit("c", ("c", 3)))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        await first
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        return rec, (await kept)[0]
+
+    rec, kept = run(scenario())
+    assert kept == 30
+    assert [sid for batch in rec.batches for sid, _ in batch] == ["a", "c"]
+
+
+def test_a_group_that_comes_back_staggered_stays_one_batch():
+    async def session(queue: BatchQueue, sid: str, delay_s: float, rounds: int) -> None:
+        for r in range(rounds):
+            await queue.submit(sid, (sid, r))
+            await asyncio.sleep(delay_s)          # the orchestrator's round trip, different per session
+
+    async def scenario(max_wait_s: float) -> list[int]:
+        rec = Recorder()
+        queue = BatchQueue(ModelWorker("t"), rec, max_batch=8, max_wait_s=max_wait_s)
+        await asyncio.gather(*(session(queue, f"s{i}", 0.002 * i, rounds=5) for i in range(4)))
+        return [len(b) for b in rec.batches]
+
+    assert run(scenario(0.03)) == [4] * 5
+    without_wait = run(scenario(0.0))
+    assert without_wait[0] == 4 and without_wait[1] == 1   # the first one back went alone: the group split
+
+
+def test_a_lone_session_never_waits_for_company():
+    async def scenario() -> float:
+        queue = BatchQueue(ModelWorker("t"), Recorder(), max_batch=8, max_wait_s=1.0)
+        start = time.perf_counter()
+        for r in range(3):
+            await queue.submit("alone", ("alone", r))
+        return time.perf_counter() - start
+
+    assert run(scenario()) < 3 * STEP_S + 0.5
