@@ -32,7 +32,7 @@ FIRST_PAIR_WAIT_S = 0.5
 
 def local_ngram(cfg: OrchestratorConfig) -> NgramDraft | None:
     """The in-process n-gram drafter, unless disabled (SPECDEC_LOCAL_NGRAM=0)."""
-    return NgramDraft(cfg.ngram_min_n, cfg.ngram_max_n) if cfg.local_ngram else None
+    return NgramDraft(cfg.ngram_min_n, cfg.ngram_max_n, cfg.ngram_prefer) if cfg.local_ngram else None
 
 
 def build_pools(cfg: OrchestratorConfig) -> tuple[ReplicaPool, ReplicaPool | None]:

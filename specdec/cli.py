@@ -4,7 +4,7 @@
   specdec up [--target-model SPEC] [--draft-kind ngram|model] [--draft-replicas N] [--target-replicas M] [--http-port N]
   specdec generate "prompt" [--k N] [--max-new-tokens N] [--session ID] [--trace] [--json]
   specdec distill --target SPEC --out DIR [--layers 1|2] [--head-tokens N] [--steps N] [--seed N] [--resume]
-  specdec bench [--prompts grounded,open] [--k 2,4,6,8] [--max-new-tokens N] [--repeats N] [--threads N] [--quick]
+  specdec bench [--prompts grounded,open] [--k 2,4,8,12] [--max-new-tokens N] [--repeats N] [--threads N] [--quick]
 """
 
 from __future__ import annotations

@@ -126,6 +126,8 @@ class ModelServiceConfig:
     batch_wait_ms: float = field(default_factory=lambda: env_float("SPECDEC_BATCH_WAIT_MS", 5.0))
     ngram_min_n: int = 1
     ngram_max_n: int = 4
+    # Which earlier occurrence of the context's tail the n-gram draft continues: earliest | recent.
+    ngram_prefer: str = field(default_factory=lambda: env_str("SPECDEC_NGRAM_PREFER", "earliest"))
     server: ServerConfig = field(default_factory=ServerConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
 
@@ -186,6 +188,8 @@ class OrchestratorConfig:
     local_ngram: bool = field(default_factory=lambda: env_bool("SPECDEC_LOCAL_NGRAM", True))
     ngram_min_n: int = 1
     ngram_max_n: int = 4
+    # Which earlier occurrence of the context's tail the n-gram draft continues: earliest | recent.
+    ngram_prefer: str = field(default_factory=lambda: env_str("SPECDEC_NGRAM_PREFER", "earliest"))
     target_addresses: str = field(default_factory=lambda: env_str("SPECDEC_TARGET_ADDRESSES"))
     redis_url: str = field(default_factory=lambda: env_str("REDIS_URL"))
     redis_prefix: str = field(default_factory=lambda: env_str("SPECDEC_REDIS_PREFIX", "specdec:"))

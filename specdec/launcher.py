@@ -42,6 +42,7 @@ class StackConfig:
     threads: int = 1                     # torch threads per model service
     cache_budget_bytes: int = 0          # 0: the services' default
     max_batch: int = 0                   # target sessions per forward pass; 0: the service's default
+    dtype: str = ""                      # model services' weights dtype; "": the services' default (auto)
     max_concurrent: int = 0              # 0: the orchestrator's default
     log_dir: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -92,6 +93,8 @@ class LocalStack:
 
     def _model_args(self, model: str) -> list[str]:
         args = ["--model", model, "--threads", str(self.cfg.threads)]
+        if self.cfg.dtype:
+            args += ["--dtype", self.cfg.dtype]
         if self.cfg.cache_budget_bytes:
             args += ["--cache-budget-bytes", str(self.cfg.cache_budget_bytes)]
         return args
@@ -152,7 +155,37 @@ class LocalStack:
         self.orchestrator = self.start_orchestrator()
         for proc in self.procs:
             self.wait_ready(proc)
+        self.wait_connected(self.orchestrator, self.targets + self.drafts)
         return self
+
+    def wait_connected(self, orchestrator: Proc, replicas: list[Proc], timeout: float = READY_TIMEOUT_S) -> None:
+        """Wait until the orchestrator's Status lists every replica as healthy.
+
+        A replica that was still loading when the orchestrator last asked it for Info is
+        only picked up at the orchestrator's next pool refresh; until then its sessions
+        would all go to the replicas it already knows.
+        """
+        import grpc
+
+        from specdec.healthcheck import channel_for
+        from specdec.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+
+        want = {p.address for p in replicas}
+        token = next((t for t in {**os.environ, **self.cfg.extra_env}.get("SPECDEC_AUTH_TOKENS", "").split(",") if t), "")
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        deadline, seen = time.monotonic() + timeout, set()
+        with channel_for(orchestrator.address, self.tls()) as channel:
+            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+            while time.monotonic() < deadline:
+                try:
+                    status = stub.Status(orchestrator_pb2.StatusRequest(), timeout=5.0, metadata=metadata)
+                    seen = {r.address for r in status.replicas if r.healthy}
+                except grpc.RpcError as exc:
+                    seen = {f"({exc.code().name})"}
+                if want <= seen:
+                    return
+                time.sleep(POLL_S)
+        raise TimeoutError(f"the orchestrator sees {sorted(seen)} healthy, not all of {sorted(want)}")
 
     def wait_ready(self, proc: Proc, timeout: float = READY_TIMEOUT_S) -> None:
         """Poll the health service until SERVING; fail with the log tail if the process died."""

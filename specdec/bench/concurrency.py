@@ -50,6 +50,7 @@ class ConcurrencyArgs:
     repeats: int = DEFAULT_REPEATS
     max_batch: int = DEFAULT_MAX_BATCH
     threads: int = 1
+    dtype: str = "float32"
     target_model: str = "embedded"
     prompts: list[str] = field(default_factory=lambda: ["grounded", "open"])
     prompts_dir: str = str(PROMPTS_DIR)
@@ -81,7 +82,7 @@ class Stacks:
     def __init__(self, args: ConcurrencyArgs) -> None:
         from specdec.launcher import LocalStack, StackConfig
 
-        cfg = StackConfig(target_model=args.target_model, threads=args.threads, max_batch=args.max_batch,
+        cfg = StackConfig(target_model=args.target_model, threads=args.threads, max_batch=args.max_batch, dtype=args.dtype,
                           max_concurrent=max(args.concurrency) * 2)
         self.stack = LocalStack(cfg)
         self.max_batch = args.max_batch
@@ -211,7 +212,7 @@ def run(args: ConcurrencyArgs) -> dict[str, Any]:
     result["settings"] = {
         "concurrency": args.concurrency, "k": args.ks, "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats, "max_batch": args.max_batch, "target_model": args.target_model,
-        "threads": {"target_service": args.threads}, "draft": "n-gram, in the orchestrator",
+        "threads": {"target_service": args.threads}, "dtype": args.dtype, "draft": "n-gram, in the orchestrator",
         "prompts": [p.id for p in prompts], "greedy": True, "ignore_eos": True,
         "order": "for each repeat, c, k: batched then unbatched stack, back to back",
         "work": "every configuration runs the same prompts, in waves of c sessions at once",
@@ -253,6 +254,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--target-model", default="embedded")
     p.add_argument("--prompts", default="grounded,open")
     p.add_argument("--prompts-dir", default=str(PROMPTS_DIR))
@@ -264,7 +266,7 @@ def cmd_bench_concurrency(ns: argparse.Namespace) -> int:
     """Run, write the JSON, print the table."""
     ints = lambda text: sorted({int(x) for x in text.split(",") if x.strip()})  # noqa: E731
     args = ConcurrencyArgs(concurrency=ints(ns.concurrency), ks=ints(ns.k), max_new_tokens=ns.max_new_tokens,
-                           repeats=ns.repeats, max_batch=ns.max_batch, threads=ns.threads,
+                           repeats=ns.repeats, max_batch=ns.max_batch, threads=ns.threads, dtype=ns.dtype,
                            target_model=ns.target_model, prompts=ns.prompts.split(","),
                            prompts_dir=ns.prompts_dir, out=ns.out, progress=not ns.no_progress)
     logging.getLogger().setLevel(logging.WARNING)

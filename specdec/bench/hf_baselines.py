@@ -89,12 +89,12 @@ class HFRun:
 class HFBaselines:
     """The target (and a draft model, if any) loaded in this process."""
 
-    def __init__(self, target_model: str, threads: int, settings: HFSettings) -> None:
+    def __init__(self, target_model: str, threads: int, settings: HFSettings, dtype: str = "float32") -> None:
         from specdec.models.loader import LoadConfig, load_causal_lm
 
         self.threads = threads
         self.settings = settings
-        cfg = LoadConfig(device="cpu", dtype="float32", threads=threads)
+        cfg = LoadConfig(device="cpu", dtype=dtype, threads=threads)
         torch.set_num_threads(threads)
         loaded = load_causal_lm(target_model, cfg)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer

@@ -287,8 +287,9 @@ def table(result: dict[str, Any]) -> str:
                          f"({_fmt(mem.get('session_tokens'), 0)} tokens)")
         diffs = [(n, d) for n, i in r["identity"].items() for d in i["differences"]]
         for n, d in diffs:
+            tie = f", near-tie (<= {d.get('tie_threshold', 0):.4g})" if d["near_tie"] else ""
             lines.append(f"  token difference: {n} on {d['prompt']} at position {d['position']} "
-                         f"(top-2 logit gap {_fmt(d['top2_logit_gap'], 6)}{', near-tie' if d['near_tie'] else ''})")
+                         f"(top-2 logit gap {_fmt(d['top2_logit_gap'], 6)}{tie})")
     mem = result["memory"]
     lines.append("")
     lines.append("peak RSS: " + ", ".join(f"{k} {_mb(v)}" for k, v in mem["peak_rss_bytes"].items())

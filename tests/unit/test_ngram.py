@@ -22,15 +22,20 @@ def test_single_match_proposes_continuation():
     assert propose_ngram([5, 6, 7, 8, 9, 5], K) == [6, 7, 8]
 
 
-def test_longest_ngram_wins_over_shorter_more_recent_one():
-    # suffix [1, 2]: the bigram occurs at 0 (-> 10, 11); the unigram 2 occurs later (-> 20)
+def test_longest_ngram_wins_over_shorter_one():
+    # suffix [1, 2]: the bigram occurs at 0 (-> 10, 11); the unigram 2 occurs later too (-> 20)
     context = [1, 2, 10, 11, 2, 20, 1, 2]
     assert propose_ngram(context, K) == [10, 11, 2]
-    assert propose_ngram(context, K, max_n=1) == [20, 1, 2]
+    assert propose_ngram(context, K, prefer="recent") == [10, 11, 2]
+    assert propose_ngram(context, K, max_n=1, prefer="recent") == [20, 1, 2]
 
 
-def test_most_recent_occurrence_wins():
-    assert propose_ngram([4, 1, 4, 2, 4, 3, 9, 4], K, max_n=1) == [3, 9, 4]
+def test_earliest_occurrence_wins_by_default_most_recent_on_request():
+    context = [4, 1, 4, 2, 4, 3, 9, 4]
+    assert propose_ngram(context, K, max_n=1) == [1, 4, 2]
+    assert propose_ngram(context, K, max_n=1, prefer="recent") == [3, 9, 4]
+    with pytest.raises(ValueError, match="prefer"):
+        propose_ngram(context, K, prefer="random")
 
 
 def test_k_truncates_the_proposal():
@@ -40,7 +45,8 @@ def test_k_truncates_the_proposal():
 
 def test_match_running_into_end_of_context_is_shorter():
     assert propose_ngram([3, 4, 3], K) == [4, 3]
-    assert propose_ngram([5, 5, 5, 5], K) == [5]  # overlapping, most recent earlier match
+    assert propose_ngram([5, 5, 5, 5], K, prefer="recent") == [5]  # overlapping, most recent earlier match
+    assert propose_ngram([5, 5, 5, 5], K) == [5]                   # the earliest one: as far as the context goes
 
 
 def test_min_n_excludes_short_matches():
