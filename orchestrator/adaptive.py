@@ -7,8 +7,11 @@ where a_j is the session's running acceptance rate at draft position j (given
 positions < j were accepted), c the cost of one draft step, v(n) the cost of
 verifying n tokens, o_draft the draft hop's overhead and o the rest of a round.
 k = 0 (plain target decoding) is always a candidate, so speculation backs off when
-it does not pay; every PROBE_EVERY rounds at k = 0 one round probes k_max, so a
-context that starts to offer matches (n-gram) is noticed.
+it does not pay. After a run of rounds at k = 0 one round probes a short draft
+(PROBE_K tokens: cheap to verify, enough to see whether the context now offers
+matches). A probe that accepts nothing doubles the run before the next probe (up to
+PROBE_EVERY_MAX rounds), one that accepts anything resets it to PROBE_EVERY: on text
+where the draft never matches, probing costs next to nothing.
 
 Costs are properties of the deployment and shared by all sessions of an
 orchestrator (`CostModel`); acceptance is per session (`AcceptanceTracker`),
@@ -22,7 +25,9 @@ from dataclasses import dataclass, field
 EMA_WEIGHT = 0.2             # weight of a new observation in running means
 PRIOR_ACCEPTS, PRIOR_TRIES = 1.5, 2.0   # optimistic Beta prior per position (a_j = 0.75 before data)
 DECAY = 0.9                  # older rounds count less: acceptance drifts with the context
-PROBE_EVERY = 8              # rounds at k = 0 before one probing round at k_max
+PROBE_EVERY = 8              # rounds at k = 0 before the first probing round
+PROBE_EVERY_MAX = 128        # the longest run of k = 0 rounds between probes (after failed probes)
+PROBE_K = 2                  # draft tokens of a probing round
 
 
 def _ema(old: float | None, new: float) -> float:
@@ -76,6 +81,8 @@ class AcceptanceTracker:
     accepts: list[float] = field(default_factory=list)
     tries: list[float] = field(default_factory=list)
     rounds_at_zero: int = 0
+    probe_every: int = PROBE_EVERY      # rounds at k = 0 before the next probe
+    probing: bool = False               # the round in flight is a probe
 
     def __post_init__(self) -> None:
         self.accepts = [PRIOR_ACCEPTS] * self.k_max
@@ -83,6 +90,9 @@ class AcceptanceTracker:
 
     def observe(self, proposed: int, accepted: int) -> None:
         """Positions 1..accepted were accepted; position accepted+1 (if proposed) was rejected."""
+        if self.probing:
+            self.probing = False
+            self.probe_every = PROBE_EVERY if accepted else min(2 * self.probe_every, PROBE_EVERY_MAX)
         for i in range(self.k_max):
             self.accepts[i] *= DECAY
             self.tries[i] *= DECAY
@@ -103,12 +113,13 @@ class AcceptanceTracker:
 
 
 def choose_k(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int) -> int:
-    """The k in [0, k_cap] with the most expected tokens per ms (probing k_cap now and then)."""
+    """The k in [0, k_cap] with the most expected tokens per ms (probing a short draft now and then)."""
     if k_cap <= 0:
         return 0
-    if acceptance.rounds_at_zero >= PROBE_EVERY:
+    if acceptance.rounds_at_zero >= acceptance.probe_every:
         acceptance.rounds_at_zero = 0
-        return k_cap
+        acceptance.probing = True
+        return min(PROBE_K, k_cap)
     best = max(range(k_cap + 1), key=lambda k: acceptance.expected_tokens(k) / max(costs.round_ms(k), 1e-6))
     acceptance.rounds_at_zero = acceptance.rounds_at_zero + 1 if best == 0 else 0
     return best

@@ -89,6 +89,8 @@ class CausalLMRunner:
 
         One item runs the plain path; several are packed into one sequence with
         per-session attention (specdec/engine/ragged.py), which needs `batching`.
+        Making room for a later item may evict an earlier one's cache from the pool:
+        that session is still computed correctly and simply misses next time.
         """
         if len({item.session_id for item in items}) != len(items):
             raise ValueError("a batch holds each session at most once")

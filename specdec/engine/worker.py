@@ -17,9 +17,9 @@ import asyncio
 import contextlib
 import os
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from collections import deque
 from typing import AsyncIterator, Callable, Generic, TypeVar
 
 from specdec.errors import SpecDecError
@@ -61,10 +61,8 @@ class ModelWorker:
         """Run fn on the model thread holding the session's lock; returns (result, queue_ms)."""
         queued = time.perf_counter()
         async with self.session_slot(session_id):
-            loop = asyncio.get_running_loop()
             queue_ms = (time.perf_counter() - queued) * MS_PER_S
-            result = await loop.run_in_executor(self._executor, self._call, fn)
-            return result, queue_ms
+            return await self.run_on_thread(fn), queue_ms
 
     @contextlib.asynccontextmanager
     async def session_slot(self, session_id: str) -> AsyncIterator[None]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from orchestrator.adaptive import PROBE_EVERY, AcceptanceTracker, CostModel, choose_k
+from orchestrator.adaptive import (
+    PROBE_EVERY, PROBE_EVERY_MAX, PROBE_K, AcceptanceTracker, CostModel, choose_k,
+)
 
 
 def cpu_like_costs() -> CostModel:
@@ -31,7 +33,29 @@ def test_rejections_back_off_to_target_only_and_probe_later():
         acc.observe(proposed=4, accepted=0)
     picks = [choose_k(costs, acc, 8) for _ in range(PROBE_EVERY + 1)]
     assert picks[:PROBE_EVERY] == [0] * PROBE_EVERY
-    assert picks[PROBE_EVERY] == 8  # a probing round
+    assert picks[PROBE_EVERY] == PROBE_K  # a short probing round
+
+
+def rounds_until_probe(costs: CostModel, acc: AcceptanceTracker, accepted_on_probe: int) -> int:
+    """Rounds at k = 0 before the next probe; the probe's outcome is then observed."""
+    for n in range(10 * PROBE_EVERY_MAX):
+        k = choose_k(costs, acc, 8)
+        acc.observe(proposed=k, accepted=accepted_on_probe if k else 0)
+        if k:
+            return n
+    raise AssertionError("never probed")
+
+
+def test_failed_probes_back_off_exponentially_and_a_hit_resets_the_interval():
+    costs, acc = cpu_like_costs(), AcceptanceTracker(k_max=8)
+    for _ in range(30):
+        acc.observe(proposed=4, accepted=0)
+    gaps = [rounds_until_probe(costs, acc, accepted_on_probe=0) for _ in range(6)]
+    assert gaps == [PROBE_EVERY * 2 ** i for i in range(5)] + [PROBE_EVERY_MAX]
+    acc.rounds_at_zero = acc.probe_every   # the next round probes, and this probe hits
+    assert choose_k(costs, acc, 8) == PROBE_K
+    acc.observe(proposed=PROBE_K, accepted=2)
+    assert acc.probe_every == PROBE_EVERY
 
 
 def test_expensive_draft_steps_shorten_the_draft():
