@@ -174,19 +174,29 @@ class Generation:
 
     @contextlib.asynccontextmanager
     async def _renewing(self) -> AsyncIterator[None]:
-        """Renew this instance's lease every LeaseConfig.renew_s while the block runs."""
-        task = asyncio.create_task(self._renew_forever())
+        """Renew this instance's lease every LeaseConfig.renew_s while the block runs.
+
+        The renewal task is stopped by an event, not by cancellation alone: redis-py's
+        asyncio client can swallow a CancelledError that lands inside a command
+        (redis/redis-py#2028, #2551), and a task that never ends would hang the request
+        (seen here: a finished generation waiting forever while its lease kept renewing).
+        """
+        stop = asyncio.Event()
+        task = asyncio.create_task(self._renew_until(stop))
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            stop.set()
+            task.cancel()  # cuts the sleep short; `stop` ends the loop if the cancellation is swallowed
+            await asyncio.wait({task}, timeout=self.deps.cfg.lease.stop_wait_s)
 
-    async def _renew_forever(self) -> None:
+    async def _renew_until(self, stop: asyncio.Event) -> None:
         lease = self.deps.cfg.lease
-        while True:
-            await asyncio.sleep(lease.renew_s)
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=lease.renew_s)
+            if stop.is_set():
+                return
             try:
                 await self.deps.store.renew_lease(self.session_id, self.deps.owner, lease.seconds)
             except LeaseLost as exc:

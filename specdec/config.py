@@ -158,6 +158,7 @@ class LeaseConfig:
     poll_s: how often the waiting retry asks Redis again.
     release_s: the lease left behind when a generation fails with a retryable error (the
         request stays resumable and is free for another orchestrator almost at once).
+    stop_wait_s: how long a finished generation waits for its renewal task to end.
     """
 
     seconds: float = field(default_factory=lambda: env_float("SPECDEC_LEASE_SECONDS", 6.0))
@@ -165,6 +166,7 @@ class LeaseConfig:
     takeover_margin_s: float = 1.0
     poll_s: float = 0.1
     release_s: float = 0.001
+    stop_wait_s: float = 5.0
 
     @property
     def renew_s(self) -> float:
