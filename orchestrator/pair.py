@@ -59,7 +59,13 @@ class PairMonitor:
         return (Unavailable if self._transient else FailedPrecondition)(self._problem)
 
     async def refresh(self) -> None:
-        """One discovery + Info + compatibility pass over both pools."""
+        """One discovery + Info + compatibility pass over both pools (sets `checked`, even when it fails)."""
+        try:
+            await self._refresh()
+        finally:
+            self.checked.set()
+
+    async def _refresh(self) -> None:
         await self.target.refresh()
         self.target.check_compatible(self.tokenizer, f"orchestrator tokenizer {self.tokenizer_name}")
         targets = self.target.usable()
@@ -71,7 +77,6 @@ class PairMonitor:
                                     special_tokens=dict(t.special_tokens))
                 self.draft.check_compatible(ref, f"target {t.model_id}")
         self._problem = self._diagnose()
-        self.checked.set()
 
     def _diagnose(self) -> str:
         self._transient = not any(r.incompatible for r in self.target.replicas.values())
@@ -94,7 +99,6 @@ class PairMonitor:
                 self._problem, self._transient = f"replica discovery failed: {exc}", True
                 log.warning(self._problem)
             await on_change(not self._problem)
-            self.checked.set()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.refresh_s)
 

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.core.ngram import DEFAULT_PREFER, propose_ngram
+from specdec.core.ngram import DEFAULT_PREFER, EARLIEST, RECENT, propose_ngram
 from specdec.core.sampling import draw_generator, logits_to_probs, sample, token_counts, truncate_top_n
 from specdec.engine.checks import check_lengths, check_token_ids
 from specdec.engine.runner import CausalLMRunner
@@ -27,6 +27,8 @@ class NgramDraft:
     kind = NGRAM
 
     def __init__(self, min_n: int, max_n: int, prefer: str = DEFAULT_PREFER) -> None:
+        if prefer not in (EARLIEST, RECENT):  # a bad setting stops the service at start, not every request
+            raise ValueError(f"n-gram prefer (SPECDEC_NGRAM_PREFER) must be {EARLIEST!r} or {RECENT!r}, got {prefer!r}")
         self.min_n, self.max_n, self.prefer = min_n, max_n, prefer
 
     def propose(self, inp: ProposeInput) -> ProposeOutput:

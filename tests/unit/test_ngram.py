@@ -65,3 +65,11 @@ def test_accepts_tensors_and_long_contexts():
     context = torch.randint(LONG_VOCAB, (LONG_CONTEXT,), generator=torch.Generator().manual_seed(0))
     proposal = propose_ngram(context, K)
     assert len(proposal) <= K and all(isinstance(t, int) for t in proposal)
+
+
+def test_the_draft_refuses_an_unknown_preference_when_it_is_built():
+    from specdec.engine.draft import NgramDraft
+
+    with pytest.raises(ValueError, match="SPECDEC_NGRAM_PREFER"):
+        NgramDraft(1, 4, prefer="newest")
+    assert NgramDraft(1, 4, prefer="recent").prefer == "recent"
