@@ -8,7 +8,7 @@ import grpc
 
 from specdec.engine.types import ProposeInput
 from specdec.errors import FailedPrecondition
-from specdec.protocol import sampling_from_proto, sparse_to_proto, stats_to_proto
+from specdec.protocol import hidden_from_proto, sampling_from_proto, sparse_to_proto, stats_to_proto
 from specdec.server.model_service import ModelServiceBase
 from specdec.v1 import draft_pb2, draft_pb2_grpc
 
@@ -34,10 +34,15 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
             ngram_max_n=request.ngram.max_n if request.ngram.HasField("max_n") else None,
             position_base=request.position_base,
         )
+        if getattr(engine, "needs_target_hidden", False):
+            inp.target_hidden = hidden_from_proto(request.target_hidden, engine.hidden_size)
         out, queue_ms = await self.worker.run(request.session_id, lambda: engine.propose(inp))
         out.stats.queue_ms = queue_ms
-        return draft_pb2.ProposeResponse(draft_ids=out.draft_ids, draft_probs=sparse_to_proto(out.draft_probs),
-                                         stats=stats_to_proto(out.stats), draft_kind=out.draft_kind)
+        response = draft_pb2.ProposeResponse(draft_ids=out.draft_ids, draft_probs=sparse_to_proto(out.draft_probs),
+                                             stats=stats_to_proto(out.stats), draft_kind=out.draft_kind)
+        if out.target_hidden_from >= 0:
+            response.target_hidden_from = out.target_hidden_from
+        return response
 
 
 def add_to_server(servicer: DraftServicer, server: grpc.aio.Server) -> None:

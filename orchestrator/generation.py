@@ -56,6 +56,7 @@ from specdec.v1 import orchestrator_pb2 as pb
 
 from orchestrator.adaptive import AcceptanceTracker, CostModel, choose_k
 from orchestrator.detokenize import IncrementalDetokenizer
+from orchestrator.features import HiddenRelay
 from orchestrator.prompting import Message, Prompter
 from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner
 from orchestrator.session_store import (
@@ -140,6 +141,7 @@ class Generation:
         self.request_id = request.request_id if request.HasField("request_id") else uuid.uuid4().hex
         self.stats = StatsCollector()
         self.acceptance = AcceptanceTracker(k_max=max(self.params.k, 1))
+        self.relay = HiddenRelay()          # the target's hidden states on their way to a feature draft
         self.state: State | None = None
 
     async def chunks(self) -> AsyncIterator[pb.GenerateChunk]:
@@ -329,7 +331,7 @@ class Generation:
         start_len = len(state.completion)
         outcome = await self.deps.runner.run(RoundRequest(                                   # 1, 2
             self.session_id, self.request_id, list(state.ids), self._round_k(state),
-            self.params.sampling, self.params.draft_kind, self.params.logprobs, self.deadline))
+            self.params.sampling, self.params.draft_kind, self.params.logprobs, self.deadline, self.relay))
         tokens = self._cut(state, outcome.emitted)                                            # 3
         delta = stops.push(detok.push(tokens))                                                # 4
         state.completion += tokens

@@ -76,6 +76,7 @@ class PairMonitor:
                 ref = TokenizerInfo(vocab_size=t.vocab_size, fingerprint=t.tokenizer_fingerprint,
                                     special_tokens=dict(t.special_tokens))
                 self.draft.check_compatible(ref, f"target {t.model_id}")
+                self.draft.check_features(t)
         self._problem = self._diagnose()
 
     def _diagnose(self) -> str:

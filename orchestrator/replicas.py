@@ -137,6 +137,21 @@ class ReplicaPool:
                 self.set.mark_unhealthy(r.address)
                 log.error("refusing %s", problem)
 
+    def check_features(self, target: Any) -> None:
+        """Mark feature-draft replicas the target cannot feed (no kept hidden states, another hidden size)."""
+        for r in self.replicas.values():
+            if r.info is None or not r.info.needs_target_hidden or r.incompatible:
+                continue
+            if target.keeps_hidden and target.hidden_size == r.info.hidden_size:
+                continue
+            r.error = (f"hidden states differ: feature draft {r.info.model_id} at {r.address} needs the target's "
+                       f"hidden states of size {r.info.hidden_size}; target {target.model_id} has size "
+                       f"{target.hidden_size} and {'keeps' if target.keeps_hidden else 'does not keep'} them "
+                       "(SPECDEC_KEEP_HIDDEN)")
+            r.incompatible = True
+            self.set.mark_unhealthy(r.address)
+            log.error("refusing %s", r.error)
+
     async def call(self, session_id: str, method: str, request: Any, timeout: float) -> tuple[Any, str, int]:
         """Call `method` on the session's replica, retrying UNAVAILABLE on the next choices.
 

@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 
 from specdec.config import RetryConfig
 from specdec.core.sampling import SamplingConfig
-from specdec.engine.draft import NGRAM, NgramDraft
+from specdec.engine.draft import MODEL, NGRAM, NgramDraft
 from specdec.engine.types import ProposeInput
 from specdec.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from specdec.protocol import sampling_to_proto
 from specdec.v1 import draft_pb2, target_pb2
 
+from orchestrator.features import HiddenRelay
 from orchestrator.replicas import ReplicaPool
 
 log = logging.getLogger("specdec.orchestrator")
@@ -79,6 +80,7 @@ class RoundRequest:
     draft_kind: str = ""
     logprobs: int = -1
     deadline: float | None = None     # time.monotonic() by which the client wants its answer
+    relay: HiddenRelay | None = None  # the generation's hidden-state relay (used with feature drafts)
 
 
 class RoundRunner:
@@ -98,6 +100,13 @@ class RoundRunner:
         usable = self.draft.usable() if self.draft is not None else []
         return usable[0].info.draft_kind if usable and usable[0].info.draft_kind else NGRAM
 
+    def feature_draft(self, requested: str) -> bool:
+        """Whether this round's draft is a feature draft (fed the target's hidden states)."""
+        if self.draft_kind(requested) != MODEL:
+            return False
+        usable = self.draft.usable() if self.draft is not None else []
+        return bool(usable) and usable[0].info.needs_target_hidden
+
     def _propose_locally(self, req: RoundRequest) -> draft_pb2.ProposeResponse:
         """The model-free n-gram draft, in this process: no network hop."""
         out = self.local_ngram.propose(ProposeInput(req.session_id, req.context_ids, req.k, req.sampling))
@@ -116,15 +125,21 @@ class RoundRunner:
     async def run(self, req: RoundRequest) -> RoundOutcome:
         """Steps 1-3 of the round (see module docstring)."""
         start = time.perf_counter()
-        proposal, out = await self._propose(req)
+        relay = req.relay if req.relay is not None and self.feature_draft(req.draft_kind) else None
+        proposal, out = await self._propose(req, relay)
         verify = target_pb2.VerifyRequest(
             session_id=req.session_id, request_id=req.request_id, context_ids=req.context_ids,
             draft_ids=proposal.draft_ids, draft_probs=proposal.draft_probs,
             sampling=sampling_to_proto(req.sampling))
         if req.logprobs >= 0:
             verify.logprobs = req.logprobs
+        hidden_from = relay.verify_from() if relay is not None else None
+        if hidden_from is not None:
+            verify.return_hidden_states, verify.hidden_from = True, hidden_from
         timeout = self._deadline(len(req.context_ids) + len(proposal.draft_ids), req.deadline)
         verdict, out.target_replica, retries = await self.target.call(req.session_id, "Verify", verify, timeout)
+        if hidden_from is not None:
+            relay.after_verify(verdict.hidden)
         m = verdict.num_accepted
         out.draft_ids, out.target_ids, out.matches = list(proposal.draft_ids), list(verdict.target_ids), list(verdict.matches)
         out.num_accepted, out.next_token, out.next_kind = m, verdict.next_token, verdict.next_kind
@@ -138,7 +153,8 @@ class RoundRunner:
         out.wall_ms = (time.perf_counter() - start) * MS_PER_S
         return out
 
-    async def _propose(self, req: RoundRequest) -> tuple[draft_pb2.ProposeResponse, RoundOutcome]:
+    async def _propose(self, req: RoundRequest, relay: HiddenRelay | None
+                       ) -> tuple[draft_pb2.ProposeResponse, RoundOutcome]:
         out = RoundOutcome(k=req.k, draft_ids=[], matches=[], target_ids=[], num_accepted=0,
                            next_token=-1, next_kind=0, emitted=[])
         empty = draft_pb2.ProposeResponse()
@@ -155,6 +171,9 @@ class RoundRunner:
                                            sampling=sampling_to_proto(req.sampling))
         if req.draft_kind:
             propose.draft_kind = req.draft_kind
+        rows = relay.take() if relay is not None else None
+        if rows is not None:
+            propose.target_hidden.CopyFrom(rows)
         try:
             timeout = self._deadline(len(req.context_ids) + req.k, req.deadline)
             response, out.draft_replica, out.retries = await self.draft.call(req.session_id, "Propose", propose, timeout)
@@ -162,6 +181,8 @@ class RoundRunner:
             log.warning("draft unavailable, degrading session %s to target-only this round: %s", req.session_id, exc)
             out.degraded = True
             return empty, out
+        if relay is not None and response.HasField("target_hidden_from"):
+            relay.after_propose(response.target_hidden_from)
         out.draft_ms = response.stats.forward_ms
         out.draft_computed = response.stats.computed_tokens
         out.wire_bytes = propose.ByteSize() + response.ByteSize()

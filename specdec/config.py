@@ -128,6 +128,12 @@ class ModelServiceConfig:
     ngram_max_n: int = 4
     # Which earlier occurrence of the context's tail the n-gram draft continues: earliest | recent.
     ngram_prefer: str = field(default_factory=lambda: env_str("SPECDEC_NGRAM_PREFER", "earliest"))
+    # Target: keep each cached position's final hidden state (about hidden/KV = 1/(4 x layers) more
+    # memory) so feature drafts can be fed; 0 = off (a feature draft then gets FAILED_PRECONDITION).
+    keep_hidden: bool = field(default_factory=lambda: env_bool("SPECDEC_KEEP_HIDDEN", True))
+    # Target: the most hidden-state bytes one Verify returns (fp16 on the wire); a feature draft
+    # catches up on a long prompt over several rounds beyond that.
+    max_hidden_bytes: int = field(default_factory=lambda: env_int("SPECDEC_MAX_HIDDEN_BYTES", 2 * MIB))
     server: ServerConfig = field(default_factory=ServerConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
 

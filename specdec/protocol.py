@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+import numpy as np
+import torch
+
 from specdec.core.sampling import SamplingConfig
-from specdec.engine.types import ComputeStatsData, SparseDist, TokenLogprobData
+from specdec.engine.types import ComputeStatsData, HiddenRows, SparseDist, TokenLogprobData
+from specdec.errors import InvalidArgument
 from specdec.params import SAMPLING_FIELDS, resolve_sampling
 from specdec.v1 import common_pb2
 
 PROTOCOL_VERSION = "specdec.v1"
+HIDDEN_WIRE_DTYPE = "float16"   # hidden states travel as fp16 (feature drafts are trained on fp16 features)
 
 
 def sampling_to_proto(cfg: SamplingConfig) -> common_pb2.SamplingParams:
@@ -44,3 +49,27 @@ def stats_to_proto(s: ComputeStatsData) -> common_pb2.ComputeStats:
 def logprobs_to_proto(items: Iterable[TokenLogprobData]) -> list[common_pb2.TokenLogprob]:
     return [common_pb2.TokenLogprob(token_id=i.token_id, logprob=i.logprob, top_token_ids=i.top_token_ids,
                                     top_logprobs=i.top_logprobs) for i in items]
+
+
+def hidden_to_proto(h: HiddenRows) -> common_pb2.HiddenStates:
+    """[n, H] rows -> HiddenStates (fp16, row-major, little-endian)."""
+    rows = h.rows.detach().to("cpu", torch.float16).contiguous()
+    return common_pb2.HiddenStates(data=rows.numpy().astype("<f2", copy=False).tobytes(), rows=rows.shape[0],
+                                   hidden_size=rows.shape[1] if rows.dim() == 2 else 0, dtype=HIDDEN_WIRE_DTYPE,
+                                   first_position=h.first_position)
+
+
+def hidden_from_proto(msg: Any, hidden_size: int) -> HiddenRows | None:
+    """HiddenStates -> HiddenRows [rows, H] float32; None when the message is empty; INVALID_ARGUMENT when malformed."""
+    if msg.rows == 0:
+        return None
+    if msg.dtype != HIDDEN_WIRE_DTYPE:
+        raise InvalidArgument(f"hidden states must be {HIDDEN_WIRE_DTYPE}, got {msg.dtype!r}")
+    if msg.hidden_size != hidden_size:
+        raise InvalidArgument(f"hidden states of size {msg.hidden_size}; this draft needs {hidden_size} "
+                              "(is it paired with the target it was trained for?)")
+    if msg.rows < 0 or msg.first_position < 0 or len(msg.data) != 2 * msg.rows * msg.hidden_size:
+        raise InvalidArgument(f"hidden states: {len(msg.data)} bytes for {msg.rows} rows of {msg.hidden_size} "
+                              f"from position {msg.first_position}")
+    rows = np.frombuffer(msg.data, dtype="<f2").reshape(msg.rows, msg.hidden_size)
+    return HiddenRows(int(msg.first_position), torch.from_numpy(rows.astype(np.float32)))

@@ -9,7 +9,10 @@ import grpc
 from specdec.core.accept import BONUS
 from specdec.engine.types import VerifyInput
 from specdec.engine.worker import BatchQueue
-from specdec.protocol import logprobs_to_proto, sampling_from_proto, sparse_from_proto, stats_to_proto
+from specdec.errors import InvalidArgument
+from specdec.protocol import (
+    hidden_to_proto, logprobs_to_proto, sampling_from_proto, sparse_from_proto, stats_to_proto,
+)
 from specdec.server.model_service import ModelServiceBase
 from specdec.v1 import target_pb2, target_pb2_grpc
 
@@ -39,14 +42,28 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
             draft_probs=sparse_from_proto(request.draft_probs),
             logprobs=request.logprobs if request.HasField("logprobs") else -1,
             position_base=request.position_base,
+            hidden_from=hidden_from(request),
         )
         out, queue_ms = await batches.submit(request.session_id, inp)
         out.stats.queue_ms = queue_ms
         r = out.result
         kind = target_pb2.NEXT_KIND_BONUS if r.next_kind == BONUS else target_pb2.NEXT_KIND_RECOVERED
-        return target_pb2.VerifyResponse(
+        response = target_pb2.VerifyResponse(
             num_accepted=r.num_accepted, next_token=r.next_token, next_kind=kind, target_ids=r.target_ids,
             matches=r.matches, logprobs=logprobs_to_proto(out.logprobs), stats=stats_to_proto(out.stats))
+        if out.hidden is not None:
+            response.hidden.CopyFrom(hidden_to_proto(out.hidden))
+        return response
+
+
+def hidden_from(request: target_pb2.VerifyRequest) -> int:
+    """The context-relative position to return hidden states from (-1 = none asked)."""
+    if not request.return_hidden_states:
+        return -1
+    local = request.hidden_from - request.position_base
+    if local < 0:
+        raise InvalidArgument(f"hidden_from={request.hidden_from} is before position_base={request.position_base}")
+    return local
 
 
 def add_to_server(servicer: TargetServicer, server: grpc.aio.Server) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,3 +160,29 @@ def target_greedy(model: Any, ids: list[int], max_new_tokens: int, eos_ids: list
                              eos_token_id=list(eos_ids), pad_token_id=eos_ids[0], top_k=None, top_p=None,
                              temperature=None)
     return out[0, len(ids):].tolist()
+
+
+def divergence(model: Any, prompt_ids: list[int], got: list[int], want: list[int], tie_epsilon: float = 1e-4) -> str:
+    """"" when equal, "tie" when they first differ where the target's top-2 logits are within
+    tie_epsilon (a (k+1)-token forward may round differently from one-token steps), else a message."""
+    j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    if j is None:
+        return "" if len(got) == len(want) else f"lengths differ: {len(got)} vs {len(want)}"
+    with torch.inference_mode():
+        top = torch.topk(model(torch.tensor([prompt_ids + want[:j]])).logits[0, -1], 2).values
+    if float(top[0] - top[1]) < tie_epsilon:
+        return "tie"
+    return f"diverged at {j}: got {got[j:j + 5]} want {want[j:j + 5]}"
+
+
+def wait_for_status(address: str, want_serving: bool, wait_s: float = 60.0) -> str:
+    """Poll a service's health until it is (not) SERVING and reachable; its status string."""
+    from specdec.healthcheck import check
+
+    deadline, status = time.monotonic() + wait_s, ""
+    while time.monotonic() < deadline:
+        ok, status = check(address, timeout=1.0)
+        if ok == want_serving and not status.startswith("UNAVAILABLE"):
+            return status
+        time.sleep(0.3)
+    raise AssertionError(f"{address} never became {'SERVING' if want_serving else 'NOT_SERVING'} ({status})")

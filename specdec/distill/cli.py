@@ -25,10 +25,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--docstrings", type=int, default=1000, help="extra prompts from stdlib docstrings (0 = none)")
     p.add_argument("--variants", type=int, default=2,
                    help="continuations per chat prompt: 1 greedy + (variants-1) sampled (docstring prompts: greedy)")
-    p.add_argument("--layers", type=int, default=2, choices=[1, 2, 3, 4])
+    p.add_argument("--arch", choices=["eagle", "layers"], default="eagle",
+                   help="eagle: one layer fed the target's hidden states (a feature draft; the target must keep "
+                        "them, the default); layers: a small standalone LM of --layers target-shaped layers")
+    p.add_argument("--layers", type=int, default=2, choices=[1, 2, 3, 4], help="--arch layers only")
+    p.add_argument("--depth", type=int, default=3, help="--arch eagle: draft steps unrolled in training")
+    p.add_argument("--text-tokens", type=int, default=500_000,
+                   help="--arch eagle: extra teacher-forced tokens of standard-library docstrings (one target "
+                        "prefill each, far cheaper than generating)")
+    p.add_argument("--feature-weight", type=float, default=0.2,
+                   help="--arch eagle: weight of the smooth-L1 loss on the predicted target features")
     p.add_argument("--head-tokens", type=int, default=8192, help="FR-Spec head size (0 = full vocabulary)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--steps", type=int, default=800)
+    p.add_argument("--steps", type=int, help="training steps (default: 1500 for eagle, 800 for layers)")
     p.add_argument("--batch-tokens", type=int, default=2048, help="tokens per training step")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--kl-weight", type=float, default=1.0, help="weight of the KL to the target's top-k (plus CE)")
@@ -52,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     from specdec.models.tokenizer_info import eos_token_ids
 
     torch.set_num_threads(args.threads)
+    if args.steps is None:
+        args.steps = 1500 if args.arch == "eagle" else 800
     out = Path(args.out).expanduser()
     state_path = out / STATE_FILE
     if out.exists() and any(out.iterdir()) and not args.resume:
@@ -85,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
     if args.stop_after == "data":
         return 0
 
-    from specdec.distill import train as train_mod
+    if args.arch == "eagle":
+        from specdec.distill import feature_train as train_mod
+    else:
+        from specdec.distill import train as train_mod
 
     t0 = time.time()
     train_mod.train(model, tokenizer, out, args, progress=progress)

@@ -85,3 +85,34 @@ def build_corpus(prompts_file: Path | None = None, docstrings: int = 0, seed: in
     held_out = [p for p in prompts if is_held_out(p)]
     extra = [p for p in stdlib_docstrings(docstrings, seed) if not is_held_out(p)] if docstrings else []
     return Corpus(train=chat_train + extra, held_out=held_out)
+
+
+MIN_TEXT_CHARS = 300
+TEXT_QUESTIONS = ("Explain {name} in Python.", "What is {name} for?", "Describe {name}.")
+
+
+def reference_texts(seed: int) -> list[tuple[str, str]]:
+    """(question, answer) pairs of text found on this machine, for teacher-forced feature-draft data:
+    the longer docstrings of the Python standard library's modules, classes and functions (parsed,
+    not imported), shuffled with `seed`. The target's hidden states and choices on them are labels
+    as good as on its own continuations, and far cheaper (one prefill, no generation)."""
+    import ast
+    import sysconfig
+
+    out: list[tuple[str, str]] = []
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.rglob("*.py")):
+        if "test" in path.parts or "site-packages" in path.parts:
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) >= MIN_TEXT_CHARS:
+                    name = getattr(node, "name", path.stem)
+                    out.append((TEXT_QUESTIONS[len(out) % len(TEXT_QUESTIONS)].format(name=name), doc))
+    random.Random(seed).shuffle(out)
+    return out

@@ -37,10 +37,18 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 @dataclass
 class SessionKV:
-    """One session's KV cache and the tokens it covers (len(tokens) == cache length)."""
+    """One session's KV cache and the tokens it covers (len(tokens) == cache length).
+
+    hidden: the model's final (normed) hidden state at every cached position, [len, H], when the
+        service keeps them (a target serving feature drafts); truncated with the cache.
+    anchor: for caches whose position j is keyed by the token AFTER it (a feature draft's input
+        at j pairs x_{j+1} with f_j, so `tokens` = x_1..x_n), the token x_0 they hang from.
+    """
 
     cache: DynamicCache
     tokens: list[int] = field(default_factory=list)
+    hidden: Any = None
+    anchor: int = -1
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -57,6 +65,8 @@ class SessionKV:
                 layer.keys = layer.keys[..., :n, :]
                 layer.values = layer.values[..., :n, :]
         del self.tokens[n:]
+        if self.hidden is not None:
+            self.hidden = self.hidden[:n]
         return dropped
 
 

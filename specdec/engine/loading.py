@@ -10,9 +10,11 @@ import torch
 
 from specdec.config import ModelServiceConfig
 from specdec.engine.draft import MODEL, NGRAM, ModelDraft, NgramDraft
+from specdec.engine.feature import FeatureDraft
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
 from specdec.engine.runner import CausalLMRunner
 from specdec.engine.target import TargetEngine
+from specdec.models.feature_draft import FeatureDraftModel
 from specdec.models.loader import LoadConfig, check_cache_truncatable, load_causal_lm
 from specdec.models.spec import parse_model_spec
 from specdec.models.tokenizer_info import describe_tokenizer, eos_token_ids
@@ -40,7 +42,8 @@ def load_config(device: str = "auto", dtype: str = "auto", cache_dir: str = "", 
     return LoadConfig(device=device, dtype=dtype, cache_dir=cache_dir or None, **extra)
 
 
-def _load(cfg: ModelServiceConfig, batching: bool = False) -> tuple[Any, Any, CausalLMRunner, dict[str, Any], float]:
+def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = False
+          ) -> tuple[Any, Any, CausalLMRunner, dict[str, Any], float]:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     load_cfg = load_config(cfg.device, cfg.dtype, cfg.cache_dir, cfg.offline)
@@ -48,8 +51,12 @@ def _load(cfg: ModelServiceConfig, batching: bool = False) -> tuple[Any, Any, Ca
     model, tokenizer = loaded.model, loaded.tokenizer
     check_cache_truncatable(model.config)
     dtype_bytes = torch.finfo(model.dtype).bits // 8
-    pool = KVCachePool(cfg.cache_budget_bytes, kv_bytes_per_token(model.config, dtype_bytes), model.config)
-    runner = CausalLMRunner(model, pool, batching=batching)
+    feature = isinstance(model, FeatureDraftModel)
+    per_token = kv_bytes_per_token(model.config, dtype_bytes)
+    if keep_hidden or feature:  # the hidden rows kept beside the KV (a feature draft keeps them in fp32)
+        per_token += model.config.get_text_config().hidden_size * (4 if feature else dtype_bytes)
+    pool = KVCachePool(cfg.cache_budget_bytes, per_token, model.config)
+    runner = CausalLMRunner(model, pool, batching=batching and not feature, keep_hidden=keep_hidden)
     if batching and not runner.batching:
         log.warning("%s: attention cannot be switched to ragged batching; verifying one session per pass",
                     cfg.model)
@@ -67,9 +74,11 @@ def _load(cfg: ModelServiceConfig, batching: bool = False) -> tuple[Any, Any, Ca
 
 def load_target(cfg: ModelServiceConfig) -> ModelBundle:
     """Load the target model and its verify engine."""
-    _, _, runner, info, seconds = _load(cfg, batching=cfg.max_batch > 1)
-    engine = TargetEngine(runner, info["max_context"], cfg.max_k)
+    _, _, runner, info, seconds = _load(cfg, batching=cfg.max_batch > 1, keep_hidden=cfg.keep_hidden)
+    max_hidden_rows = max(1, cfg.max_hidden_bytes // (2 * info["hidden_size"]))  # fp16 on the wire
+    engine = TargetEngine(runner, info["max_context"], cfg.max_k, max_hidden_rows)
     info["max_batch"] = cfg.max_batch if runner.batching else 1
+    info["keeps_hidden"] = runner.keep_hidden
     return ModelBundle("target", cfg.model, {"target": engine}, "target", info, runner.pool, seconds,
                        batch_wait_s=cfg.batch_wait_ms / 1000.0)
 
@@ -82,7 +91,11 @@ def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
         return ModelBundle("draft", "ngram", {NGRAM: ngram}, NGRAM, info)
     if cfg.draft_kind != MODEL:
         raise ValueError(f"draft kind must be 'model' or 'ngram', got {cfg.draft_kind!r}")
-    _, _, runner, info, seconds = _load(cfg)
-    engine = ModelDraft(runner, info["max_context"], info["eos_token_ids"])
+    model, _, runner, info, seconds = _load(cfg)
+    if isinstance(model, FeatureDraftModel):
+        engine: Any = FeatureDraft(model, runner.pool, info["max_context"], info["eos_token_ids"])
+        info["needs_target_hidden"] = True
+    else:
+        engine = ModelDraft(runner, info["max_context"], info["eos_token_ids"])
     info["draft_kind"] = MODEL
     return ModelBundle("draft", cfg.model, {MODEL: engine, NGRAM: ngram}, MODEL, info, runner.pool, seconds)

@@ -28,6 +28,7 @@ class ForwardResult:
     rolled_back: int
     forward_ms: float
     batch_size: int = 1             # sessions in the same forward pass
+    hidden: Any = None              # [len(ids), H] the session's final hidden states (keep_hidden only)
 
 
 @dataclass
@@ -61,11 +62,20 @@ class CausalLMRunner:
         pool: the per-session KV caches of this service.
         batching: allow `extend_batch` over several sessions (switches the model's attention
             to specdec_ragged; stays False when the model's attention cannot be switched).
+        keep_hidden: store the final (normed) hidden state of every cached position beside the
+            KV cache (SessionKV.hidden), for feature drafts; needs a `model.model.norm` module.
     """
 
-    def __init__(self, model: Any, pool: KVCachePool, batching: bool = False) -> None:
+    def __init__(self, model: Any, pool: KVCachePool, batching: bool = False, keep_hidden: bool = False) -> None:
         self.model = model
         self.pool = pool
+        self.keep_hidden = keep_hidden
+        self._captured: list[torch.Tensor] = []
+        if keep_hidden:
+            norm = getattr(getattr(model, "model", None), "norm", None)
+            if norm is None:
+                raise ValueError(f"{type(model).__name__} has no model.norm: cannot keep its hidden states")
+            norm.register_forward_hook(lambda _m, _i, out: self._captured.append(out.detach()))
         # Batched forwards need the model's attention switched to the ragged implementation.
         self.batching = batching and enable_ragged(model)
         self.device = next(model.parameters()).device
@@ -99,8 +109,10 @@ class CausalLMRunner:
         plans = [self._plan(item) for item in items]
         try:
             start = time.perf_counter()
+            self._captured.clear()
             logits = self._forward_plans(plans)
             elapsed = (time.perf_counter() - start) * MS_PER_S
+            self._store_hidden(plans)
         except BaseException:
             for item in items:
                 self.pool.release(item.session_id)
@@ -109,8 +121,21 @@ class CausalLMRunner:
         for plan, rows in zip(plans, logits):
             plan.kv.tokens = list(plan.item.ids)
             self._count(plan.reuse, len(plan.new_ids), plan.rolled_back)
-            results.append(ForwardResult(rows, plan.reuse, len(plan.new_ids), plan.rolled_back, elapsed, len(items)))
+            results.append(ForwardResult(rows, plan.reuse, len(plan.new_ids), plan.rolled_back, elapsed, len(items),
+                                         plan.kv.hidden))
         return results
+
+    def _store_hidden(self, plans: list["_Plan"]) -> None:
+        """Append each session's new hidden rows (captured at the final norm) to its SessionKV.hidden."""
+        if not self.keep_hidden:
+            return
+        rows = self._captured[-1][0]                                        # [sum of new tokens, H]
+        self._captured.clear()
+        for plan, new in zip(plans, torch.split(rows, [len(p.new_ids) for p in plans])):
+            old = plan.kv.hidden
+            if old is None or old.shape[0] != plan.reuse:  # nothing (consistent) kept: only the new rows
+                old = new[:0] if plan.reuse == 0 else None
+            plan.kv.hidden = None if old is None else torch.cat([old, new])
 
     def _plan(self, item: "ExtendItem") -> "_Plan":
         """Acquire the session's cache, keep the longest common prefix (never past `first`), roll back the rest."""

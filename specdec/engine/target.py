@@ -12,8 +12,8 @@ from specdec.core.sampling import (
 )
 from specdec.engine.checks import check_lengths, check_token_ids
 from specdec.engine.runner import CausalLMRunner, ExtendItem, ForwardResult
-from specdec.engine.types import ComputeStatsData, SparseDist, TokenLogprobData, VerifyInput, VerifyOutput
-from specdec.errors import InvalidArgument, SpecDecError
+from specdec.engine.types import ComputeStatsData, HiddenRows, SparseDist, TokenLogprobData, VerifyInput, VerifyOutput
+from specdec.errors import FailedPrecondition, InvalidArgument, SpecDecError
 
 
 class TargetEngine:
@@ -23,12 +23,15 @@ class TargetEngine:
         runner: the model and its session caches.
         max_context: the model's context length.
         max_k: the longest draft accepted.
+        max_hidden_rows: the most hidden-state rows one Verify returns (feature drafts catch up
+            over several rounds beyond that).
     """
 
-    def __init__(self, runner: CausalLMRunner, max_context: int, max_k: int) -> None:
+    def __init__(self, runner: CausalLMRunner, max_context: int, max_k: int, max_hidden_rows: int = 0) -> None:
         self.runner = runner
         self.max_context = max_context
         self.max_k = max_k
+        self.max_hidden_rows = max_hidden_rows
         self.width = runner.model.get_output_embeddings().weight.shape[0]
 
     def verify(self, inp: VerifyInput) -> VerifyOutput:
@@ -86,7 +89,16 @@ class TargetEngine:
         logprobs = token_logprobs(fwd.logits, emitted, inp.logprobs)
         stats = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms,
                                  batch_size=fwd.batch_size)
-        return VerifyOutput(result, logprobs, stats)
+        hidden = self._hidden(inp, fwd, len(inp.context_ids) + result.num_accepted)
+        return VerifyOutput(result, logprobs, stats, hidden)
+
+    def _hidden(self, inp: VerifyInput, fwd: ForwardResult, end: int) -> HiddenRows | None:
+        """Hidden states of positions hidden_from .. end-1 (the accepted context), capped in rows."""
+        if inp.hidden_from < 0 or fwd.hidden is None:
+            return None
+        local = min(inp.hidden_from, end)
+        rows = fwd.hidden[local:min(end, local + self.max_hidden_rows)]  # [n, H]
+        return HiddenRows(inp.position_base + local, rows)
 
     def _check(self, inp: VerifyInput, k: int) -> None:
         if k > self.max_k:
@@ -96,6 +108,9 @@ class TargetEngine:
         check_token_ids(inp.draft_ids, self.width, "draft_ids")
         if inp.draft_probs and len(inp.draft_probs) != k:
             raise InvalidArgument(f"draft_probs has {len(inp.draft_probs)} rows for {k} draft tokens")
+        if inp.hidden_from >= 0 and not self.runner.keep_hidden:
+            raise FailedPrecondition("this target does not keep hidden states (SPECDEC_KEEP_HIDDEN=0): "
+                                     "it cannot serve a feature draft")
 
     def _history(self, inp: VerifyInput) -> torch.Tensor:  # [k+1, V]
         base = token_counts(inp.context_ids, self.width)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from specdec.core.accept import AcceptResult
 from specdec.core.sampling import SamplingConfig
@@ -14,6 +15,19 @@ class SparseDist:
 
     token_ids: list[int]
     probs: list[float]
+
+
+@dataclass
+class HiddenRows:
+    """The target's final (normed) hidden states of consecutive positions (feature drafts' input)."""
+
+    first_position: int
+    rows: Any                       # torch.Tensor [n, H]
+
+    @property
+    def end(self) -> int:
+        """One past the last position covered."""
+        return self.first_position + int(self.rows.shape[0])
 
 
 @dataclass
@@ -43,6 +57,7 @@ class ProposeInput:
     ngram_min_n: int | None = None
     ngram_max_n: int | None = None
     position_base: int = 0
+    target_hidden: HiddenRows | None = None   # feature drafts: the target's new hidden states
 
 
 @dataclass
@@ -51,6 +66,7 @@ class ProposeOutput:
     draft_probs: list[SparseDist]   # empty = point mass (greedy or n-gram)
     draft_kind: str
     stats: ComputeStatsData = field(default_factory=ComputeStatsData)
+    target_hidden_from: int = -1    # feature drafts: first position whose hidden state it needs next
 
 
 @dataclass
@@ -62,6 +78,7 @@ class VerifyInput:
     draft_probs: list[SparseDist] = field(default_factory=list)
     logprobs: int = -1              # -1 none; 0 chosen token only; n top-n alternatives
     position_base: int = 0
+    hidden_from: int = -1           # >= 0: return hidden states from this position (feature drafts)
 
 
 @dataclass
@@ -77,3 +94,4 @@ class VerifyOutput:
     result: AcceptResult
     logprobs: list[TokenLogprobData]
     stats: ComputeStatsData
+    hidden: HiddenRows | None = None

@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from specdec.models.feature_draft import ARCHITECTURE as FEATURE_ARCHITECTURE, assemble_feature_draft
+
 DRAFT_CONFIG = "draft_config.json"
 WEIGHTS = "model.safetensors"
 HEAD_KEY = "head_token_ids"
@@ -227,7 +229,10 @@ def load_trained_draft(directory: str | Path, cfg: Any = None) -> Any:
     try:
         config = read_draft_config(directory)
         target = load_causal_lm(target_spec_of(directory, config), cfg or LoadConfig())
-        draft = assemble(target.model, directory)
+        if config.get("architecture") == FEATURE_ARCHITECTURE:
+            draft = assemble_feature_draft(target.model, directory)
+        else:
+            draft = assemble(target.model, directory)
     except ModelLoadError:
         raise
     except (OSError, ValueError, KeyError, RuntimeError) as exc:

@@ -47,19 +47,21 @@ class TokenLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class HiddenStates(_message.Message):
-    __slots__ = ("data", "rows", "hidden_size", "dtype")
+    __slots__ = ("data", "rows", "hidden_size", "dtype", "first_position")
     DATA_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_POSITION_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     rows: int
     hidden_size: int
     dtype: str
-    def __init__(self, data: _Optional[bytes] = ..., rows: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
+    first_position: int
+    def __init__(self, data: _Optional[bytes] = ..., rows: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., first_position: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("protocol_version", "role", "model_id", "draft_kind", "vocab_size", "logits_width", "tokenizer_fingerprint", "eos_token_ids", "max_context", "special_tokens", "device", "dtype", "hidden_size", "cache_budget_bytes", "max_k", "max_batch")
+    __slots__ = ("protocol_version", "role", "model_id", "draft_kind", "vocab_size", "logits_width", "tokenizer_fingerprint", "eos_token_ids", "max_context", "special_tokens", "device", "dtype", "hidden_size", "cache_budget_bytes", "max_k", "max_batch", "needs_target_hidden", "keeps_hidden")
     class SpecialTokensEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +85,8 @@ class ModelInfo(_message.Message):
     CACHE_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_K_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    NEEDS_TARGET_HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    KEEPS_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     protocol_version: str
     role: str
     model_id: str
@@ -99,7 +103,9 @@ class ModelInfo(_message.Message):
     cache_budget_bytes: int
     max_k: int
     max_batch: int
-    def __init__(self, protocol_version: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., draft_kind: _Optional[str] = ..., vocab_size: _Optional[int] = ..., logits_width: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_context: _Optional[int] = ..., special_tokens: _Optional[_Mapping[str, int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., hidden_size: _Optional[int] = ..., cache_budget_bytes: _Optional[int] = ..., max_k: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
+    needs_target_hidden: bool
+    keeps_hidden: bool
+    def __init__(self, protocol_version: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., draft_kind: _Optional[str] = ..., vocab_size: _Optional[int] = ..., logits_width: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_context: _Optional[int] = ..., special_tokens: _Optional[_Mapping[str, int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., hidden_size: _Optional[int] = ..., cache_budget_bytes: _Optional[int] = ..., max_k: _Optional[int] = ..., max_batch: _Optional[int] = ..., needs_target_hidden: _Optional[bool] = ..., keeps_hidden: _Optional[bool] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

@@ -38,13 +38,15 @@ class ProposeRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., context_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., draft_kind: _Optional[str] = ..., ngram: _Optional[_Union[NgramParams, _Mapping]] = ..., target_hidden: _Optional[_Union[_common_pb2.HiddenStates, _Mapping]] = ..., position_base: _Optional[int] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("draft_ids", "draft_probs", "stats", "draft_kind")
+    __slots__ = ("draft_ids", "draft_probs", "stats", "draft_kind", "target_hidden_from")
     DRAFT_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_KIND_FIELD_NUMBER: _ClassVar[int]
+    TARGET_HIDDEN_FROM_FIELD_NUMBER: _ClassVar[int]
     draft_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
     stats: _common_pb2.ComputeStats
     draft_kind: str
-    def __init__(self, draft_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., stats: _Optional[_Union[_common_pb2.ComputeStats, _Mapping]] = ..., draft_kind: _Optional[str] = ...) -> None: ...
+    target_hidden_from: int
+    def __init__(self, draft_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., stats: _Optional[_Union[_common_pb2.ComputeStats, _Mapping]] = ..., draft_kind: _Optional[str] = ..., target_hidden_from: _Optional[int] = ...) -> None: ...

@@ -3,21 +3,16 @@ requests FAILED_PRECONDITION with a message naming both models and what differs.
 
 from __future__ import annotations
 
-import time
-
 import grpc
 import pytest
 
-from specdec.healthcheck import check
 from specdec.launcher import LocalStack, StackConfig
 from specdec.models.tiny import build_tiny_causal_lm
 from specdec.v1 import orchestrator_pb2 as pb, orchestrator_pb2_grpc
 from tests.prompts import IDENTITY_PROMPTS
-from tests.support import make_tiny_pair, smollm2_tokenizer
+from tests.support import make_tiny_pair, smollm2_tokenizer, wait_for_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-WAIT_S = 60.0
 
 
 def save_other_vocab_draft(directory) -> None:
@@ -28,16 +23,6 @@ def save_other_vocab_draft(directory) -> None:
     model = build_tiny_causal_lm(tok, seed=3)
     model.save_pretrained(str(directory))
     tok.save_pretrained(str(directory))
-
-
-def wait_for_status(address: str, want_serving: bool) -> str:
-    deadline, status = time.monotonic() + WAIT_S, ""
-    while time.monotonic() < deadline:
-        ok, status = check(address, timeout=1.0)
-        if ok == want_serving and status != "UNAVAILABLE" and not status.startswith("UNAVAILABLE"):
-            return status
-        time.sleep(0.3)
-    raise AssertionError(f"{address} never became {'SERVING' if want_serving else 'NOT_SERVING'} ({status})")
 
 
 def test_incompatible_draft_is_refused_with_a_clear_message(tmp_path, redis_server):

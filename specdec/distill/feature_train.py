@@ -1,0 +1,338 @@
+"""Train a feature (EAGLE-style) draft on the target's own hidden states, with training-time test.
+
+Data: for every training sequence, one target prefill gives f_j (the target's final normed
+hidden state) and its top-k logits at EVERY position (`extract_features`). The draft's input at
+position j pairs x_{j+1} with f_j (specdec/models/feature_draft.py).
+
+Training-time test (as EAGLE-3 / HASS): at inference, draft step i >= 2 is fed the draft's own
+predicted feature, and attends to real-feature positions plus its own earlier predicted steps.
+`unrolled_features` reproduces exactly that for every base position at once: depth d's query at
+base r sits at position r+d-1, is fed depth d-1's prediction, and attends to depth-1 keys at
+bases <= r plus the keys of depths 2..d at base r (never to another base's predictions).
+
+Loss per depth d (weight DEPTH_DECAY^(d-1)), at position r+d (the target's choice for x_{r+d+1}):
+  CE(draft logits, target argmax) + kl_weight * CE(draft, softmax(target top-k))
+  + feature_weight * smooth-L1(f^, f)
+over the FR-Spec head set (specdec/distill/train.py's loss).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+
+from specdec.distill.data import Record
+from specdec.distill.train import choose_head_ids, loss_fn, lr_at, plan_epoch, CLIP_NORM, WEIGHT_DECAY
+from specdec.models.feature_draft import FeatureDraftModel, feature_config_for
+
+FEATURES_FILE = "features.pt"
+TEXT_FEATURES_FILE = "text_features.pt"
+CHECKPOINT = "feature_checkpoint.pt"
+DEPTH_DECAY = 0.8
+TOP_K = 8
+
+
+@dataclass
+class FeatureData:
+    """Flat per-token arrays over all sequences (`starts[i]` = offset of sequence i)."""
+
+    ids: torch.Tensor         # [N] int32 tokens
+    feats: torch.Tensor       # [N, H] float16: f_j
+    top_ids: torch.Tensor     # [N, K] int32: the target's top-k at j (its choice for x_{j+1})
+    top_logits: torch.Tensor  # [N, K] float16
+    starts: torch.Tensor      # [S] int64
+    lengths: torch.Tensor     # [S] int64
+
+
+@torch.inference_mode()
+def extract_features(target: Any, records: list[Record], path: Path, progress: bool = True) -> FeatureData:
+    """One target prefill per record: f_j and top-k at every position (cached in `path`)."""
+    from tqdm import tqdm
+
+    if path.exists():
+        return FeatureData(**torch.load(path))
+    feats, top_ids, top_logits, ids, lengths = [], [], [], [], []
+    for r in tqdm(records, desc="features", unit="seq", disable=not progress, mininterval=10):
+        x = r.ids.long().unsqueeze(0)                                   # [1, T]
+        h = target.model(input_ids=x).last_hidden_state[0]              # [T, H] (after the final norm)
+        top = torch.topk(target.lm_head(h).float(), TOP_K, dim=-1)      # [T, K]
+        feats.append(h.half())
+        top_ids.append(top.indices.int())
+        top_logits.append(top.values.half())
+        ids.append(r.ids.int())
+        lengths.append(len(r.ids))
+    lengths_t = torch.tensor(lengths)
+    data = FeatureData(torch.cat(ids), torch.cat(feats), torch.cat(top_ids), torch.cat(top_logits),
+                       torch.cumsum(lengths_t, 0) - lengths_t, lengths_t)
+    tmp = path.with_suffix(".tmp")
+    torch.save(data.__dict__, tmp)
+    os.replace(tmp, path)
+    return data
+
+
+@torch.inference_mode()
+def extract_text_features(target: Any, tokenizer: Any, texts: list[tuple[str, str]], path: Path, max_tokens: int,
+                          max_len: int = 384, progress: bool = True) -> FeatureData | None:
+    """Teacher-forced data: each (question, answer) as a one-turn chat, one target prefill each, until
+    `max_tokens` tokens (cached in `path`). None when max_tokens is 0."""
+    from tqdm import tqdm
+
+    from specdec.distill.data import chat_ids
+
+    if max_tokens <= 0:
+        return None
+    if path.exists():
+        return FeatureData(**torch.load(path))
+    records, total = [], 0
+    bar = tqdm(total=max_tokens, desc="text features", unit="tok", disable=not progress, mininterval=10)
+    for question, answer in texts:
+        ids = (chat_ids(tokenizer, question) + list(tokenizer.encode(answer, add_special_tokens=False)))[:max_len]
+        records.append(Record(torch.tensor(ids, dtype=torch.int32), len(ids), torch.empty(0, TOP_K),
+                              torch.empty(0, TOP_K)))
+        total += len(ids)
+        bar.update(len(ids))
+        if total >= max_tokens:
+            break
+    bar.close()
+    return extract_features(target, records, path, progress)
+
+
+def concat(parts: list[FeatureData | None]) -> FeatureData:
+    """One FeatureData of several (None parts skipped)."""
+    parts = [p for p in parts if p is not None]
+    offsets = torch.cumsum(torch.tensor([0] + [int(p.ids.numel()) for p in parts[:-1]]), 0)
+    return FeatureData(torch.cat([p.ids for p in parts]), torch.cat([p.feats for p in parts]),
+                       torch.cat([p.top_ids for p in parts]), torch.cat([p.top_logits for p in parts]),
+                       torch.cat([p.starts + o for p, o in zip(parts, offsets)]),
+                       torch.cat([p.lengths for p in parts]))
+
+
+def _project(attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [B, n, H] -> q [B, h, n, d], k and v [B, h, n, d] (rotated, kv heads repeated)."""
+    B, n, _ = x.shape
+    shape = (B, n, -1, attn.head_dim)
+    q = attn.q_proj(x).view(shape).transpose(1, 2)
+    k = attn.k_proj(x).view(shape).transpose(1, 2)
+    v = attn.v_proj(x).view(shape).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    return q, repeat_kv(k, attn.num_key_value_groups), repeat_kv(v, attn.num_key_value_groups)
+
+
+def _attend_unrolled(q: torch.Tensor, k1: torch.Tensor, v1: torch.Tensor, ks: list[torch.Tensor],
+                     vs: list[torch.Tensor], scale: float) -> torch.Tensor:
+    """Depth >= 2 attention: causal over depth-1 keys, plus each later depth's key at the same base.
+
+    q, k1, v1: [B, h, n, d]; ks, vs: depths 2..d, each [B, h, n, d]. Returns [B, h, n, d]."""
+    n = q.shape[2]
+    s1 = (q @ k1.transpose(-1, -2)) * scale                                       # [B, h, n, n]
+    s1 = s1.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    sd = torch.stack([(q * k).sum(-1) for k in ks], dim=-1) * scale               # [B, h, n, D-1]
+    w = torch.softmax(torch.cat([s1, sd], dim=-1).float(), dim=-1).to(q.dtype)
+    out = w[..., :n] @ v1
+    for i, v in enumerate(vs):
+        out = out + w[..., n + i, None] * v
+    return out
+
+
+def unrolled_features(draft: FeatureDraftModel, ids: torch.Tensor, feats: torch.Tensor, depth: int
+                      ) -> list[torch.Tensor]:
+    """Predicted features of depths 1..depth for every base r in 0..T-2 (training-time test).
+
+    ids [B, T] tokens; feats [B, T, H] the target's f. Returns `depth` tensors [B, T-1, H];
+    entry r of depth d predicts f_{r+d} (and through the head, x_{r+d+1}).
+    """
+    layer, attn = draft.layer, draft.layer.self_attn
+    B, T = ids.shape
+    n = T - 1
+    base = torch.arange(n, device=ids.device)
+    feats_in = feats[:, :n]
+    k1 = v1 = None
+    ks: list[torch.Tensor] = []
+    vs: list[torch.Tensor] = []
+    outs = []
+    for d in range(1, depth + 1):
+        u = draft.inputs(ids[:, (base + d).clamp(max=T - 1)], feats_in)            # [B, n, H]
+        h = layer.input_layernorm(u)
+        cos, sin = draft.model.rotary_emb(h, (base + d - 1).unsqueeze(0).expand(B, n))
+        q, k, v = _project(attn, h, cos, sin)
+        if d == 1:
+            k1, v1 = k, v
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling)
+        else:
+            ks.append(k)
+            vs.append(v)
+            a = _attend_unrolled(q, k1, v1, ks, vs, attn.scaling)
+        x = u + attn.o_proj(a.transpose(1, 2).reshape(B, n, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        feats_in = draft.model.norm(x)
+        outs.append(feats_in)
+    return outs
+
+
+@dataclass
+class FeatureTrainConfig:
+    steps: int = 1500
+    batch_tokens: int = 2048
+    lr: float = 1e-3
+    depth: int = 3                  # unrolled draft steps per position (training-time test)
+    kl_weight: float = 1.0
+    feature_weight: float = 0.2
+    head_tokens: int = 8192
+    seed: int = 0
+    checkpoint_every: int = 100
+    bf16: bool = True               # bf16 autocast (fp32 master weights): ~2x on CPUs with native bf16
+    log_every: int = 25
+
+
+def make_batch(data: FeatureData, idx: list[int], head_index: torch.Tensor, pad: int) -> dict[str, torch.Tensor]:
+    """Right-padded ids [B, T], feats [B, T, H], head-index top-k [B, T, K], top logits, valid mask [B, T]."""
+    T = int(max(data.lengths[i] for i in idx))
+    B = len(idx)
+    ids = torch.full((B, T), pad, dtype=torch.long)
+    feats = torch.zeros((B, T, data.feats.shape[1]), dtype=torch.float32)
+    top = torch.full((B, T, TOP_K), -1, dtype=torch.long)
+    logits = torch.zeros((B, T, TOP_K), dtype=torch.float32)
+    valid = torch.zeros((B, T), dtype=torch.bool)
+    for b, i in enumerate(idx):
+        s, n = int(data.starts[i]), int(data.lengths[i])
+        ids[b, :n] = data.ids[s:s + n]
+        feats[b, :n] = data.feats[s:s + n].float()
+        top[b, :n] = head_index[data.top_ids[s:s + n].long()]
+        logits[b, :n] = data.top_logits[s:s + n].float()
+        valid[b, :n] = True
+    return dict(ids=ids, feats=feats, head_top=top, top_logits=logits, valid=valid)
+
+
+def batch_loss(draft: FeatureDraftModel, batch: dict[str, torch.Tensor], cfg: FeatureTrainConfig
+               ) -> tuple[torch.Tensor, list[float]]:
+    """Weighted loss over depths; returns (loss, top-1 agreement per depth)."""
+    outs = unrolled_features(draft, batch["ids"], batch["feats"], cfg.depth)
+    T = batch["ids"].shape[1]
+    total, agree = 0.0, []
+    for d, pred in enumerate(outs, start=1):
+        n = T - 1 - (d - 1)                      # bases whose label position r+d is inside the sequence
+        pred = pred[:, :n]                                            # [B, n, H]
+        ok = batch["valid"][:, d:d + n]                               # [B, n]
+        target_f = batch["feats"][:, d:d + n][ok]                      # [P, H]
+        p = pred[ok]
+        loss, top1 = loss_fn(draft.restricted_logits(p), batch["head_top"][:, d:d + n][ok],
+                             batch["top_logits"][:, d:d + n][ok], cfg.kl_weight)
+        loss = loss + cfg.feature_weight * F.smooth_l1_loss(p, target_f)
+        total = total + DEPTH_DECAY ** (d - 1) * loss
+        agree.append(float(top1))
+    return total, agree
+
+
+def _epoch_batch(data: FeatureData, cfg: FeatureTrainConfig, step: int, plans: dict[int, list[list[int]]]
+                 ) -> tuple[int, list[int]]:
+    """The (epoch, sequence indices) of global step `step`: a resumed run sees the same batches."""
+    lengths = data.lengths.tolist()
+    epoch, position = 0, 0
+    while True:
+        plan = plans.setdefault(epoch, plan_epoch(lengths, cfg.batch_tokens, cfg.seed, epoch))
+        if step < position + len(plan):
+            return epoch, plan[step - position]
+        position += len(plan)
+        epoch += 1
+
+
+def train_feature_draft(target: Any, data: FeatureData, head_ids: list[int], out: Path, cfg: FeatureTrainConfig,
+                        pad: int, progress: bool = True) -> tuple[FeatureDraftModel, dict[str, Any]]:
+    """Train (or resume from out/feature_checkpoint.pt) a feature draft; returns it and a summary."""
+    from tqdm import tqdm
+
+    width = target.get_output_embeddings().weight.shape[0]
+    head_index = torch.full((width,), -1, dtype=torch.long)
+    head_index[torch.tensor(head_ids)] = torch.arange(len(head_ids))
+    for p in target.parameters():
+        p.requires_grad_(False)
+    draft = FeatureDraftModel(feature_config_for(target.config), target.get_input_embeddings(),
+                              target.get_output_embeddings(), head_ids).to(target.dtype)
+    draft.init_from_target(target)
+    own = [p for n, p in draft.named_parameters()]
+    opt = torch.optim.AdamW(own, lr=cfg.lr, weight_decay=WEIGHT_DECAY)
+    ckpt_path, step = out / CHECKPOINT, 0
+    if ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, weights_only=False)
+        draft.load_state_dict(ckpt["draft"], strict=False)
+        opt.load_state_dict(ckpt["optimizer"])
+        step = ckpt["step"]
+    plans: dict[int, list[list[int]]] = {}
+    bar = tqdm(total=cfg.steps, initial=step, desc="train", unit="step", disable=not progress, mininterval=10)
+    draft.train()
+    ema: list[float] | None = None
+    started = time.time()
+    while step < cfg.steps:
+        epoch, idx = _epoch_batch(data, cfg, step, plans)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg.steps, cfg.lr)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            loss, agree = batch_loss(draft, make_batch(data, idx, head_index, pad), cfg)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(own, CLIP_NORM)
+        opt.step()
+        step += 1
+        ema = agree if ema is None else [0.95 * e + 0.05 * a for e, a in zip(ema, agree)]
+        bar.set_postfix(loss=f"{loss.item():.3f}", top1="/".join(f"{e:.2f}" for e in ema), epoch=epoch)
+        bar.update(1)
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            _checkpoint(ckpt_path, draft, opt, step)
+        if not progress and (step % cfg.log_every == 0 or step == cfg.steps):
+            print(f"step {step}/{cfg.steps} {time.time() - started:.0f}s loss {loss.item():.3f} "
+                  f"top1 {[round(e, 3) for e in ema]}", flush=True)
+    bar.close()
+    summary = {"steps": cfg.steps, "epochs_seen": epoch + 1, "sequences": int(data.lengths.numel()),
+               "tokens": int(data.lengths.sum()), "depth": cfg.depth, "lr": cfg.lr, "seed": cfg.seed,
+               "batch_tokens": cfg.batch_tokens, "kl_weight": cfg.kl_weight, "feature_weight": cfg.feature_weight,
+               "final_top1_agreement_ema_per_depth": [round(e, 4) for e in (ema or [])],
+               "train_seconds_this_run": round(time.time() - started, 1)}
+    return draft.eval(), summary
+
+
+def _checkpoint(path: Path, draft: FeatureDraftModel, opt: Any, step: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"draft": draft.own_state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
+    os.replace(tmp, path)
+
+
+def train(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool = True) -> dict[str, Any]:
+    """`specdec distill --arch eagle`: features of the data (one target prefill per sequence), train, save."""
+    from specdec.distill.data import load_records
+    from specdec.models.feature_draft import save_feature_draft
+    from specdec.models.tokenizer_info import eos_token_ids
+
+    records = load_records(out / "data")
+    if not records:
+        raise RuntimeError(f"no training data in {out / 'data'}")
+    eos = eos_token_ids(target, tokenizer)
+    width = target.get_output_embeddings().weight.shape[0]
+    started = time.time()
+    data = extract_features(target, records, out / "data" / FEATURES_FILE, progress)
+    from specdec.distill.corpus import reference_texts
+
+    text = extract_text_features(target, tokenizer, reference_texts(args.seed) if args.text_tokens else [],
+                                 out / "data" / TEXT_FEATURES_FILE, args.text_tokens, progress=progress)
+    data = concat([data, text])
+    features_s = time.time() - started
+    head_ids = choose_head_ids(records, args.head_tokens, width, eos)
+    cfg = FeatureTrainConfig(steps=args.steps, batch_tokens=args.batch_tokens, lr=args.lr, depth=args.depth,
+                             kl_weight=args.kl_weight, feature_weight=args.feature_weight,
+                             head_tokens=args.head_tokens, seed=args.seed, checkpoint_every=args.checkpoint_every)
+    print(f"train: {len(records)} sequences, {int(data.lengths.sum())} tokens with target features, head "
+          f"{len(head_ids)} ids, depth {cfg.depth}", flush=True)
+    draft, summary = train_feature_draft(target, data, head_ids, out, cfg, eos[0], progress)
+    summary["features_seconds_this_run"] = round(features_s, 1)
+    summary["target_tokens"] = sum(r.top_ids.shape[0] for r in records)
+    summary["text_tokens"] = int(text.lengths.sum()) if text is not None else 0
+    save_feature_draft(out, draft, args.target, meta={"training": summary})
+    return summary

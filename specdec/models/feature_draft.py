@@ -1,0 +1,204 @@
+"""A feature draft (EAGLE-style): drafts from the target's own last hidden states.
+
+Notation: x_j is the token at position j, f_j the target's final (normed) hidden state at
+position j, the vector the target's LM head turns into its distribution for token j+1.
+
+The draft runs ONE Llama decoder layer over the sequence of inputs
+
+    u_j = fc([embed(x_{j+1}); f_j])                                    # [2H] -> [H]
+
+and its (normed) output is a prediction f^_{j+1} of the target's next feature; the target's
+own LM head (restricted to an FR-Spec head set) turns it into the draft's logits for x_{j+2}.
+After a round the draft knows f_j for every context position but the last (the recovered or
+bonus token x_{L-1} was produced from f_{L-2}, and the target has not run it yet), so:
+
+  step 1: u_{L-2} = fc([embed(x_{L-1}); f_{L-2}])  -> f^_{L-1}, d1
+  step i: u_{L-3+i} = fc([embed(d_{i-1}); f^_{L-3+i}]) -> d_i
+
+Positions computed from predicted features are rolled back (KV `truncate`) before the next
+round, so the draft's cache only ever holds positions fed with the target's real features.
+The draft's embedding and LM head are the target's tensors (shared, not stored); it stores its
+fc, its decoder layer and its final norm (fp16) and the head token ids.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig, LlamaModel
+
+ARCHITECTURE = "eagle"
+FEATURE = "target_final_hidden_normed"   # what f_j is (the input of the target's LM head)
+
+
+def feature_config_for(target_config: Any) -> LlamaConfig:
+    """The target's (Llama) config reduced to one decoder layer; no vocabulary of its own."""
+    text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    if getattr(text, "model_type", None) != "llama":
+        raise ValueError(f"feature drafts support llama targets, not {getattr(text, 'model_type', None)!r}")
+    cfg = copy.deepcopy(text)
+    cfg.num_hidden_layers = 1
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = list(cfg.layer_types[:1])
+    cfg.vocab_size = 1           # inputs arrive as embeddings; the target's embedding is shared
+    cfg.pad_token_id = None
+    return cfg
+
+
+class FeatureDraftModel(nn.Module):
+    """fc + one Llama decoder layer (+ its norm) around a target's shared embedding and LM head.
+
+    Args:
+        config: from :func:`feature_config_for`.
+        embed: the target's input embedding (shared).
+        lm_head: the target's LM head (shared).
+        head_ids: FR-Spec head set (vocabulary ids; None = the whole vocabulary).
+    """
+
+    def __init__(self, config: LlamaConfig, embed: nn.Module, lm_head: nn.Module,
+                 head_ids: Sequence[int] | torch.Tensor | None) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.config = config
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        with torch.random.fork_rng(devices=[]):  # default init draws from the global RNG; keep it untouched
+            self.model = LlamaModel(config)
+        self.model.embed_tokens = None
+        self._shared = {"embed": embed, "lm_head": lm_head}   # not submodules: never saved, never trained
+        width = lm_head.weight.shape[0]
+        ids = torch.arange(width) if head_ids is None else torch.unique(torch.as_tensor(head_ids, dtype=torch.long))
+        if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= width:
+            raise ValueError(f"head token ids must lie in [0, {width})")
+        self.register_buffer("head_ids", ids, persistent=False)
+        self.refresh_head()
+
+    @property
+    def logits_width(self) -> int:
+        return self._shared["lm_head"].weight.shape[0]
+
+    @property
+    def layer(self) -> nn.Module:
+        return self.model.layers[0]
+
+    def refresh_head(self) -> None:
+        """Recompute the restricted head weight [N, H] from the (shared) LM head."""
+        with torch.no_grad():
+            weight = self._shared["lm_head"].weight.index_select(0, self.head_ids.to(self._shared["lm_head"].weight.device))
+        self.register_buffer("head_weight", weight, persistent=False)
+
+    def own_state_dict(self) -> dict[str, torch.Tensor]:
+        """What the draft stores: fc, its decoder layer and its final norm."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("model.embed_tokens")}
+
+    def init_from_target(self, target: Any, layer_index: int = -1) -> None:
+        """Start from the target's layer `layer_index` and final norm; fc passes the feature through."""
+        self.layer.load_state_dict(target.model.layers[layer_index].state_dict())
+        self.model.norm.load_state_dict(target.model.norm.state_dict())
+        hidden = self.config.hidden_size
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.weight[:, hidden:] = torch.eye(hidden)
+            nn.init.normal_(self.fc.weight[:, :hidden], std=0.02)
+            self.fc.bias.zero_()
+
+    def inputs(self, next_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """next_ids [B, t] (x_{j+1}), features [B, t, H] (f_j) -> layer inputs u [B, t, H]."""
+        emb = self._shared["embed"](next_ids).to(features.dtype)
+        return self.fc(torch.cat([emb, features], dim=-1))
+
+    def restricted_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """[..., H] predicted features -> [..., N] logits over the head set."""
+        return F.linear(features, self.head_weight.to(features.dtype))
+
+    def full_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., V] logits, -inf outside the head set (what the accept rule sees)."""
+        sub = self.restricted_logits(features)
+        logits = sub.new_full((*sub.shape[:-1], self.logits_width), float("-inf"))
+        logits[..., self.head_ids] = sub
+        return logits
+
+    def forward(self, next_ids: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor,
+                cache: Any = None) -> torch.Tensor:
+        """One pass: next_ids [B, t], features [B, t, H], position_ids [B, t] -> predicted features [B, t, H]."""
+        out = self.model(inputs_embeds=self.inputs(next_ids, features), position_ids=position_ids, cache=cache,
+                         use_cache=cache is not None)
+        return out.last_hidden_state
+
+    # -- what the services' loading code asks of any model --------------------------------
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self._shared["lm_head"]
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self._shared["embed"]
+
+
+def build_feature_draft(target: Any, head_ids: Sequence[int] | torch.Tensor | None) -> FeatureDraftModel:
+    """A feature draft around `target`'s shared embedding and LM head, in the target's dtype and device."""
+    draft = FeatureDraftModel(feature_config_for(target.config), target.get_input_embeddings(),
+                              target.get_output_embeddings(), head_ids)
+    draft.to(dtype=target.dtype, device=target.device)
+    draft.head_ids = draft.head_ids.to(target.device)
+    draft.refresh_head()
+    draft.generation_config = copy.deepcopy(getattr(target, "generation_config", None))
+    return draft
+
+
+def save_feature_draft(directory: Any, draft: FeatureDraftModel, target_spec: str, meta: dict | None = None,
+                       card: str | None = None) -> Any:
+    """Write draft_config.json (architecture "eagle") + model.safetensors (own weights fp16, head ids)."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from specdec.models.draft_model import DRAFT_CONFIG, FORMAT_VERSION, HEAD_KEY, KIND, STORE_DTYPE, WEIGHTS
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu", STORE_DTYPE).contiguous() for k, v in draft.own_state_dict().items()}
+    tensors[HEAD_KEY] = draft.head_ids.detach().to("cpu", torch.int32).contiguous()
+    tmp = out / (WEIGHTS + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt", "kind": KIND})
+    tmp.replace(out / WEIGHTS)
+    config = {
+        "kind": KIND, "format_version": FORMAT_VERSION, "target": target_spec, "architecture": ARCHITECTURE,
+        "feature": FEATURE, "layers": 1, "hidden_size": draft.config.hidden_size, "logits_width": draft.logits_width,
+        "head_tokens": int(draft.head_ids.numel()), "head_token_ids_file": f"{WEIGHTS}:{HEAD_KEY}",
+        "dtype": str(STORE_DTYPE).replace("torch.", ""), "shared_from_target": ["embed_tokens", "lm_head"],
+        **(meta or {}),
+    }
+    (out / DRAFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    if card is not None:
+        (out / "MODEL_CARD.md").write_text(card)
+    return out
+
+
+def assemble_feature_draft(target: Any, directory: Any) -> FeatureDraftModel:
+    """Build the feature draft stored in `directory` around an already loaded target."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from specdec.models.draft_model import HEAD_KEY, WEIGHTS
+
+    tensors = load_file(str(Path(directory) / WEIGHTS))
+    head_ids = tensors.pop(HEAD_KEY).long()
+    draft = build_feature_draft(target, head_ids)
+    missing, unexpected = draft.load_state_dict({k: v.to(draft.dtype) for k, v in tensors.items()}, strict=False)
+    missing = [k for k in missing if not k.startswith("model.embed_tokens")]
+    if missing or unexpected:
+        raise ValueError(f"feature draft weights do not match: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return draft.eval()
