@@ -100,8 +100,13 @@ class HFBaselines:
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.model_id = loaded.model_id
         self.assistant = None
+        self.can_assist = True
         if settings.draft_kind == "model":
+            from specdec.models.feature_draft import FeatureDraftModel
+
             self.assistant = load_causal_lm(settings.assistant_model, cfg).model
+            if isinstance(self.assistant, FeatureDraftModel):  # fed the target's hidden states: not an HF assistant
+                self.assistant, self.can_assist = None, False
         pad = self.tokenizer.pad_token_id
         if pad is None:
             pad = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0

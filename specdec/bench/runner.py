@@ -380,6 +380,8 @@ def run(args: BenchArgs) -> dict[str, Any]:
                              max_matching_ngram_size=args.hf_ngram_size, assistant_model=args.draft_model)
     t0 = time.perf_counter()
     hf = HFBaselines(args.target_model, args.threads, hf_settings, args.dtype)
+    if not hf.can_assist:  # HF has no assisted generation with a feature (EAGLE-style) draft
+        configs = [c for c in configs if c.name != HF_ASSISTED]
     for p in prompts:
         p.ids = hf.chat_ids(p.user)
     phases["hf_load_s"] = time.perf_counter() - t0

@@ -25,14 +25,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--docstrings", type=int, default=1000, help="extra prompts from stdlib docstrings (0 = none)")
     p.add_argument("--variants", type=int, default=2,
                    help="continuations per chat prompt: 1 greedy + (variants-1) sampled (docstring prompts: greedy)")
-    p.add_argument("--arch", choices=["eagle", "layers"], default="eagle",
-                   help="eagle: one layer fed the target's hidden states (a feature draft; the target must keep "
-                        "them, the default); layers: a small standalone LM of --layers target-shaped layers")
-    p.add_argument("--layers", type=int, default=2, choices=[1, 2, 3, 4], help="--arch layers only")
+    p.add_argument("--arch", choices=["eagle", "layers"], default="layers",
+                   help="layers: a small standalone LM of --layers target-shaped layers; eagle: one layer fed the "
+                        "target's hidden states (a feature draft; the target keeps them by default)")
+    p.add_argument("--layers", type=int, default=2, choices=[1, 2, 3, 4], help="decoder layers of the draft")
     p.add_argument("--depth", type=int, default=3, help="--arch eagle: draft steps unrolled in training")
-    p.add_argument("--text-tokens", type=int, default=500_000,
-                   help="--arch eagle: extra teacher-forced tokens of standard-library docstrings (one target "
-                        "prefill each, far cheaper than generating)")
+    p.add_argument("--text-tokens", type=int,
+                   help="extra teacher-forced tokens of reference text (standard-library docstrings, package "
+                        "descriptions), one target prefill each, far cheaper than generating (default: 500000 "
+                        "for eagle; 0 for layers, where it lowered held-out acceptance: 1.42 vs 1.52)")
     p.add_argument("--feature-weight", type=float, default=0.2,
                    help="--arch eagle: weight of the smooth-L1 loss on the predicted target features")
     p.add_argument("--head-tokens", type=int, default=8192, help="FR-Spec head size (0 = full vocabulary)")
@@ -63,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     if args.steps is None:
         args.steps = 1500 if args.arch == "eagle" else 800
+    if args.text_tokens is None:
+        args.text_tokens = 500_000 if args.arch == "eagle" else 0
     out = Path(args.out).expanduser()
     state_path = out / STATE_FILE
     if out.exists() and any(out.iterdir()) and not args.resume:

@@ -87,32 +87,40 @@ def build_corpus(prompts_file: Path | None = None, docstrings: int = 0, seed: in
     return Corpus(train=chat_train + extra, held_out=held_out)
 
 
-MIN_TEXT_CHARS = 300
-TEXT_QUESTIONS = ("Explain {name} in Python.", "What is {name} for?", "Describe {name}.")
+MIN_TEXT_CHARS = 300          # docstrings longer than this
+MIN_PARAGRAPH_CHARS = 400     # package-description sections longer than this
+MAX_PARAGRAPH_CHARS = 3000
+TEXT_QUESTION = "Explain {name} in Python."
+PACKAGE_QUESTION = "Describe this Python package."
 
 
 def reference_texts(seed: int) -> list[tuple[str, str]]:
-    """(question, answer) pairs of text found on this machine, for teacher-forced feature-draft data:
-    the longer docstrings of the Python standard library's modules, classes and functions (parsed,
-    not imported), shuffled with `seed`. The target's hidden states and choices on them are labels
-    as good as on its own continuations, and far cheaper (one prefill, no generation)."""
+    """(question, answer) pairs of text found on this machine, for teacher-forced training data: the
+    longer docstrings of the Python standard library (parsed, not imported; tests skipped) and the
+    sections of the installed packages' descriptions (their METADATA), shuffled with `seed`. The
+    target's choices (and hidden states) on them are labels as good as on its own continuations,
+    and far cheaper: one prefill each, no generation."""
     import ast
+    import site
     import sysconfig
 
     out: list[tuple[str, str]] = []
-    root = Path(sysconfig.get_paths()["stdlib"])
-    for path in sorted(root.rglob("*.py")):
-        if "test" in path.parts or "site-packages" in path.parts:
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        if "/test" in str(path) or "site-packages" in str(path):
             continue
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, OSError):
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
             continue
         for node in ast.walk(tree):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 doc = ast.get_docstring(node)
-                if doc and len(doc) >= MIN_TEXT_CHARS:
-                    name = getattr(node, "name", path.stem)
-                    out.append((TEXT_QUESTIONS[len(out) % len(TEXT_QUESTIONS)].format(name=name), doc))
+                if doc and len(doc) > MIN_TEXT_CHARS:
+                    out.append((TEXT_QUESTION.format(name=getattr(node, "name", path.name)), doc))
+    for packages in site.getsitepackages():
+        for meta in sorted(Path(packages).glob("*.dist-info/METADATA")):
+            body = meta.read_text(encoding="utf-8", errors="ignore").split("\n\n", 1)[-1]
+            out += [(PACKAGE_QUESTION, section[:MAX_PARAGRAPH_CHARS]) for section in body.split("\n\n\n")
+                    if len(section) > MIN_PARAGRAPH_CHARS]
     random.Random(seed).shuffle(out)
     return out

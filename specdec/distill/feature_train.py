@@ -150,29 +150,28 @@ def unrolled_features(draft: FeatureDraftModel, ids: torch.Tensor, feats: torch.
     ids [B, T] tokens; feats [B, T, H] the target's f. Returns `depth` tensors [B, T-1, H];
     entry r of depth d predicts f_{r+d} (and through the head, x_{r+d+1}).
     """
-    layer, attn = draft.layer, draft.layer.self_attn
     B, T = ids.shape
     n = T - 1
     base = torch.arange(n, device=ids.device)
     feats_in = feats[:, :n]
-    k1 = v1 = None
-    ks: list[torch.Tensor] = []
-    vs: list[torch.Tensor] = []
+    first: list[tuple[torch.Tensor, torch.Tensor]] = []        # per layer: depth-1 keys and values
+    later: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([], []) for _ in draft.layers]
     outs = []
     for d in range(1, depth + 1):
-        u = draft.inputs(ids[:, (base + d).clamp(max=T - 1)], feats_in)            # [B, n, H]
-        h = layer.input_layernorm(u)
-        cos, sin = draft.model.rotary_emb(h, (base + d - 1).unsqueeze(0).expand(B, n))
-        q, k, v = _project(attn, h, cos, sin)
-        if d == 1:
-            k1, v1 = k, v
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling)
-        else:
-            ks.append(k)
-            vs.append(v)
-            a = _attend_unrolled(q, k1, v1, ks, vs, attn.scaling)
-        x = u + attn.o_proj(a.transpose(1, 2).reshape(B, n, -1))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = draft.inputs(ids[:, (base + d).clamp(max=T - 1)], feats_in)            # [B, n, H]
+        cos, sin = draft.model.rotary_emb(x, (base + d - 1).unsqueeze(0).expand(B, n))
+        for i, layer in enumerate(draft.layers):
+            attn = layer.self_attn
+            q, k, v = _project(attn, layer.input_layernorm(x), cos, sin)
+            if d == 1:
+                first.append((k, v))
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling)
+            else:
+                later[i][0].append(k)
+                later[i][1].append(v)
+                a = _attend_unrolled(q, *first[i], *later[i], attn.scaling)
+            x = x + attn.o_proj(a.transpose(1, 2).reshape(B, n, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
         feats_in = draft.model.norm(x)
         outs.append(feats_in)
     return outs
@@ -184,6 +183,7 @@ class FeatureTrainConfig:
     batch_tokens: int = 2048
     lr: float = 1e-3
     depth: int = 3                  # unrolled draft steps per position (training-time test)
+    layers: int = 1                 # decoder layers of the draft
     kl_weight: float = 1.0
     feature_weight: float = 0.2
     head_tokens: int = 8192
@@ -255,7 +255,7 @@ def train_feature_draft(target: Any, data: FeatureData, head_ids: list[int], out
     head_index[torch.tensor(head_ids)] = torch.arange(len(head_ids))
     for p in target.parameters():
         p.requires_grad_(False)
-    draft = FeatureDraftModel(feature_config_for(target.config), target.get_input_embeddings(),
+    draft = FeatureDraftModel(feature_config_for(target.config, cfg.layers), target.get_input_embeddings(),
                               target.get_output_embeddings(), head_ids).to(target.dtype)
     draft.init_from_target(target)
     own = [p for n, p in draft.named_parameters()]
@@ -271,6 +271,7 @@ def train_feature_draft(target: Any, data: FeatureData, head_ids: list[int], out
     draft.train()
     ema: list[float] | None = None
     started = time.time()
+    epoch = _epoch_batch(data, cfg, max(0, step - 1), plans)[0]
     while step < cfg.steps:
         epoch, idx = _epoch_batch(data, cfg, step, plans)
         for group in opt.param_groups:
@@ -294,6 +295,7 @@ def train_feature_draft(target: Any, data: FeatureData, head_ids: list[int], out
     summary = {"steps": cfg.steps, "epochs_seen": epoch + 1, "sequences": int(data.lengths.numel()),
                "tokens": int(data.lengths.sum()), "depth": cfg.depth, "lr": cfg.lr, "seed": cfg.seed,
                "batch_tokens": cfg.batch_tokens, "kl_weight": cfg.kl_weight, "feature_weight": cfg.feature_weight,
+               "layers": cfg.layers,
                "final_top1_agreement_ema_per_depth": [round(e, 4) for e in (ema or [])],
                "train_seconds_this_run": round(time.time() - started, 1)}
     return draft.eval(), summary
@@ -326,6 +328,7 @@ def train(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool = Tr
     features_s = time.time() - started
     head_ids = choose_head_ids(records, args.head_tokens, width, eos)
     cfg = FeatureTrainConfig(steps=args.steps, batch_tokens=args.batch_tokens, lr=args.lr, depth=args.depth,
+                             layers=args.layers,
                              kl_weight=args.kl_weight, feature_weight=args.feature_weight,
                              head_tokens=args.head_tokens, seed=args.seed, checkpoint_every=args.checkpoint_every)
     print(f"train: {len(records)} sequences, {int(data.lengths.sum())} tokens with target features, head "

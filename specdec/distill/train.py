@@ -50,6 +50,24 @@ def choose_head_ids(records: list[Record], n: int, width: int, eos: list[int]) -
     return sorted(chosen)
 
 
+def text_records(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool) -> list[Record]:
+    """`--text-tokens` of teacher-forced reference text (specdec/distill/corpus.py:reference_texts) as
+    records labelled at every position by the target's top-k (one prefill each, cached in data/)."""
+    from specdec.distill.corpus import reference_texts
+    from specdec.distill.feature_train import TEXT_FEATURES_FILE, extract_text_features
+
+    tokens = getattr(args, "text_tokens", 0)
+    data = extract_text_features(target, tokenizer, reference_texts(args.seed) if tokens else [],
+                                 out / "data" / TEXT_FEATURES_FILE, tokens, progress=progress)
+    if data is None:
+        return []
+    out_records = []
+    for start, n in zip(data.starts.tolist(), data.lengths.tolist()):
+        out_records.append(Record(data.ids[start:start + n], 1, data.top_ids[start:start + n - 1],
+                                  data.top_logits[start:start + n - 1]))
+    return out_records
+
+
 def plan_epoch(lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
     """Shuffle records (seeded per epoch) and pack them into batches of <= batch_tokens padded tokens."""
     g = torch.Generator().manual_seed(seed * 100_003 + epoch)
@@ -128,6 +146,9 @@ def train(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool = Tr
     ckpt_path = out / CHECKPOINT
     ckpt = torch.load(ckpt_path, weights_only=False) if ckpt_path.exists() else None
     head_ids = ckpt["head_ids"] if ckpt else choose_head_ids(records, args.head_tokens, width, eos)
+    extra = text_records(target, tokenizer, out, args, progress)
+    text_tokens = sum(r.top_ids.shape[0] for r in extra)
+    records = records + extra
     head_index = torch.full((width,), -1, dtype=torch.long)
     head_index[torch.tensor(head_ids)] = torch.arange(len(head_ids))
     for p in target.parameters():
@@ -192,7 +213,8 @@ def train(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool = Tr
                 print(f"step {step}/{args.steps} loss {ema_loss:.3f} top1 {ema_agree:.3f}", flush=True)
     bar.close()
     draft.eval()
-    summary = {"steps": args.steps, "epochs_seen": epoch + 1, "sequences": len(records), "target_tokens": gen_tokens,
+    summary = {"steps": args.steps, "epochs_seen": epoch + 1, "sequences": len(records),
+               "target_tokens": gen_tokens - text_tokens, "text_tokens": text_tokens,
                "head_coverage_train": round(covered / gen_tokens, 4), "final_loss_ema": ema_loss,
                "final_top1_agreement_ema": ema_agree, "seed": args.seed, "lr": args.lr,
                "batch_tokens": args.batch_tokens, "kl_weight": args.kl_weight,

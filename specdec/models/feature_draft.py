@@ -3,7 +3,7 @@
 Notation: x_j is the token at position j, f_j the target's final (normed) hidden state at
 position j, the vector the target's LM head turns into its distribution for token j+1.
 
-The draft runs ONE Llama decoder layer over the sequence of inputs
+The draft runs one (or a few) Llama decoder layer(s) over the sequence of inputs
 
     u_j = fc([embed(x_{j+1}); f_j])                                    # [2H] -> [H]
 
@@ -35,15 +35,15 @@ ARCHITECTURE = "eagle"
 FEATURE = "target_final_hidden_normed"   # what f_j is (the input of the target's LM head)
 
 
-def feature_config_for(target_config: Any) -> LlamaConfig:
-    """The target's (Llama) config reduced to one decoder layer; no vocabulary of its own."""
+def feature_config_for(target_config: Any, layers: int = 1) -> LlamaConfig:
+    """The target's (Llama) config reduced to `layers` decoder layers; no vocabulary of its own."""
     text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
     if getattr(text, "model_type", None) != "llama":
         raise ValueError(f"feature drafts support llama targets, not {getattr(text, 'model_type', None)!r}")
     cfg = copy.deepcopy(text)
-    cfg.num_hidden_layers = 1
+    cfg.num_hidden_layers = layers
     if getattr(cfg, "layer_types", None):
-        cfg.layer_types = list(cfg.layer_types[:1])
+        cfg.layer_types = list(cfg.layer_types[:layers])
     cfg.vocab_size = 1           # inputs arrive as embeddings; the target's embedding is shared
     cfg.pad_token_id = None
     return cfg
@@ -81,8 +81,8 @@ class FeatureDraftModel(nn.Module):
         return self._shared["lm_head"].weight.shape[0]
 
     @property
-    def layer(self) -> nn.Module:
-        return self.model.layers[0]
+    def layers(self) -> nn.ModuleList:
+        return self.model.layers
 
     def refresh_head(self) -> None:
         """Recompute the restricted head weight [N, H] from the (shared) LM head."""
@@ -94,15 +94,19 @@ class FeatureDraftModel(nn.Module):
         """What the draft stores: fc, its decoder layer and its final norm."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith("model.embed_tokens")}
 
-    def init_from_target(self, target: Any, layer_index: int = -1) -> None:
-        """Start from the target's layer `layer_index` and final norm; fc passes the feature through."""
-        self.layer.load_state_dict(target.model.layers[layer_index].state_dict())
+    def init_from_target(self, target: Any) -> None:
+        """Start as the token-only draft of specdec/models/draft_model.py: layers copied from the
+        target's (its first ones and its last), the target's final norm, and fc passing the token
+        embedding through with the feature weighted 0 (training learns how much of f to take)."""
+        from specdec.models.draft_model import cfg_layers, init_layer_indices
+
+        for mine, theirs in zip(self.layers, init_layer_indices(cfg_layers(target.config), len(self.layers))):
+            mine.load_state_dict(target.model.layers[theirs].state_dict())
         self.model.norm.load_state_dict(target.model.norm.state_dict())
         hidden = self.config.hidden_size
         with torch.no_grad():
             self.fc.weight.zero_()
-            self.fc.weight[:, hidden:] = torch.eye(hidden)
-            nn.init.normal_(self.fc.weight[:, :hidden], std=0.02)
+            self.fc.weight[:, :hidden] = torch.eye(hidden)
             self.fc.bias.zero_()
 
     def inputs(self, next_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
@@ -145,9 +149,10 @@ class FeatureDraftModel(nn.Module):
         return self._shared["embed"]
 
 
-def build_feature_draft(target: Any, head_ids: Sequence[int] | torch.Tensor | None) -> FeatureDraftModel:
+def build_feature_draft(target: Any, head_ids: Sequence[int] | torch.Tensor | None, layers: int = 1
+                        ) -> FeatureDraftModel:
     """A feature draft around `target`'s shared embedding and LM head, in the target's dtype and device."""
-    draft = FeatureDraftModel(feature_config_for(target.config), target.get_input_embeddings(),
+    draft = FeatureDraftModel(feature_config_for(target.config, layers), target.get_input_embeddings(),
                               target.get_output_embeddings(), head_ids)
     draft.to(dtype=target.dtype, device=target.device)
     draft.head_ids = draft.head_ids.to(target.device)
@@ -175,7 +180,7 @@ def save_feature_draft(directory: Any, draft: FeatureDraftModel, target_spec: st
     tmp.replace(out / WEIGHTS)
     config = {
         "kind": KIND, "format_version": FORMAT_VERSION, "target": target_spec, "architecture": ARCHITECTURE,
-        "feature": FEATURE, "layers": 1, "hidden_size": draft.config.hidden_size, "logits_width": draft.logits_width,
+        "feature": FEATURE, "layers": draft.config.num_hidden_layers, "hidden_size": draft.config.hidden_size, "logits_width": draft.logits_width,
         "head_tokens": int(draft.head_ids.numel()), "head_token_ids_file": f"{WEIGHTS}:{HEAD_KEY}",
         "dtype": str(STORE_DTYPE).replace("torch.", ""), "shared_from_target": ["embed_tokens", "lm_head"],
         **(meta or {}),
@@ -192,11 +197,11 @@ def assemble_feature_draft(target: Any, directory: Any) -> FeatureDraftModel:
 
     from safetensors.torch import load_file
 
-    from specdec.models.draft_model import HEAD_KEY, WEIGHTS
+    from specdec.models.draft_model import HEAD_KEY, WEIGHTS, read_draft_config
 
     tensors = load_file(str(Path(directory) / WEIGHTS))
     head_ids = tensors.pop(HEAD_KEY).long()
-    draft = build_feature_draft(target, head_ids)
+    draft = build_feature_draft(target, head_ids, int(read_draft_config(directory).get("layers", 1)))
     missing, unexpected = draft.load_state_dict({k: v.to(draft.dtype) for k, v in tensors.items()}, strict=False)
     missing = [k for k in missing if not k.startswith("model.embed_tokens")]
     if missing or unexpected:

@@ -29,9 +29,12 @@ def _prompts() -> list[str]:
     return train + held
 
 
-@pytest.fixture(scope="module")
-def distilled(tmp_path_factory):
-    root = tmp_path_factory.mktemp("distill")
+ARCH_ARGS = {"eagle": ["--arch", "eagle", "--depth", "2", "--text-tokens", "2000"], "layers": ["--arch", "layers"]}
+
+
+@pytest.fixture(scope="module", params=sorted(ARCH_ARGS))
+def distilled(tmp_path_factory, request):
+    root = tmp_path_factory.mktemp(f"distill-{request.param}")
     target_dir, _ = make_tiny_pair(root / "pair", IDENTITY_PROMPTS)
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in _prompts()))
@@ -39,13 +42,13 @@ def distilled(tmp_path_factory):
     argv = ["distill", "--target", str(target_dir), "--out", str(out), "--prompts", str(prompts),
             "--docstrings", "0", "--variants", "2", "--layers", "1", "--head-tokens", "3000", "--steps", "6",
             "--batch-tokens", "256", "--checkpoint-every", "3", "--max-new-tokens", "8",
-            "--eval-max-new-tokens", "8", "--quiet"]
+            "--eval-max-new-tokens", "8", "--quiet", *ARCH_ARGS[request.param]]
     assert main(argv) == 0
-    return target_dir, out, argv
+    return target_dir, out, argv, request.param
 
 
 def test_distill_writes_a_draft_and_a_report(distilled):
-    _, out, argv = distilled
+    _, out, argv, arch = distilled
     assert is_draft_dir(out)
     report = json.loads((out / "report.json").read_text())
     assert report["held_out_prompts"] == 2
@@ -57,16 +60,20 @@ def test_distill_writes_a_draft_and_a_report(distilled):
     assert len(list((out / "data").glob("chunk-*.pt"))) >= 1
     config = json.loads((out / "draft_config.json").read_text())
     assert config["layers"] == 1 and config["head_tokens"] == 3000 and config["training"]["steps"] == 6
+    assert config["architecture"] == ("eagle" if arch == "eagle" else "llama")
+    if arch == "eagle":
+        assert config["training"]["text_tokens"] >= 2000 and (out / "data" / "features.pt").is_file()
     # a second run without --resume refuses; with --resume everything is already done and is reused
     assert main(argv) == 2
     assert main(argv + ["--resume"]) == 0
 
 
 def test_distilled_draft_loads_and_greedy_output_equals_target(distilled, redis_server):
-    target_dir, out, _ = distilled
+    target_dir, out, _, arch = distilled
     bundle = load_draft(ModelServiceConfig(role="draft", model=str(out), draft_kind="model"))
     assert bundle.default_kind == "model"
     assert bundle.info["logits_width"] == 49152
+    assert bool(bundle.info.get("needs_target_hidden")) == (arch == "eagle")
     model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
     stack = InProcessStack(target_model=str(target_dir), draft_model=f"local:{out}",
                            redis_url=redis_server.url).start()

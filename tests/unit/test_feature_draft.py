@@ -63,9 +63,14 @@ def feature_engine(draft) -> FeatureDraft:
     return FeatureDraft(draft, KVCachePool(10_000 * per_token, per_token, draft.config), 512, eos_ids=[])
 
 
-def test_unrolled_training_forward_equals_cached_inference(draft_model):
+@pytest.mark.parametrize("layers", [1, 2])
+def test_unrolled_training_forward_equals_cached_inference(target, layers):
     """Depth d of the training-time test is exactly draft step d at inference (cache, own predictions)."""
+    draft_model = build_feature_draft(target, head_ids=None, layers=layers)
     g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in draft_model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.1)
     T = 12
     ids, feats = torch.randint(0, VOCAB, (2, T), generator=g), torch.randn(2, T, HIDDEN, generator=g)
     with torch.no_grad():
