@@ -186,3 +186,28 @@ def wait_for_status(address: str, want_serving: bool, wait_s: float = 60.0) -> s
             return status
         time.sleep(0.3)
     raise AssertionError(f"{address} never became {'SERVING' if want_serving else 'NOT_SERVING'} ({status})")
+
+
+def refused_generate(cfg: Any, request: Any, timeout: float = 60.0) -> Any:
+    """Start target, draft and orchestrator of `cfg` (a StackConfig with redis_url) without waiting for
+    the pair to be accepted, check the orchestrator goes NOT_SERVING, send `request`; return the
+    grpc.RpcError it fails with (AssertionError when it succeeds)."""
+    from specdec.launcher import LocalStack
+    from specdec.v1 import orchestrator_pb2_grpc
+
+    stack = LocalStack(cfg)
+    try:
+        target, draft = stack.start_target(), stack.start_draft()
+        stack.wait_ready(target)
+        stack.wait_ready(draft)
+        orch = stack._spawn("orchestrator", ["--target", target.address, "--draft", draft.address,
+                                             "--redis-url", cfg.redis_url, "--tokenizer", cfg.target_model])
+        assert wait_for_status(orch.address, want_serving=False) == "NOT_SERVING"
+        with grpc.insecure_channel(orch.address) as channel:
+            try:
+                orchestrator_pb2_grpc.OrchestratorStub(channel).Generate(request, timeout=timeout)
+            except grpc.RpcError as err:
+                return err
+    finally:
+        stack.stop()
+    raise AssertionError("the orchestrator served a refused pair")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import grpc
 import pytest
-import torch
 
 from specdec.launcher import LocalStack, StackConfig
 from specdec.models.feature_draft import build_feature_draft, save_feature_draft
@@ -18,7 +17,7 @@ from specdec.models.loader import load_causal_lm, load_tokenizer
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 from tests.prompts import IDENTITY_PROMPTS
-from tests.support import divergence, make_tiny_pair, target_greedy, wait_for_status
+from tests.support import divergence, make_tiny_pair, refused_generate, target_greedy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -39,15 +38,10 @@ def models(tmp_path_factory):
     return target, target_dir, root / "feature-draft", load_tokenizer(str(target_dir))
 
 
-def start(target_dir, draft_dir, **env) -> LocalStack:
-    return LocalStack(StackConfig(target_model=str(target_dir), draft_model=str(draft_dir), draft_kind="model",
-                                  extra_env=env)).start()
-
-
 @pytest.fixture(scope="module")
 def stub(models):
     _, target_dir, draft_dir, _ = models
-    stack = start(target_dir, draft_dir)
+    stack = LocalStack(StackConfig(target_model=str(target_dir), draft_model=str(draft_dir), draft_kind="model")).start()
     channel = grpc.insecure_channel(stack.orchestrator_address)
     yield orchestrator_pb2_grpc.OrchestratorStub(channel)
     channel.close()
@@ -83,20 +77,8 @@ def test_a_second_turn_continues_with_the_rows_the_draft_kept(stub, models):
 
 def test_a_target_without_hidden_states_is_refused_with_a_clear_message(models, redis_server):
     _, target_dir, draft_dir, _ = models
-    stack = LocalStack(StackConfig(target_model=str(target_dir), draft_model=str(draft_dir), draft_kind="model",
-                                   redis_url=redis_server.url, extra_env={"SPECDEC_KEEP_HIDDEN": "0"}))
-    try:
-        target, draft = stack.start_target(), stack.start_draft()
-        stack.wait_ready(target)
-        stack.wait_ready(draft)
-        orch = stack._spawn("orchestrator", ["--target", target.address, "--draft", draft.address,
-                                             "--redis-url", redis_server.url, "--tokenizer", str(target_dir)])
-        assert wait_for_status(orch.address, want_serving=False) == "NOT_SERVING"
-        with grpc.insecure_channel(orch.address) as channel:
-            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
-            with pytest.raises(grpc.RpcError) as err:
-                stub.Generate(request("Once upon a time"), timeout=RPC_TIMEOUT_S)
-    finally:
-        stack.stop()
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "hidden states" in err.value.details() and "SPECDEC_KEEP_HIDDEN" in err.value.details()
+    err = refused_generate(StackConfig(target_model=str(target_dir), draft_model=str(draft_dir), draft_kind="model",
+                                       redis_url=redis_server.url, extra_env={"SPECDEC_KEEP_HIDDEN": "0"}),
+                           request("Once upon a time"), RPC_TIMEOUT_S)
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "hidden states" in err.details() and "SPECDEC_KEEP_HIDDEN" in err.details()

@@ -6,11 +6,11 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from specdec.launcher import LocalStack, StackConfig
+from specdec.launcher import StackConfig
 from specdec.models.tiny import build_tiny_causal_lm
-from specdec.v1 import orchestrator_pb2 as pb, orchestrator_pb2_grpc
+from specdec.v1 import orchestrator_pb2 as pb
 from tests.prompts import IDENTITY_PROMPTS
-from tests.support import make_tiny_pair, smollm2_tokenizer, wait_for_status
+from tests.support import make_tiny_pair, refused_generate, smollm2_tokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -29,23 +29,10 @@ def test_incompatible_draft_is_refused_with_a_clear_message(tmp_path, redis_serv
     target_dir, _ = make_tiny_pair(tmp_path / "pair", IDENTITY_PROMPTS)
     other = tmp_path / "other-draft"
     save_other_vocab_draft(other)
-    stack = LocalStack(StackConfig(target_model=str(target_dir), draft_model=str(other), draft_kind="model",
-                                   redis_url=redis_server.url))
-    try:
-        target, draft = stack.start_target(), stack.start_draft()
-        stack.wait_ready(target)
-        stack.wait_ready(draft)
-        orch = stack._spawn("orchestrator", ["--target", target.address, "--draft", draft.address,
-                                             "--redis-url", redis_server.url, "--tokenizer", str(target_dir)])
-        assert wait_for_status(orch.address, want_serving=False) == "NOT_SERVING"
-        with grpc.insecure_channel(orch.address) as channel:
-            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
-            with pytest.raises(grpc.RpcError) as err:
-                stub.Generate(pb.GenerateRequest(prompt="hello", max_new_tokens=4), timeout=30)
-    finally:
-        stack.stop()
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    message = err.value.details()
+    err = refused_generate(StackConfig(target_model=str(target_dir), draft_model=str(other), draft_kind="model",
+                                       redis_url=redis_server.url), pb.GenerateRequest(prompt="hello", max_new_tokens=4), 30)
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    message = err.details()
     print("\n" + message)
     assert "differ" in message and "vocabulary size 49152" in message and "49153" in message
     assert str(other) in message and str(target_dir) in message
