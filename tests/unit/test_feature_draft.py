@@ -229,3 +229,26 @@ def test_relay_stops_asking_while_too_much_is_pending():
     assert relay.verify_from() is None
     relay.after_propose(20)
     assert relay.verify_from() == 20
+
+
+def test_sampled_proposals_report_the_q_they_were_drawn_from_and_repeat_under_a_seed(target, draft_model):
+    """Sampling: each draft token lies in the support of the q' sent with it (the accept rule's input),
+    q' sums to 1, and a retried round draws the same tokens (per-position generators, no global RNG)."""
+    t_eng = target_engine(target)
+    cfg = SamplingConfig(temperature=1.3, seed=11, draft_top_n=8)
+    ctx = list(range(3, 17))
+    out = t_eng.verify(VerifyInput("s", ctx, [], GREEDY, hidden_from=0))
+    ctx = ctx + [out.result.next_token]
+    proposals = []
+    for _ in range(2):
+        d_eng = feature_engine(draft_model)                 # a fresh replica each time
+        proposals.append(d_eng.propose(ProposeInput("s", ctx, 4, cfg, target_hidden=out.hidden)))
+    first, again = proposals
+    assert first.draft_ids == again.draft_ids and len(first.draft_ids) == 4
+    assert [d.probs for d in first.draft_probs] == [d.probs for d in again.draft_probs]
+    for token, dist in zip(first.draft_ids, first.draft_probs):
+        assert token in dist.token_ids and len(dist.token_ids) <= 8
+        assert abs(sum(dist.probs) - 1.0) < 1e-5
+    other_seed = SamplingConfig(temperature=1.3, seed=12, draft_top_n=8)   # the draws do depend on the seed
+    other = feature_engine(draft_model).propose(ProposeInput("s", ctx, 4, other_seed, target_hidden=out.hidden))
+    assert other.draft_ids != first.draft_ids
