@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
-from specdec.distill.data import Record
+from specdec.distill.data import TOP_K, Record
 from specdec.distill.train import choose_head_ids, loss_fn, lr_at, plan_epoch, CLIP_NORM, WEIGHT_DECAY
 from specdec.models.feature_draft import FeatureDraftModel, feature_config_for
 
@@ -37,7 +37,6 @@ FEATURES_FILE = "features.pt"
 TEXT_FEATURES_FILE = "text_features.pt"
 CHECKPOINT = "feature_checkpoint.pt"
 DEPTH_DECAY = 0.8
-TOP_K = 8
 
 
 @dataclass

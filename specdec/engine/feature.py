@@ -76,8 +76,11 @@ class FeatureDraft:
         is the first draft token); keep the rows f_j whose prefix x_0..x_j is unchanged."""
         if kv.hidden is None:
             kv.hidden = torch.empty((0, self.hidden_size), dtype=torch.float32)
-        same = common_prefix_len(kv.tokens, ctx[1:]) if kv.anchor == ctx[0] else 0
-        valid_rows = same + 1 if kv.anchor == ctx[0] else 0
+        if kv.anchor == ctx[0]:
+            same = common_prefix_len(kv.tokens, ctx[1:])
+            valid_rows = same + 1              # f_j depends on x_0..x_j: one row more than the pairs
+        else:
+            same = valid_rows = 0
         rows = kv.hidden[: min(kv.hidden.shape[0], valid_rows, len(ctx) - 1)]
         kv.truncate(max(0, min(same, len(ctx) - 2)))
         kv.anchor, kv.hidden = ctx[0], rows

@@ -24,11 +24,6 @@ class HiddenRows:
     first_position: int
     rows: Any                       # torch.Tensor [n, H]
 
-    @property
-    def end(self) -> int:
-        """One past the last position covered."""
-        return self.first_position + int(self.rows.shape[0])
-
 
 @dataclass
 class ComputeStatsData:
