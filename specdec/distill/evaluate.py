@@ -170,16 +170,16 @@ FEATURE_HEAD = """# {name}
 
 A trained **feature draft** (EAGLE-style) for speculative decoding with **{target}** (specdec).
 
-* Architecture: fc([embed(x_(j+1)); f_j]) -> one Llama decoder layer of the target's shape (hidden
+* Architecture: fc([embed(x_(j+1)); f_j]) -> {layers} Llama decoder layer(s) of the target's shape (hidden
   {hidden}) -> its own RMSNorm = a prediction of the target's next final hidden state, scored by the
   **target's own LM head** restricted (FR-Spec) to the {head} most frequent tokens of the target's
   outputs; f_j is the target's final normed hidden state, which the target returns with each Verify
   (the orchestrator relays it to the draft: `specdec/engine/feature.py`, `orchestrator/features.py`).
   The target must keep its hidden states (`SPECDEC_KEEP_HIDDEN`, on by default). Logits keep the
   target's full width ({width}).
-* Stored: fc, the layer and the norm, fp16 (`model.safetensors`, {size_mb:.1f} MB); the embedding and
+* Stored: fc, the layer(s) and the norm, fp16 (`model.safetensors`, {size_mb:.1f} MB); the embedding and
   LM head are the target's, loaded from it at start.
-* Load: `--draft-kind model --draft-model DIR` (or `embedded:smollm2-draft` for the shipped copy).
+* Load: `--draft-kind model --draft-model DIR` (any model spec syntax for a directory works).
 
 ## Training (self-distillation on the target's hidden states)
 
@@ -187,7 +187,8 @@ A trained **feature draft** (EAGLE-style) for speculative decoding with **{targe
 
 * Data: the target's own continuations (max {max_new} new tokens) of {train_prompts} training prompts
   (greedy + {sampled} sampled per chat prompt, {target_tokens} generated tokens) plus {text_tokens}
-  teacher-forced tokens of Python standard-library docstrings framed as chat answers; one target
+  teacher-forced tokens of reference text (standard-library docstrings, package descriptions) framed as
+  chat answers; one target
   prefill per sequence gives f_j and the target's top-8 logits at every position.
 * Objective, with training-time test (depth {depth}: step d is fed step d-1's predicted feature and
   attends exactly as at inference): per depth, CE to the target's argmax + {kl_weight} x CE to its
