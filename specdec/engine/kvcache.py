@@ -43,12 +43,20 @@ class SessionKV:
         service keeps them (a target serving feature drafts); truncated with the cache.
     anchor: for caches whose position j is keyed by the token AFTER it (a feature draft's input
         at j pairs x_{j+1} with f_j, so `tokens` = x_1..x_n), the token x_0 they hang from.
+    reserved: the positions its current call may grow to (set by `KVCachePool.acquire`); the pool
+        counts max(len, reserved), so sessions acquired together for one batched pass cannot
+        outgrow the budget once they have all been extended.
     """
 
     cache: DynamicCache
     tokens: list[int] = field(default_factory=list)
     hidden: Any = None
     anchor: int = -1
+    reserved: int = 0
+
+    def held(self) -> int:
+        """Positions this session counts against the budget: what it holds or its call may reach."""
+        return max(len(self.tokens), self.reserved)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -126,15 +134,16 @@ class KVCachePool:
             if kv is None:
                 kv = SessionKV(cache=DynamicCache(config=self._config) if self._config else DynamicCache())
             self._make_room(total_tokens)
+            kv.reserved = total_tokens
             self._sessions[session_id] = kv
             return kv
 
     def _make_room(self, needed_tokens: int) -> None:
         """Evict least recently used sessions until the others plus `needed_tokens` fit the budget."""
-        held = sum(len(s) for s in self._sessions.values())  # the acquiring session is not among them
+        held = sum(s.held() for s in self._sessions.values())  # the acquiring session is not among them
         while self._sessions and (held + needed_tokens) > self.max_tokens:
             _, victim = self._sessions.popitem(last=False)
-            held -= len(victim)
+            held -= victim.held()
             self.counters.evictions += 1
 
     def release(self, session_id: str) -> bool:

@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec.engine.kvcache import KVCachePool, common_prefix_len, kv_bytes_per_token
-from specdec.engine.runner import CausalLMRunner
+from specdec.engine.runner import CausalLMRunner, ExtendItem
 from specdec.errors import ResourceExhausted
 
 VOCAB = 64
@@ -91,6 +91,18 @@ def test_a_growing_session_counts_its_whole_length_against_the_budget(model):
     runner.extend("a", list(range(1, 21)), first=19)       # 20 tokens held by a
     runner.extend("b", list(range(1, 21)), first=19)       # 20 tokens held by b: 40 in all
     runner.extend("b", list(range(1, 41)), first=39)       # b grows to 40: a must go (40 + 20 > 50)
+    assert runner.pool.used_bytes() <= runner.pool.budget_bytes
+    assert runner.pool.session_count() == 1
+
+
+def test_sessions_extended_together_stay_within_the_budget(model):
+    """One batched pass acquires every session before any grows: each counts what it will reach."""
+    per_token = kv_bytes_per_token(model.config, 4)
+    runner = CausalLMRunner(model, KVCachePool(50 * per_token, per_token, model.config), batching=True)
+    runner.extend("a", list(range(1, 11)), first=9)         # a holds 10
+    runner.extend("b", list(range(1, 11)), first=9)         # b holds 10
+    runner.extend_batch([ExtendItem("a", list(range(1, 31)), 29),   # a will hold 30 ...
+                         ExtendItem("b", list(range(1, 31)), 29)])  # ... so b's 30 evicts it (60 > 50)
     assert runner.pool.used_bytes() <= runner.pool.budget_bytes
     assert runner.pool.session_count() == 1
 
