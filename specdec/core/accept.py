@@ -34,7 +34,7 @@ from typing import Callable, Union
 
 import torch
 
-from specdec.core.sampling import PROBS_DTYPE, sample
+from specdec.core.sampling import PROBS_DTYPE, argmax_rows, sample
 
 RECOVERED = "recovered"
 BONUS = "bonus"
@@ -121,7 +121,7 @@ def accept(
         raise ValueError(f"target_probs must be [k+1={k + 1}, V], got {tuple(target_probs.shape)}")
     if draft_probs is not None and (draft_probs.dim() != 2 or draft_probs.shape[0] != k):
         raise ValueError(f"draft_probs must be [k={k}, V], got {tuple(draft_probs.shape)}")
-    target_ids = [int(t) for t in torch.argmax(target_probs, dim=-1).tolist()]
+    target_ids = [int(t) for t in argmax_rows(target_probs).tolist()]
     greedy_matches = [d == t for d, t in zip(draft, target_ids)]
     if greedy:
         m = greedy_matches.index(False) if False in greedy_matches else k
@@ -186,7 +186,7 @@ def accept_batch(
     if not greedy and generator is None:
         raise ValueError("sampling (greedy=False) needs an explicit torch.Generator")
     if greedy:
-        accepted = draft_ids == torch.argmax(target_probs[:, :k], dim=-1)
+        accepted = draft_ids == argmax_rows(target_probs[:, :k])
     else:
         p_d = _gather_at(target_probs, draft_ids)
         q_d = torch.ones_like(p_d) if draft_probs is None else _gather_at(draft_probs, draft_ids)
@@ -195,7 +195,7 @@ def accept_batch(
     m = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
     p_rows = target_probs[rows, m].to(PROBS_DTYPE)  # [B, Vp]
     if greedy:
-        next_tokens = torch.argmax(p_rows, dim=-1)
+        next_tokens = argmax_rows(p_rows)
     else:
         residual = _batch_residual(p_rows, draft_probs, draft_ids, m)
         next_tokens = torch.multinomial(residual, 1, generator=generator).squeeze(-1)

@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 
 from specdec.core.ngram import DEFAULT_PREFER, EARLIEST, RECENT, propose_ngram
-from specdec.core.sampling import draw_generator, logits_to_probs, sample, token_counts, truncate_top_n
+from specdec.core.sampling import argmax_rows, draw_generator, logits_to_probs, sample, token_counts, truncate_top_n
 from specdec.engine.checks import check_lengths, check_token_ids
 from specdec.engine.runner import CausalLMRunner
 from specdec.engine.types import ComputeStatsData, ProposeInput, ProposeOutput, SparseDist
@@ -83,7 +83,7 @@ class ModelDraft:
     @staticmethod
     def _pick(probs: torch.Tensor, cfg, position: int, dists: list[SparseDist]) -> int:
         if cfg.greedy:
-            return int(torch.argmax(probs[0]))
+            return int(argmax_rows(probs[0]))
         top_ids, top_probs = truncate_top_n(probs, cfg.draft_top_n)  # [1, N], [1, N]
         choice = sample(top_probs[0], draw_generator(cfg.seed, position, "draft"))
         keep = top_probs[0] > 0

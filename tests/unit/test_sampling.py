@@ -12,8 +12,10 @@ from specdec.core.sampling import (
     SEED_BITS,
     SamplingConfig,
     apply_penalties,
+    argmax_rows,
     derive_seed,
     draw_generator,
+    greedy_one_hot,
     logits_to_probs,
     position_counts,
     round_generators,
@@ -226,3 +228,25 @@ def test_sample_follows_generator():
     assert first == again
     assert sample(torch.nn.functional.one_hot(torch.tensor(3), VOCAB).float(),
                   draw_generator(1, 0, "draft")) == 3
+
+
+@pytest.mark.parametrize("shape", [(49152,), (1, 64), (9, 49152), (3, 4, 17)])
+def test_argmax_rows_equals_torch_argmax_with_ties_to_the_lowest_id(shape):
+    gen = torch.Generator().manual_seed(7)
+    scores = torch.randint(-3, 4, shape, generator=gen).float()  # few values: many tied maxima
+    assert torch.equal(argmax_rows(scores), torch.argmax(scores, dim=-1))
+    assert torch.equal(argmax_rows(scores.double()), torch.argmax(scores, dim=-1))
+    strided = scores.transpose(0, -1) if scores.dim() > 1 else scores
+    assert torch.equal(argmax_rows(strided), torch.argmax(strided, dim=-1))
+
+
+def test_argmax_rows_of_other_dtypes_uses_torch():
+    scores = torch.tensor([[1, 5, 5, 2]], dtype=torch.bfloat16)
+    assert argmax_rows(scores).tolist() == [1]
+    assert argmax_rows(torch.tensor([[0, 9, 9]])).tolist() == [1]
+
+
+def test_greedy_one_hot_marks_the_first_maximum():
+    logits = torch.tensor([[0.0, 2.0, 2.0, 1.0], [5.0, -1.0, 0.0, 5.0]])
+    assert greedy_one_hot(logits).tolist() == [[0, 1, 0, 0], [1, 0, 0, 0]]
+    assert greedy_one_hot(logits).dtype == torch.float32
