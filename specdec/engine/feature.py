@@ -94,7 +94,7 @@ class FeatureDraft:
         first = rows.first_position - position_base
         held = kv.hidden.shape[0]
         if first <= held < first + rows.rows.shape[0]:
-            kv.hidden = torch.cat([kv.hidden, rows.rows[held - first:].to(kv.hidden.dtype)])
+            kv.append_hidden(rows.rows[held - first:])
 
     def _catch_up(self, kv: SessionKV, ctx: list[int], stats: ComputeStatsData) -> torch.Tensor | None:
         """Run the positions not cached yet that have real rows; the predicted f^_{L-1} [1, 1, H], or None

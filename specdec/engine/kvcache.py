@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
@@ -33,6 +34,9 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+HIDDEN_MIN_ROWS = 64  # first allocation of a session's hidden-row buffer
 
 
 @dataclass
@@ -53,6 +57,7 @@ class SessionKV:
     hidden: Any = None
     anchor: int = -1
     reserved: int = 0
+    _hidden_store: Any = field(default=None, repr=False)  # the buffer `hidden` is a prefix view of
 
     def held(self) -> int:
         """Positions this session counts against the budget: what it holds or its call may reach."""
@@ -76,6 +81,27 @@ class SessionKV:
         if self.hidden is not None:
             self.hidden = self.hidden[:n]
         return dropped
+
+    def append_hidden(self, rows: torch.Tensor) -> None:  # rows: [n, H]
+        """Append hidden rows after those kept (in the kept rows' dtype; a fresh session: the rows').
+
+        `hidden` is a prefix view of a buffer that doubles when full, so a session that grows
+        by a few rows per round costs O(new rows), not a copy of its whole history every round.
+        Views handed out earlier may see later rows overwritten after a truncate: copy what
+        must outlive the next call.
+        """
+        held = 0 if self.hidden is None else self.hidden.shape[0]
+        need = held + rows.shape[0]
+        store = self._hidden_store
+        aliased = store is not None and self.hidden is not None and self.hidden.data_ptr() == store.data_ptr()
+        if not aliased or store.shape[0] < need or (held and store.dtype != self.hidden.dtype):
+            like = rows if self.hidden is None else self.hidden
+            store = torch.empty((max(need, 2 * held, HIDDEN_MIN_ROWS), rows.shape[1]), dtype=like.dtype,
+                                device=like.device)
+            if held:
+                store[:held] = self.hidden
+        store[held:need] = rows
+        self._hidden_store, self.hidden = store, store[:need]
 
 
 @dataclass

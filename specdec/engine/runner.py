@@ -132,10 +132,12 @@ class CausalLMRunner:
         rows = self._captured[-1][0]                                        # [sum of new tokens, H]
         self._captured.clear()
         for plan, new in zip(plans, torch.split(rows, [len(p.new_ids) for p in plans])):
-            old = plan.kv.hidden
-            if old is None or old.shape[0] != plan.reuse:  # nothing (consistent) kept: only the new rows
-                old = new[:0] if plan.reuse == 0 else None
-            plan.kv.hidden = None if old is None else torch.cat([old, new])
+            kv = plan.kv
+            if kv.hidden is None or kv.hidden.shape[0] != plan.reuse:  # nothing (consistent) kept
+                kv.hidden = None
+                if plan.reuse:
+                    continue                     # rows of the reused prefix are missing: keep none
+            kv.append_hidden(new)
 
     def _plan(self, item: "ExtendItem") -> "_Plan":
         """Acquire the session's cache, keep the longest common prefix (never past `first`), roll back the rest."""

@@ -97,8 +97,8 @@ class TargetEngine:
         if inp.hidden_from < 0 or fwd.hidden is None:
             return None
         local = min(inp.hidden_from, end)
-        rows = fwd.hidden[local:min(end, local + self.max_hidden_rows)]  # [n, H]
-        return HiddenRows(inp.position_base + local, rows)
+        rows = fwd.hidden[local:min(end, local + self.max_hidden_rows)]  # [n, H], a view of the session's buffer
+        return HiddenRows(inp.position_base + local, rows.clone())
 
     def _check(self, inp: VerifyInput, k: int) -> None:
         if k > self.max_k:

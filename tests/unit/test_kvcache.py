@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from specdec.engine.kvcache import KVCachePool, common_prefix_len, kv_bytes_per_token
+from specdec.engine.kvcache import KVCachePool, SessionKV, common_prefix_len, kv_bytes_per_token
 from specdec.engine.runner import CausalLMRunner, ExtendItem
 from specdec.errors import ResourceExhausted
 
@@ -119,3 +119,26 @@ def test_a_failed_forward_drops_the_half_updated_cache(model):
     with pytest.raises(Exception):
         runner.extend("s", [1, 2, 3, 4, VOCAB + 5], first=3)  # out-of-range id fails inside the model
     assert runner.pool.session_count() == 0
+
+
+def test_hidden_rows_grow_in_place_and_truncate_with_the_cache():
+    """append_hidden keeps the same rows torch.cat would, without copying the history each time."""
+    kv = SessionKV(cache=DynamicCache())
+    gen = torch.Generator().manual_seed(0)
+    reference = torch.empty(0, 8)
+    buffers = set()
+    for step, n in enumerate([5, 1, 1, 3, 1, 70, 2]):
+        rows = torch.randn(n, 8, generator=gen)
+        kv.tokens += list(range(n))
+        kv.append_hidden(rows)
+        reference = torch.cat([reference, rows])
+        buffers.add(kv._hidden_store.data_ptr())
+        assert torch.equal(kv.hidden, reference)
+        if step == 3:                       # roll back 2 positions: rows go with the cache
+            kv.truncate(len(kv.tokens) - 2)
+            reference = reference[:-2]
+            assert torch.equal(kv.hidden, reference)
+    assert len(buffers) == 3                # 64 rows, then 79 (a 70-row jump), then doubled to 158
+    half = torch.randn(2, 8).half()
+    kv.append_hidden(half)                  # appended in the kept rows' dtype
+    assert kv.hidden.dtype == torch.float32 and torch.equal(kv.hidden[-2:], half.float())
