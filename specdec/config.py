@@ -11,7 +11,9 @@ Environment variables (CLI flags override them):
   SPECDEC_TARGET_ADDRESSES, SPECDEC_MAX_CONCURRENT, SPECDEC_SESSION_TTL,
   SPECDEC_REDIS_PREFIX, SPECDEC_AUTH_TOKENS, SPECDEC_SERVICE_TOKEN,
   SPECDEC_TLS_CERT, SPECDEC_TLS_KEY, SPECDEC_TLS_CA,
-  SPECDEC_LEASE_SECONDS, SPECDEC_HEALTH_WEDGED_SECONDS, SPECDEC_FAULT_FILE
+  SPECDEC_LEASE_SECONDS, SPECDEC_HEALTH_WEDGED_SECONDS, SPECDEC_FAULT_FILE,
+  SPECDEC_MAX_BATCH, SPECDEC_BATCH_WAIT_MS, SPECDEC_KEEP_HIDDEN, SPECDEC_MAX_HIDDEN_BYTES,
+  SPECDEC_INPUT_MAJOR
 """
 
 from __future__ import annotations
@@ -134,6 +136,9 @@ class ModelServiceConfig:
     # Target: the most hidden-state bytes one Verify returns (fp16 on the wire); a feature draft
     # catches up on a long prompt over several rounds beyond that.
     max_hidden_bytes: int = field(default_factory=lambda: env_int("SPECDEC_MAX_HIDDEN_BYTES", 2 * MIB))
+    # Target: on CPU in float32, store linear weights input-major ([in, out]): a faster decode
+    # step and verify pass with identical logits (specdec/engine/layout.py); 0 = keep nn.Linear.
+    input_major: bool = field(default_factory=lambda: env_bool("SPECDEC_INPUT_MAJOR", True))
     server: ServerConfig = field(default_factory=ServerConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
 

@@ -423,8 +423,9 @@ def run(args: BenchArgs) -> dict[str, Any]:
     default_k = DEFAULTS["k"] if isinstance(DEFAULTS["k"], int) else 0
     n_max = max(list(args.ks) + [default_k]) + 1
     with tqdm(total=1, desc="verify cost v(n)", disable=not args.progress, file=sys.stderr) as bar:
-        verify = hf.verify_costs(n_max, args.verify_context, args.verify_reps)
-        c = hf.draft_step_cost(args.verify_context, args.verify_reps)
+        verify_hf = hf.verify_costs(n_max, args.verify_context, args.verify_reps)
+        verify, layout = _services_verify_costs(hf, verify_hf, n_max, args)
+        c = hf.draft_step_cost(args.verify_context, args.verify_reps)   # relative to the target as served
         bar.update()
     phases["verify_cost_s"] = time.perf_counter() - t0
     rss["bench (HF in-process)"] = peak_rss_bytes(os.getpid())
@@ -446,12 +447,15 @@ def run(args: BenchArgs) -> dict[str, Any]:
         "order": "interleaved: for each repeat, for each prompt, every configuration once (A B C .. A B C ..)",
         "timing": "wall clock at the client from sending the request to the last token (prefill included)",
         "configs": {cfg.name: cfg.label(DEFAULTS["k"]) for cfg in configs},
+        "target_weight_layout": layout,
     }
     result = report.build(records, configs, prompts, settings=settings, machine=machine,
                           hf_settings=hf_settings.record(), verify=verify, draft_step_cost=c,
                           identity=identity, rss=rss,
                           kv_per_token_model={"target": kv_bytes_per_token(hf.model.config, 4)},
                           default_k=DEFAULTS["k"], stats_error=stats_error)
+    if verify is not verify_hf:
+        result["verify_cost_hf_layout"] = {k: v for k, v in verify_hf.items() if k != "kv_bytes_per_token_measured"}
     if hasattr(os, "getloadavg"):
         result["machine"]["load_avg_at_end"] = list(os.getloadavg())
     phases["total_s"] = time.perf_counter() - t_start
@@ -549,3 +553,15 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     if args.plot:
         print(f"plot: {args.plot}")
     return 0
+
+
+def _services_verify_costs(hf: Any, verify_hf: dict, n_max: int, args: argparse.Namespace) -> tuple[dict, str]:
+    """v(n) as the target service computes it: with the input-major CPU layout when the service uses it
+    (SPECDEC_INPUT_MAJOR, float32 on CPU), measured on the same in-process model after the HF runs."""
+    from specdec.config import ModelServiceConfig
+    from specdec.engine.layout import use_input_major_linears, wants_input_major
+
+    if not (ModelServiceConfig(role="target").input_major and wants_input_major(hf.model.device, hf.model.dtype)):
+        return verify_hf, "nn.Linear ([out, in])"
+    use_input_major_linears(hf.model)
+    return hf.verify_costs(n_max, args.verify_context, args.verify_reps), "input-major ([in, out], SPECDEC_INPUT_MAJOR=1)"

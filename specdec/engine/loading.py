@@ -12,6 +12,7 @@ from specdec.config import ModelServiceConfig
 from specdec.engine.draft import MODEL, NGRAM, ModelDraft, NgramDraft
 from specdec.engine.feature import FeatureDraft
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
+from specdec.engine.layout import use_input_major_linears, wants_input_major
 from specdec.engine.runner import CausalLMRunner
 from specdec.engine.target import TargetEngine
 from specdec.models.feature_draft import FeatureDraftModel
@@ -42,7 +43,7 @@ def load_config(device: str = "auto", dtype: str = "auto", cache_dir: str = "", 
     return LoadConfig(device=device, dtype=dtype, cache_dir=cache_dir or None, **extra)
 
 
-def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = False
+def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = False, input_major: bool = False
           ) -> tuple[Any, Any, CausalLMRunner, dict[str, Any], float]:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
@@ -50,6 +51,10 @@ def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = F
     loaded = load_causal_lm(parse_model_spec(cfg.model), load_cfg)
     model, tokenizer = loaded.model, loaded.tokenizer
     check_cache_truncatable(model.config)
+    if input_major and wants_input_major(model.device, model.dtype):
+        replaced, extra = use_input_major_linears(model)
+        log.info("%s: %d linear layers stored input-major for the CPU forward (+%d bytes for tied weights)",
+                 cfg.model, replaced, extra)
     dtype_bytes = torch.finfo(model.dtype).bits // 8
     feature = isinstance(model, FeatureDraftModel)
     per_token = kv_bytes_per_token(model.config, dtype_bytes)
@@ -74,7 +79,8 @@ def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = F
 
 def load_target(cfg: ModelServiceConfig) -> ModelBundle:
     """Load the target model and its verify engine."""
-    _, _, runner, info, seconds = _load(cfg, batching=cfg.max_batch > 1, keep_hidden=cfg.keep_hidden)
+    _, _, runner, info, seconds = _load(cfg, batching=cfg.max_batch > 1, keep_hidden=cfg.keep_hidden,
+                                        input_major=cfg.input_major)
     max_hidden_rows = max(1, cfg.max_hidden_bytes // (2 * info["hidden_size"]))  # fp16 on the wire
     engine = TargetEngine(runner, info["max_context"], cfg.max_k, max_hidden_rows)
     info["max_batch"] = cfg.max_batch if runner.batching else 1

@@ -1,0 +1,48 @@
+"""Input-major linear weights for the CPU forward: same logits, same caches, one tied copy counted."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
+from specdec.engine.layout import InputMajorLinear, use_input_major_linears, wants_input_major
+from specdec.engine.runner import CausalLMRunner
+
+
+def tiny(tied: bool) -> LlamaForCausalLM:
+    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=tied)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        return LlamaForCausalLM(cfg).eval()
+
+
+def runner(model) -> CausalLMRunner:
+    per_token = kv_bytes_per_token(model.config, 4)
+    return CausalLMRunner(model, KVCachePool(1000 * per_token, per_token, model.config))
+
+
+def test_input_major_model_gives_the_logits_of_the_standard_one_through_the_runner():
+    standard, lean = tiny(tied=True), tiny(tied=True)
+    replaced, extra = use_input_major_linears(lean)
+    assert replaced == 2 * 7 + 1                              # q k v o gate up down per layer, LM head
+    assert extra == 96 * 32 * 4                               # the tied LM head now exists twice
+    assert isinstance(lean.get_output_embeddings(), InputMajorLinear)
+    assert lean.get_output_embeddings().weight.shape == (96, 32)
+    a, b = runner(standard), runner(lean)
+    ids = [5, 9, 11, 3, 70, 2, 8]
+    for cut in (4, 5, 7):                                     # grow, then a verify-sized step and a rollback
+        left, right = a.extend("s", ids[:cut], cut - 3), b.extend("s", ids[:cut], cut - 3)
+        assert torch.allclose(left.logits, right.logits, rtol=0, atol=1e-5)
+    left, right = a.extend("s", ids[:5] + [1, 2], 4), b.extend("s", ids[:5] + [1, 2], 4)
+    assert torch.allclose(left.logits, right.logits, rtol=0, atol=1e-5)
+
+
+def test_untied_weights_cost_nothing_extra_and_only_cpu_fp32_asks_for_it():
+    _, extra = use_input_major_linears(tiny(tied=False))
+    assert extra == 0
+    assert wants_input_major(torch.device("cpu"), torch.float32)
+    assert not wants_input_major(torch.device("cpu"), torch.bfloat16)
+    assert not wants_input_major(torch.device("cuda", 0), torch.float32)
