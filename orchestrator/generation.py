@@ -8,6 +8,9 @@
   4. detokenize incrementally and hold back text that may start a stop string,
   5. store the kept tokens in Redis (version-checked, under this instance's lease),
   6. stream the text delta (and the round, with trace).
+Rounds are pipelined: round r+1 starts (1-2) as soon as round r's tokens are known
+(3-4) and runs while round r's tokens are stored (5) and streamed (6); a chunk never
+leaves before its tokens are in Redis.
 
 Reliability (see the README's Reliability section):
   * Lease: the orchestrator holds the session's lease (LeaseConfig.seconds, default 6 s)
@@ -156,12 +159,9 @@ class Generation:
                 yield self._final_chunk(state)
                 return
             try:
-                async with self._renewing():
-                    while state.finish == pb.FINISH_REASON_UNSPECIFIED:
-                        self._check_lease()
-                        chunk = await self._round(state, detok, stops)
-                        if chunk is not None:
-                            yield chunk
+                async with self._renewing(), contextlib.aclosing(self._rounds(state, detok, stops)) as rounds:
+                    async for chunk in rounds:
+                        yield chunk
                 await self._finish(state)
             except (asyncio.CancelledError, GeneratorExit):
                 state.finish = pb.FINISH_REASON_CANCELLED
@@ -326,14 +326,47 @@ class Generation:
         if outcome.target_computed <= proposed + 1 and not outcome.degraded:
             self.deps.costs.observe(proposed, proposed + 1, outcome.draft_ms, outcome.target_ms, outcome.overhead_ms)
 
-    async def _round(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher) -> pb.GenerateChunk | None:
-        """Steps 1-6 of the module docstring for one round."""
-        start_len = len(state.completion)
-        outcome = await self.deps.runner.run(RoundRequest(                                   # 1, 2
+    async def _rounds(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher
+                      ) -> AsyncIterator[pb.GenerateChunk]:
+        """Steps 1-6 of the module docstring, round after round, until the generation finishes.
+
+        Pipelined: as soon as round r's tokens are known (3, 4), round r+1 starts (1, 2) and runs on
+        the draft and target while round r's tokens are stored in Redis (5) and streamed (6), so
+        the Redis round trip is off the critical path. A chunk still leaves only after its tokens
+        are stored; a failed store cancels the round in flight.
+        """
+        running: asyncio.Task | None = self._start_round(state)
+        try:
+            while running is not None:
+                outcome = await running
+                start_len = len(state.completion)
+                tokens, text = await self._settle(state, detok, stops, outcome)               # 3, 4
+                running = None if state.finish else self._start_round(state)                  # next 1, 2
+                if tokens:
+                    await self._store(state, tokens, outcome)                                  # 5
+                chunk = self._chunk(state, outcome, tokens, start_len, text)                    # 6
+                if chunk is not None:
+                    yield chunk
+        finally:
+            await _cancelled(running)
+
+    def _start_round(self, state: State) -> asyncio.Task:
+        """Steps 1-2 (draft proposes, target verifies) for the context so far, as a task."""
+        self._check_lease()
+        return asyncio.create_task(self.deps.runner.run(RoundRequest(
             self.session_id, self.request_id, list(state.ids), self._round_k(state),
-            self.params.sampling, self.params.draft_kind, self.params.logprobs, self.deadline, self.relay))
-        tokens = self._cut(state, outcome.emitted)                                            # 3
-        delta = stops.push(detok.push(tokens))                                                # 4
+            self.params.sampling, self.params.draft_kind, self.params.logprobs, self.deadline, self.relay)))
+
+    async def _settle(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher,
+                      outcome: RoundOutcome) -> tuple[list[int], str]:
+        """Steps 3-4: cut the round's tokens, detokenize, handle a stop string; count the round.
+
+        Returns (tokens this round adds, text to stream). The context (state.ids) grows at once so the
+        next round can start; Redis gets the tokens in step 5.
+        """
+        start_len = len(state.completion)
+        tokens = self._cut(state, outcome.emitted)
+        delta = stops.push(detok.push(tokens))
         state.completion += tokens
         if delta.stopped:
             state.finish = pb.FINISH_REASON_STOP
@@ -343,8 +376,7 @@ class Generation:
             state.completion = state.completion[:keep]
         elif state.finish != pb.FINISH_REASON_UNSPECIFIED:
             delta = type(delta)(delta.emit + stops.push(detok.flush()).emit + stops.flush(), False, None)
-        if tokens:
-            await self._store(state, tokens, outcome)                                         # 5
+        state.ids += tokens
         state.text += delta.emit
         self.stats.add_round(outcome, len(tokens))
         self._learn(outcome)
@@ -352,7 +384,7 @@ class Generation:
                                         outcome.target_ms, outcome.overhead_ms, outcome.wall_ms, outcome.degraded)
         if self.params.max_rounds and self.stats.rounds >= self.params.max_rounds and not state.finish:
             state.finish = pb.FINISH_REASON_LENGTH
-        return self._chunk(state, outcome, tokens, start_len, delta.emit)                      # 6
+        return tokens, delta.emit
 
     def _cut(self, state: State, emitted: list[int]) -> list[int]:
         """Cut the round's tokens at EOS (when honoured), max_new_tokens or the context end."""
@@ -375,7 +407,6 @@ class Generation:
                     "delivered": len(tokens)}
         written = await self.deps.store.append(self.session_id, state.version, tokens, counters, self.deps.owner)
         state.version = written.version
-        state.ids += tokens
         state.logprobs += outcome.logprobs[: len(tokens)]
 
     async def _store_cut(self, state: State, keep: int, start_len: int) -> None:
@@ -430,3 +461,13 @@ class Generation:
             session_id=self.session_id, request_id=self.request_id, text=s.text, token_ids=s.completion,
             finish_reason=s.finish, usage=self.usage(), stats=self.stats.proto(), trace=s.trace,
             logprobs=s.logprobs, model=self.deps.model_name)
+
+
+async def _cancelled(task: asyncio.Task | None) -> None:
+    """Cancel a round still in flight and wait until it has stopped (its outcome is not needed)."""
+    if task is None:
+        return
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # retrieved: a failure of an abandoned round is not worth a warning
