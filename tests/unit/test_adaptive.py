@@ -70,5 +70,33 @@ def test_expensive_draft_steps_shorten_the_draft():
 
 def test_expected_tokens_counts_the_bonus():
     acc = AcceptanceTracker(k_max=3)
-    acc.accepts, acc.tries = [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]
-    assert acc.expected_tokens(3) == 4.0 and acc.expected_tokens(0) == 1.0
+    acc.accepts, acc.tries = [1e9] * 3, [1e9] * 3      # certain acceptance at every position
+    assert abs(acc.expected_tokens(3) - 4.0) < 1e-6 and acc.expected_tokens(0) == 1.0
+
+
+def measured_fp32_costs() -> CostModel:
+    """v(n) of SmolLM2 in fp32 on the 2-core CPU (input-major, 1 thread): a 2-token verify costs 1.7 steps."""
+    costs = CostModel()
+    for n, ms in ((1, 30.0), (2, 51.0), (3, 62.0), (5, 63.0), (9, 74.0), (13, 85.0)):
+        costs.observe(k=n - 1, verified=n, draft_ms=0.0, target_ms=ms, overhead_ms=2.5)
+    return costs
+
+
+def test_a_rejection_at_position_1_is_not_outweighed_by_the_prior_of_deeper_positions():
+    costs, acc = measured_fp32_costs(), AcceptanceTracker(k_max=8)
+    assert choose_k(costs, acc, 8) > 0                   # a fresh session tries speculation
+    acc.observe(proposed=8, accepted=0)                  # one long draft, rejected at once
+    rates = acc.rates()
+    assert all(abs(r - rates[0]) < 1e-9 for r in rates)  # positions 2..8 know only what position 1 knows
+    assert choose_k(costs, acc, 8) == 0
+
+
+def test_deeper_positions_follow_their_own_data_once_they_have_it():
+    acc = AcceptanceTracker(k_max=4)
+    for _ in range(30):
+        acc.observe(proposed=4, accepted=4)              # copying: every position accepted
+    assert all(r > 0.9 for r in acc.rates())
+    for _ in range(30):
+        acc.observe(proposed=4, accepted=1)              # the first token right, the second wrong
+    rates = acc.rates()
+    assert rates[0] > 0.85 and rates[1] < 0.25
