@@ -143,8 +143,8 @@ class ModelServiceConfig:
     # Target: the most hidden-state bytes one Verify returns (fp16 on the wire); a feature draft
     # catches up on a long prompt over several rounds beyond that.
     max_hidden_bytes: int = field(default_factory=lambda: env_int("SPECDEC_MAX_HIDDEN_BYTES", 2 * MIB))
-    # Target: on CPU in float32, store linear weights input-major ([in, out]): a faster decode
-    # step and verify pass with identical logits (specdec/engine/layout.py); 0 = keep nn.Linear.
+    # Target and model drafts: on CPU in float32, store linear weights input-major ([in, out]): a
+    # faster decode step, verify pass and draft step, same logits (specdec/models/layout.py); 0 = off.
     input_major: bool = field(default_factory=lambda: env_bool("SPECDEC_INPUT_MAJOR", True))
     server: ServerConfig = field(default_factory=ServerConfig)
     health: HealthConfig = field(default_factory=HealthConfig)

@@ -559,7 +559,7 @@ def _services_verify_costs(hf: Any, verify_hf: dict, n_max: int, args: argparse.
     """v(n) as the target service computes it: with the input-major CPU layout when the service uses it
     (SPECDEC_INPUT_MAJOR, float32 on CPU), measured on the same in-process model after the HF runs."""
     from specdec.config import ModelServiceConfig
-    from specdec.engine.layout import use_input_major_linears, wants_input_major
+    from specdec.models.layout import use_input_major_linears, wants_input_major
 
     if not (ModelServiceConfig(role="target").input_major and wants_input_major(hf.model.device, hf.model.dtype)):
         return verify_hf, "nn.Linear ([out, in])"

@@ -12,7 +12,7 @@ from specdec.config import ModelServiceConfig
 from specdec.engine.draft import MODEL, NGRAM, ModelDraft, NgramDraft
 from specdec.engine.feature import FeatureDraft
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
-from specdec.engine.layout import use_input_major_linears, wants_input_major
+from specdec.models.layout import use_input_major_linears, wants_input_major
 from specdec.engine.runner import CausalLMRunner
 from specdec.engine.target import TargetEngine
 from specdec.models.feature_draft import FeatureDraftModel
@@ -52,8 +52,8 @@ def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = F
     model, tokenizer = loaded.model, loaded.tokenizer
     check_cache_truncatable(model.config)
     if input_major and wants_input_major(model.device, model.dtype):
-        replaced, extra = use_input_major_linears(model)
-        log.info("%s: %d linear layers stored input-major for the CPU forward (+%d bytes for tied weights)",
+        replaced, extra = model.input_major() if hasattr(model, "input_major") else use_input_major_linears(model)
+        log.info("%s: %d linear layers stored input-major for the CPU forward (+%d bytes)",
                  cfg.model, replaced, extra)
     dtype_bytes = torch.finfo(model.dtype).bits // 8
     feature = isinstance(model, FeatureDraftModel)
@@ -97,7 +97,7 @@ def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
         return ModelBundle("draft", "ngram", {NGRAM: ngram}, NGRAM, info)
     if cfg.draft_kind != MODEL:
         raise ValueError(f"draft kind must be 'model' or 'ngram', got {cfg.draft_kind!r}")
-    model, _, runner, info, seconds = _load(cfg)
+    model, _, runner, info, seconds = _load(cfg, input_major=cfg.input_major)
     if isinstance(model, FeatureDraftModel):
         engine: Any = FeatureDraft(model, runner.pool, info["max_context"], info["eos_token_ids"])
         info["needs_target_hidden"] = True

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specdec.models.feature_draft import ARCHITECTURE as FEATURE_ARCHITECTURE, assemble_feature_draft
+from specdec.models.layout import head_logits, use_input_major_linears
 
 DRAFT_CONFIG = "draft_config.json"
 WEIGHTS = "model.safetensors"
@@ -81,6 +81,16 @@ class DraftForCausalLM(LlamaForCausalLM):
         with torch.no_grad():
             weight = self.lm_head.weight.index_select(0, self.head_ids)
         self.register_buffer("head_weight", weight, persistent=False)
+        if getattr(self, "head_weight_t", None) is not None:
+            self.register_buffer("head_weight_t", weight.t().contiguous(), persistent=False)
+
+    def input_major(self) -> tuple[int, int]:
+        """Store its decoder layers and the restricted head input-major for the CPU forward
+        (specdec/models/layout.py); the shared embedding and LM head stay as they are.
+        Returns (layers replaced, extra bytes)."""
+        replaced, _ = use_input_major_linears(self.model.layers)
+        self.register_buffer("head_weight_t", self.head_weight.t().contiguous(), persistent=False)
+        return replaced + 1, self.head_weight.numel() * self.head_weight.element_size()
 
     @property
     def logits_width(self) -> int:
@@ -91,7 +101,7 @@ class DraftForCausalLM(LlamaForCausalLM):
 
     def restricted_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] final hidden states -> [..., N] logits over the head set (training uses these)."""
-        return F.linear(hidden, self.head_weight.to(hidden.dtype))
+        return head_logits(hidden, self.head_weight, getattr(self, "head_weight_t", None))
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache: Any = None, inputs_embeds: torch.Tensor | None = None,

@@ -1,12 +1,15 @@
-"""Input-major linear weights for the CPU forward: same logits, same caches, one tied copy counted."""
+"""Input-major linear weights for the CPU forward (target and drafts): same logits, tied copies counted."""
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
-from specdec.engine.layout import InputMajorLinear, use_input_major_linears, wants_input_major
+from specdec.models.draft_model import build_draft
+from specdec.models.feature_draft import build_feature_draft
+from specdec.models.layout import InputMajorLinear, use_input_major_linears, wants_input_major
 from specdec.engine.runner import CausalLMRunner
 
 
@@ -46,3 +49,35 @@ def test_untied_weights_cost_nothing_extra_and_only_cpu_fp32_asks_for_it():
     assert wants_input_major(torch.device("cpu"), torch.float32)
     assert not wants_input_major(torch.device("cpu"), torch.bfloat16)
     assert not wants_input_major(torch.device("cuda", 0), torch.float32)
+
+
+def test_a_trained_draft_converts_its_own_layers_and_head_but_not_the_shared_ones():
+    target = tiny(tied=True)
+    draft = build_draft(target, 2, list(range(10, 60)))
+    ids = torch.tensor([[5, 9, 11, 3, 70]])
+    with torch.inference_mode():
+        before = draft(input_ids=ids).logits
+    replaced, extra = draft.input_major()
+    assert replaced == 2 * 7 + 1 and extra == 50 * 32 * 4          # layers + the restricted head's copy
+    assert type(draft.lm_head) is nn.Linear                         # the target's LM head, still shared
+    assert draft.lm_head.weight.data_ptr() == target.lm_head.weight.data_ptr()
+    with torch.inference_mode():
+        after = draft(input_ids=ids).logits
+    assert torch.equal(torch.isinf(before), torch.isinf(after))
+    finite = torch.isfinite(before)
+    assert torch.allclose(before[finite], after[finite], rtol=0, atol=1e-5)
+
+
+def test_a_feature_draft_gives_the_same_features_and_logits_input_major():
+    target = tiny(tied=False)
+    draft = build_feature_draft(target, head_ids=list(range(0, 96, 2)))
+    draft.init_from_target(target)
+    gen = torch.Generator().manual_seed(1)
+    next_ids, feats = torch.tensor([[4, 8, 15]]), torch.randn(1, 3, 32, generator=gen)
+    pos = torch.arange(3).unsqueeze(0)
+    with torch.inference_mode():
+        before = draft.restricted_logits(draft(next_ids, feats, pos))
+        draft.input_major()
+        after = draft.restricted_logits(draft(next_ids, feats, pos))
+    assert isinstance(draft.fc, InputMajorLinear)
+    assert torch.allclose(before, after, rtol=0, atol=1e-5)

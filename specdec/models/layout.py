@@ -1,5 +1,8 @@
 """Weight layout for the CPU forward: linear layers stored input-major ([in, out]) in float32.
 
+Used by the target (every nn.Linear) and by trained drafts (their own layers and their
+restricted head; the target's embedding and LM head they share are left alone).
+
 `nn.Linear` keeps W as [out, in] and computes x @ W^T. For the few rows a decode step
 or a verify pass runs (M = 1 .. k+1), MKL's fp32 kernels stream an [in, out] matrix
 much faster than an [out, in] one on this CPU: SmolLM2-135M's whole forward over 300
@@ -69,3 +72,9 @@ def _shared_weights(model: nn.Module) -> set[int]:
         seen[id(param)] = seen.get(id(param), 0) + 1
     return {key for key, count in seen.items() if count > 1}
 
+
+def head_logits(hidden: torch.Tensor, head: torch.Tensor, head_t: torch.Tensor | None) -> torch.Tensor:
+    """[..., H] -> [..., N] logits of a restricted head: `head` [N, H], or its input-major copy `head_t` [H, N]."""
+    if head_t is not None:
+        return torch.matmul(hidden, head_t.to(hidden.dtype))
+    return torch.nn.functional.linear(hidden, head.to(hidden.dtype))
