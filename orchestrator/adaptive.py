@@ -16,11 +16,10 @@ where the draft never matches, probing costs next to nothing.
 Costs are properties of the deployment and shared by all sessions of an
 orchestrator (`CostModel`); acceptance is per session (`AcceptanceTracker`),
 starting from an optimistic prior at position 1 (decayed with the data, so it
-fades). A deeper position leans on the
-rate of the position before it until it has data of its own: a draft rejected at
-position 1 says nothing about position 5, but the optimistic prior there would keep
-paying for long drafts that never get that far (seen on open-ended prompts: 7-token
-n-gram drafts verified and rejected round after round).
+fades). A deeper position leans on the rate of the position before it until it has
+data of its own: a draft rejected at position 1 says nothing about position 5, and
+an optimistic prior there kept paying for long drafts that never got that far (seen
+on open-ended prompts: 7-token n-gram drafts verified and rejected round after round).
 """
 
 from __future__ import annotations
