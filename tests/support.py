@@ -10,12 +10,13 @@ hundreds of generations the greedy-identity test runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import grpc
 import torch
@@ -151,6 +152,17 @@ class InProcessStack:
         self.call(_stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def tiny_stack(directory: Path, prompts: list[str], redis_url: str) -> Iterator[InProcessStack]:
+    """A tiny draft/target pair (make_tiny_pair) served in process, with a real orchestrator and Redis."""
+    target_dir, draft_dir = make_tiny_pair(directory, prompts)
+    stack = InProcessStack(target_model=str(target_dir), draft_model=str(draft_dir), redis_url=redis_url).start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
 
 
 def target_greedy(model: Any, ids: list[int], max_new_tokens: int, eos_ids: list[int]) -> list[int]:

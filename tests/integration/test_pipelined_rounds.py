@@ -15,7 +15,7 @@ import pytest
 from orchestrator.session_store import StoreUnavailable
 from specdec.v1 import orchestrator_pb2 as pb
 from tests.prompts import IDENTITY_PROMPTS
-from tests.support import InProcessStack, make_tiny_pair
+from tests.support import tiny_stack
 
 pytestmark = pytest.mark.integration
 MAX_NEW, APPEND_DELAY_S = 24, 0.03
@@ -23,10 +23,8 @@ MAX_NEW, APPEND_DELAY_S = 24, 0.03
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, redis_server):
-    target_dir, draft_dir = make_tiny_pair(tmp_path_factory.mktemp("tiny"), IDENTITY_PROMPTS)
-    s = InProcessStack(target_model=str(target_dir), draft_model=str(draft_dir), redis_url=redis_server.url).start()
-    yield s
-    s.stop()
+    with tiny_stack(tmp_path_factory.mktemp("tiny"), IDENTITY_PROMPTS, redis_server.url) as s:
+        yield s
 
 
 class Recorder:

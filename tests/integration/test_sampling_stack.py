@@ -10,7 +10,7 @@ import pytest
 from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from tests.prompts import IDENTITY_PROMPTS
-from tests.support import InProcessStack, make_tiny_pair
+from tests.support import tiny_stack
 
 pytestmark = pytest.mark.integration
 MAX_NEW = 20
@@ -18,10 +18,8 @@ MAX_NEW = 20
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, redis_server):
-    target_dir, draft_dir = make_tiny_pair(tmp_path_factory.mktemp("tiny"), IDENTITY_PROMPTS)
-    s = InProcessStack(target_model=str(target_dir), draft_model=str(draft_dir), redis_url=redis_server.url).start()
-    yield s
-    s.stop()
+    with tiny_stack(tmp_path_factory.mktemp("tiny"), IDENTITY_PROMPTS, redis_server.url) as s:
+        yield s
 
 
 def gen(stack, prompt="Once upon a time", **sampling):
