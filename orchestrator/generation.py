@@ -340,7 +340,7 @@ class Generation:
             while running is not None:
                 outcome = await running
                 start_len = len(state.completion)
-                tokens, text = await self._settle(state, detok, stops, outcome)               # 3, 4
+                tokens, text = await self._settle(state, detok, stops, outcome, start_len)    # 3, 4
                 running = None if state.finish else self._start_round(state)                  # next 1, 2
                 if tokens:
                     await self._store(state, tokens, outcome)                                  # 5
@@ -358,13 +358,13 @@ class Generation:
             self.params.sampling, self.params.draft_kind, self.params.logprobs, self.deadline, self.relay)))
 
     async def _settle(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher,
-                      outcome: RoundOutcome) -> tuple[list[int], str]:
+                      outcome: RoundOutcome, start_len: int) -> tuple[list[int], str]:
         """Steps 3-4: cut the round's tokens, detokenize, handle a stop string; count the round.
 
-        Returns (tokens this round adds, text to stream). The context (state.ids) grows at once so the
-        next round can start; Redis gets the tokens in step 5.
+        start_len: completion tokens before this round. Returns (tokens this round adds, text to
+        stream). The context (state.ids) grows at once so the next round can start; Redis gets the
+        tokens in step 5.
         """
-        start_len = len(state.completion)
         tokens = self._cut(state, outcome.emitted)
         delta = stops.push(detok.push(tokens))
         state.completion += tokens

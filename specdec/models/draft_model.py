@@ -31,7 +31,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specdec.models.feature_draft import ARCHITECTURE as FEATURE_ARCHITECTURE, assemble_feature_draft
-from specdec.models.layout import head_logits, use_input_major_linears
+from specdec.models.layout import head_logits, input_major_head, use_input_major_linears
 
 DRAFT_CONFIG = "draft_config.json"
 WEIGHTS = "model.safetensors"
@@ -82,15 +82,14 @@ class DraftForCausalLM(LlamaForCausalLM):
             weight = self.lm_head.weight.index_select(0, self.head_ids)
         self.register_buffer("head_weight", weight, persistent=False)
         if getattr(self, "head_weight_t", None) is not None:
-            self.register_buffer("head_weight_t", weight.t().contiguous(), persistent=False)
+            input_major_head(self)
 
     def input_major(self) -> tuple[int, int]:
         """Store its decoder layers and the restricted head input-major for the CPU forward
         (specdec/models/layout.py); the shared embedding and LM head stay as they are.
         Returns (layers replaced, extra bytes)."""
         replaced, _ = use_input_major_linears(self.model.layers)
-        self.register_buffer("head_weight_t", self.head_weight.t().contiguous(), persistent=False)
-        return replaced + 1, self.head_weight.numel() * self.head_weight.element_size()
+        return replaced + 1, input_major_head(self)
 
     @property
     def logits_width(self) -> int:

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaModel
 
-from specdec.models.layout import head_logits, use_input_major_linears
+from specdec.models.layout import head_logits, input_major_head, use_input_major_linears
 
 ARCHITECTURE = "eagle"
 FEATURE = "target_final_hidden_normed"   # what f_j is (the input of the target's LM head)
@@ -91,15 +91,14 @@ class FeatureDraftModel(nn.Module):
             weight = self._shared["lm_head"].weight.index_select(0, self.head_ids.to(self._shared["lm_head"].weight.device))
         self.register_buffer("head_weight", weight, persistent=False)
         if getattr(self, "head_weight_t", None) is not None:
-            self.register_buffer("head_weight_t", weight.t().contiguous(), persistent=False)
+            input_major_head(self)
 
     def input_major(self) -> tuple[int, int]:
         """Store fc and its decoder layers and the restricted head input-major for the CPU forward
         (specdec/models/layout.py); the shared embedding and LM head stay as they are.
         Returns (layers replaced, extra bytes)."""
         replaced, _ = use_input_major_linears(self)   # the shared modules are not submodules
-        self.register_buffer("head_weight_t", self.head_weight.t().contiguous(), persistent=False)
-        return replaced + 1, self.head_weight.numel() * self.head_weight.element_size()
+        return replaced + 1, input_major_head(self)
 
     def own_state_dict(self) -> dict[str, torch.Tensor]:
         """What the draft stores: fc, its decoder layer and its final norm."""

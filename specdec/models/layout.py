@@ -78,3 +78,10 @@ def head_logits(hidden: torch.Tensor, head: torch.Tensor, head_t: torch.Tensor |
     if head_t is not None:
         return torch.matmul(hidden, head_t.to(hidden.dtype))
     return torch.nn.functional.linear(hidden, head.to(hidden.dtype))
+
+
+def input_major_head(model: nn.Module) -> int:
+    """Give a restricted head (`model.head_weight` [N, H]) its input-major copy `head_weight_t` [H, N],
+    which `head_logits` then uses; returns the copy's bytes. Call again after `head_weight` changes."""
+    model.register_buffer("head_weight_t", model.head_weight.t().contiguous(), persistent=False)
+    return model.head_weight_t.numel() * model.head_weight_t.element_size()
