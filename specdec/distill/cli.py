@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("specdec.distill")
 STATE_FILE = "distill_state.json"
@@ -23,8 +25,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output directory (the draft; data/ and checkpoints inside)")
     p.add_argument("--prompts", help="prompt file (.jsonl with {'prompt': ...} or one per line); default: shipped")
     p.add_argument("--docstrings", type=int, default=1000, help="extra prompts from stdlib docstrings (0 = none)")
-    p.add_argument("--variants", type=int, default=2,
-                   help="continuations per chat prompt: 1 greedy + (variants-1) sampled (docstring prompts: greedy)")
+    p.add_argument("--variants", type=int, default=4,
+                   help="continuations per chat prompt: 1 greedy + (variants-1) sampled (other prompts: greedy)")
+    p.add_argument("--self-prompts", type=int, default=4000,
+                   help="extra chat prompts the target writes itself from its bare chat template (Magpie); "
+                        "answered greedily like the others (0 = none)")
+    p.add_argument("--data-dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                   help="dtype of the target copy that generates the data (bfloat16: ~2x faster on CPUs with "
+                        "AVX512-BF16; training and the report use the target as loaded)")
+    p.add_argument("--data-batch", type=int, default=64, help="sequences per generate call in the data stage")
     p.add_argument("--arch", choices=["eagle", "layers"], default="layers",
                    help="layers: a small standalone LM of --layers target-shaped layers; eagle: one layer fed the "
                         "target's hidden states (a feature draft; the target keeps them by default)")
@@ -38,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="--arch eagle: weight of the smooth-L1 loss on the predicted target features")
     p.add_argument("--head-tokens", type=int, default=8192, help="FR-Spec head size (0 = full vocabulary)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--steps", type=int, help="training steps (default: 1500 for eagle, 800 for layers)")
+    p.add_argument("--steps", type=int, help="training steps (default: 1500 for eagle, 1200 for layers)")
     p.add_argument("--batch-tokens", type=int, default=2048, help="tokens per training step")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--kl-weight", type=float, default=1.0, help="weight of the KL to the target's top-k (plus CE)")
@@ -46,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts in the report (0 = all)")
     p.add_argument("--eval-max-new-tokens", type=int, default=128)
-    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: all cores)")
     p.add_argument("--stop-after", choices=["data", "train"], help="stop after this stage")
     p.add_argument("--resume", action="store_true", help="continue a previous run in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -63,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     if args.steps is None:
-        args.steps = 1500 if args.arch == "eagle" else 800
+        args.steps = 1500 if args.arch == "eagle" else 1200
     if args.text_tokens is None:
         args.text_tokens = 500_000 if args.arch == "eagle" else 0
     out = Path(args.out).expanduser()
@@ -91,10 +100,8 @@ def run(args: argparse.Namespace) -> int:
     eos = eos_token_ids(model, tokenizer)
 
     t0 = time.time()
-    data_mod.generate_data(model, tokenizer, corpus.train, out / "data", variants=args.variants,
-                           max_new=args.max_new_tokens, eos=eos, seed=args.seed,
-                           sampled_prompts=[p for p in corpus.train if p in chat], progress=progress)
-    state["seconds"]["data"] = data_mod.data_seconds(out / "data") or state["seconds"].get("data", 0) + time.time() - t0
+    _make_data(args, model, tokenizer, corpus.train, chat, eos, out / "data", state, progress)
+    state["seconds"]["data"] = data_mod.data_seconds(out / "data")
     _save_state(state_path, state)
     if args.stop_after == "data":
         return 0
@@ -119,13 +126,34 @@ def run(args: argparse.Namespace) -> int:
                                threads=args.threads, progress=progress)
     state["seconds"]["eval"] = time.time() - t0
     report["training"] = {"seconds": state["seconds"], "args": state["args"],
-                          "train_prompts": len(corpus.train), "held_out_prompts": len(corpus.held_out)}
+                          "train_prompts": len(corpus.train), "held_out_prompts": len(corpus.held_out),
+                          "self_prompts": state.get("self_prompts", 0)}
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     _save_state(state_path, state)
     eval_mod.update_card(out, report)
     print(json.dumps({k: v for k, v in report.items() if k != "per_prompt"}, indent=2))
     print(f"wrote {out / 'report.json'} ({time.time() - started:.0f} s this run)")
     return 0
+
+
+def _make_data(args: argparse.Namespace, model: Any, tokenizer: Any, train: list[str], chat: set[str],
+               eos: list[int], data_dir: Path, state: dict, progress: bool) -> None:
+    """Stage 2: self-written prompts (once), then the target's continuations of every training prompt."""
+    import torch
+
+    from specdec.distill import data as data_mod
+    from specdec.distill.self_prompts import SELF_PROMPTS_FILE, generate_self_prompts
+
+    gen_model = data_mod.generation_model(model, getattr(torch, args.data_dtype))
+    t0 = time.time()
+    own = generate_self_prompts(gen_model, tokenizer, args.self_prompts, data_dir / SELF_PROMPTS_FILE, eos=eos,
+                                seed=args.seed, batch=args.data_batch, progress=progress)
+    state["seconds"]["self_prompts"] = state["seconds"].get("self_prompts", 0) + time.time() - t0
+    state["self_prompts"] = len(own)
+    print(f"self-written prompts: {len(own)}", flush=True)
+    data_mod.generate_data(gen_model, tokenizer, train + own, data_dir, variants=args.variants,
+                           max_new=args.max_new_tokens, eos=eos, seed=args.seed,
+                           sampled_prompts=[p for p in train if p in chat], batch=args.data_batch, progress=progress)
 
 
 def _save_state(path: Path, state: dict) -> None:

@@ -40,7 +40,7 @@ def distilled(tmp_path_factory, request):
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in _prompts()))
     out = root / "draft"
     argv = ["distill", "--target", str(target_dir), "--out", str(out), "--prompts", str(prompts),
-            "--docstrings", "0", "--variants", "2", "--layers", "1", "--head-tokens", "3000", "--steps", "6",
+            "--docstrings", "0", "--variants", "2", "--self-prompts", "6", "--data-batch", "8", "--layers", "1", "--head-tokens", "3000", "--steps", "6",
             "--batch-tokens", "256", "--checkpoint-every", "3", "--max-new-tokens", "8",
             "--eval-max-new-tokens", "8", "--quiet", *ARCH_ARGS[request.param]]
     assert main(argv) == 0
@@ -58,6 +58,7 @@ def test_distill_writes_a_draft_and_a_report(distilled):
     assert 0.0 <= report["acceptance_rate"] <= 1.0
     assert (out / "MODEL_CARD.md").is_file()
     assert len(list((out / "data").glob("chunk-*.pt"))) >= 1
+    assert (out / "data" / "self_prompts.jsonl").is_file()  # rounds recorded even when few messages ended
     config = json.loads((out / "draft_config.json").read_text())
     assert config["layers"] == 1 and config["head_tokens"] == 3000 and config["training"]["steps"] == 6
     assert config["architecture"] == ("eagle" if arch == "eagle" else "llama")
