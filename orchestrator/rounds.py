@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from specdec.config import RetryConfig
 from specdec.core.sampling import SamplingConfig
-from specdec.engine.draft import MODEL, NGRAM, NgramDraft
+from specdec.engine.draft import COMBINED, MODEL, NGRAM, NgramDraft
 from specdec.engine.types import ProposeInput
 from specdec.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from specdec.protocol import sampling_to_proto
@@ -60,6 +60,7 @@ class RoundOutcome:
     wall_ms: float = 0.0
     wire_bytes: int = 0
     draft_replica: str = ""
+    draft_kind: str = ""            # which draft proposed ("model" | "ngram"; "" = none)
     target_replica: str = ""
     degraded: bool = False
     retries: int = 0
@@ -164,19 +165,23 @@ class RoundRunner:
         empty = draft_pb2.ProposeResponse()
         if req.k == 0:
             return empty, out
-        if self.local_ngram is not None and self.draft_kind(req.draft_kind) == NGRAM:
-            out.draft_replica = "local"
+        kind = self.draft_kind(req.draft_kind)
+        remote_kind = req.draft_kind
+        if self.local_ngram is not None and kind in (NGRAM, COMBINED):
             response = self._propose_locally(req)
             out.draft_ms = response.stats.forward_ms
-            return response, out
+            if kind == NGRAM or response.draft_ids:
+                out.draft_replica, out.draft_kind = "local", NGRAM if response.draft_ids else ""
+                return response, out
+            remote_kind = MODEL  # combined and the lookup found nothing here: the pool's model proposes
         if self.draft is None:
             out.degraded = True
             return empty, out
         propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id,
                                            context_ids=req.context_ids, k=req.k,
                                            sampling=sampling_to_proto(req.sampling))
-        if req.draft_kind:
-            propose.draft_kind = req.draft_kind
+        if remote_kind:
+            propose.draft_kind = remote_kind
         rows = relay.take() if relay is not None else None
         if rows is not None:
             propose.target_hidden.CopyFrom(rows)
@@ -189,7 +194,8 @@ class RoundRunner:
             return empty, out
         if relay is not None and response.HasField("target_hidden_from"):
             relay.after_propose(response.target_hidden_from)
-        out.draft_ms = response.stats.forward_ms
+        out.draft_ms += response.stats.forward_ms
+        out.draft_kind = response.draft_kind if response.draft_ids else ""
         out.draft_computed = response.stats.computed_tokens
         out.wire_bytes = propose.ByteSize() + response.ByteSize()
         return response, out

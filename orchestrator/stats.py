@@ -86,6 +86,6 @@ class StatsCollector:
         return pb.Round(index=self.rounds - 1, k=o.k, draft_ids=o.draft_ids, matches=o.matches,
                         target_ids=o.target_ids, num_accepted=o.num_accepted, next_token=o.next_token,
                         next_kind=o.next_kind, text=text, draft_ms=o.draft_ms, target_ms=o.target_ms,
-                        overhead_ms=o.overhead_ms, draft_replica=o.draft_replica, target_replica=o.target_replica,
+                        overhead_ms=o.overhead_ms, draft_kind=o.draft_kind, draft_replica=o.draft_replica, target_replica=o.target_replica,
                         target_cached_tokens=o.target_cached, target_computed_tokens=o.target_computed,
                         draft_computed_tokens=o.draft_computed, target_batch_size=o.target_batch)

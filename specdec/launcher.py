@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.config import TLSConfig
+from specdec.params import MODEL_DRAFT_KINDS
 from specdec.healthcheck import check
 from specdec.redis_server import EmbeddedRedis, free_port
 
@@ -110,7 +111,7 @@ class LocalStack:
 
     def start_draft(self, port: int | None = None, env: dict[str, str] | None = None) -> Proc:
         args = ["--draft-kind", self.cfg.draft_kind]
-        if self.cfg.draft_kind == "model":
+        if self.cfg.draft_kind in MODEL_DRAFT_KINDS:
             args += self._model_args(self.cfg.draft_model)
         return self._spawn("draft", args, port, env)
 

@@ -52,7 +52,8 @@ SAMPLING_FIELDS = (
     "temperature", "top_k", "top_p", "seed", "repetition_penalty",
     "frequency_penalty", "presence_penalty", "draft_top_n",
 )
-DRAFT_KINDS = ("", "model", "ngram")
+DRAFT_KINDS = ("", "model", "ngram", "combined")
+MODEL_DRAFT_KINDS = ("model", "combined")  # kinds that need draft weights
 
 
 def field_or_default(message: Any, name: str, defaults: dict[str, Any] = DEFAULTS) -> Any:

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from specdec.params import MODEL_DRAFT_KINDS
+
 MS_PER_S = 1000.0
 
 
@@ -101,7 +103,7 @@ class HFBaselines:
         self.model_id = loaded.model_id
         self.assistant = None
         self.can_assist = True
-        if settings.draft_kind == "model":
+        if settings.draft_kind in MODEL_DRAFT_KINDS:  # combined: its model part is the HF assistant
             from specdec.models.feature_draft import FeatureDraftModel
 
             self.assistant = load_causal_lm(settings.assistant_model, cfg).model

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specdec.params import MODEL_DRAFT_KINDS
+
 log = logging.getLogger("specdec.bench")
 
 PROMPT_SETS = ("grounded", "open")
@@ -442,7 +444,7 @@ def run(args: BenchArgs) -> dict[str, Any]:
         "target_model": args.target_model, "target_model_id": hf.model_id, "dtype": hf.dtype,
         "draft_kind": args.draft_kind, "draft_model": args.draft_model or None,
         "threads": {"target_service": args.threads,
-                    "draft_service": args.threads if args.draft_kind == "model" else "n/a (n-gram draft, no torch work)",
+                    "draft_service": args.threads if args.draft_kind in MODEL_DRAFT_KINDS else "n/a (n-gram draft, no torch work)",
                     "orchestrator": "n/a (no torch work)", "hf_in_process": args.threads},
         "order": "interleaved: for each repeat, for each prompt, every configuration once (A B C .. A B C ..)",
         "timing": "wall clock at the client from sending the request to the last token (prefill included)",
@@ -501,7 +503,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", default="bench/results/latest.png")
     p.add_argument("--quick", action="store_true", help="1 prompt per set, 24 tokens, 1 repeat (smoke test)")
     p.add_argument("--target-model", default="embedded")
-    p.add_argument("--draft-kind", choices=["ngram", "model"], default="ngram")
+    p.add_argument("--draft-kind", choices=["ngram", "model", "combined"], default="ngram")
     p.add_argument("--draft-model", default="")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="weights of the target (and a model draft), in the services and in HF alike")
@@ -521,8 +523,8 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
         ks = sorted({int(x) for x in ns.k.split(",") if x.strip()})
     except ValueError:
         raise SystemExit(f"specdec bench: --k must be integers separated by commas, got {ns.k!r}") from None
-    if ns.draft_kind == "model" and not ns.draft_model:
-        raise SystemExit("specdec bench: --draft-kind model needs --draft-model SPEC")
+    if ns.draft_kind in MODEL_DRAFT_KINDS and not ns.draft_model:
+        raise SystemExit(f"specdec bench: --draft-kind {ns.draft_kind} needs --draft-model SPEC")
     return BenchArgs(
         prompts=[s.strip() for s in ns.prompts.split(",") if s.strip()], ks=ks,
         max_new_tokens=pick(ns.max_new_tokens, QUICK["max_new_tokens"], DEFAULT_MAX_NEW_TOKENS),

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from specdec.config import ModelServiceConfig
-from specdec.engine.draft import MODEL, NGRAM, ModelDraft, NgramDraft
+from specdec.engine.draft import COMBINED, DRAFT_SERVICE_KINDS, MODEL, NGRAM, CombinedDraft, ModelDraft, NgramDraft
 from specdec.engine.feature import FeatureDraft
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
 from specdec.models.layout import use_input_major_linears, wants_input_major
@@ -29,7 +29,7 @@ class ModelBundle:
 
     role: str
     model_id: str
-    engines: dict[str, Any]                 # kind -> engine ("target", "model", "ngram")
+    engines: dict[str, Any]                 # kind -> engine ("target", "model", "ngram", "combined")
     default_kind: str
     info: dict[str, Any] = field(default_factory=dict)
     pool: KVCachePool | None = None
@@ -90,18 +90,23 @@ def load_target(cfg: ModelServiceConfig) -> ModelBundle:
 
 
 def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
-    """Load the draft: a model draft (plus n-gram for per-request override), or n-gram alone."""
+    """Load the draft: a model draft (plus n-gram and, for token-only drafts, combined for per-request
+    override; `cfg.draft_kind` is the default kind), or n-gram alone."""
     ngram = NgramDraft(cfg.ngram_min_n, cfg.ngram_max_n, cfg.ngram_prefer)
     if cfg.draft_kind == NGRAM:
         info = dict(model_id="ngram", draft_kind=NGRAM, max_k=cfg.max_k, device="cpu")
         return ModelBundle("draft", "ngram", {NGRAM: ngram}, NGRAM, info)
-    if cfg.draft_kind != MODEL:
-        raise ValueError(f"draft kind must be 'model' or 'ngram', got {cfg.draft_kind!r}")
+    if cfg.draft_kind not in DRAFT_SERVICE_KINDS:
+        raise ValueError(f"draft kind must be one of {DRAFT_SERVICE_KINDS}, got {cfg.draft_kind!r}")
     model, _, runner, info, seconds = _load(cfg, input_major=cfg.input_major)
-    if isinstance(model, FeatureDraftModel):
-        engine: Any = FeatureDraft(model, runner.pool, info["max_context"], info["eos_token_ids"])
+    engines: dict[str, Any] = {NGRAM: ngram}
+    if isinstance(model, FeatureDraftModel):  # fed the target's rows every round: no lookup rounds in between
+        if cfg.draft_kind == COMBINED:
+            raise ValueError("a feature (EAGLE-style) draft cannot be combined with prompt lookup; use --draft-kind model")
+        engines[MODEL] = FeatureDraft(model, runner.pool, info["max_context"], info["eos_token_ids"])
         info["needs_target_hidden"] = True
     else:
-        engine = ModelDraft(runner, info["max_context"], info["eos_token_ids"])
-    info["draft_kind"] = MODEL
-    return ModelBundle("draft", cfg.model, {MODEL: engine, NGRAM: ngram}, MODEL, info, runner.pool, seconds)
+        engines[MODEL] = ModelDraft(runner, info["max_context"], info["eos_token_ids"])
+        engines[COMBINED] = CombinedDraft(ngram, engines[MODEL])
+    info["draft_kind"] = cfg.draft_kind
+    return ModelBundle("draft", cfg.model, engines, cfg.draft_kind, info, runner.pool, seconds)

@@ -16,6 +16,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from specdec.engine.draft import NgramDraft
+from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import target_pb2
 from tests.prompts import IDENTITY_PROMPTS
@@ -134,3 +136,34 @@ def test_target_only_k0_matches_target(stack, tiny):
     want = target_greedy(model, stack.tokenizer.encode("The capital of France is"), 20, eos)
     assert list(resp.token_ids) == want
     assert resp.stats.draft_tokens == 0 and resp.stats.rounds == len(want)
+
+
+def test_combined_draft_mixes_lookup_and_model_rounds_and_matches_target(stack, tiny):
+    """draft_kind="combined": prompt lookup proposes when the context has a match, the model draft otherwise;
+    done by the draft service, or with the lookup in the orchestrator (no hop on a hit; on a miss the draft
+    service is asked for kind "model"). Output still equals the target alone."""
+    _, _, model = tiny
+    channel, stub = stack.stub()
+    eos = sorted(stack.deps.eos_ids)
+    repeated = [f"{p} {p}" for p in IDENTITY_PROMPTS[:4]]  # the tail occurred before: round 1 has a lookup hit
+    try:
+        for local in (None, NgramDraft(2, 4)):
+            stack.deps.runner.local_ngram = local
+            kinds: dict[str, int] = {}
+            for prompt in IDENTITY_PROMPTS + repeated:
+                resp = generate(stub, prompt, 4, 40, draft_kind="combined")
+                prompt_ids = stack.tokenizer.encode(prompt)
+                verdict = compare(model, prompt_ids, list(resp.token_ids), target_greedy(model, prompt_ids, 40, eos))
+                assert verdict in ("", "tie"), f"{prompt!r}: {verdict}"
+                for r in resp.trace:
+                    kinds[r.draft_kind] = kinds.get(r.draft_kind, 0) + 1
+                    assert (r.draft_kind == "") == (len(r.draft_ids) == 0)
+                    if local is not None and r.draft_kind:
+                        assert (r.draft_replica == "local") == (r.draft_kind == "ngram")
+            assert kinds.get("ngram", 0) > 0 and kinds.get("model", 0) > 0, kinds
+        sampling = common_pb2.SamplingParams(temperature=0.8, seed=7)
+        runs = [generate(stub, repeated[0], 4, 24, draft_kind="combined", sampling=sampling) for _ in range(2)]
+        assert list(runs[0].token_ids) == list(runs[1].token_ids)  # seeded per request, whichever draft proposed
+    finally:
+        stack.deps.runner.local_ngram = None
+        channel.close()

@@ -1,0 +1,46 @@
+"""CombinedDraft (specdec/engine/draft.py): prompt lookup on a hit, the model draft otherwise."""
+
+from __future__ import annotations
+
+from specdec.core.sampling import SamplingConfig
+from specdec.engine.draft import MODEL, NGRAM, CombinedDraft, NgramDraft
+from specdec.engine.types import ProposeInput, ProposeOutput
+
+
+class CountingModel:
+    """Stands in for ModelDraft: proposes 7s and counts its calls."""
+
+    kind = MODEL
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def propose(self, inp: ProposeInput) -> ProposeOutput:
+        self.calls += 1
+        return ProposeOutput([7] * inp.k, [], MODEL)
+
+
+def _inp(context: list[int], k: int = 3) -> ProposeInput:
+    return ProposeInput("s", context, k, SamplingConfig())
+
+
+def test_lookup_hit_proposes_without_the_model():
+    model = CountingModel()
+    combined = CombinedDraft(NgramDraft(2, 4), model)
+    out = combined.propose(_inp([1, 2, 3, 4, 5, 1, 2]))  # the tail "1 2" occurred before, followed by 3 4 5
+    assert out.draft_ids == [3, 4, 5] and out.draft_kind == NGRAM and model.calls == 0
+
+
+def test_no_match_falls_back_to_the_model():
+    model = CountingModel()
+    combined = CombinedDraft(NgramDraft(2, 4), model)
+    out = combined.propose(_inp([1, 2, 3, 4, 5, 6]))
+    assert out.draft_ids == [7, 7, 7] and out.draft_kind == MODEL and model.calls == 1
+
+
+def test_request_ngram_sizes_apply_to_the_lookup_part():
+    model = CountingModel()
+    combined = CombinedDraft(NgramDraft(2, 4), model)
+    inp = _inp([1, 2, 3, 4, 5, 1, 2])
+    inp.ngram_min_n = inp.ngram_max_n = 3  # "5 1 2" never occurred before: no hit
+    assert combined.propose(inp).draft_kind == MODEL
