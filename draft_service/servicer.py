@@ -36,7 +36,8 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
         )
         if getattr(engine, "needs_target_hidden", False):
             inp.target_hidden = hidden_from_proto(request.target_hidden, engine.hidden_size)
-        out, queue_ms = await self.worker.run(request.session_id, lambda: engine.propose(inp))
+        out, queue_ms = await self.worker.run(request.session_id, lambda: engine.propose(inp),
+                                              lambda: small_call(engine, inp, bundle.inline_max_tokens))
         out.stats.queue_ms = queue_ms
         response = draft_pb2.ProposeResponse(draft_ids=out.draft_ids, draft_probs=sparse_to_proto(out.draft_probs),
                                              stats=stats_to_proto(out.stats), draft_kind=out.draft_kind)
@@ -47,3 +48,9 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
 
 def add_to_server(servicer: DraftServicer, server: grpc.aio.Server) -> None:
     draft_pb2_grpc.add_DraftServicer_to_server(servicer, server)
+
+
+def small_call(engine: Any, inp: ProposeInput, limit: int) -> bool:
+    """Whether this proposal is small enough to run on the event loop (ModelWorker.run_on_thread)."""
+    work = getattr(engine, "work_tokens", None)  # a feature draft's catch-up is not counted: model thread
+    return limit > 0 and work is not None and work(inp) <= limit

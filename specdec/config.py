@@ -133,6 +133,10 @@ class ModelServiceConfig:
     # How long a batch may wait for the previous batch's sessions to send their next round
     # (one orchestrator round trip); a lone session never waits.
     batch_wait_ms: float = field(default_factory=lambda: env_float("SPECDEC_BATCH_WAIT_MS", 5.0))
+    # A call whose forward runs at most this many tokens (a decode round, not a prefill) runs on the
+    # event loop itself when the model thread is idle: no hand-off to the model thread and back
+    # (two thread wake-ups). 0 = always on the model thread.
+    inline_max_tokens: int = field(default_factory=lambda: env_int("SPECDEC_INLINE_MAX_TOKENS", 16))
     ngram_min_n: int = field(default_factory=lambda: env_int("SPECDEC_NGRAM_MIN_N", NGRAM_MIN_N))
     ngram_max_n: int = field(default_factory=lambda: env_int("SPECDEC_NGRAM_MAX_N", NGRAM_MAX_N))
     # Which earlier occurrence of the context's tail the n-gram draft continues: earliest | recent.

@@ -30,8 +30,9 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
         """Concurrent Verify calls of distinct sessions go to the engine as one batch."""
         if self._batches is None:
             bundle = self.loaded()
-            self._batches = BatchQueue(self.worker, bundle.engines["target"].verify_batch,
-                                       bundle.info.get("max_batch", 1), bundle.batch_wait_s)
+            engine = bundle.engines["target"]
+            self._batches = BatchQueue(self.worker, engine.verify_batch, bundle.info.get("max_batch", 1),
+                                       bundle.batch_wait_s, engine.work_tokens, bundle.inline_max_tokens)
         return self._batches
 
     async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext) -> Any:

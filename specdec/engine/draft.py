@@ -32,6 +32,10 @@ class NgramDraft:
             raise ValueError(f"n-gram prefer (SPECDEC_NGRAM_PREFER) must be {EARLIEST!r} or {RECENT!r}, got {prefer!r}")
         self.min_n, self.max_n, self.prefer = min_n, max_n, prefer
 
+    def work_tokens(self, inp: ProposeInput) -> int:
+        """No model forward: a lookup over the context."""
+        return 0
+
     def propose(self, inp: ProposeInput) -> ProposeOutput:
         """Point-mass proposal of up to k tokens (possibly none)."""
         min_n = inp.ngram_min_n or self.min_n
@@ -61,6 +65,10 @@ class ModelDraft:
         self.max_context = max_context
         self.eos_ids = set(eos_ids)
         self.width = runner.model.get_output_embeddings().weight.shape[0]
+
+    def work_tokens(self, inp: ProposeInput) -> int:
+        """Tokens a proposal runs through the model: what its cache lacks of the context, then k steps."""
+        return self.runner.pool.uncached(inp.session_id, inp.context_ids) + inp.k
 
     def propose(self, inp: ProposeInput) -> ProposeOutput:
         """Steps per draft token: 1. forward the new tokens, 2. q from the logits, 3. pick, 4. stop at EOS."""
@@ -106,6 +114,9 @@ class CombinedDraft:
 
     def __init__(self, ngram: NgramDraft, model: ModelDraft) -> None:
         self.ngram, self.model = ngram, model
+
+    def work_tokens(self, inp: ProposeInput) -> int:
+        return self.model.work_tokens(inp)
 
     def propose(self, inp: ProposeInput) -> ProposeOutput:
         """The n-gram proposal if it has one; else the model's. `draft_kind` says which proposed."""

@@ -148,6 +148,13 @@ class KVCachePool:
         with self._lock:
             return len(self._sessions)
 
+    def uncached(self, session_id: str, ids: Sequence[int]) -> int:
+        """How many of `ids` lie past the longest common prefix with the session's cached tokens
+        (all of them for an unknown session). Read-only: the session keeps its place."""
+        with self._lock:
+            kv = self._sessions.get(session_id)
+            return len(ids) - (common_prefix_len(kv.tokens, ids) if kv is not None else 0)
+
     def acquire(self, session_id: str, total_tokens: int) -> SessionKV:
         """The session's cache (new if absent), after making room for total_tokens positions."""
         if total_tokens > self.max_tokens:

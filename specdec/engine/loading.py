@@ -35,6 +35,7 @@ class ModelBundle:
     pool: KVCachePool | None = None
     load_seconds: float = 0.0
     batch_wait_s: float = 0.0               # target: how long a batch waits for its group (BatchQueue)
+    inline_max_tokens: int = 0              # calls this small run on the event loop (ModelWorker.run_on_thread)
 
 
 def load_config(device: str = "auto", dtype: str = "auto", cache_dir: str = "", offline: bool = False) -> LoadConfig:
@@ -86,7 +87,7 @@ def load_target(cfg: ModelServiceConfig) -> ModelBundle:
     info["max_batch"] = cfg.max_batch if runner.batching else 1
     info["keeps_hidden"] = runner.keep_hidden
     return ModelBundle("target", cfg.model, {"target": engine}, "target", info, runner.pool, seconds,
-                       batch_wait_s=cfg.batch_wait_ms / 1000.0)
+                       batch_wait_s=cfg.batch_wait_ms / 1000.0, inline_max_tokens=cfg.inline_max_tokens)
 
 
 def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
@@ -95,7 +96,7 @@ def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
     ngram = NgramDraft(cfg.ngram_min_n, cfg.ngram_max_n, cfg.ngram_prefer)
     if cfg.draft_kind == NGRAM:
         info = dict(model_id="ngram", draft_kind=NGRAM, max_k=cfg.max_k, device="cpu")
-        return ModelBundle("draft", "ngram", {NGRAM: ngram}, NGRAM, info)
+        return ModelBundle("draft", "ngram", {NGRAM: ngram}, NGRAM, info, inline_max_tokens=cfg.inline_max_tokens)
     if cfg.draft_kind not in DRAFT_SERVICE_KINDS:
         raise ValueError(f"draft kind must be one of {DRAFT_SERVICE_KINDS}, got {cfg.draft_kind!r}")
     model, _, runner, info, seconds = _load(cfg, input_major=cfg.input_major)
@@ -109,4 +110,5 @@ def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
         engines[MODEL] = ModelDraft(runner, info["max_context"], info["eos_token_ids"])
         engines[COMBINED] = CombinedDraft(ngram, engines[MODEL])
     info["draft_kind"] = cfg.draft_kind
-    return ModelBundle("draft", cfg.model, engines, cfg.draft_kind, info, runner.pool, seconds)
+    return ModelBundle("draft", cfg.model, engines, cfg.draft_kind, info, runner.pool, seconds,
+                       inline_max_tokens=cfg.inline_max_tokens)

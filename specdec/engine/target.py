@@ -34,6 +34,10 @@ class TargetEngine:
         self.max_hidden_rows = max_hidden_rows
         self.width = runner.model.get_output_embeddings().weight.shape[0]
 
+    def work_tokens(self, inp: VerifyInput) -> int:
+        """Tokens a verify of `inp` would run through the model (what its cache does not cover)."""
+        return self.runner.pool.uncached(inp.session_id, inp.context_ids + inp.draft_ids)
+
     def verify(self, inp: VerifyInput) -> VerifyOutput:
         """Verify one session's draft (a batch of one)."""
         out = self.verify_batch([inp])[0]

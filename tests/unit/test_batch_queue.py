@@ -142,3 +142,52 @@ def test_a_lone_session_never_waits_for_company():
         return time.perf_counter() - start
 
     assert run(scenario()) < 3 * STEP_S + 0.5
+
+
+def test_small_calls_run_on_the_event_loop_large_ones_and_overlapping_ones_on_the_model_thread():
+    import threading
+
+    async def scenario():
+        worker = ModelWorker("t")
+        loop_thread = threading.get_ident()
+        where = []
+
+        def note(tag):
+            where.append((tag, threading.get_ident() == loop_thread))
+            time.sleep(STEP_S)
+            return tag
+
+        await worker.run("a", lambda: note("small"), small=lambda: True)
+        await worker.run("a", lambda: note("large"), small=lambda: False)
+        await worker.run("a", lambda: note("unsized"))
+        # a small call while another call is on the model thread waits for the thread instead
+        await asyncio.gather(worker.run("b", lambda: note("on-thread")),
+                             worker.run("c", lambda: note("small-but-busy"), small=lambda: True))
+        worker.shutdown()
+        return dict(where), worker.state.inline_calls
+
+    where, inline_calls = run(scenario())
+    assert where == {"small": True, "large": False, "unsized": False, "on-thread": False, "small-but-busy": False}
+    assert inline_calls == 1
+
+
+def test_batch_queue_runs_a_batch_inline_when_its_work_is_small():
+    import threading
+
+    async def scenario():
+        loop_thread = threading.get_ident()
+        on_loop = []
+
+        def batch_fn(items):
+            on_loop.append(threading.get_ident() == loop_thread)
+            return [n for _, n in items]
+
+        queue = BatchQueue(ModelWorker("t"), batch_fn, max_batch=8, work_tokens=lambda item: item[1],
+                           inline_max_tokens=16)
+        await queue.submit("s", ("s", 16))   # 16 tokens: inline
+        await queue.submit("s", ("s", 17))   # 17: model thread
+        await asyncio.gather(*(queue.submit(f"s{i}", (f"s{i}", 5)) for i in range(3)))  # one batch, 15: inline
+        await asyncio.gather(*(queue.submit(f"s{i}", (f"s{i}", 6)) for i in range(3)))  # one batch, 18: thread
+        return on_loop
+
+    assert run(scenario()) == [True, False, True, False]

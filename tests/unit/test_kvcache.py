@@ -142,3 +142,14 @@ def test_hidden_rows_grow_in_place_and_truncate_with_the_cache():
     half = torch.randn(2, 8).half()
     kv.append_hidden(half)                  # appended in the kept rows' dtype
     assert kv.hidden.dtype == torch.float32 and torch.equal(kv.hidden[-2:], half.float())
+
+
+def test_uncached_counts_what_a_forward_would_compute_and_leaves_the_lru_order(model):
+    runner = runner_for(model, 100)
+    runner.extend("a", [1, 2, 3, 4], first=3)
+    runner.extend("b", [9, 9], first=1)
+    pool = runner.pool
+    assert pool.uncached("a", [1, 2, 3, 4, 5, 6]) == 2      # two new tokens
+    assert pool.uncached("a", [1, 2, 7, 8, 5]) == 3         # diverges after 2: rollback + 3 to compute
+    assert pool.uncached("nobody", [1, 2, 3]) == 3
+    assert list(pool._sessions) == ["a", "b"]               # a peek, not a use: "a" stays least recent
