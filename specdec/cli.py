@@ -18,8 +18,10 @@ import sys
 import time
 
 from specdec.config import DEFAULT_DRAFT_PORT, DEFAULT_ORCHESTRATOR_PORT, DEFAULT_TARGET_PORT, env_int
+from specdec.params import MODEL_DRAFT_KINDS
 
 EXIT_USAGE, EXIT_LOAD_ERROR = 2, 2
+SHIPPED_EMBEDDED_DRAFT = "embedded:smollm2-draft"
 DEFAULT_PORTS = {"draft": DEFAULT_DRAFT_PORT, "target": DEFAULT_TARGET_PORT, "orchestrator": DEFAULT_ORCHESTRATOR_PORT}
 
 
@@ -99,7 +101,9 @@ def cmd_serve_http(args: argparse.Namespace) -> int:
 def _up_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="start Redis, draft, target and orchestrator locally; Ctrl-C stops all")
     p.add_argument("--target-model", default="embedded")
-    p.add_argument("--draft-model", default="")
+    p.add_argument("--draft-model", default="",
+                   help=f"model spec of the draft (model/combined kinds; default with the embedded target: "
+                        f"{SHIPPED_EMBEDDED_DRAFT})")
     p.add_argument("--draft-kind", choices=["model", "ngram", "combined"], default="ngram")
     p.add_argument("--draft-replicas", type=int, default=1)
     p.add_argument("--target-replicas", type=int, default=1)
@@ -113,7 +117,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     """Run the local stack until Ctrl-C."""
     from specdec.launcher import LocalStack, StackConfig
 
-    cfg = StackConfig(target_model=args.target_model, draft_model=args.draft_model, draft_kind=args.draft_kind,
+    draft_model = args.draft_model
+    if args.draft_kind in MODEL_DRAFT_KINDS and not draft_model:
+        if args.target_model != "embedded":
+            print(f"specdec up: --draft-kind {args.draft_kind} needs --draft-model SPEC", file=sys.stderr)
+            return 2
+        draft_model = SHIPPED_EMBEDDED_DRAFT  # the trained draft shipped for the embedded target
+    cfg = StackConfig(target_model=args.target_model, draft_model=draft_model, draft_kind=args.draft_kind,
                       draft_replicas=args.draft_replicas, target_replicas=args.target_replicas,
                       redis_url=args.redis_url, threads=args.threads)
     stack = LocalStack(cfg)

@@ -95,3 +95,6 @@ def test_held_out_mean_accepted_length_holds():
     assert report["all_outputs_identical"] or report["identical_outputs"] >= len(prompts) - 1
     assert report["tokenizer_fingerprint_match"]
     assert report["mean_accepted_length"] >= MAL_FLOOR
+    combined = report["combined"]  # prompt lookup on a hit, this draft otherwise
+    assert combined["all_outputs_identical"] or combined["identical_outputs"] >= len(prompts) - 1
+    assert combined["mean_accepted_length"] >= COMBINED_MAL_FLOOR
