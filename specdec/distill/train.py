@@ -181,7 +181,7 @@ def train(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool = Tr
     epoch, index = len(epoch_plans) - 1, step - position
     bar = tqdm(total=args.steps, initial=step, desc="train", unit="step", disable=not progress, mininterval=10)
     draft.train()
-    ema_loss = ema_agree = None
+    ema_loss, ema_agree = (ckpt.get("ema_loss"), ckpt.get("ema_agree")) if ckpt else (None, None)
     started = time.time()
     while step < args.steps:
         plan = epoch_plans.setdefault(epoch, plan_epoch(lengths, args.batch_tokens, args.seed, epoch))
@@ -208,7 +208,7 @@ def train(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool = Tr
         bar.set_postfix(loss=f"{ema_loss:.3f}", top1=f"{ema_agree:.3f}", epoch=epoch)
         bar.update(1)
         if step % args.checkpoint_every == 0 or step == args.steps:
-            _checkpoint(ckpt_path, draft, opt, step, head_ids)
+            _checkpoint(ckpt_path, draft, opt, step, head_ids, ema_loss, ema_agree)
             if not progress:
                 print(f"step {step}/{args.steps} loss {ema_loss:.3f} top1 {ema_agree:.3f}", flush=True)
     bar.close()
@@ -224,8 +224,10 @@ def train(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool = Tr
     return summary
 
 
-def _checkpoint(path: Path, draft: Any, opt: Any, step: int, head_ids: list[int]) -> None:
+def _checkpoint(path: Path, draft: Any, opt: Any, step: int, head_ids: list[int], ema_loss: float | None,
+                ema_agree: float | None) -> None:
+    """Layers, optimizer, step and the running loss/agreement (a resumed run reports them, not None)."""
     tmp = path.with_suffix(".tmp")
     torch.save({"layers": draft.model.layers.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                "head_ids": list(head_ids)}, tmp)
+                "head_ids": list(head_ids), "ema_loss": ema_loss, "ema_agree": ema_agree}, tmp)
     os.replace(tmp, path)
