@@ -99,7 +99,6 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = target.model, target.tokenizer
     eos = eos_token_ids(model, tokenizer)
 
-    t0 = time.time()
     _make_data(args, model, tokenizer, corpus.train, chat, eos, out / "data", state, progress)
     state["seconds"]["data"] = data_mod.data_seconds(out / "data")
     _save_state(state_path, state)
