@@ -30,6 +30,8 @@ class UnsupportedCacheError(RuntimeError):
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):  # the usual case (one extends the other), compared at C speed
+        return n
     i = 0
     while i < n and a[i] == b[i]:
         i += 1
