@@ -37,6 +37,8 @@ def test_common_prefix_len():
     assert common_prefix_len([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix_len([], [1]) == 0
     assert common_prefix_len([1, 2], [1, 2, 3]) == 2
+    assert common_prefix_len((1, 2, 3), [1, 2, 3, 4]) == 3   # a tuple against a list
+    assert common_prefix_len([5] * 400, [5] * 399 + [6]) == 399
 
 
 def test_bytes_per_token_counts_keys_and_values(model):
@@ -126,19 +128,20 @@ def test_hidden_rows_grow_in_place_and_truncate_with_the_cache():
     kv = SessionKV(cache=DynamicCache())
     gen = torch.Generator().manual_seed(0)
     reference = torch.empty(0, 8)
-    buffers = set()
+    buffers, last = 0, None   # count reallocations: a freed buffer's address may be reused later
     for step, n in enumerate([5, 1, 1, 3, 1, 70, 2]):
         rows = torch.randn(n, 8, generator=gen)
         kv.tokens += list(range(n))
         kv.append_hidden(rows)
         reference = torch.cat([reference, rows])
-        buffers.add(kv._hidden_store.data_ptr())
+        if kv._hidden_store.data_ptr() != last:  # the old one is alive during the copy: never the same address
+            buffers, last = buffers + 1, kv._hidden_store.data_ptr()
         assert torch.equal(kv.hidden, reference)
         if step == 3:                       # roll back 2 positions: rows go with the cache
             kv.truncate(len(kv.tokens) - 2)
             reference = reference[:-2]
             assert torch.equal(kv.hidden, reference)
-    assert len(buffers) == 3                # 64 rows, then 79 (a 70-row jump), then doubled to 158
+    assert buffers == 3                     # 64 rows, then 79 (a 70-row jump), then doubled to 158
     half = torch.randn(2, 8).half()
     kv.append_hidden(half)                  # appended in the kept rows' dtype
     assert kv.hidden.dtype == torch.float32 and torch.equal(kv.hidden[-2:], half.float())
