@@ -7,6 +7,7 @@ from typing import Any
 import grpc
 
 from specdec.engine.types import ProposeInput
+from specdec.engine.worker import fits_inline
 from specdec.errors import FailedPrecondition
 from specdec.protocol import hidden_from_proto, sampling_from_proto, sparse_to_proto, stats_to_proto
 from specdec.server.model_service import ModelServiceBase
@@ -53,4 +54,4 @@ def add_to_server(servicer: DraftServicer, server: grpc.aio.Server) -> None:
 def small_call(engine: Any, inp: ProposeInput, limit: int) -> bool:
     """Whether this proposal is small enough to run on the event loop (ModelWorker.run_on_thread)."""
     work = getattr(engine, "work_tokens", None)  # a feature draft's catch-up is not counted: model thread
-    return limit > 0 and work is not None and work(inp) <= limit
+    return fits_inline(work(inp) if work is not None and limit > 0 else None, limit)

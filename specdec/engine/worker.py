@@ -48,6 +48,12 @@ class WorkerState:
         return time.monotonic() - self.busy_since if self.busy_since else 0.0
 
 
+def fits_inline(work_tokens: int | None, limit: int) -> bool:
+    """The one rule for running a call on the event loop: its forward's tokens are known and at most
+    `limit` (0 = never inline). See ModelWorker.run_on_thread."""
+    return limit > 0 and work_tokens is not None and work_tokens <= limit
+
+
 class ModelWorker:
     """Serialises model work and per-session access."""
 
@@ -206,9 +212,9 @@ class BatchQueue(Generic[I, T]):
                 return
 
     def _small(self, batch: list[tuple[str, I, asyncio.Future, float]]) -> bool:
-        if self.work_tokens is None or self.inline_max_tokens <= 0:
+        if self.work_tokens is None or self.inline_max_tokens <= 0:  # skip sizing what cannot run inline
             return False
-        return sum(self.work_tokens(item) for _, item, _, _ in batch) <= self.inline_max_tokens
+        return fits_inline(sum(self.work_tokens(item) for _, item, _, _ in batch), self.inline_max_tokens)
 
     def _take(self) -> list[tuple[str, I, asyncio.Future, float]]:
         batch = []
