@@ -9,6 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
 from specdec.models.draft_model import build_draft
 from specdec.models.feature_draft import build_feature_draft
+from specdec.models import layout
 from specdec.models.layout import InputMajorLinear, use_input_major_linears, wants_input_major
 from specdec.engine.runner import CausalLMRunner
 
@@ -81,3 +82,34 @@ def test_a_feature_draft_gives_the_same_features_and_logits_input_major():
         after = draft.restricted_logits(draft(next_ids, feats, pos))
     assert isinstance(draft.fc, InputMajorLinear)
     assert torch.allclose(before, after, rtol=0, atol=1e-5)
+
+
+def test_the_kernel_rule_sends_several_rows_and_multithreaded_single_rows_to_onednn():
+    assert layout.onednn_available() == torch.backends.mkldnn.is_available()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert [layout.use_onednn(r) for r in (0, 1, 2, 9)] == [False, False, True, True]
+        torch.set_num_threads(2)
+        assert [layout.use_onednn(r) for r in (0, 1, 2)] == [False, True, True]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_both_kernels_give_the_standard_linear_s_output():
+    gen = torch.Generator().manual_seed(4)
+    linear = nn.Linear(48, 40, bias=True)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(40, 48, generator=gen))
+        linear.bias.copy_(torch.randn(40, generator=gen))
+    lean = InputMajorLinear(linear)
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            for rows in (1, 2, 5, 17):
+                x = torch.randn(1, rows, 48, generator=gen)
+                with torch.inference_mode():
+                    assert torch.allclose(lean(x), linear(x), rtol=1e-5, atol=1e-4), (n_threads, rows)
+    finally:
+        torch.set_num_threads(threads)
