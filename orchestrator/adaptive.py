@@ -15,8 +15,13 @@ where the draft never matches, probing costs next to nothing.
 
 Costs are properties of the deployment and shared by all sessions of an
 orchestrator (`CostModel`); acceptance is per session (`AcceptanceTracker`),
-starting from an optimistic prior at position 1 (decayed with the data, so it
-fades). A deeper position leans on the rate of the position before it until it has
+and both are kept per **proposer** (`ngram`, `model`): a combined draft proposes
+by prompt lookup on some rounds (~0.02 ms a token, no hop, accepted deep) and by
+the model on others (~2.5 ms a token plus a network hop, accepted shallow), so one
+mixed estimate would pick too long a draft for the model and too short a one for
+the lookup. The orchestrator knows before each round which one will propose.
+Acceptance starts from an optimistic prior at position 1 (decayed with the data, so
+it fades). A deeper position leans on the rate of the position before it until it has
 data of its own: a draft rejected at position 1 says nothing about position 5, and
 an optimistic prior there kept paying for long drafts that never got that far (seen
 on open-ended prompts: 7-token n-gram drafts verified and rejected round after round).
@@ -39,21 +44,30 @@ def _ema(old: float | None, new: float) -> float:
     return new if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * new
 
 
+NO_DRAFT = ""                # the overhead key of rounds without a draft
+ANY_DRAFT = "draft"          # the proposer when a caller does not tell them apart
+
+
 @dataclass
 class CostModel:
-    """Measured costs of the pair, in milliseconds, shared across sessions."""
+    """Measured costs of the pair, in milliseconds, shared across sessions.
 
-    verify_ms: dict[int, float] = field(default_factory=dict)  # n tokens verified -> ms
-    draft_step_ms: float | None = None
-    draft_hop_ms: float | None = None       # overhead of a round with a draft call minus one without
-    overhead_ms: dict[bool, float] = field(default_factory=dict)  # drafted? -> non-forward time per round
+    Draft step cost and per-round overhead are kept per proposer (`ngram`, `model`, ...);
+    the overhead of rounds without a draft under NO_DRAFT.
+    """
 
-    def observe(self, k: int, verified: int, draft_ms: float, target_ms: float, overhead_ms: float) -> None:
-        """Account for one round (k proposed tokens, `verified` = k + 1 scored by the target)."""
+    verify_ms: dict[int, float] = field(default_factory=dict)      # n tokens verified -> ms
+    draft_step_ms: dict[str, float] = field(default_factory=dict)  # proposer -> ms per draft token
+    overhead_ms: dict[str, float] = field(default_factory=dict)    # proposer or NO_DRAFT -> non-forward ms a round
+
+    def observe(self, k: int, verified: int, draft_ms: float, target_ms: float, overhead_ms: float,
+                proposer: str = ANY_DRAFT) -> None:
+        """Account for one round (k proposed tokens by `proposer`, `verified` = k + 1 scored by the target)."""
         self.verify_ms[verified] = _ema(self.verify_ms.get(verified), target_ms)
+        key = proposer if k > 0 else NO_DRAFT
         if k > 0:
-            self.draft_step_ms = _ema(self.draft_step_ms, draft_ms / k)
-        self.overhead_ms[k > 0] = _ema(self.overhead_ms.get(k > 0), overhead_ms)
+            self.draft_step_ms[key] = _ema(self.draft_step_ms.get(key), draft_ms / k)
+        self.overhead_ms[key] = _ema(self.overhead_ms.get(key), overhead_ms)
 
     def verify(self, n: int) -> float:
         """v(n): measured, or interpolated/extrapolated linearly from the measured points."""
@@ -71,10 +85,12 @@ class CostModel:
         slope = (self.verify_ms[hi] - self.verify_ms[lo]) / (hi - lo)
         return max(self.verify_ms[lo] + slope * (n - lo), 0.0)
 
-    def round_ms(self, k: int) -> float:
-        """Expected wall time of a round with k draft tokens."""
-        base = self.overhead_ms.get(k > 0, self.overhead_ms.get(not k > 0, 0.0))
-        draft = k * (self.draft_step_ms or 0.0) if k > 0 else 0.0
+    def round_ms(self, k: int, proposer: str = ANY_DRAFT) -> float:
+        """Expected wall time of a round with k draft tokens from `proposer` (a cost not yet measured
+        counts as the no-draft overhead and a free draft step: optimistic, so it gets measured)."""
+        key = proposer if k > 0 else NO_DRAFT
+        base = self.overhead_ms.get(key, self.overhead_ms.get(NO_DRAFT, next(iter(self.overhead_ms.values()), 0.0)))
+        draft = k * self.draft_step_ms.get(key, 0.0) if k > 0 else 0.0
         return self.verify(k + 1) + draft + base
 
 
@@ -122,14 +138,16 @@ class AcceptanceTracker:
         return total
 
 
-def choose_k(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int) -> int:
-    """The k in [0, k_cap] with the most expected tokens per ms (probing a short draft now and then)."""
+def choose_k(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int, proposer: str = ANY_DRAFT) -> int:
+    """The k in [0, k_cap] with the most expected tokens per ms for a draft from `proposer` (whose
+    acceptance `acceptance` tracks), probing a short draft now and then."""
     if k_cap <= 0:
         return 0
     if acceptance.rounds_at_zero >= acceptance.probe_every:
         acceptance.rounds_at_zero = 0
         acceptance.probing = True
         return min(PROBE_K, k_cap)
-    best = max(range(k_cap + 1), key=lambda k: acceptance.expected_tokens(k) / max(costs.round_ms(k), 1e-6))
+    best = max(range(k_cap + 1),
+               key=lambda k: acceptance.expected_tokens(k) / max(costs.round_ms(k, proposer), 1e-6))
     acceptance.rounds_at_zero = acceptance.rounds_at_zero + 1 if best == 0 else 0
     return best

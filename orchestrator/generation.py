@@ -143,7 +143,7 @@ class Generation:
         self.session_id = request.session_id if request.HasField("session_id") else uuid.uuid4().hex
         self.request_id = request.request_id if request.HasField("request_id") else uuid.uuid4().hex
         self.stats = StatsCollector()
-        self.acceptance = AcceptanceTracker(k_max=max(self.params.k, 1))
+        self.acceptance: dict[str, AcceptanceTracker] = {}   # per proposer (orchestrator/adaptive.py)
         self.relay = HiddenRelay()          # the target's hidden states on their way to a feature draft
         self.state: State | None = None
 
@@ -312,19 +312,32 @@ class Generation:
 
     # -- rounds ----------------------------------------------------------------------------
 
-    def _round_k(self, state: State) -> int:
+    def _round_k(self, state: State) -> tuple[int, str]:
+        """(k, the draft expected to propose): k clipped to the tokens and context left, chosen by
+        adaptive k from that proposer's acceptance and costs when it is on."""
         left_tokens = self.params.max_new_tokens - len(state.completion)
         left_context = self.deps.max_context - len(state.ids)
         cap = max(0, min(self.params.k, left_tokens - 1, left_context - 1))
-        return choose_k(self.deps.costs, self.acceptance, cap) if self.params.adaptive_k else cap
+        if cap == 0:
+            return 0, ""
+        proposer = self.deps.runner.proposer(self.params.draft_kind, state.ids)
+        if not self.params.adaptive_k:
+            return cap, proposer
+        return choose_k(self.deps.costs, self._tracker(proposer), cap, proposer), proposer
+
+    def _tracker(self, proposer: str) -> AcceptanceTracker:
+        if proposer not in self.acceptance:
+            self.acceptance[proposer] = AcceptanceTracker(k_max=max(self.params.k, 1))
+        return self.acceptance[proposer]
 
     def _learn(self, outcome: RoundOutcome) -> None:
-        """Feed adaptive k: acceptance per session; costs only from rounds without a prefill."""
+        """Feed adaptive k: acceptance per session and proposer; costs only from rounds without a prefill."""
         proposed = len(outcome.draft_ids)
         if proposed:
-            self.acceptance.observe(proposed, outcome.num_accepted)
+            self._tracker(outcome.proposer).observe(proposed, outcome.num_accepted)
         if outcome.target_computed <= proposed + 1 and not outcome.degraded:
-            self.deps.costs.observe(proposed, proposed + 1, outcome.draft_ms, outcome.target_ms, outcome.overhead_ms)
+            self.deps.costs.observe(proposed, proposed + 1, outcome.draft_ms, outcome.target_ms, outcome.overhead_ms,
+                                    outcome.proposer)
 
     async def _rounds(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher
                       ) -> AsyncIterator[pb.GenerateChunk]:
@@ -353,9 +366,10 @@ class Generation:
     def _start_round(self, state: State) -> asyncio.Task:
         """Steps 1-2 (draft proposes, target verifies) for the context so far, as a task."""
         self._check_lease()
+        k, proposer = self._round_k(state)
         return asyncio.create_task(self.deps.runner.run(RoundRequest(
-            self.session_id, self.request_id, list(state.ids), self._round_k(state),
-            self.params.sampling, self.params.draft_kind, self.params.logprobs, self.deadline, self.relay)))
+            self.session_id, self.request_id, list(state.ids), k, self.params.sampling, self.params.draft_kind,
+            self.params.logprobs, self.deadline, self.relay, proposer)))
 
     async def _settle(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher,
                       outcome: RoundOutcome, start_len: int) -> tuple[list[int], str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from specdec.config import RetryConfig
 from specdec.core.sampling import SamplingConfig
@@ -61,6 +62,7 @@ class RoundOutcome:
     wire_bytes: int = 0
     draft_replica: str = ""
     draft_kind: str = ""            # which draft proposed ("model" | "ngram"; "" = none)
+    proposer: str = ""              # which draft was expected to propose (RoundRequest.proposer)
     target_replica: str = ""
     degraded: bool = False
     retries: int = 0
@@ -82,6 +84,7 @@ class RoundRequest:
     logprobs: int = -1
     deadline: float | None = None     # time.monotonic() by which the client wants its answer
     relay: HiddenRelay | None = None  # the generation's hidden-state relay (used with feature drafts)
+    proposer: str = ""                # RoundRunner.proposer(): adaptive k's estimates are kept per proposer
 
 
 class RoundRunner:
@@ -100,6 +103,16 @@ class RoundRunner:
             return requested
         usable = self.draft.usable() if self.draft is not None else []
         return usable[0].info.draft_kind if usable and usable[0].info.draft_kind else NGRAM
+
+    def proposer(self, requested: str, context_ids: Sequence[int]) -> str:
+        """Which draft will propose a round for this context: the kind itself, except that a combined
+        draft whose lookup runs here is resolved now (`ngram` when the context's tail occurred before,
+        `model` otherwise; the same lookup `_propose` makes). Adaptive k keeps acceptance and costs per
+        proposer."""
+        kind = self.draft_kind(requested)
+        if kind == COMBINED and self.local_ngram is not None:
+            return NGRAM if self.local_ngram.has_match(context_ids) else MODEL
+        return kind
 
     def feature_draft(self, requested: str) -> bool:
         """Whether this round's draft is a feature draft (fed the target's hidden states)."""
@@ -161,7 +174,7 @@ class RoundRunner:
     async def _propose(self, req: RoundRequest, relay: HiddenRelay | None
                        ) -> tuple[draft_pb2.ProposeResponse, RoundOutcome]:
         out = RoundOutcome(k=req.k, draft_ids=[], matches=[], target_ids=[], num_accepted=0,
-                           next_token=-1, next_kind=0, emitted=[])
+                           next_token=-1, next_kind=0, emitted=[], proposer=req.proposer)
         empty = draft_pb2.ProposeResponse()
         if req.k == 0:
             return empty, out

@@ -36,6 +36,10 @@ class NgramDraft:
         """No model forward: a lookup over the context."""
         return 0
 
+    def has_match(self, context_ids: Sequence[int]) -> bool:
+        """Whether the context's tail occurred before (with the default sizes): `propose` would propose."""
+        return bool(propose_ngram(context_ids, 1, min_n=self.min_n, max_n=self.max_n, prefer=self.prefer))
+
     def propose(self, inp: ProposeInput) -> ProposeOutput:
         """Point-mass proposal of up to k tokens (possibly none)."""
         min_n = inp.ngram_min_n or self.min_n

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.adaptive import (
-    PROBE_EVERY, PROBE_EVERY_MAX, PROBE_K, AcceptanceTracker, CostModel, choose_k,
+    ANY_DRAFT, NO_DRAFT, PROBE_EVERY, PROBE_EVERY_MAX, PROBE_K, AcceptanceTracker, CostModel, choose_k,
 )
 
 
@@ -64,7 +64,6 @@ def test_expensive_draft_steps_shorten_the_draft():
         acc.observe(proposed=8, accepted=accepted)
     cheap, dear = cpu_like_costs(), cpu_like_costs()
     dear.observe(k=4, verified=5, draft_ms=4 * 40.0, target_ms=72.0, overhead_ms=2.0)
-    dear.draft_step_ms = 40.0
     assert choose_k(dear, acc, 8) < choose_k(cheap, acc, 8)
 
 
@@ -100,3 +99,25 @@ def test_deeper_positions_follow_their_own_data_once_they_have_it():
         acc.observe(proposed=4, accepted=1)              # the first token right, the second wrong
     rates = acc.rates()
     assert rates[0] > 0.85 and rates[1] < 0.25
+
+
+def test_costs_are_kept_per_proposer_and_pick_each_its_own_k():
+    """A combined draft: prompt lookup (cheap, no hop) on some rounds, the model (dear, a hop) on others."""
+    costs = measured_fp32_costs()
+    for _ in range(5):
+        costs.observe(k=4, verified=5, draft_ms=4 * 0.02, target_ms=63.0, overhead_ms=2.5, proposer="ngram")
+        costs.observe(k=2, verified=3, draft_ms=2 * 6.0, target_ms=62.0, overhead_ms=4.0, proposer="model")
+    assert costs.draft_step_ms["ngram"] < 0.1 and abs(costs.draft_step_ms["model"] - 6.0) < 1e-6
+    assert costs.overhead_ms["model"] > costs.overhead_ms["ngram"] and costs.overhead_ms[NO_DRAFT] == 2.5
+    assert costs.round_ms(4, "model") - costs.round_ms(4, "ngram") > 4 * 5.9
+    assert costs.round_ms(0, "model") == costs.round_ms(0, "ngram")    # no draft: no draft cost either way
+    acc = AcceptanceTracker(k_max=8)
+    for accepted in [0, 1, 2, 3, 5, 8] * 5:
+        acc.observe(proposed=8, accepted=accepted)
+    assert choose_k(costs, acc, 8, "model") < choose_k(costs, acc, 8, "ngram")
+
+
+def test_a_proposer_not_measured_yet_is_tried():
+    costs, acc = measured_fp32_costs(), AcceptanceTracker(k_max=8)
+    assert costs.round_ms(4, "model") == costs.round_ms(4, ANY_DRAFT)  # falls back to what is measured
+    assert choose_k(costs, acc, 8, "model") > 0

@@ -44,3 +44,17 @@ def test_request_ngram_sizes_apply_to_the_lookup_part():
     inp = _inp([1, 2, 3, 4, 5, 1, 2])
     inp.ngram_min_n = inp.ngram_max_n = 3  # "5 1 2" never occurred before: no hit
     assert combined.propose(inp).draft_kind == MODEL
+
+
+def test_the_orchestrator_knows_before_a_round_which_draft_will_propose():
+    """RoundRunner.proposer: adaptive k keeps acceptance and costs per proposer, so it must know it up front."""
+    from specdec.config import RetryConfig
+    from orchestrator.rounds import RoundRunner
+
+    hit, miss = [1, 2, 3, 4, 5, 1, 2], [1, 2, 3, 4, 5, 6]
+    local = RoundRunner(None, None, RetryConfig(), local_ngram=NgramDraft(2, 4))
+    assert local.proposer("combined", hit) == NGRAM and local.proposer("combined", miss) == MODEL
+    assert local.proposer("ngram", miss) == NGRAM and local.proposer("model", hit) == MODEL
+    assert NgramDraft(2, 4).has_match(hit) and not NgramDraft(2, 4).has_match(miss)
+    remote = RoundRunner(None, None, RetryConfig())      # the draft service does the lookup: cannot tell
+    assert remote.proposer("combined", hit) == "combined"
