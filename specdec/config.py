@@ -135,7 +135,8 @@ class ModelServiceConfig:
     batch_wait_ms: float = field(default_factory=lambda: env_float("SPECDEC_BATCH_WAIT_MS", 5.0))
     # A call whose forward runs at most this many tokens (a decode round, not a prefill) runs on the
     # event loop itself when the model thread is idle: no hand-off to the model thread and back
-    # (two thread wake-ups). 0 = always on the model thread.
+    # (two thread wake-ups). 0 = always on the model thread. Applies only while torch runs one thread
+    # (specdec.engine.loading.inline_limit: a second OpenMP team would cost far more).
     inline_max_tokens: int = field(default_factory=lambda: env_int("SPECDEC_INLINE_MAX_TOKENS", 16))
     ngram_min_n: int = field(default_factory=lambda: env_int("SPECDEC_NGRAM_MIN_N", NGRAM_MIN_N))
     ngram_max_n: int = field(default_factory=lambda: env_int("SPECDEC_NGRAM_MAX_N", NGRAM_MAX_N))

@@ -107,6 +107,13 @@ class ModelWorker:
         finally:
             self._on_thread -= 1
 
+    async def setup(self, fn: Callable[[], T]) -> T:
+        """Run fn (loading the model) on the model thread, not counted as a call. torch work must stay on
+        ONE thread: every thread that runs a multi-threaded torch op gets its own OpenMP team, and with
+        more OpenMP threads than cores libgomp stops spinning between parallel regions, which made a
+        2-thread decode step 22.5 -> 40 ms here (loading on another thread was enough to cause it)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
     def _call(self, fn: Callable[[], T]) -> T:
         self.state.calls += 1
         self.state.busy_since = time.monotonic()

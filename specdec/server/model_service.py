@@ -112,7 +112,7 @@ async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase,
     app.install_signal_handlers()
     print(f"specdec {servicer.role} listening on {cfg.server.host}:{port}", file=sys.stderr, flush=True)
     try:
-        servicer.bundle = await asyncio.to_thread(load, cfg)
+        servicer.bundle = await servicer.worker.setup(lambda: load(cfg))
     except Exception:
         app.request_stop()
         await app.run_until_stopped()

@@ -191,3 +191,32 @@ def test_batch_queue_runs_a_batch_inline_when_its_work_is_small():
         return on_loop
 
     assert run(scenario()) == [True, False, True, False]
+
+
+def test_the_model_is_loaded_on_the_thread_that_runs_its_forwards_and_not_counted_as_a_call():
+    """One thread for all torch work: a second thread running torch ops gets its own OpenMP team."""
+    import threading
+
+    async def main():
+        worker = ModelWorker("t")
+        loaded_on = await worker.setup(threading.get_ident)
+        ran_on = await worker.run_on_thread(threading.get_ident)
+        return loaded_on, ran_on, worker.state.calls, threading.get_ident()
+
+    loaded_on, ran_on, calls, loop_thread = asyncio.run(main())
+    assert loaded_on == ran_on != loop_thread and calls == 1
+
+
+def test_small_forwards_run_inline_only_while_torch_runs_one_thread():
+    import torch
+
+    from specdec.engine.loading import inline_limit
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert inline_limit(16) == 16 and inline_limit(0) == 0
+        torch.set_num_threads(2)
+        assert inline_limit(16) == 0
+    finally:
+        torch.set_num_threads(threads)
