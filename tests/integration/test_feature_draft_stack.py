@@ -82,3 +82,15 @@ def test_a_target_without_hidden_states_is_refused_with_a_clear_message(models, 
                            request("Once upon a time"), RPC_TIMEOUT_S)
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "hidden states" in err.details() and "SPECDEC_KEEP_HIDDEN" in err.details()
+
+
+def test_a_feature_draft_cannot_be_the_combined_kind(models):
+    """It needs the target's rows every round; lookup rounds in between would starve it: refused at load."""
+    from specdec.config import ModelServiceConfig
+    from specdec.engine.loading import load_draft
+
+    _, _, draft_dir, _ = models
+    with pytest.raises(ValueError, match="cannot be combined with prompt lookup"):
+        load_draft(ModelServiceConfig(role="draft", model=str(draft_dir), draft_kind="combined"))
+    bundle = load_draft(ModelServiceConfig(role="draft", model=str(draft_dir), draft_kind="model"))
+    assert "combined" not in bundle.engines and bundle.info["needs_target_hidden"]
