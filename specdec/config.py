@@ -138,6 +138,10 @@ class ModelServiceConfig:
     # (two thread wake-ups). 0 = always on the model thread. Applies only while torch runs one thread
     # (specdec.engine.loading.inline_limit: a second OpenMP team would cost far more).
     inline_max_tokens: int = field(default_factory=lambda: env_int("SPECDEC_INLINE_MAX_TOKENS", 16))
+    # Target: a Verify whose forward would compute more tokens than this (a long prompt's prefill) runs
+    # in chunks of this many tokens, each its own pass, with other sessions' rounds in between
+    # (chunked prefill: a long prompt no longer stalls every running session); 0 = whole prefills.
+    prefill_chunk_tokens: int = field(default_factory=lambda: env_int("SPECDEC_PREFILL_CHUNK_TOKENS", 512))
     ngram_min_n: int = field(default_factory=lambda: env_int("SPECDEC_NGRAM_MIN_N", NGRAM_MIN_N))
     ngram_max_n: int = field(default_factory=lambda: env_int("SPECDEC_NGRAM_MAX_N", NGRAM_MAX_N))
     # Which earlier occurrence of the context's tail the n-gram draft continues: earliest | recent.

@@ -36,6 +36,7 @@ class ModelBundle:
     load_seconds: float = 0.0
     batch_wait_s: float = 0.0               # target: how long a batch waits for its group (BatchQueue)
     inline_max_tokens: int = 0              # calls this small run on the event loop (ModelWorker.run_on_thread)
+    prefill_chunk_tokens: int = 0           # target: longer prefills run in chunks of this size (BatchQueue)
 
 
 def load_config(device: str = "auto", dtype: str = "auto", cache_dir: str = "", offline: bool = False) -> LoadConfig:
@@ -99,7 +100,8 @@ def load_target(cfg: ModelServiceConfig) -> ModelBundle:
     info["max_batch"] = cfg.max_batch if runner.batching else 1
     info["keeps_hidden"] = runner.keep_hidden
     return ModelBundle("target", cfg.model, {"target": engine}, "target", info, runner.pool, seconds,
-                       batch_wait_s=cfg.batch_wait_ms / 1000.0, inline_max_tokens=inline_limit(cfg.inline_max_tokens))
+                       batch_wait_s=cfg.batch_wait_ms / 1000.0, inline_max_tokens=inline_limit(cfg.inline_max_tokens),
+                       prefill_chunk_tokens=cfg.prefill_chunk_tokens)
 
 
 def load_draft(cfg: ModelServiceConfig) -> ModelBundle:

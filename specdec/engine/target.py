@@ -38,6 +38,29 @@ class TargetEngine:
         """Tokens a verify of `inp` would run through the model (what its cache does not cover)."""
         return self.runner.pool.uncached(inp.session_id, inp.context_ids + inp.draft_ids)
 
+    def prefill_chunk(self, inp: VerifyInput, budget: int) -> int:
+        """Chunked prefill: extend the session's cache over the next `budget` uncached context tokens
+        (one pass of its own, logits discarded); returns the tokens a verify of `inp` still computes.
+
+        Runs only while more than `budget` tokens are uncached, so the verify itself always computes
+        its last rows. Its cost is added to the verify's stats (`inp.prefilled`).
+        """
+        self._check(inp, len(inp.draft_ids))
+        ids = inp.context_ids + inp.draft_ids
+        left = self.work_tokens(inp)
+        if left <= budget:
+            return left
+        end = len(ids) - left + budget
+        fwd = self.runner.extend(inp.session_id, ids[:end], end - 1)
+        done = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms)
+        if inp.prefilled is None:
+            inp.prefilled = done
+        else:
+            before = inp.prefilled.cached_tokens
+            inp.prefilled.add(done)
+            inp.prefilled.cached_tokens = before   # what was cached before the first chunk
+        return len(ids) - end
+
     def verify(self, inp: VerifyInput) -> VerifyOutput:
         """Verify one session's draft (a batch of one)."""
         out = self.verify_batch([inp])[0]
@@ -93,6 +116,9 @@ class TargetEngine:
         logprobs = token_logprobs(fwd.logits, emitted, inp.logprobs)
         stats = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms,
                                  batch_size=fwd.batch_size)
+        if inp.prefilled is not None:  # chunks run before this pass: their work, what was cached before them
+            stats.add(inp.prefilled)
+            stats.cached_tokens = inp.prefilled.cached_tokens
         hidden = self._hidden(inp, fwd, len(inp.context_ids) + result.num_accepted)
         return VerifyOutput(result, logprobs, stats, hidden)
 

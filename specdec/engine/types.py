@@ -74,6 +74,7 @@ class VerifyInput:
     logprobs: int = -1              # -1 none; 0 chosen token only; n top-n alternatives
     position_base: int = 0
     hidden_from: int = -1           # >= 0: return hidden states from this position (feature drafts)
+    prefilled: ComputeStatsData | None = None  # chunks already run for this call (TargetEngine.prefill_chunk)
 
 
 @dataclass

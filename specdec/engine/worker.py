@@ -137,6 +137,9 @@ class ModelWorker:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
+Entry = tuple  # (session_id, item, future, time queued): one queued call of a BatchQueue
+
+
 class BatchQueue(Generic[I, T]):
     """Coalesces concurrent calls of distinct sessions into one `batch_fn` call on the model thread.
 
@@ -157,15 +160,22 @@ class BatchQueue(Generic[I, T]):
         max_wait_s: how long a batch may wait for the previous batch's sessions to come back.
         work_tokens: item -> tokens its forward computes; a batch of at most inline_max_tokens runs
             inline (ModelWorker.run_on_thread).
+        prefill: (item, budget) -> tokens it still computes, after computing `budget` of them in a pass
+            of its own. With `chunk_tokens` > 0, an item whose work exceeds chunk_tokens (a long
+            prompt's prefill) advances one chunk per turn, and the other calls' batches run in between:
+            chunked prefill, so a long prompt does not stall every running session for its whole prefill.
     """
 
     def __init__(self, worker: ModelWorker, batch_fn: Callable[[list[I]], list[T | Exception]],
                  max_batch: int, max_wait_s: float = 0.0, work_tokens: Callable[[I], int] | None = None,
-                 inline_max_tokens: int = 0) -> None:
+                 inline_max_tokens: int = 0, prefill: Callable[[I, int], int] | None = None,
+                 chunk_tokens: int = 0) -> None:
         self.worker, self.batch_fn, self.max_batch = worker, batch_fn, max(1, max_batch)
         self.max_wait_s = max_wait_s
         self.work_tokens, self.inline_max_tokens = work_tokens, inline_max_tokens
-        self._pending: deque[tuple[str, I, asyncio.Future, float]] = deque()
+        chunking = prefill is not None and work_tokens is not None and chunk_tokens > 0
+        self.prefill, self.chunk_tokens = (prefill, chunk_tokens) if chunking else (None, 0)
+        self._pending: deque[Entry] = deque()
         self._drainer: asyncio.Task | None = None
         self._arrived = asyncio.Event()
         self._last: set[str] = set()            # sessions of the previous batch
@@ -183,25 +193,48 @@ class BatchQueue(Generic[I, T]):
     async def _drain(self) -> None:
         while self._pending:
             await self._wait_for_group()
-            batch = self._take()
-            if not batch:
-                continue
-            self._last = {sid for sid, _, _, _ in batch}
-            self.worker.state.batches += 1
-            self.worker.state.batched_calls += len(batch)
-            started = time.perf_counter()
-            try:
-                results = await self.worker.run_on_thread(lambda: self.batch_fn([item for _, item, _, _ in batch]),
-                                                          self._small(batch))
-            except Exception as exc:  # noqa: BLE001 - the whole forward failed: every caller gets it
-                results = [exc] * len(batch)
-            for (_, _, future, queued), result in zip(batch, results):
-                if future.done():
-                    continue  # the caller went away (cancelled)
-                if isinstance(result, Exception):
-                    future.set_exception(result)
-                else:
-                    future.set_result((result, (started - queued) * MS_PER_S))
+            batch, long = self._split(self._take())
+            if batch:
+                await self._run_batch(batch)
+            if long:
+                await self._prefill_one(long[0])
+                self._pending.extendleft(reversed(long))  # back at the front, in their order
+
+    def _split(self, batch: list[Entry]) -> tuple[list[Entry], list[Entry]]:
+        """(calls to run as one batch now, calls whose prefill is longer than a chunk)."""
+        if not self.chunk_tokens:
+            return batch, []
+        long = [entry for entry in batch if self.work_tokens(entry[1]) > self.chunk_tokens]
+        held = {id(entry) for entry in long}
+        return [entry for entry in batch if id(entry) not in held], long
+
+    async def _prefill_one(self, entry: Entry) -> None:
+        """One chunk of a long prefill on the model thread; a failure fails that call alone."""
+        _, item, future, _ = entry
+        try:
+            await self.worker.run_on_thread(lambda: self.prefill(item, self.chunk_tokens))
+        except Exception as exc:  # noqa: BLE001 - handed to the caller
+            if not future.done():
+                future.set_exception(exc)
+
+    async def _run_batch(self, batch: list[Entry]) -> None:
+        """One batch_fn call on the model thread; each caller gets its result."""
+        self._last = {sid for sid, _, _, _ in batch}
+        self.worker.state.batches += 1
+        self.worker.state.batched_calls += len(batch)
+        started = time.perf_counter()
+        try:
+            results = await self.worker.run_on_thread(lambda: self.batch_fn([item for _, item, _, _ in batch]),
+                                                      self._small(batch))
+        except Exception as exc:  # noqa: BLE001 - the whole forward failed: every caller gets it
+            results = [exc] * len(batch)
+        for (_, _, future, queued), result in zip(batch, results):
+            if future.done():
+                continue  # the caller went away (cancelled)
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result((result, (started - queued) * MS_PER_S))
 
     async def _wait_for_group(self) -> None:
         """Wait (at most max_wait_s) until the previous batch's sessions are queued again."""
@@ -218,12 +251,12 @@ class BatchQueue(Generic[I, T]):
             except asyncio.TimeoutError:
                 return
 
-    def _small(self, batch: list[tuple[str, I, asyncio.Future, float]]) -> bool:
+    def _small(self, batch: list[Entry]) -> bool:
         if self.work_tokens is None or self.inline_max_tokens <= 0:  # skip sizing what cannot run inline
             return False
         return fits_inline(sum(self.work_tokens(item) for _, item, _, _ in batch), self.inline_max_tokens)
 
-    def _take(self) -> list[tuple[str, I, asyncio.Future, float]]:
+    def _take(self) -> list[Entry]:
         batch = []
         while self._pending and len(batch) < self.max_batch:
             entry = self._pending.popleft()

@@ -220,3 +220,62 @@ def test_small_forwards_run_inline_only_while_torch_runs_one_thread():
         assert inline_limit(16) == 0
     finally:
         torch.set_num_threads(threads)
+
+
+class ChunkedWork:
+    """Items are session ids; `left[sid]` tokens still to compute. Records every pass in order."""
+
+    def __init__(self, left: dict[str, int]) -> None:
+        self.left, self.log = dict(left), []
+
+    def work(self, sid: str) -> int:
+        return self.left[sid]
+
+    def prefill(self, sid: str, budget: int) -> int:
+        if sid == "bad":
+            raise InvalidArgument("bad prompt")
+        self.left[sid] -= budget
+        self.log.append(("chunk", sid))
+        time.sleep(STEP_S / 5)
+        return self.left[sid]
+
+    def batch(self, sids: list[str]) -> list[object]:
+        self.log.append(("batch", tuple(sids)))
+        for sid in sids:
+            self.left[sid] = 1                   # the next decode round of that session
+        time.sleep(STEP_S / 5)
+        return [f"{sid} done" for sid in sids]
+
+
+def test_a_long_prefill_runs_in_chunks_with_the_other_sessions_rounds_in_between():
+    async def decode(queue: BatchQueue, sid: str, rounds: int) -> list[str]:
+        return [(await queue.submit(sid, sid))[0] for _ in range(rounds)]
+
+    async def scenario():
+        work = ChunkedWork({"a": 1, "b": 1, "long": 10})
+        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, work_tokens=work.work,
+                           prefill=work.prefill, chunk_tokens=4)
+        running = [asyncio.create_task(decode(queue, sid, 4)) for sid in ("a", "b")]
+        await asyncio.sleep(0)
+        long = await queue.submit("long", "long")
+        return work.log, long, await asyncio.gather(*running)
+
+    log, (long, _), decoded = run(scenario())
+    assert long == "long done" and decoded == [["a done"] * 4, ["b done"] * 4]
+    assert [entry for entry in log if entry[0] == "chunk"] == [("chunk", "long")] * 2   # 10 -> 6 -> 2 tokens
+    first, last = log.index(("chunk", "long")), len(log) - 1 - log[::-1].index(("chunk", "long"))
+    assert any(kind == "batch" for kind, _ in log[first:last]), log    # decode rounds ran between the chunks
+    assert any(kind == "batch" and "long" in sids for kind, sids in log[last:]), log  # its last 2 tokens: a batch
+
+
+def test_a_failed_chunk_fails_that_call_alone_and_short_calls_never_chunk():
+    async def scenario():
+        work = ChunkedWork({"bad": 10, "short": 4})
+        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, work_tokens=work.work,
+                           prefill=work.prefill, chunk_tokens=4)
+        return work.log, await asyncio.gather(queue.submit("bad", "bad"), queue.submit("short", "short"),
+                                              return_exceptions=True)
+
+    log, (bad, short) = run(scenario())
+    assert isinstance(bad, InvalidArgument) and short[0] == "short done"
+    assert log == [("batch", ("short",))]

@@ -123,3 +123,25 @@ def test_a_session_over_the_cache_budget_fails_alone(model):
     assert isinstance(out[1], ResourceExhausted)
     assert all(not isinstance(out[i], Exception) for i in (0, 2))
     assert engine.runner.pool.used_bytes() <= engine.runner.pool.budget_bytes
+
+
+def test_a_prefill_in_chunks_gives_the_verdict_of_a_whole_prefill_and_counts_all_its_work(model):
+    g = torch.Generator().manual_seed(5)
+    chunked = TargetEngine(runner_for(model, batching=True), max_context=512, max_k=8)
+    whole = TargetEngine(runner_for(model, batching=True), max_context=512, max_k=8)
+    for sampling in SAMPLINGS:
+        context, draft = random_ids(g, 45), random_ids(g, 3)
+        inp = VerifyInput("s", context, draft, sampling, logprobs=2)
+        assert chunked.work_tokens(inp) == 48
+        left = [chunked.prefill_chunk(inp, 16), chunked.prefill_chunk(inp, 16), chunked.prefill_chunk(inp, 16)]
+        assert left == [32, 16, 16]                      # the verify itself computes the last 16
+        out, ref = chunked.verify(inp), whole.verify(VerifyInput("s", context, draft, sampling, logprobs=2))
+        assert (out.result.num_accepted, out.result.next_token, out.result.target_ids) == \
+               (ref.result.num_accepted, ref.result.next_token, ref.result.target_ids)
+        for a, b in zip(out.logprobs, ref.logprobs):
+            assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < ATOL
+        assert (out.stats.cached_tokens, out.stats.computed_tokens) == (ref.stats.cached_tokens, 48)
+        chunked.runner.pool.release("s")
+        whole.runner.pool.release("s")
+    with pytest.raises(InvalidArgument):                 # a bad call fails at its first chunk already
+        chunked.prefill_chunk(VerifyInput("bad", list(range(40)), [VOCAB + 1], SamplingConfig()), 16)
