@@ -14,7 +14,7 @@ import sys
 
 import grpc
 
-from specdec.launcher import LocalStack, StackConfig
+from specdec.launcher import LocalStack, StackConfig, default_threads
 from specdec.report import round_table, stats_lines
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
@@ -39,7 +39,7 @@ def ask(stub: orchestrator_pb2_grpc.OrchestratorStub, k: int) -> pb.GenerateResp
 
 def main() -> int:
     print("starting Redis, target (SmolLM2-135M-Instruct, GGUF), n-gram draft and orchestrator ...", flush=True)
-    with LocalStack(StackConfig(target_model="embedded", draft_kind="ngram")) as stack:
+    with LocalStack(StackConfig(target_model="embedded", draft_kind="ngram", threads=default_threads("ngram"))) as stack:
         for proc in stack.procs:
             print(f"  {proc.role:<12} {proc.address}")
         with grpc.insecure_channel(stack.orchestrator_address) as channel:

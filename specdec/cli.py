@@ -108,14 +108,16 @@ def _up_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-replicas", type=int, default=1)
     p.add_argument("--target-replicas", type=int, default=1)
     p.add_argument("--redis-url", default="")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads per model service (0: every core for the target with the n-gram draft, "
+                        "half of them each with a model draft)")
     p.add_argument("--http-port", type=int, default=0, help="port of the OpenAI-compatible HTTP API (0: a free one)")
     p.add_argument("--no-http", action="store_true", help="do not start the HTTP gateway")
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     """Run the local stack until Ctrl-C."""
-    from specdec.launcher import LocalStack, StackConfig
+    from specdec.launcher import LocalStack, StackConfig, default_threads
 
     draft_model = args.draft_model
     if args.draft_kind in MODEL_DRAFT_KINDS and not draft_model:
@@ -125,7 +127,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         draft_model = SHIPPED_EMBEDDED_DRAFT  # the trained draft shipped for the embedded target
     cfg = StackConfig(target_model=args.target_model, draft_model=draft_model, draft_kind=args.draft_kind,
                       draft_replicas=args.draft_replicas, target_replicas=args.target_replicas,
-                      redis_url=args.redis_url, threads=args.threads)
+                      redis_url=args.redis_url, threads=args.threads or default_threads(args.draft_kind))
     stack = LocalStack(cfg)
     print("starting Redis, draft, target and orchestrator (the first model load converts the GGUF, ~1 min)...")
     try:
