@@ -104,7 +104,8 @@ def _first_rejection(draft, target_probs, draft_probs, generators) -> int:
 
 def accept(
     draft_ids: torch.Tensor,  # [k] int64
-    target_probs: torch.Tensor,  # [k+1, Vp] float32, p processed by logits_to_probs
+    target_probs: torch.Tensor,  # [k+1, Vp] float32, p processed by logits_to_probs (greedy: any scores
+                                 # with p's row argmax, e.g. sampling.penalised_scores)
     draft_probs: torch.Tensor | None = None,  # [k, Vq] float32 dense q, None = point mass
     generators: Generators = None,  # (row index, purpose) -> Generator, or one Generator
     greedy: bool = False,

@@ -224,6 +224,19 @@ def greedy_one_hot(logits: torch.Tensor) -> torch.Tensor:  # [n, V] -> [n, V] fl
     return one_hot.scatter_(-1, winners.to(logits.device).unsqueeze(-1), 1.0)
 
 
+def penalised_scores(
+    logits: torch.Tensor,  # [n, V]
+    cfg: SamplingConfig,
+    history: History | None = None,  # see apply_penalties; None = no penalties
+) -> torch.Tensor:  # [n, V] float32
+    """The logits after the penalties (if ``history``): for a greedy config, each row's argmax is the
+    token `logits_to_probs` puts its one-hot on, so the greedy accept rule can take these directly."""
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [n, V], got shape {tuple(logits.shape)}")
+    scores = logits.to(PROBS_DTYPE)
+    return scores if history is None else apply_penalties(scores, history, cfg)
+
+
 def logits_to_probs(
     logits: torch.Tensor,  # [n, V]
     cfg: SamplingConfig,
@@ -234,11 +247,7 @@ def logits_to_probs(
     Greedy configs (:attr:`SamplingConfig.greedy`) return a one-hot of the argmax of the
     (penalised) logits. Both the draft and the target must call this with the same ``cfg``.
     """
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be [n, V], got shape {tuple(logits.shape)}")
-    scores = logits.to(PROBS_DTYPE)
-    if history is not None:
-        scores = apply_penalties(scores, history, cfg)
+    scores = penalised_scores(logits, cfg, history)
     if cfg.greedy:
         return greedy_one_hot(scores)
     scores = _mask_top_k(scores / cfg.temperature, cfg.top_k)

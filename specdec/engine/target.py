@@ -8,7 +8,8 @@ import torch
 
 from specdec.core.accept import accept
 from specdec.core.sampling import (
-    SamplingConfig, logits_to_probs, position_counts, round_generators, sparse_to_dense, token_counts,
+    SamplingConfig, logits_to_probs, penalised_scores, position_counts, round_generators, sparse_to_dense,
+    token_counts,
 )
 from specdec.engine.checks import check_lengths, check_token_ids
 from specdec.engine.runner import CausalLMRunner, ExtendItem, ForwardResult
@@ -106,7 +107,10 @@ class TargetEngine:
         """p per row from the logits ([k+1, V]), the accept rule, logprobs of what was emitted."""
         k = len(inp.draft_ids)
         history = self._history(inp) if inp.sampling.has_penalties else None
-        p = logits_to_probs(fwd.logits, inp.sampling, history)  # [k+1, V]
+        if inp.sampling.greedy:  # the accept rule needs only each row's argmax: no [k+1, V] one-hots to build
+            p = penalised_scores(fwd.logits, inp.sampling, history)  # [k+1, V]
+        else:
+            p = logits_to_probs(fwd.logits, inp.sampling, history)  # [k+1, V]
         q = self._dense_q(inp.draft_probs, k)
         first_position = inp.position_base + len(inp.context_ids)
         result = accept(torch.tensor(inp.draft_ids, dtype=torch.long), p, q,

@@ -212,3 +212,20 @@ def test_batched_greedy_equals_scalar_exactly():
 def test_batched_sampling_requires_generator():
     with pytest.raises(ValueError, match="Generator"):
         accept_batch(torch.tensor([[1]]), one_hot_rows([1, 2]).unsqueeze(0), None, None)
+
+
+def test_greedy_accept_over_the_penalised_scores_equals_it_over_the_one_hot_p():
+    """The target passes greedy rounds their (penalised) logits, not one-hots: same verdict, ties included."""
+    from specdec.core.sampling import SamplingConfig, logits_to_probs, penalised_scores, position_counts, token_counts
+
+    g = torch.Generator().manual_seed(9)
+    for cfg in (SamplingConfig(), SamplingConfig(temperature=0.0, repetition_penalty=1.5, presence_penalty=0.7)):
+        for _ in range(20):
+            logits = torch.randint(0, 4, (5, 12), generator=g).float()       # small integers: many ties
+            draft = torch.randint(0, 12, (4,), generator=g)
+            history = None
+            if cfg.has_penalties:
+                history = position_counts(token_counts(torch.randint(0, 12, (6,), generator=g).tolist(), 12), draft)
+            one_hot = accept(draft, logits_to_probs(logits, cfg, history), greedy=True)
+            scores = accept(draft, penalised_scores(logits, cfg, history), greedy=True)
+            assert one_hot == scores
