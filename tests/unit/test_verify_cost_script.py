@@ -1,0 +1,38 @@
+"""scripts/verify_cost.py, the prepared GPU measurement: runs on CPU with the tiny shape and writes its JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "verify_cost.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("verify_cost", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_cpu_smoke_run_writes_v_of_n_and_rolls_the_cache_back_every_pass(tmp_path):
+    """main() raises if a rollback leaves the cache longer than the context."""
+    script = load()
+    out = tmp_path / "v.json"
+    assert script.main(["--shapes", "tiny", "--device", "cpu", "--n-max", "3", "--reps", "2",
+                        "--context", "20", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    tiny = result["shapes"]["tiny"]
+    assert set(tiny["ms"]) == {"1", "2", "3"} and tiny["ratio"]["1"] == 1.0
+    assert all(v > 0 for v in tiny["ms"].values()) and result["dtype"] == "float32"
+    model = script.build("tiny", torch.device("cpu"), torch.float32, 0)
+    assert sum(p.numel() for p in model.parameters()) == tiny["parameters"]
+
+
+def test_the_named_shapes_are_the_article_s_pair():
+    shapes = load().SHAPES
+    assert shapes["qwen1.5-0.5b"]["hidden_size"] == 1024 and shapes["qwen1.5-1.8b"]["hidden_size"] == 2048
+    assert shapes["qwen1.5-0.5b"]["vocab_size"] == shapes["qwen1.5-1.8b"]["vocab_size"] == 151936
