@@ -45,6 +45,8 @@ class ModelServiceCollector:
         yield _counter("forward_batches", "batched forward passes (target)", state.batches, labels)
         yield _counter("batched_calls", "calls carried by batched passes (mean batch = this / forward_batches)",
                        state.batched_calls, labels)
+        yield _counter("prefill_chunks", "passes that prefilled one chunk of a long prompt (target, chunked prefill)",
+                       state.prefill_chunks, labels)
         if pool is None:
             return
         c = pool.counters

@@ -42,6 +42,7 @@ class WorkerState:
     batches: int = 0                 # batched forward passes (BatchQueue)
     inline_calls: int = 0            # calls run on the event loop (small, model thread idle)
     batched_calls: int = 0           # calls those carried
+    prefill_chunks: int = 0          # chunked-prefill passes (BatchQueue with chunk_tokens)
 
     def busy_for(self) -> float:
         """Seconds the current call has been running (0 when idle)."""
@@ -211,6 +212,7 @@ class BatchQueue(Generic[I, T]):
     async def _prefill_one(self, entry: Entry) -> None:
         """One chunk of a long prefill on the model thread; a failure fails that call alone."""
         _, item, future, _ = entry
+        self.worker.state.prefill_chunks += 1
         try:
             await self.worker.run_on_thread(lambda: self.prefill(item, self.chunk_tokens))
         except Exception as exc:  # noqa: BLE001 - handed to the caller

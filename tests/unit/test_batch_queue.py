@@ -258,10 +258,10 @@ def test_a_long_prefill_runs_in_chunks_with_the_other_sessions_rounds_in_between
         running = [asyncio.create_task(decode(queue, sid, 4)) for sid in ("a", "b")]
         await asyncio.sleep(0)
         long = await queue.submit("long", "long")
-        return work.log, long, await asyncio.gather(*running)
+        return work.log, long, await asyncio.gather(*running), queue.worker.state.prefill_chunks
 
-    log, (long, _), decoded = run(scenario())
-    assert long == "long done" and decoded == [["a done"] * 4, ["b done"] * 4]
+    log, (long, _), decoded, chunks = run(scenario())
+    assert long == "long done" and decoded == [["a done"] * 4, ["b done"] * 4] and chunks == 2
     assert [entry for entry in log if entry[0] == "chunk"] == [("chunk", "long")] * 2   # 10 -> 6 -> 2 tokens
     first, last = log.index(("chunk", "long")), len(log) - 1 - log[::-1].index(("chunk", "long"))
     assert any(kind == "batch" for kind, _ in log[first:last]), log    # decode rounds ran between the chunks
