@@ -199,7 +199,7 @@ class BatchQueue(Generic[I, T]):
                 await self._run_batch(batch)
             if long:
                 await self._prefill_one(long[0])
-                self._pending.extendleft(reversed(long))  # back at the front, in their order
+                self._pending.extend(long)  # behind the calls that came meanwhile (max_batch 1 interleaves too)
 
     def _split(self, batch: list[Entry]) -> tuple[list[Entry], list[Entry]]:
         """(calls to run as one batch now, calls whose prefill is longer than a chunk)."""

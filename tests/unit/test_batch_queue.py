@@ -268,6 +268,26 @@ def test_a_long_prefill_runs_in_chunks_with_the_other_sessions_rounds_in_between
     assert any(kind == "batch" and "long" in sids for kind, sids in log[last:]), log  # its last 2 tokens: a batch
 
 
+def test_chunks_interleave_with_other_sessions_even_without_batching():
+    async def decode(queue: BatchQueue, sid: str, rounds: int) -> None:
+        for _ in range(rounds):
+            await queue.submit(sid, sid)
+
+    async def scenario():
+        work = ChunkedWork({"a": 1, "long": 13})
+        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=1, work_tokens=work.work,
+                           prefill=work.prefill, chunk_tokens=4)
+        running = asyncio.create_task(decode(queue, "a", 6))
+        await asyncio.sleep(0)
+        await asyncio.gather(queue.submit("long", "long"), running)
+        return work.log
+
+    log = run(scenario())
+    chunks = [i for i, entry in enumerate(log) if entry == ("chunk", "long")]
+    assert len(chunks) == 3                                            # 13 -> 9 -> 5 -> 1 token
+    assert all(("batch", ("a",)) in log[i:j] for i, j in zip(chunks, chunks[1:])), log
+
+
 def test_a_failed_chunk_fails_that_call_alone_and_short_calls_never_chunk():
     async def scenario():
         work = ChunkedWork({"bad": 10, "short": 4})
