@@ -2,10 +2,10 @@
 
 The ONE prepared script for the GPU machine (issue #7): it needs torch and transformers only
 (no gRPC, no Redis, no model files: the models are random-weight ones built from the configs of
-Qwen1.5-0.5B and Qwen1.5-1.8B, the source article's pair), and writes one JSON file. Timing does
-what the target service does each round: extend the KV cache by n tokens in one pass
-(logits for all n rows), then roll it back to the context (the cache keeps its first `context`
-positions), with the device synchronised around each pass.
+Qwen1.5-0.5B and Qwen1.5-1.8B, the source article's pair), and writes one JSON file. The timing is
+the bench's own (`specdec.bench.verify_cost.measure_verify_costs`, which imports only torch and
+transformers): extend the KV cache by n tokens in one pass, roll it back to the context, the device
+synchronised around each pass.
 
     python scripts/verify_cost.py --out "$OUT/verify_cost.json"            # GPU if there is one
     python scripts/verify_cost.py --shapes tiny --device cpu --n-max 3     # a smoke run anywhere
@@ -17,17 +17,18 @@ Absolute times hold only for the machine that ran it; v(n)/v(1) is what bounds t
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: specdec need not be installed
+from specdec.bench.verify_cost import measure_verify_costs  # noqa: E402
 
 # Qwen1.5 is the Qwen2 architecture; these are the published configs' shapes (vocab 151,936).
 SHAPES: dict[str, dict[str, int]] = {
@@ -39,7 +40,6 @@ SHAPES: dict[str, dict[str, int]] = {
                  num_attention_heads=4, num_key_value_heads=2, vocab_size=512),
 }
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-WARMUP = 3
 
 
 def build(shape: str, device: torch.device, dtype: torch.dtype, seed: int) -> Qwen2ForCausalLM:
@@ -51,48 +51,11 @@ def build(shape: str, device: torch.device, dtype: torch.dtype, seed: int) -> Qw
     return model.to(device=device, dtype=dtype).eval()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _cache_arg(model: Any) -> str:
-    """transformers >= 5.2x names the forward's cache argument `cache`; earlier releases `past_key_values`."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-@torch.inference_mode()
-def measure(model: Any, context: int, n_max: int, reps: int, seed: int) -> dict[int, list[float]]:
-    """Milliseconds of each of `reps` passes over n new tokens after `context` cached ones, n = 1..n_max."""
-    device = next(model.parameters()).device
-    gen = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab, (1, context + n_max), generator=gen).to(device)
-    cache, arg = DynamicCache(), _cache_arg(model)
-    model(input_ids=ids[:, :context], use_cache=True, **{arg: cache})
-    times: dict[int, list[float]] = {}
-    for n in range(1, n_max + 1):
-        new = ids[:, context:context + n]
-        positions = torch.arange(context, context + n, device=device).unsqueeze(0)
-        for rep in range(WARMUP + reps):
-            _sync(device)
-            start = time.perf_counter()
-            model(input_ids=new, position_ids=positions, use_cache=True, **{arg: cache})
-            _sync(device)
-            if rep >= WARMUP:
-                times.setdefault(n, []).append((time.perf_counter() - start) * 1000.0)
-            cache.crop(-n)  # drop the n verified positions (negative: "remove that many", every release)
-            if cache.get_seq_length() != context:
-                raise RuntimeError(f"the cache holds {cache.get_seq_length()} positions after a rollback to {context}")
-    return times
-
-
-def summarise(times: dict[int, list[float]]) -> dict[str, Any]:
-    """Median ms per n, min-max spread, and v(n)/v(1)."""
-    ms = {n: statistics.median(values) for n, values in times.items()}
-    return {"ms": {str(n): round(v, 4) for n, v in ms.items()},
-            "spread_ms": {str(n): [round(min(v), 4), round(max(v), 4)] for n, v in times.items()},
-            "ratio": {str(n): round(v / ms[1], 4) for n, v in ms.items()}}
+def summarise(measured: dict[str, Any]) -> dict[str, Any]:
+    """Median ms per n, min-max spread, and v(n)/v(1), rounded for the JSON."""
+    return {"ms": {n: round(v, 4) for n, v in measured["ms"].items()},
+            "spread_ms": {n: [round(lo, 4), round(hi, 4)] for n, (lo, hi) in measured["spread_ms"].items()},
+            "ratio": {n: round(v, 4) for n, v in measured["ratio"].items()}}
 
 
 def machine(device: torch.device) -> dict[str, Any]:
@@ -114,7 +77,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for shape in args.shapes.split(","):
         model = build(shape, device, dtype, args.seed)
         started = time.perf_counter()
-        result["shapes"][shape] = summarise(measure(model, args.context, args.n_max, args.reps, args.seed))
+        measured = measure_verify_costs(model, None, args.n_max, args.context, args.reps, model.config.vocab_size)
+        result["shapes"][shape] = summarise(measured)
         result["shapes"][shape]["seconds"] = round(time.perf_counter() - started, 1)
         result["shapes"][shape]["parameters"] = sum(p.numel() for p in model.parameters())
         print(f"{shape}: v(n)/v(1) " + " ".join(f"{n}:{r}" for n, r in result["shapes"][shape]["ratio"].items())

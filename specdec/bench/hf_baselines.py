@@ -18,17 +18,14 @@ of a warm KV cache, relative to n = 1: the denominator of the bound in the plot.
 from __future__ import annotations
 
 import copy
-import statistics
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
+from specdec.bench.verify_cost import measure_verify_costs
 from specdec.params import MODEL_DRAFT_KINDS
-
-MS_PER_S = 1000.0
 
 
 @dataclass
@@ -171,39 +168,3 @@ class HFBaselines:
         vt = measure_verify_costs(self.model, self.threads, 1, context_tokens, reps,
                                   vocab=self.model.config.vocab_size)
         return vd["ms"]["1"] / vt["ms"]["1"]
-
-
-def measure_verify_costs(model: Any, threads: int, n_max: int, context_tokens: int, reps: int,
-                         vocab: int) -> dict[str, Any]:
-    """Median ms of a forward over n new tokens on a warm cache of context_tokens, n = 1..n_max."""
-    from transformers import DynamicCache
-
-    torch.set_num_threads(threads)
-    gen = torch.Generator().manual_seed(0)
-    high = min(vocab, 32000)
-    context = torch.randint(100, high, (1, context_tokens), generator=gen)
-    cache = DynamicCache(config=model.config)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        model(input_ids=context, past_key_values=cache, use_cache=True)
-    samples: dict[int, list[float]] = {n: [] for n in range(1, n_max + 1)}
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)      # transformers renames past_key_values
-        for rep in range(reps + 1):                       # the first pass warms up and is dropped
-            for n in range(1, n_max + 1):
-                new = torch.randint(100, high, (1, n), generator=gen)
-                pos = torch.arange(context_tokens, context_tokens + n).unsqueeze(0)
-                start = time.perf_counter()
-                model(input_ids=new, past_key_values=cache, position_ids=pos, use_cache=True)
-                elapsed = (time.perf_counter() - start) * MS_PER_S
-                cache.crop(-n)
-                if rep:
-                    samples[n].append(elapsed)
-    ms = {str(n): statistics.median(v) for n, v in samples.items()}
-    one = ms["1"]
-    kv_bytes = sum(t.numel() * t.element_size() for layer in cache.layers
-                   for t in (layer.keys, layer.values) if t is not None)
-    return {"context_tokens": context_tokens, "reps": reps, "threads": threads,
-            "ms": ms, "ratio": {n: v / one for n, v in ms.items()},
-            "spread_ms": {str(n): [min(v), max(v)] for n, v in samples.items()},
-            "kv_bytes_per_token_measured": kv_bytes / context_tokens}

@@ -36,3 +36,16 @@ def test_the_named_shapes_are_the_article_s_pair():
     shapes = load().SHAPES
     assert shapes["qwen1.5-0.5b"]["hidden_size"] == 1024 and shapes["qwen1.5-1.8b"]["hidden_size"] == 2048
     assert shapes["qwen1.5-0.5b"]["vocab_size"] == shapes["qwen1.5-1.8b"]["vocab_size"] == 151936
+
+
+def test_the_script_needs_neither_grpc_nor_redis(tmp_path):
+    """The GPU machine has torch and transformers only: the script must run with those imports blocked."""
+    import subprocess
+    import sys
+
+    code = ("import sys, runpy; sys.modules['grpc'] = None; sys.modules['redis'] = None; "
+            f"sys.argv = ['verify_cost.py', '--shapes', 'tiny', '--device', 'cpu', '--n-max', '2', '--reps', '1', "
+            f"'--context', '8', '--out', {str(tmp_path / 'v.json')!r}]; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "v.json").read_text())["shapes"]["tiny"]["ratio"]["1"] == 1.0
