@@ -34,8 +34,15 @@ def default_threads(draft_kind: str) -> int:
     (the draft and the target take turns within a round but overlap across sessions).
     Measured here (2 cores, n-gram draft, fp32): 2 threads 33.4 / 70.3 tok/s at k = 0 / adaptive k on
     grounded prompts, 1 thread 26.3 / 53.4 (bench/results/latest.json, threads1.json)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     return max(1, cores if draft_kind == "ngram" else cores // 2)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the OS tells it, else all of them)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 @dataclass

@@ -141,10 +141,9 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
+    from specdec.launcher import usable_cores
+
+    usable = usable_cores()
     mem = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
