@@ -54,12 +54,7 @@ class TargetEngine:
         end = len(ids) - left + budget
         fwd = self.runner.extend(inp.session_id, ids[:end], end - 1)
         done = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms)
-        if inp.prefilled is None:
-            inp.prefilled = done
-        else:
-            before = inp.prefilled.cached_tokens
-            inp.prefilled.add(done)
-            inp.prefilled.cached_tokens = before   # what was cached before the first chunk
+        inp.prefilled = done if inp.prefilled is None else done.follow(inp.prefilled)
         return len(ids) - end
 
     def verify(self, inp: VerifyInput) -> VerifyOutput:
@@ -120,9 +115,8 @@ class TargetEngine:
         logprobs = token_logprobs(fwd.logits, emitted, inp.logprobs)
         stats = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms,
                                  batch_size=fwd.batch_size)
-        if inp.prefilled is not None:  # chunks run before this pass: their work, what was cached before them
-            stats.add(inp.prefilled)
-            stats.cached_tokens = inp.prefilled.cached_tokens
+        if inp.prefilled is not None:  # chunks run before this pass
+            stats.follow(inp.prefilled)
         hidden = self._hidden(inp, fwd, len(inp.context_ids) + result.num_accepted)
         return VerifyOutput(result, logprobs, stats, hidden)
 

@@ -41,6 +41,13 @@ class ComputeStatsData:
         self.forward_ms += other.forward_ms
         self.cached_tokens = max(self.cached_tokens, other.cached_tokens)
 
+    def follow(self, earlier: "ComputeStatsData") -> "ComputeStatsData":
+        """This pass's stats after `earlier` passes of the same call (chunked prefill): their work added,
+        what was cached before them kept. Returns self."""
+        self.add(earlier)
+        self.cached_tokens = earlier.cached_tokens
+        return self
+
 
 @dataclass
 class ProposeInput:
