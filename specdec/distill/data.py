@@ -45,10 +45,16 @@ def chat_ids(tokenizer: Any, prompt: str) -> list[int]:
     return list(tokenizer.encode(prompt))
 
 
-def work_items(prompts: list[str], variants: int, sampled_prompts: list[str] | None = None) -> list[tuple[str, int]]:
-    """Greedy (variant 0) for every prompt, then sampled variants 1..variants-1 for `sampled_prompts`."""
+def work_items(prompts: list[str], variants: int, sampled_prompts: list[str] | None = None,
+               extra_sampled: tuple[list[str], int] = ([], 1)) -> list[tuple[str, int]]:
+    """Greedy (variant 0) for every prompt, then sampled variants 1..variants-1 for `sampled_prompts`, then
+    sampled variants 1..n-1 for the prompts of `extra_sampled` = (prompts, n). Each group is appended after
+    the ones before it, so adding a group leaves the items (and the data chunks) of the earlier ones as
+    they were: only the last, partial chunk of a previous run is regenerated."""
     sampled = prompts if sampled_prompts is None else sampled_prompts
-    return [(p, 0) for p in prompts] + [(p, v) for v in range(1, variants) for p in sampled]
+    extra, extra_variants = extra_sampled
+    return ([(p, 0) for p in prompts] + [(p, v) for v in range(1, variants) for p in sampled]
+            + [(p, v) for v in range(1, extra_variants) for p in extra])
 
 
 def chunk_path(data_dir: Path, index: int) -> Path:
@@ -99,15 +105,17 @@ def generation_model(model: Any, dtype: torch.dtype) -> Any:
 
 
 def generate_data(model: Any, tokenizer: Any, prompts: list[str], data_dir: Path, *, variants: int, max_new: int,
-                  eos: list[int], seed: int, sampled_prompts: list[str] | None = None, batch: int = DEFAULT_BATCH,
+                  eos: list[int], seed: int, sampled_prompts: list[str] | None = None,
+                  extra_sampled: tuple[list[str], int] = ([], 1), batch: int = DEFAULT_BATCH,
                   progress: bool = True) -> None:
-    """Generate every missing chunk (resumable), `batch` sequences per generate call."""
+    """Generate every missing chunk (resumable), `batch` sequences per generate call; the items are
+    `work_items(prompts, variants, sampled_prompts, extra_sampled)`."""
     from tqdm import tqdm
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    items = work_items(prompts, variants, sampled_prompts)
+    items = work_items(prompts, variants, sampled_prompts, extra_sampled)
     chunks = [items[i:i + CHUNK_PROMPTS] for i in range(0, len(items), CHUNK_PROMPTS)]
-    todo = [i for i in range(len(chunks)) if not chunk_path(data_dir, i).exists()]
+    todo = [i for i in range(len(chunks)) if not _chunk_complete(data_dir, i, len(chunks[i]))]
     bar = tqdm(total=len(items), initial=(len(chunks) - len(todo)) * CHUNK_PROMPTS, desc="generate", unit="prompt",
                disable=not progress, mininterval=5)
     timing_path = data_dir / TIMING_FILE
@@ -127,6 +135,12 @@ def generate_data(model: Any, tokenizer: Any, prompts: list[str], data_dir: Path
         timing[str(ci)] = round(time.time() - started, 1)
         timing_path.write_text(json.dumps(timing, indent=0) + "\n")
     bar.close()
+
+
+def _chunk_complete(data_dir: Path, index: int, n_items: int) -> bool:
+    """A chunk file holding `n_items` records (a run with more work items regenerates its last, partial chunk)."""
+    path = chunk_path(data_dir, index)
+    return path.exists() and len(torch.load(path)) == n_items
 
 
 def data_seconds(data_dir: Path) -> float:

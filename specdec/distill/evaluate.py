@@ -170,10 +170,11 @@ A trained draft model for speculative decoding with **{target}** (specdec).
   minus a fixed 10 % held out by hash, prompts built from Python standard-library docstrings) and
   {self_prompts} prompts the target wrote itself from its bare chat template (Magpie; held-out texts
   excluded); greedy for every prompt plus {sampled} sampled (T = 0.8) continuation(s) per shipped chat
-  prompt; the target's top-8 logits stored at every generated position. {target_tokens} target tokens.
+  prompt and {self_sampled} per self-written prompt; the target's top-8 logits stored at every generated
+  position. {target_tokens} target tokens.
 * Objective: cross-entropy to the target's argmax + {kl_weight} x cross-entropy to the softmax of its top-8
   logits, over the restricted head. Layers initialised from target layer(s) {init}; AdamW lr {lr},
-  {steps} steps of ~{batch_tokens} tokens, seed {seed}.
+  {steps} steps of ~{batch_tokens} tokens, {train_mode}, seed {seed}.
 * Wall time on a shared 2-core CPU ({threads} torch thread(s)): self-written prompts {prompts_s:.0f} s, data
   {data_s:.0f} s, training {train_s:.0f} s, report {eval_s:.0f} s.
 
@@ -263,7 +264,8 @@ def update_card(out: Path, report: dict[str, Any]) -> None:
             f"{a.get('text_tokens')}" if feature else f"--arch layers --layers {a.get('layers')}")
     cmd = (f"specdec distill --target {a.get('target')} --out DIR {arch} --head-tokens "
            f"{a.get('head_tokens')} --steps {a.get('steps')} --max-new-tokens {a.get('max_new_tokens')} "
-           f"--variants {a.get('variants')} --self-prompts {a.get('self_prompts', 0)} --data-dtype "
+           f"--variants {a.get('variants')} --self-prompts {a.get('self_prompts', 0)} --self-variants "
+           f"{a.get('self_variants', 1)} --train-dtype {a.get('train_dtype', 'float32')} --data-dtype "
            f"{a.get('data_dtype', 'float32')} --docstrings {a.get('docstrings')} --kl-weight {a.get('kl_weight')} "
            f"--lr {a.get('lr')} --batch-tokens {a.get('batch_tokens')} --seed {a.get('seed')}")
     top1 = tr.get("final_top1_agreement_ema_per_depth") if feature else round(tr.get("final_top1_agreement_ema") or 0, 3)
@@ -276,7 +278,9 @@ def update_card(out: Path, report: dict[str, Any]) -> None:
         kl_weight=a.get("kl_weight"), init=tr.get("init_from_target_layers"), lr=a.get("lr"), steps=a.get("steps"),
         batch_tokens=a.get("batch_tokens"), seed=a.get("seed"), data_s=sec.get("data", 0),
         prompts_s=sec.get("self_prompts", 0), threads=a.get("threads", 1), data_dtype=a.get("data_dtype", "float32"),
-        self_prompts=t.get("self_prompts", 0),
+        self_prompts=t.get("self_prompts", 0), self_sampled=max(0, (a.get("self_variants") or 1) - 1),
+        train_mode=("fp32" if a.get("train_dtype", "float32") == "float32"
+                    else f"{a['train_dtype']} autocast (fp32 master weights)"),
         train_s=sec.get("train", 0), eval_s=sec.get("eval", 0), held_out=report["held_out_prompts"], k=report["k"],
         mal=report["mean_accepted_length"], acc=report["acceptance_rate"], ratio=report["draft_to_target_step_ratio"],
         draft_ms=report["draft_step_ms"], step_ms=report["target_step_ms"], speedup=report["speedup_vs_target_alone"],

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
 from specdec.distill.data import TOP_K, Record
-from specdec.distill.train import choose_head_ids, loss_fn, lr_at, plan_epoch, CLIP_NORM, WEIGHT_DECAY
+from specdec.distill.train import batches_from, choose_head_ids, loss_fn, lr_at, CLIP_NORM, WEIGHT_DECAY
 from specdec.models.feature_draft import FeatureDraftModel, feature_config_for
 
 FEATURES_FILE = "features.pt"
@@ -231,19 +231,6 @@ def batch_loss(draft: FeatureDraftModel, batch: dict[str, torch.Tensor], cfg: Fe
     return total, agree
 
 
-def _epoch_batch(data: FeatureData, cfg: FeatureTrainConfig, step: int, plans: dict[int, list[list[int]]]
-                 ) -> tuple[int, list[int]]:
-    """The (epoch, sequence indices) of global step `step`: a resumed run sees the same batches."""
-    lengths = data.lengths.tolist()
-    epoch, position = 0, 0
-    while True:
-        plan = plans.setdefault(epoch, plan_epoch(lengths, cfg.batch_tokens, cfg.seed, epoch))
-        if step < position + len(plan):
-            return epoch, plan[step - position]
-        position += len(plan)
-        epoch += 1
-
-
 def train_feature_draft(target: Any, data: FeatureData, head_ids: list[int], out: Path, cfg: FeatureTrainConfig,
                         pad: int, progress: bool = True) -> tuple[FeatureDraftModel, dict[str, Any]]:
     """Train (or resume from out/feature_checkpoint.pt) a feature draft; returns it and a summary."""
@@ -265,14 +252,14 @@ def train_feature_draft(target: Any, data: FeatureData, head_ids: list[int], out
         draft.load_state_dict(ckpt["draft"], strict=False)
         opt.load_state_dict(ckpt["optimizer"])
         step = ckpt["step"]
-    plans: dict[int, list[list[int]]] = {}
     bar = tqdm(total=cfg.steps, initial=step, desc="train", unit="step", disable=not progress, mininterval=10)
     draft.train()
     ema: list[float] | None = None
     started = time.time()
-    epoch = _epoch_batch(data, cfg, max(0, step - 1), plans)[0]
-    while step < cfg.steps:
-        epoch, idx = _epoch_batch(data, cfg, step, plans)
+    epoch = 0
+    for epoch, idx in batches_from(data.lengths.tolist(), cfg.batch_tokens, cfg.seed, step):
+        if step >= cfg.steps:
+            break
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg.steps, cfg.lr)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
@@ -329,7 +316,8 @@ def train(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool = Tr
     cfg = FeatureTrainConfig(steps=args.steps, batch_tokens=args.batch_tokens, lr=args.lr, depth=args.depth,
                              layers=args.layers,
                              kl_weight=args.kl_weight, feature_weight=args.feature_weight,
-                             head_tokens=args.head_tokens, seed=args.seed, checkpoint_every=args.checkpoint_every)
+                             head_tokens=args.head_tokens, seed=args.seed, checkpoint_every=args.checkpoint_every,
+                             bf16=getattr(args, "train_dtype", "bfloat16") == "bfloat16")
     print(f"train: {len(records)} sequences, {int(data.lengths.sum())} tokens with target features, head "
           f"{len(head_ids)} ids, depth {cfg.depth}", flush=True)
     draft, summary = train_feature_draft(target, data, head_ids, out, cfg, eos[0], progress)

@@ -15,7 +15,7 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -125,11 +125,47 @@ def loss_fn(logits: torch.Tensor, head_top: torch.Tensor, top_logits: torch.Tens
     return loss, agree
 
 
+def batches_from(lengths: list[int], batch_tokens: int, seed: int, step: int) -> Iterator[tuple[int, list[int]]]:
+    """(epoch, record indices) of every batch from global step `step` on, endlessly: the same batches a run
+    that never stopped would have seen (epochs planned by plan_epoch), so a resumed run continues exactly."""
+    epoch, position = 0, 0
+    while True:
+        plan = plan_epoch(lengths, batch_tokens, seed, epoch)
+        for index in range(max(0, step - position), len(plan)):
+            yield epoch, plan[index]
+        position += len(plan)
+        epoch += 1
+
+
 def lr_at(step: int, total: int, base: float) -> float:
     if step < WARMUP_STEPS:
         return base * (step + 1) / WARMUP_STEPS
     t = (step - WARMUP_STEPS) / max(1, total - WARMUP_STEPS)
     return base * (MIN_LR_FRACTION + (1 - MIN_LR_FRACTION) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def autocast_dtype(name: str) -> torch.dtype | None:
+    """The dtype the draft's forward/backward autocasts to (None: full fp32). Master weights, the optimizer
+    state and the loss stay fp32 either way."""
+    return None if name == "float32" else getattr(torch, name)
+
+
+def train_step(draft: Any, opt: Any, own: list[torch.Tensor], batch: dict[str, torch.Tensor], lr: float,
+               kl_weight: float, dtype: torch.dtype | None) -> tuple[float, float]:
+    """One optimizer step on one batch (see make_batch); returns (loss, top-1 agreement)."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    with torch.autocast(batch["input_ids"].device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        hidden = draft.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                             use_cache=False).last_hidden_state                 # [B, T, H]
+        picked = hidden[batch["rows"], batch["cols"]]                           # [P, H]
+        logits = draft.restricted_logits(picked)                                # [P, N]
+    loss, agree = loss_fn(logits, batch["head_top"], batch["top_logits"], kl_weight)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(own, CLIP_NORM)
+    opt.step()
+    return loss.item(), agree.item()
 
 
 def train(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool = True) -> dict[str, Any]:
@@ -155,6 +191,7 @@ def train(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool = Tr
         p.requires_grad_(False)
     draft = build_draft(target, args.layers, head_ids, init_from_target=True)
     own = list(draft.model.layers.parameters())
+    device = own[0].device
     for p in own:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(own, lr=args.lr, weight_decay=WEIGHT_DECAY)
@@ -170,39 +207,18 @@ def train(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool = Tr
           f"{covered / gen_tokens:.1%} of the target's choices; {args.layers} layer(s) from target layers "
           f"{init_layer_indices(cfg_layers(target.config), args.layers)}; step {step}/{args.steps}", flush=True)
     pad = eos[0]
-    epoch_plans: dict[int, list[list[int]]] = {}
-    position = 0
-    while True:  # map the global step to (epoch, batch index) deterministically
-        plan = epoch_plans.setdefault(len(epoch_plans), plan_epoch(lengths, args.batch_tokens, args.seed,
-                                                                   len(epoch_plans)))
-        if position + len(plan) > step:
-            break
-        position += len(plan)
-    epoch, index = len(epoch_plans) - 1, step - position
     bar = tqdm(total=args.steps, initial=step, desc="train", unit="step", disable=not progress, mininterval=10)
     draft.train()
     ema_loss, ema_agree = (ckpt.get("ema_loss"), ckpt.get("ema_agree")) if ckpt else (None, None)
     started = time.time()
-    while step < args.steps:
-        plan = epoch_plans.setdefault(epoch, plan_epoch(lengths, args.batch_tokens, args.seed, epoch))
-        if index >= len(plan):
-            epoch, index = epoch + 1, 0
-            continue
-        batch = make_batch(records, plan[index], head_index, pad)
-        index += 1
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr)
-        hidden = draft.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                             use_cache=False).last_hidden_state                 # [B, T, H]
-        picked = hidden[batch["rows"], batch["cols"]]                           # [P, H]
-        loss, agree = loss_fn(draft.restricted_logits(picked), batch["head_top"], batch["top_logits"],
-                              args.kl_weight)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(own, CLIP_NORM)
-        opt.step()
+    epoch = 0
+    for epoch, idx in batches_from(lengths, args.batch_tokens, args.seed, step):
+        if step >= args.steps:
+            break
+        batch = {k: v.to(device) for k, v in make_batch(records, idx, head_index, pad).items()}
+        lv, av = train_step(draft, opt, own, batch, lr_at(step, args.steps, args.lr), args.kl_weight,
+                            autocast_dtype(getattr(args, "train_dtype", "float32")))
         step += 1
-        lv, av = loss.item(), agree.item()
         ema_loss = lv if ema_loss is None else 0.95 * ema_loss + 0.05 * lv
         ema_agree = av if ema_agree is None else 0.95 * ema_agree + 0.05 * av
         bar.set_postfix(loss=f"{ema_loss:.3f}", top1=f"{ema_agree:.3f}", epoch=epoch)
@@ -218,6 +234,7 @@ def train(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool = Tr
                "head_coverage_train": round(covered / gen_tokens, 4), "final_loss_ema": ema_loss,
                "final_top1_agreement_ema": ema_agree, "seed": args.seed, "lr": args.lr,
                "batch_tokens": args.batch_tokens, "kl_weight": args.kl_weight,
+               "train_dtype": getattr(args, "train_dtype", "float32"),
                "init_from_target_layers": init_layer_indices(cfg_layers(target.config), args.layers),
                "train_seconds_this_run": round(time.time() - started, 1)}
     save_draft(out, draft, args.target, meta={"training": summary})

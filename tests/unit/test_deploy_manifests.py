@@ -269,7 +269,9 @@ def test_model_cache_emptydir_in_cpu_dev_pvc_in_gpu():
 
 def test_cpu_dev_runs_the_embedded_model_offline_and_small():
     data = config("cpu-dev")
-    assert data["SPECDEC_DRAFT_MODEL"] == data["SPECDEC_TARGET_MODEL"] == "embedded"
+    assert data["SPECDEC_TARGET_MODEL"] == "embedded"
+    assert data["SPECDEC_DRAFT_MODEL"] == "embedded:smollm2-draft"  # the shipped draft, not the target again
+    assert data["SPECDEC_DRAFT_KIND"] == "combined"
     assert data["SPECDEC_OFFLINE"] == "1"
     for name in WORKLOADS:
         assert objects("cpu-dev", "Deployment")[name]["spec"]["replicas"] == 1
