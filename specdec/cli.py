@@ -17,11 +17,11 @@ import signal
 import sys
 import time
 
-from specdec.config import DEFAULT_DRAFT_PORT, DEFAULT_ORCHESTRATOR_PORT, DEFAULT_TARGET_PORT, env_int
+from specdec.config import DEFAULT_DRAFT_PORT, DEFAULT_MODELS, DEFAULT_ORCHESTRATOR_PORT, DEFAULT_TARGET_PORT, env_int
 from specdec.params import MODEL_DRAFT_KINDS
 
 EXIT_USAGE, EXIT_LOAD_ERROR = 2, 2
-SHIPPED_EMBEDDED_DRAFT = "embedded:smollm2-draft"
+SHIPPED_EMBEDDED_DRAFT = DEFAULT_MODELS["draft"]
 DEFAULT_PORTS = {"draft": DEFAULT_DRAFT_PORT, "target": DEFAULT_TARGET_PORT, "orchestrator": DEFAULT_ORCHESTRATOR_PORT}
 
 
@@ -31,7 +31,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--metrics-port", type=int)
-    p.add_argument("--model", help="model spec: embedded | modelscope:ORG/NAME | hf:ORG/NAME | DIR | gguf:FILE")
+    p.add_argument("--model", help="model spec: embedded | modelscope:ORG/NAME | hf:ORG/NAME | DIR | gguf:FILE "
+                                   f"(default: {DEFAULT_MODELS['target']} for a target, {DEFAULT_MODELS['draft']}, "
+                                   "the trained draft shipped for it, for a draft)")
     p.add_argument("--draft-kind", choices=["model", "ngram", "combined"])
     p.add_argument("--device")
     p.add_argument("--dtype")

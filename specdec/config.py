@@ -114,12 +114,18 @@ class HealthConfig:
     fault_file: str = field(default_factory=lambda: env_str("SPECDEC_FAULT_FILE"))
 
 
+#: The model a service loads when SPECDEC_MODEL / --model name none, by role.
+DEFAULT_MODELS = {"target": "embedded", "draft": "embedded:smollm2-draft"}
+
+
 @dataclass
 class ModelServiceConfig:
     """A draft or target worker: which model, where, and its KV-cache budget."""
 
     role: str = "target"
-    model: str = field(default_factory=lambda: env_str("SPECDEC_MODEL", "embedded"))
+    # Empty: the role's default (DEFAULT_MODELS): the embedded SmolLM2 for a target, the trained
+    # draft shipped for it for a draft service (not the target again).
+    model: str = field(default_factory=lambda: env_str("SPECDEC_MODEL"))
     draft_kind: str = field(default_factory=lambda: env_str("SPECDEC_DRAFT_KIND", "model"))
     device: str = field(default_factory=lambda: env_str("SPECDEC_DEVICE", "auto"))
     dtype: str = field(default_factory=lambda: env_str("SPECDEC_DTYPE", "auto"))
@@ -157,6 +163,10 @@ class ModelServiceConfig:
     input_major: bool = field(default_factory=lambda: env_bool("SPECDEC_INPUT_MAJOR", True))
     server: ServerConfig = field(default_factory=ServerConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            self.model = DEFAULT_MODELS.get(self.role, DEFAULT_MODELS["target"])
 
 
 @dataclass
