@@ -27,6 +27,7 @@ DEFAULT_BATCH = 64
 TOP_K = 8
 DATA_TEMPERATURE = 0.8
 TIMING_FILE = "timing.json"  # chunk index -> seconds it took to generate
+MANIFEST_FILE = "manifest.json"  # {"chunks": N, "items": M} of the last data stage: training reads chunks < N
 
 
 @dataclass
@@ -116,6 +117,7 @@ def generate_data(model: Any, tokenizer: Any, prompts: list[str], data_dir: Path
     items = work_items(prompts, variants, sampled_prompts, extra_sampled)
     chunks = [items[i:i + CHUNK_PROMPTS] for i in range(0, len(items), CHUNK_PROMPTS)]
     todo = [i for i in range(len(chunks)) if not _chunk_complete(data_dir, i, len(chunks[i]))]
+    (data_dir / MANIFEST_FILE).write_text(json.dumps({"chunks": len(chunks), "items": len(items)}) + "\n")
     bar = tqdm(total=len(items), initial=(len(chunks) - len(todo)) * CHUNK_PROMPTS, desc="generate", unit="prompt",
                disable=not progress, mininterval=5)
     timing_path = data_dir / TIMING_FILE
@@ -150,8 +152,14 @@ def data_seconds(data_dir: Path) -> float:
 
 
 def load_records(data_dir: Path) -> list[Record]:
+    """The records of the chunks the last data stage asked for (its manifest; without one, every chunk):
+    chunks an earlier run with more work items left behind are not read."""
+    manifest = data_dir / MANIFEST_FILE
+    paths = sorted(data_dir.glob("chunk-*.pt"))
+    if manifest.exists():
+        paths = [chunk_path(data_dir, i) for i in range(json.loads(manifest.read_text())["chunks"])]
     out = []
-    for path in sorted(data_dir.glob("chunk-*.pt")):
+    for path in paths:
         out += [Record(**r) for r in torch.load(path)]
     return out
 

@@ -84,3 +84,13 @@ def test_a_resumed_run_sees_the_batches_an_unbroken_run_would():
     assert unbroken[:per_epoch] != unbroken[per_epoch:2 * per_epoch]  # reshuffled per epoch
     for start in (1, per_epoch, per_epoch + 2, 17):
         assert list(islice(batches_from(lengths, 20, 3, start), 25 - start)) == unbroken[start:]
+
+
+def test_training_reads_only_the_chunks_of_the_last_data_stage(tmp_path):
+    import json
+
+    for i, n in enumerate((CHUNK_PROMPTS, CHUNK_PROMPTS, 7)):
+        torch.save([_record().__dict__ for _ in range(n)], chunk_path(tmp_path, i))
+    assert len(data_mod.load_records(tmp_path)) == 2 * CHUNK_PROMPTS + 7      # no manifest: every chunk
+    (tmp_path / data_mod.MANIFEST_FILE).write_text(json.dumps({"chunks": 2, "items": 2 * CHUNK_PROMPTS}))
+    assert len(data_mod.load_records(tmp_path)) == 2 * CHUNK_PROMPTS          # chunk 2 is a leftover
