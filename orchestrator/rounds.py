@@ -180,7 +180,9 @@ class RoundRunner:
             return empty, out
         kind = self.draft_kind(req.draft_kind)
         remote_kind = req.draft_kind
-        if self.local_ngram is not None and kind in (NGRAM, COMBINED):
+        if kind == COMBINED and self.local_ngram is not None and req.proposer == MODEL:
+            remote_kind = MODEL  # `proposer` already looked the tail up here and found nothing
+        elif self.local_ngram is not None and kind in (NGRAM, COMBINED):
             response = self._propose_locally(req)
             out.draft_ms = response.stats.forward_ms
             if kind == NGRAM or response.draft_ids:

@@ -58,3 +58,32 @@ def test_the_orchestrator_knows_before_a_round_which_draft_will_propose():
     assert NgramDraft(2, 4).has_match(hit) and not NgramDraft(2, 4).has_match(miss)
     remote = RoundRunner(None, None, RetryConfig())      # the draft service does the lookup: cannot tell
     assert remote.proposer("combined", hit) == "combined"
+
+
+def test_a_combined_round_resolved_to_the_model_is_not_looked_up_twice():
+    """RoundRunner.proposer looked the tail up before the round; _propose does not repeat a lookup that missed."""
+    import asyncio
+
+    from specdec.config import RetryConfig
+    from orchestrator.rounds import RoundRequest, RoundRunner
+
+    class CountingLookup(NgramDraft):
+        calls = 0
+
+        def propose(self, inp: ProposeInput) -> ProposeOutput:
+            CountingLookup.calls += 1
+            return super().propose(inp)
+
+    runner = RoundRunner(None, None, RetryConfig(), local_ngram=CountingLookup(2, 4))  # no draft pool
+    hit, miss = [1, 2, 3, 4, 5, 1, 2], [1, 2, 3, 4, 5, 6]
+
+    def propose(context: list[int], proposer: str):
+        req = RoundRequest("s", "r", context, 3, SamplingConfig(), "combined", proposer=proposer)
+        return asyncio.run(runner._propose(req, None))
+
+    response, out = propose(miss, runner.proposer("combined", miss))
+    assert CountingLookup.calls == 0 and out.degraded and not response.draft_ids  # straight to the (absent) pool
+    response, out = propose(hit, runner.proposer("combined", hit))
+    assert CountingLookup.calls == 1 and list(response.draft_ids) == [3, 4, 5] and out.draft_kind == NGRAM
+    propose(miss, "")                                     # unresolved (no proposer given): looks up itself
+    assert CountingLookup.calls == 2
