@@ -30,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--self-prompts", type=int, default=4000,
                    help="extra chat prompts the target writes itself from its bare chat template (Magpie); "
                         "answered greedily like the others (0 = none)")
-    p.add_argument("--self-variants", type=int, default=1,
+    p.add_argument("--self-variants", type=int, default=2,
                    help="continuations per self-written prompt: 1 greedy + (self-variants-1) sampled, generated "
                         "after every other item, so raising it extends an earlier run's data")
     p.add_argument("--data-dtype", choices=["bfloat16", "float32"], default="bfloat16",
@@ -53,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="--arch eagle: weight of the smooth-L1 loss on the predicted target features")
     p.add_argument("--head-tokens", type=int, default=8192, help="FR-Spec head size (0 = full vocabulary)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--steps", type=int, help="training steps (default: 1500 for eagle, 2400 for layers)")
+    p.add_argument("--steps", type=int, help="training steps (default: 1500 for eagle, 4800 for layers)")
     p.add_argument("--batch-tokens", type=int, default=2048, help="tokens per training step")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--kl-weight", type=float, default=1.0, help="weight of the KL to the target's top-k (plus CE)")
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     if args.steps is None:
-        args.steps = 1500 if args.arch == "eagle" else 2400
+        args.steps = 1500 if args.arch == "eagle" else 4800
     if args.text_tokens is None:
         args.text_tokens = 500_000 if args.arch == "eagle" else 0
     out = Path(args.out).expanduser()

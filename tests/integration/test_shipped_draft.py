@@ -28,19 +28,17 @@ SHIPPED = SHIPPED_DRAFTS_DIR / EMBEDDED_DRAFTS["smollm2-draft"]
 MAX_SIZE_BYTES = 20 * 1024 * 1024
 IDENTITY_PROMPTS = 3
 IDENTITY_TOKENS = 48
-MEASURE_PROMPTS = 8
+MEASURE_PROMPTS = 30   # every held-out chat prompt (the distill report's set)
 MEASURE_TOKENS = 128
-#: The issue's floor for the mean accepted length at k = 4 (greedy, held-out chat prompts) is 2.0.
-#: The shipped draft does NOT reach it: report.json measures 1.74 alone and 1.98 combined with prompt
-#: lookup on all 30 held-out prompts, 1.62 and 1.84 on the first 8 used here (1 thread). Until a better
-#: draft ships, this guards against regressions: the measured values minus a margin for
-#: timing-independent but tie-sensitive drift (greedy acceptance is deterministic up to near-ties).
+#: The issue's floor for the mean accepted length at k = 4 (greedy, held-out chat prompts) is 2.0. The
+#: shipped draft reaches it combined with prompt lookup (the `combined` kind: 2.04 on the 30 held-out
+#: prompts, report.json and this test at 1 thread) but not alone (1.82). Greedy acceptance is
+#: deterministic up to near-ties, so the floor is asserted as is; the draft alone is guarded against
+#: regressions by its measured value minus a margin.
 ISSUE_FLOOR = 2.0
-MEASURED_MAL = 1.62
-MEASURED_COMBINED_MAL = 1.84
-MARGIN = 0.15
+MEASURED_MAL = 1.82
+MARGIN = 0.1
 MAL_FLOOR = MEASURED_MAL - MARGIN
-COMBINED_MAL_FLOOR = MEASURED_COMBINED_MAL - MARGIN
 TIE_EPSILON = 1e-4
 
 
@@ -99,4 +97,4 @@ def test_held_out_mean_accepted_length_holds():
     assert report["mean_accepted_length"] >= MAL_FLOOR
     combined = report["combined"]  # prompt lookup on a hit, this draft otherwise
     assert combined["all_outputs_identical"] or combined["identical_outputs"] >= len(prompts) - 1
-    assert combined["mean_accepted_length"] >= COMBINED_MAL_FLOOR
+    assert combined["mean_accepted_length"] >= ISSUE_FLOOR
