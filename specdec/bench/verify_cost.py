@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import statistics
 import time
-import warnings
 from typing import Any
 
 import torch
@@ -33,6 +32,8 @@ def measure_verify_costs(model: Any, threads: int | None, n_max: int, context_to
     """
     from transformers import DynamicCache
 
+    from specdec.models.compat import cache_argument
+
     if threads:
         torch.set_num_threads(threads)
     device = next(model.parameters()).device
@@ -44,16 +45,16 @@ def measure_verify_costs(model: Any, threads: int | None, n_max: int, context_to
     except TypeError:  # transformers releases before the config argument
         cache = DynamicCache()
     samples: dict[int, list[float]] = {n: [] for n in range(1, n_max + 1)}
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)      # transformers renames past_key_values
-        model(input_ids=context, past_key_values=cache, use_cache=True)
+    cache_kw = {cache_argument(model): cache}
+    with torch.inference_mode():
+        model(input_ids=context, use_cache=True, **cache_kw)
         for rep in range(reps + 1):
             for n in range(1, n_max + 1):
                 new = torch.randint(100, high, (1, n), generator=gen).to(device)
                 pos = torch.arange(context_tokens, context_tokens + n, device=device).unsqueeze(0)
                 _sync(device)
                 start = time.perf_counter()
-                model(input_ids=new, past_key_values=cache, position_ids=pos, use_cache=True)
+                model(input_ids=new, position_ids=pos, use_cache=True, **cache_kw)
                 _sync(device)
                 elapsed = (time.perf_counter() - start) * MS_PER_S
                 cache.crop(-n)   # negative: drop the n new positions (every transformers release)

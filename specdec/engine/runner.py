@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
+from specdec.models.compat import cache_argument
 from specdec.engine.kvcache import KVCachePool, SessionKV, common_prefix_len
 from specdec.engine.ragged import RaggedCache, enable_ragged, packed_inputs
 
@@ -79,9 +79,7 @@ class CausalLMRunner:
         # Batched forwards need the model's attention switched to the ragged implementation.
         self.batching = batching and enable_ragged(model)
         self.device = next(model.parameters()).device
-        # transformers >= 5.2x names the argument `cache`; earlier releases `past_key_values`.
-        params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._cache_arg = cache_argument(model)
 
     @torch.inference_mode()
     def extend(self, session_id: str, ids: Sequence[int], first: int) -> ForwardResult:

@@ -49,3 +49,22 @@ def test_the_script_needs_neither_grpc_nor_redis(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads((tmp_path / "v.json").read_text())["shapes"]["tiny"]["ratio"]["1"] == 1.0
+
+
+def test_v_of_n_fills_and_rolls_back_a_trained_drafts_cache():
+    """The bench's draft step cost c measures a trained draft (DraftForCausalLM), whose forward takes its
+    cache only under transformers' new name: passing the old one measured a forward without any cache
+    and, once the rollback check came, made `specdec bench --draft-kind combined` fail at its very end."""
+    from specdec.bench.verify_cost import measure_verify_costs
+    from specdec.models.compat import cache_argument
+    from specdec.models.draft_model import build_draft
+    from specdec.models.tiny import build_tiny_causal_lm
+    from tests.support import smollm2_tokenizer
+
+    target = build_tiny_causal_lm(smollm2_tokenizer(), layers=2, seed=1)
+    draft = build_draft(target, 1, list(range(500)))
+    for model in (target, draft):
+        result = measure_verify_costs(model, None, 2, context_tokens=12, reps=1, vocab=500)
+        assert set(result["ms"]) == {"1", "2"}
+        assert result["kv_bytes_per_token_measured"] > 0   # the 12 context positions are in the cache
+    assert cache_argument(draft) in ("cache", "past_key_values")
