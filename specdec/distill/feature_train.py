@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
 from specdec.distill.data import TOP_K, Record
-from specdec.distill.train import batches_from, choose_head_ids, loss_fn, lr_at, CLIP_NORM, WEIGHT_DECAY
+from specdec.distill.train import batches_from, choose_head_ids, loss_fn, lr_at, optimizer_step, WEIGHT_DECAY
 from specdec.models.feature_draft import FeatureDraftModel, feature_config_for
 
 FEATURES_FILE = "features.pt"
@@ -260,14 +260,9 @@ def train_feature_draft(target: Any, data: FeatureData, head_ids: list[int], out
     for epoch, idx in batches_from(data.lengths.tolist(), cfg.batch_tokens, cfg.seed, step):
         if step >= cfg.steps:
             break
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg.steps, cfg.lr)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             loss, agree = batch_loss(draft, make_batch(data, idx, head_index, pad), cfg)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(own, CLIP_NORM)
-        opt.step()
+        optimizer_step(opt, own, loss, lr_at(step, cfg.steps, cfg.lr))
         step += 1
         ema = agree if ema is None else [0.95 * e + 0.05 * a for e, a in zip(ema, agree)]
         bar.set_postfix(loss=f"{loss.item():.3f}", top1="/".join(f"{e:.2f}" for e in ema), epoch=epoch)

@@ -153,19 +153,24 @@ def autocast_dtype(name: str) -> torch.dtype | None:
 def train_step(draft: Any, opt: Any, own: list[torch.Tensor], batch: dict[str, torch.Tensor], lr: float,
                kl_weight: float, dtype: torch.dtype | None) -> tuple[float, float]:
     """One optimizer step on one batch (see make_batch); returns (loss, top-1 agreement)."""
-    for group in opt.param_groups:
-        group["lr"] = lr
     with torch.autocast(batch["input_ids"].device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
         hidden = draft.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                              use_cache=False).last_hidden_state                 # [B, T, H]
         picked = hidden[batch["rows"], batch["cols"]]                           # [P, H]
         logits = draft.restricted_logits(picked)                                # [P, N]
     loss, agree = loss_fn(logits, batch["head_top"], batch["top_logits"], kl_weight)
+    optimizer_step(opt, own, loss, lr)
+    return loss.item(), agree.item()
+
+
+def optimizer_step(opt: Any, params: list[torch.Tensor], loss: torch.Tensor, lr: float) -> None:
+    """Backward `loss`, clip the gradient norm of `params` to CLIP_NORM and step `opt` at learning rate `lr`."""
+    for group in opt.param_groups:
+        group["lr"] = lr
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(own, CLIP_NORM)
+    torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
     opt.step()
-    return loss.item(), agree.item()
 
 
 def train(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool = True) -> dict[str, Any]:

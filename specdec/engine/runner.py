@@ -8,9 +8,9 @@ from typing import Any, Sequence
 
 import torch
 
-from specdec.models.compat import cache_argument
 from specdec.engine.kvcache import KVCachePool, SessionKV, common_prefix_len
 from specdec.engine.ragged import RaggedCache, enable_ragged, packed_inputs
+from specdec.models.compat import cache_argument
 
 MS_PER_S = 1000.0
 
