@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from specdec.config import OrchestratorConfig
-from specdec.errors import Aborted, AlreadyExists, InvalidArgument, NotFound, Unavailable
+from specdec.errors import InvalidArgument, NotFound
 from specdec.metrics import OrchestratorMetrics
 from specdec.params import GenerationParams, field_or_default, resolve_generation
 from specdec.v1 import orchestrator_pb2 as pb
@@ -60,11 +60,10 @@ from specdec.v1 import orchestrator_pb2 as pb
 from orchestrator.adaptive import AcceptanceTracker, CostModel, choose_k
 from orchestrator.detokenize import IncrementalDetokenizer
 from orchestrator.features import HiddenRelay
+from orchestrator.lease import SessionLease, store_errors
 from orchestrator.prompting import Message, Prompter
 from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner
-from orchestrator.session_store import (
-    LeaseLost, Session, SessionBusy, SessionExists, SessionNotFound, SessionStore, StoreUnavailable, VersionConflict,
-)
+from orchestrator.session_store import Session, SessionBusy, SessionStore
 from orchestrator.stats import StatsCollector
 from orchestrator.stops import StopMatcher, tokens_before_stop
 
@@ -72,21 +71,6 @@ FINISH_NAMES = {pb.FINISH_REASON_EOS: "eos", pb.FINISH_REASON_LENGTH: "length", 
                 pb.FINISH_REASON_CONTEXT: "context", pb.FINISH_REASON_CANCELLED: "cancelled"}
 FINISH_BY_NAME = {v: k for k, v in FINISH_NAMES.items()}
 log = logging.getLogger("specdec.orchestrator")
-
-
-@contextlib.contextmanager
-def store_errors():
-    """Session-store failures as the gRPC statuses the client should see."""
-    try:
-        yield
-    except StoreUnavailable as exc:
-        raise Unavailable(f"session store (Redis) unavailable: {exc}") from None
-    except SessionNotFound as exc:
-        raise NotFound(f"{exc}; pass create_session=true to create it") from None
-    except SessionExists as exc:
-        raise AlreadyExists(str(exc)) from None
-    except (VersionConflict, LeaseLost, SessionBusy) as exc:
-        raise Aborted(str(exc)) from None
 
 
 def check_id(name: str, value: str, max_chars: int) -> None:
@@ -135,12 +119,12 @@ class Generation:
         self.deps = deps
         self.request = request
         self.deadline = deadline          # time.monotonic() of the client's deadline (None = none)
-        self.lease_lost = ""              # set by the lease renewer when another instance took over
         self.params: GenerationParams = resolve_generation(request, deps.cfg.limits)
         for name in ("session_id", "request_id"):
             if request.HasField(name):
                 check_id(name, getattr(request, name), deps.cfg.limits.max_id_chars)
         self.session_id = request.session_id if request.HasField("session_id") else uuid.uuid4().hex
+        self.lease = SessionLease(deps.store, self.session_id, deps.owner, deps.cfg.lease)
         self.request_id = request.request_id if request.HasField("request_id") else uuid.uuid4().hex
         self.stats = StatsCollector()
         self.acceptance: dict[str, AcceptanceTracker] = {}   # per proposer (orchestrator/adaptive.py)
@@ -159,7 +143,7 @@ class Generation:
                 yield self._final_chunk(state)
                 return
             try:
-                async with self._renewing(), contextlib.aclosing(self._rounds(state, detok, stops)) as rounds:
+                async with self.lease.renewing(), contextlib.aclosing(self._rounds(state, detok, stops)) as rounds:
                     async for chunk in rounds:
                         yield chunk
                 await self._finish(state)
@@ -168,58 +152,9 @@ class Generation:
                 await asyncio.shield(self._finish_quietly(state))
                 raise
             except Exception:  # noqa: BLE001 - re-raised below, after the lease is handled
-                await self._after_failure()
+                await self.lease.release_after_failure()
                 raise
         yield self._final_chunk(state)
-
-    # -- lease -----------------------------------------------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def _renewing(self) -> AsyncIterator[None]:
-        """Renew this instance's lease every LeaseConfig.renew_s while the block runs.
-
-        The renewal task is stopped by an event, not by cancellation alone: redis-py's
-        asyncio client can swallow a CancelledError that lands inside a command
-        (redis/redis-py#2028, #2551), and a task that never ends would hang the request
-        (seen here: a finished generation waiting forever while its lease kept renewing).
-        """
-        stop = asyncio.Event()
-        task = asyncio.create_task(self._renew_until(stop))
-        try:
-            yield
-        finally:
-            stop.set()
-            task.cancel()  # cuts the sleep short; `stop` ends the loop if the cancellation is swallowed
-            await asyncio.wait({task}, timeout=self.deps.cfg.lease.stop_wait_s)
-
-    async def _renew_until(self, stop: asyncio.Event) -> None:
-        lease = self.deps.cfg.lease
-        while not stop.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=lease.renew_s)
-            if stop.is_set():
-                return
-            try:
-                await self.deps.store.renew_lease(self.session_id, self.deps.owner, lease.seconds)
-            except LeaseLost as exc:
-                self.lease_lost = str(exc)
-                return
-            except (StoreUnavailable, SessionNotFound) as exc:
-                log.warning("could not renew the lease of session %s: %s", self.session_id, exc)
-
-    def _check_lease(self) -> None:
-        if self.lease_lost:
-            raise Aborted(f"this orchestrator lost the session's lease, another instance owns it: {self.lease_lost}")
-
-    async def _after_failure(self) -> None:
-        """A failed generation: free the lease at once (the request stays resumable with the same
-        request_id), or raise Aborted when another instance owns the session now."""
-        try:
-            await self.deps.store.renew_lease(self.session_id, self.deps.owner, self.deps.cfg.lease.release_s)
-        except LeaseLost as exc:
-            raise Aborted(f"this orchestrator lost the session's lease, another instance owns it: {exc}") from None
-        except (StoreUnavailable, SessionNotFound) as exc:
-            log.warning("could not release the lease of session %s: %s", self.session_id, exc)
 
     # -- session ---------------------------------------------------------------------------
 
@@ -365,7 +300,7 @@ class Generation:
 
     def _start_round(self, state: State) -> asyncio.Task:
         """Steps 1-2 (draft proposes, target verifies) for the context so far, as a task."""
-        self._check_lease()
+        self.lease.check()
         k, proposer = self._round_k(state)
         return asyncio.create_task(self.deps.runner.run(RoundRequest(
             self.session_id, self.request_id, list(state.ids), k, self.params.sampling, self.params.draft_kind,

@@ -8,9 +8,9 @@ import sys
 import uuid
 
 from specdec.config import OrchestratorConfig
+from specdec.core.ngram import NgramProposer
 from specdec.errors import Unavailable
-from specdec.engine.draft import NgramDraft
-from specdec.engine.loading import load_config
+from specdec.models.load_config import load_config
 from specdec.models.loader import load_tokenizer
 from specdec.models.tokenizer_info import describe_tokenizer
 from specdec.metrics import serve_metrics
@@ -30,9 +30,9 @@ REFRESH_SECONDS = 2.0
 FIRST_PAIR_WAIT_S = 0.5
 
 
-def local_ngram(cfg: OrchestratorConfig) -> NgramDraft | None:
+def local_ngram(cfg: OrchestratorConfig) -> NgramProposer | None:
     """The in-process n-gram drafter, unless disabled (SPECDEC_LOCAL_NGRAM=0)."""
-    return NgramDraft(cfg.ngram_min_n, cfg.ngram_max_n, cfg.ngram_prefer) if cfg.local_ngram else None
+    return NgramProposer(cfg.ngram_min_n, cfg.ngram_max_n, cfg.ngram_prefer) if cfg.local_ngram else None
 
 
 def build_pools(cfg: OrchestratorConfig) -> tuple[ReplicaPool, ReplicaPool | None]:

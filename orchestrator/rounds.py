@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from specdec.config import RetryConfig
+from specdec.core.ngram import NgramProposer
 from specdec.core.sampling import SamplingConfig
-from specdec.engine.draft import COMBINED, MODEL, NGRAM, NgramDraft
-from specdec.engine.types import ProposeInput
 from specdec.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+from specdec.params import COMBINED, MODEL, NGRAM
 from specdec.protocol import sampling_to_proto
 from specdec.v1 import draft_pb2, target_pb2
 
@@ -91,7 +91,7 @@ class RoundRunner:
     """Drives single rounds against the two pools, with deadlines scaled to the work."""
 
     def __init__(self, draft: ReplicaPool | None, target: ReplicaPool, retry: RetryConfig,
-                 local_ngram: NgramDraft | None = None) -> None:
+                 local_ngram: NgramProposer | None = None) -> None:
         self.draft = draft
         self.target = target
         self.retry = retry
@@ -125,8 +125,8 @@ class RoundRunner:
         """The model-free n-gram draft, in this process: no network hop. Its lookup time is the draft's
         step (draft_ms), like a model draft's forward, not overhead."""
         start = time.perf_counter()
-        out = self.local_ngram.propose(ProposeInput(req.session_id, req.context_ids, req.k, req.sampling))
-        response = draft_pb2.ProposeResponse(draft_ids=out.draft_ids, draft_kind=NGRAM)
+        draft_ids = self.local_ngram.propose(req.context_ids, req.k)
+        response = draft_pb2.ProposeResponse(draft_ids=draft_ids, draft_kind=NGRAM)
         response.stats.forward_ms = (time.perf_counter() - start) * MS_PER_S
         return response
 

@@ -52,8 +52,9 @@ SAMPLING_FIELDS = (
     "temperature", "top_k", "top_p", "seed", "repetition_penalty",
     "frequency_penalty", "presence_penalty", "draft_top_n",
 )
-DRAFT_KINDS = ("", "model", "ngram", "combined")
-MODEL_DRAFT_KINDS = ("model", "combined")  # kinds that need draft weights
+MODEL, NGRAM, COMBINED = "model", "ngram", "combined"   # draft kinds
+DRAFT_KINDS = ("", MODEL, NGRAM, COMBINED)
+MODEL_DRAFT_KINDS = (MODEL, COMBINED)  # kinds that need draft weights
 
 
 def field_or_default(message: Any, name: str, defaults: dict[str, Any] = DEFAULTS) -> Any:

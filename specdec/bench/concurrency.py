@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.runner import PROMPTS_DIR, Prompt, load_prompts, machine_info
+from specdec.bench.machine import machine_info
+from specdec.bench.plan import PROMPTS_DIR, Prompt, load_prompts
 
 log = logging.getLogger("specdec.bench")
 

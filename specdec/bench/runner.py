@@ -14,352 +14,30 @@ target's top-2 logit gap at the first differing position.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
-import platform
 import sys
 import time
-import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.identity import identity_report
+from specdec.bench.machine import machine_info, peak_rss_bytes
+from specdec.bench.plan import (
+    HF_ASSISTED, PROMPT_SETS, PROMPTS_DIR, BenchArgs, Config, Prompt, RunRecord, adaptive_supported, load_prompts,
+    make_configs,
+)
+from specdec.bench.stack_client import StackClient, round_dict, stats_dict
 from specdec.params import MODEL_DRAFT_KINDS
 
-log = logging.getLogger("specdec.bench")
-
-PROMPT_SETS = ("grounded", "open")
 DEFAULT_K = (2, 4, 8, 12)
 # Defaults sized for `make bench` on the 2-core machine (see bench/README.md for the estimate).
 DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_REPEATS = 2
 DEFAULT_PROMPTS_PER_SET = 5
 QUICK = {"prompts_per_set": 1, "max_new_tokens": 24, "repeats": 1, "verify_reps": 2}
-VERIFY_CONTEXT_TOKENS = 300
-TIE_EPSILON = 1e-4
-TIE_ULPS = 2            # 16-bit dtypes: a top-2 gap within 2 units in the last place of the top logit is a tie
-RPC_TIMEOUT_S = 600.0
 WARMUP_TOKENS = 8
-PROMPTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "prompts"
-
-K0, KDEF, ADAPTIVE, HF_TARGET, HF_ASSISTED = "k0", "kdefault", "adaptive", "hf_target", "hf_assisted"
-
-
-@dataclass(frozen=True)
-class Config:
-    """One configuration of the comparison."""
-
-    name: str
-    kind: str                 # "stack" | "hf"
-    k: int | None = None      # stack: None = the server default; with adaptive: the cap
-    assisted: bool = False    # hf: assisted generation (d) instead of target-only (c)
-    adaptive: bool = False    # stack: adaptive_k (each round picks k in [0, k])
-
-    def label(self, default_k: int) -> str:
-        if self.kind == "hf":
-            return "HF assisted" if self.assisted else "HF target-only"
-        if self.adaptive:
-            return f"ours adaptive k<={self.k}"
-        return f"ours k unset (default {default_k})" if self.k is None else f"ours k={self.k}"
-
-
-def adaptive_supported() -> bool:
-    """True when the protocol has GenerateRequest.adaptive_k."""
-    from specdec.v1 import orchestrator_pb2 as pb
-
-    return "adaptive_k" in pb.GenerateRequest.DESCRIPTOR.fields_by_name
-
-
-def make_configs(ks: list[int], with_default: bool = True, with_hf: bool = True,
-                 adaptive_cap: int = 0) -> list[Config]:
-    configs = [Config(K0, "stack", 0)] + [Config(f"k{k}", "stack", k) for k in ks if k != 0]
-    if with_default:
-        configs.append(Config(KDEF, "stack", None))
-    if adaptive_cap > 0:
-        configs.append(Config(ADAPTIVE, "stack", adaptive_cap, adaptive=True))
-    if with_hf:
-        configs += [Config(HF_TARGET, "hf"), Config(HF_ASSISTED, "hf", assisted=True)]
-    return configs
-
-
-@dataclass
-class Prompt:
-    set: str
-    id: str
-    user: str
-    ids: list[int] = field(default_factory=list)
-
-
-@dataclass
-class RunRecord:
-    """One generation: what the bench measured from outside plus what the stack reported."""
-
-    set: str
-    prompt: str
-    config: str
-    repeat: int
-    tokens: list[int]
-    wall_s: float
-    arrivals: list[tuple[float, int]]            # (seconds since the request, tokens in the chunk)
-    stats: dict[str, Any] = field(default_factory=dict)
-    rounds: list[dict[str, Any]] = field(default_factory=list)
-    memory: dict[str, Any] = field(default_factory=dict)
-
-    def compact(self) -> dict[str, Any]:
-        """The per-run row of the JSON (token ids left out; their identity is reported separately)."""
-        return {"set": self.set, "prompt": self.prompt, "config": self.config, "repeat": self.repeat,
-                "tokens": len(self.tokens), "wall_s": round(self.wall_s, 4),
-                "ttft_ms": round(self.arrivals[0][0] * 1000, 2) if self.arrivals else None,
-                **({"rounds": len(self.rounds)} if self.rounds else {}),
-                **({k: self.stats[k] for k in ("draft_ms", "target_ms", "overhead_ms", "accepted_tokens",
-                                                "draft_tokens") if k in self.stats})}
-
-
-# -- prompts and machine --------------------------------------------------------------------------
-def load_prompts(names: list[str], per_set: int, prompts_dir: Path = PROMPTS_DIR) -> list[Prompt]:
-    out = []
-    for name in names:
-        path = prompts_dir / f"{name}.jsonl"
-        if not path.is_file():
-            raise SystemExit(f"specdec bench: no prompt set {name!r} ({path} missing)")
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        out += [Prompt(name, r["id"], r["user"]) for r in rows[:per_set or None]]
-    return out
-
-
-def machine_info() -> dict[str, Any]:
-    import torch
-    import transformers
-
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    from specdec.launcher import usable_cores
-
-    usable = usable_cores()
-    mem = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                mem = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return {"cpu_model": cpu, "cores": os.cpu_count(), "usable_cores": usable, "memory_bytes": mem,
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "platform": platform.platform(),
-            "load_avg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
-
-
-def peak_rss_bytes(pid: int) -> dict[str, Any]:
-    """Peak resident memory of a process: VmHWM from /proc (psutil has no peak on Linux)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return {"bytes": int(line.split()[1]) * 1024, "source": "VmHWM"}
-    except OSError:
-        pass
-    try:
-        import psutil
-
-        return {"bytes": psutil.Process(pid).memory_info().rss, "source": "psutil rss (current, not peak)"}
-    except Exception:  # noqa: BLE001 - best effort
-        return {"bytes": None, "source": "unavailable"}
-
-
-# -- the stack client -----------------------------------------------------------------------------
-class StackClient:
-    """Talks to the orchestrator (GenerateStream) and to the model services (Stats, Release)."""
-
-    def __init__(self, stack: Any) -> None:
-        import grpc
-
-        from specdec.v1 import draft_pb2_grpc, orchestrator_pb2_grpc, target_pb2_grpc
-
-        self.stack = stack
-        self._channels = []
-
-        def chan(address: str) -> Any:
-            c = grpc.insecure_channel(address)
-            self._channels.append(c)
-            return c
-
-        self.orch = orchestrator_pb2_grpc.OrchestratorStub(chan(stack.orchestrator_address))
-        self.targets = [target_pb2_grpc.TargetStub(chan(p.address)) for p in stack.procs if p.role == "target"]
-        self.drafts = [draft_pb2_grpc.DraftStub(chan(p.address)) for p in stack.procs if p.role == "draft"]
-        self._loop = asyncio.new_event_loop()
-        self.stats_error = ""
-        self._store = None
-        if stack.redis is not None:
-            from orchestrator.session_store import SessionStore, open_redis
-
-            self._redis = open_redis(stack.redis.url)
-            self._store = SessionStore(self._redis)
-
-    def generate(self, prompt: Prompt, k: int | None, max_new_tokens: int,
-                 adaptive: bool = False) -> tuple[list[int], float, list, Any, list]:
-        from specdec.v1 import orchestrator_pb2 as pb
-
-        req = pb.GenerateRequest(max_new_tokens=max_new_tokens, ignore_eos=True, trace=True,
-                                 request_id=uuid.uuid4().hex)
-        req.messages.messages.add(role="user", content=prompt.user)
-        req.sampling.temperature = 0.0
-        if k is not None:
-            req.k = k
-        if adaptive:
-            req.adaptive_k = True
-        tokens: list[int] = []
-        arrivals: list[tuple[float, int]] = []
-        rounds: list = []
-        final = None
-        start = time.perf_counter()
-        for chunk in self.orch.GenerateStream(req, timeout=RPC_TIMEOUT_S):
-            now = time.perf_counter() - start
-            if chunk.token_ids:
-                arrivals.append((now, len(chunk.token_ids)))
-                tokens += list(chunk.token_ids)
-            rounds += list(chunk.rounds)
-            if chunk.HasField("finish_reason"):
-                final = chunk
-        wall = time.perf_counter() - start
-        return tokens, wall, arrivals, final, rounds
-
-    def memory_after(self, session_id: str) -> dict[str, Any]:
-        """KV bytes held for the session on draft and target, its Redis bytes; then drop all three."""
-        from specdec.v1 import common_pb2
-        from specdec.v1 import orchestrator_pb2 as pb
-
-        import grpc
-
-        out: dict[str, Any] = {}
-        for role, stubs in (("target", self.targets), ("draft", self.drafts)):
-            if self.stats_error:
-                break
-            used, sessions = 0, 0
-            try:
-                for stub in stubs:
-                    s = stub.Stats(common_pb2.InfoRequest(), timeout=10)
-                    used += s.cache_used_bytes
-                    sessions += s.cached_sessions
-            except grpc.RpcError as exc:      # a service without the Stats RPC: KV bytes from the config
-                self.stats_error = f"{exc.code().name}: {exc.details()}"
-                log.warning("Stats RPC failed (%s); KV bytes per session are computed from the model config",
-                            self.stats_error)
-                break
-            out[f"{role}_kv_bytes"] = used
-            out[f"{role}_cached_sessions"] = sessions
-        if self._store is not None:
-            out["redis_bytes"] = self._loop.run_until_complete(self._store.memory_bytes(session_id))
-            sess = self._loop.run_until_complete(self._store.get(session_id))
-            out["session_tokens"] = len(sess.ids) if sess is not None else None
-        for stubs in (self.targets, self.drafts):
-            for stub in stubs:
-                stub.Release(common_pb2.ReleaseRequest(session_id=session_id), timeout=10)
-        self.orch.DeleteSession(pb.SessionRequest(session_id=session_id), timeout=10)
-        return out
-
-    def close(self) -> None:
-        for c in self._channels:
-            c.close()
-        if self._store is not None:
-            self._loop.run_until_complete(self._redis.aclose())
-        self._loop.close()
-
-
-def _round_dict(r: Any) -> dict[str, Any]:
-    return {"k": r.k, "drafted": len(r.draft_ids), "accepted": r.num_accepted, "draft_ms": r.draft_ms,
-            "target_ms": r.target_ms, "overhead_ms": r.overhead_ms}
-
-
-def _stats_dict(stats: Any) -> dict[str, Any]:
-    from google.protobuf.json_format import MessageToDict
-
-    return MessageToDict(stats, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-
-
-# -- identity -------------------------------------------------------------------------------------
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def top2_gap(hf: Any, prompt_ids: list[int], prefix: list[int]) -> tuple[float, float]:
-    """The target's top-2 logit gap after prompt + prefix (one in-process forward), and the tie
-    threshold at that position: TIE_EPSILON in float32; in a 16-bit dtype, TIE_ULPS units in the
-    last place of the top logit (a one-token and a k+1-token forward round differently there)."""
-    import torch
-
-    with torch.inference_mode():
-        logits = hf.model(input_ids=torch.tensor([prompt_ids + prefix])).logits[0, -1]
-    top = torch.topk(logits.float(), 2).values
-    eps = TIE_EPSILON
-    if logits.dtype in (torch.bfloat16, torch.float16):
-        eps = max(eps, TIE_ULPS * torch.finfo(logits.dtype).eps * abs(float(top[0])))
-    return float(top[0] - top[1]), eps
-
-
-def identity_report(records: list[RunRecord], prompts: list[Prompt], configs: list[Config], hf: Any) -> dict:
-    """Per set and configuration: how many prompts give exactly the tokens of our k = 0 (repeat 0)."""
-    by = {(r.set, r.prompt, r.config): r for r in records if r.repeat == 0}
-    ids = {(p.set, p.id): p.ids for p in prompts}
-    out: dict[str, Any] = {}
-    for set_name in dict.fromkeys(p.set for p in prompts):
-        per: dict[str, Any] = {}
-        for cfg in configs:
-            if cfg.name == K0:
-                continue
-            same, total, diffs = 0, 0, []
-            for p in (p for p in prompts if p.set == set_name):
-                ref, got = by.get((set_name, p.id, K0)), by.get((set_name, p.id, cfg.name))
-                if ref is None or got is None:
-                    continue
-                total += 1
-                pos = first_divergence(ref.tokens, got.tokens)
-                if pos is None:
-                    same += 1
-                    continue
-                gap, eps = top2_gap(hf, ids[(set_name, p.id)], ref.tokens[:pos]) if hf is not None else (None, 0.0)
-                diffs.append({"prompt": p.id, "position": pos, "top2_logit_gap": gap, "tie_threshold": eps,
-                              "near_tie": gap is not None and gap <= eps})
-            per[cfg.name] = {"identical": same, "prompts": total, "differences": diffs}
-        out[set_name] = per
-    return out
-
-
-# -- the run --------------------------------------------------------------------------------------
-@dataclass
-class BenchArgs:
-    prompts: list[str]
-    ks: list[int]
-    max_new_tokens: int
-    repeats: int
-    threads: int
-    prompts_per_set: int
-    out: str
-    plot: str
-    target_model: str = "embedded"
-    draft_kind: str = "ngram"
-    draft_model: str = ""
-    hf_lookup_tokens: int = 10
-    hf_ngram_size: int = 2
-    with_default_k: bool = True
-    with_hf: bool = True
-    with_adaptive: bool = True
-    adaptive_cap: int = 0                 # 0: the largest k of the sweep
-    verify_context: int = VERIFY_CONTEXT_TOKENS
-    verify_reps: int = 7
-    quick: bool = False
-    dtype: str = "float32"                # of the target (and model draft) in the services and in HF
-    progress: bool = True
-    prompts_dir: str = str(PROMPTS_DIR)
 
 
 def run(args: BenchArgs) -> dict[str, Any]:
@@ -482,10 +160,22 @@ def _one(client: StackClient, hf: Any, p: Prompt, cfg: Config, rep: int, max_new
     tokens, wall, arrivals, final, rounds = client.generate(p, cfg.k, max_new, cfg.adaptive)
     if final is None:
         raise RuntimeError(f"{p.id} {cfg.name}: the stream ended without a final chunk")
-    rec = RunRecord(p.set, p.id, cfg.name, rep, tokens, wall, arrivals, _stats_dict(final.stats),
-                    [_round_dict(r) for r in rounds])
+    rec = RunRecord(p.set, p.id, cfg.name, rep, tokens, wall, arrivals, stats_dict(final.stats),
+                    [round_dict(r) for r in rounds])
     rec.memory = client.memory_after(final.session_id)
     return rec
+
+
+def _services_verify_costs(hf: Any, verify_hf: dict, n_max: int, args: argparse.Namespace) -> tuple[dict, str]:
+    """v(n) as the target service computes it: with the input-major CPU layout when the service uses it
+    (SPECDEC_INPUT_MAJOR, float32 on CPU), measured on the same in-process model after the HF runs."""
+    from specdec.config import ModelServiceConfig
+    from specdec.models.layout import use_input_major_linears, wants_input_major
+
+    if not (ModelServiceConfig(role="target").input_major and wants_input_major(hf.model.device, hf.model.dtype)):
+        return verify_hf, "nn.Linear ([out, in])"
+    use_input_major_linears(hf.model)
+    return hf.verify_costs(n_max, args.verify_context, args.verify_reps), "input-major ([in, out], SPECDEC_INPUT_MAJOR=1)"
 
 
 # -- CLI ------------------------------------------------------------------------------------------
@@ -554,15 +244,3 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     if args.plot:
         print(f"plot: {args.plot}")
     return 0
-
-
-def _services_verify_costs(hf: Any, verify_hf: dict, n_max: int, args: argparse.Namespace) -> tuple[dict, str]:
-    """v(n) as the target service computes it: with the input-major CPU layout when the service uses it
-    (SPECDEC_INPUT_MAJOR, float32 on CPU), measured on the same in-process model after the HF runs."""
-    from specdec.config import ModelServiceConfig
-    from specdec.models.layout import use_input_major_linears, wants_input_major
-
-    if not (ModelServiceConfig(role="target").input_major and wants_input_major(hf.model.device, hf.model.dtype)):
-        return verify_hf, "nn.Linear ([out, in])"
-    use_input_major_linears(hf.model)
-    return hf.verify_costs(n_max, args.verify_context, args.verify_reps), "input-major ([in, out], SPECDEC_INPUT_MAJOR=1)"

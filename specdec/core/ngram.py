@@ -68,3 +68,29 @@ def propose_ngram(
             follow = start + n
             return context[follow: follow + k].tolist()
     return []
+
+
+class NgramProposer:
+    """The prompt-lookup draft with its configured n-gram sizes and preference: what the draft
+    service's n-gram draft (specdec.engine.draft.NgramDraft) and the orchestrator's in-process lookup
+    both run. Pure: no model, no proto, no service types.
+
+    Raises ValueError at construction for bad settings, so a misconfigured service stops at start.
+    """
+
+    def __init__(self, min_n: int = DEFAULT_MIN_N, max_n: int = DEFAULT_MAX_N, prefer: str = DEFAULT_PREFER) -> None:
+        if prefer not in (EARLIEST, RECENT):
+            raise ValueError(f"n-gram prefer (SPECDEC_NGRAM_PREFER) must be {EARLIEST!r} or {RECENT!r}, got {prefer!r}")
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"n-gram sizes need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+        self.min_n, self.max_n, self.prefer = min_n, max_n, prefer
+
+    def has_match(self, context_ids: Sequence[int]) -> bool:
+        """Whether the context's tail occurred before (with the configured sizes): `propose` would propose."""
+        return bool(propose_ngram(context_ids, 1, min_n=self.min_n, max_n=self.max_n, prefer=self.prefer))
+
+    def propose(self, context_ids: Sequence[int], k: int, min_n: int | None = None,
+                max_n: int | None = None) -> list[int]:
+        """Up to k draft tokens (possibly none); min_n / max_n override the configured sizes for one call."""
+        return propose_ngram(context_ids, k, min_n=min_n or self.min_n, max_n=max_n or self.max_n,
+                             prefer=self.prefer)

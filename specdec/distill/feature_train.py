@@ -18,7 +18,6 @@ over the FR-Spec head set (specdec/distill/train.py's loss).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -29,89 +28,15 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
-from specdec.distill.data import TOP_K, Record
+from specdec.distill.data import TOP_K
+from specdec.distill.features import (
+    FEATURES_FILE, TEXT_FEATURES_FILE, FeatureData, concat, extract_features, extract_text_features,
+)
 from specdec.distill.train import batches_from, choose_head_ids, loss_fn, lr_at, optimizer_step, WEIGHT_DECAY
 from specdec.models.feature_draft import FeatureDraftModel, feature_config_for
 
-FEATURES_FILE = "features.pt"
-TEXT_FEATURES_FILE = "text_features.pt"
 CHECKPOINT = "feature_checkpoint.pt"
 DEPTH_DECAY = 0.8
-
-
-@dataclass
-class FeatureData:
-    """Flat per-token arrays over all sequences (`starts[i]` = offset of sequence i)."""
-
-    ids: torch.Tensor         # [N] int32 tokens
-    feats: torch.Tensor       # [N, H] float16: f_j
-    top_ids: torch.Tensor     # [N, K] int32: the target's top-k at j (its choice for x_{j+1})
-    top_logits: torch.Tensor  # [N, K] float16
-    starts: torch.Tensor      # [S] int64
-    lengths: torch.Tensor     # [S] int64
-
-
-@torch.inference_mode()
-def extract_features(target: Any, records: list[Record], path: Path, progress: bool = True) -> FeatureData:
-    """One target prefill per record: f_j and top-k at every position (cached in `path`)."""
-    from tqdm import tqdm
-
-    if path.exists():
-        return FeatureData(**torch.load(path))
-    feats, top_ids, top_logits, ids, lengths = [], [], [], [], []
-    for r in tqdm(records, desc="features", unit="seq", disable=not progress, mininterval=10):
-        x = r.ids.long().unsqueeze(0)                                   # [1, T]
-        h = target.model(input_ids=x).last_hidden_state[0]              # [T, H] (after the final norm)
-        top = torch.topk(target.lm_head(h).float(), TOP_K, dim=-1)      # [T, K]
-        feats.append(h.half())
-        top_ids.append(top.indices.int())
-        top_logits.append(top.values.half())
-        ids.append(r.ids.int())
-        lengths.append(len(r.ids))
-    lengths_t = torch.tensor(lengths)
-    data = FeatureData(torch.cat(ids), torch.cat(feats), torch.cat(top_ids), torch.cat(top_logits),
-                       torch.cumsum(lengths_t, 0) - lengths_t, lengths_t)
-    tmp = path.with_suffix(".tmp")
-    torch.save(data.__dict__, tmp)
-    os.replace(tmp, path)
-    return data
-
-
-@torch.inference_mode()
-def extract_text_features(target: Any, tokenizer: Any, texts: list[tuple[str, str]], path: Path, max_tokens: int,
-                          max_len: int = 384, progress: bool = True) -> FeatureData | None:
-    """Teacher-forced data: each (question, answer) as a one-turn chat, one target prefill each, until
-    `max_tokens` tokens (cached in `path`). None when max_tokens is 0."""
-    from tqdm import tqdm
-
-    from specdec.distill.data import chat_ids
-
-    if max_tokens <= 0:
-        return None
-    if path.exists():
-        return FeatureData(**torch.load(path))
-    records, total = [], 0
-    bar = tqdm(total=max_tokens, desc="text features", unit="tok", disable=not progress, mininterval=10)
-    for question, answer in texts:
-        ids = (chat_ids(tokenizer, question) + list(tokenizer.encode(answer, add_special_tokens=False)))[:max_len]
-        records.append(Record(torch.tensor(ids, dtype=torch.int32), len(ids), torch.empty(0, TOP_K),
-                              torch.empty(0, TOP_K)))
-        total += len(ids)
-        bar.update(len(ids))
-        if total >= max_tokens:
-            break
-    bar.close()
-    return extract_features(target, records, path, progress)
-
-
-def concat(parts: list[FeatureData | None]) -> FeatureData:
-    """One FeatureData of several (None parts skipped)."""
-    parts = [p for p in parts if p is not None]
-    offsets = torch.cumsum(torch.tensor([0] + [int(p.ids.numel()) for p in parts[:-1]]), 0)
-    return FeatureData(torch.cat([p.ids for p in parts]), torch.cat([p.feats for p in parts]),
-                       torch.cat([p.top_ids for p in parts]), torch.cat([p.top_logits for p in parts]),
-                       torch.cat([p.starts + o for p, o in zip(parts, offsets)]),
-                       torch.cat([p.lengths for p in parts]))
 
 
 def _project(attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor

@@ -20,7 +20,8 @@ from typing import Any, Iterator
 import torch
 
 from specdec.distill.data import Record, load_records
-from specdec.models.draft_model import build_draft, init_layer_indices, cfg_layers, save_draft
+from specdec.models.draft_format import cfg_layers, init_layer_indices
+from specdec.models.draft_model import build_draft, save_draft
 
 CHECKPOINT = "checkpoint.pt"
 WARMUP_STEPS = 30
@@ -54,7 +55,7 @@ def text_records(target: Any, tokenizer: Any, out: Path, args: Any, progress: bo
     """`--text-tokens` of teacher-forced reference text (specdec/distill/corpus.py:reference_texts) as
     records labelled at every position by the target's top-k (one prefill each, cached in data/)."""
     from specdec.distill.corpus import reference_texts
-    from specdec.distill.feature_train import TEXT_FEATURES_FILE, extract_text_features
+    from specdec.distill.features import TEXT_FEATURES_FILE, extract_text_features
 
     tokens = getattr(args, "text_tokens", 0)
     data = extract_text_features(target, tokenizer, reference_texts(args.seed) if tokens else [],

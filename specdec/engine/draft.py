@@ -11,46 +11,40 @@ from typing import Sequence
 
 import torch
 
-from specdec.core.ngram import DEFAULT_PREFER, EARLIEST, RECENT, propose_ngram
+from specdec.core.ngram import DEFAULT_PREFER, NgramProposer
 from specdec.core.sampling import argmax_rows, draw_generator, logits_to_probs, sample, token_counts, truncate_top_n
 from specdec.engine.checks import check_lengths, check_token_ids
 from specdec.engine.runner import CausalLMRunner
 from specdec.engine.types import ComputeStatsData, ProposeInput, ProposeOutput, SparseDist
 from specdec.errors import InvalidArgument
+from specdec.params import COMBINED, MODEL, NGRAM
 
-MODEL, NGRAM, COMBINED = "model", "ngram", "combined"
 DRAFT_SERVICE_KINDS = (MODEL, NGRAM, COMBINED)
 
 
 class NgramDraft:
-    """Prompt lookup: propose what followed an earlier match of the context's tail (specdec.core.ngram)."""
+    """Prompt lookup as a draft engine: the pure core proposer (specdec.core.ngram.NgramProposer) behind
+    the engines' ProposeInput / ProposeOutput, with a request's n-gram sizes checked as INVALID_ARGUMENT."""
 
     kind = NGRAM
 
     def __init__(self, min_n: int, max_n: int, prefer: str = DEFAULT_PREFER) -> None:
-        if prefer not in (EARLIEST, RECENT):  # a bad setting stops the service at start, not every request
-            raise ValueError(f"n-gram prefer (SPECDEC_NGRAM_PREFER) must be {EARLIEST!r} or {RECENT!r}, got {prefer!r}")
-        self.min_n, self.max_n, self.prefer = min_n, max_n, prefer
+        self.lookup = NgramProposer(min_n, max_n, prefer)  # bad settings stop the service at start
 
     def work_tokens(self, inp: ProposeInput) -> int:
         """No model forward: a lookup over the context."""
         return 0
 
-    def has_match(self, context_ids: Sequence[int]) -> bool:
-        """Whether the context's tail occurred before (with the default sizes): `propose` would propose."""
-        return bool(propose_ngram(context_ids, 1, min_n=self.min_n, max_n=self.max_n, prefer=self.prefer))
-
     def propose(self, inp: ProposeInput) -> ProposeOutput:
         """Point-mass proposal of up to k tokens (possibly none)."""
-        min_n = inp.ngram_min_n or self.min_n
-        max_n = inp.ngram_max_n or self.max_n
+        min_n = inp.ngram_min_n or self.lookup.min_n
+        max_n = inp.ngram_max_n or self.lookup.max_n
         if not 1 <= min_n <= max_n:
             raise InvalidArgument(f"n-gram sizes need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         negative = next((i for i, t in enumerate(inp.context_ids) if t < 0), None)
         if negative is not None:
             raise InvalidArgument(f"context_ids[{negative}] = {inp.context_ids[negative]} is not a token id")
-        ids = propose_ngram(inp.context_ids, inp.k, min_n=min_n, max_n=max_n, prefer=self.prefer)
-        return ProposeOutput(list(ids), [], NGRAM)
+        return ProposeOutput(self.lookup.propose(inp.context_ids, inp.k, min_n, max_n), [], NGRAM)
 
 
 class ModelDraft:

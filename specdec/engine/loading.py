@@ -16,7 +16,9 @@ from specdec.models.layout import use_input_major_linears, wants_input_major
 from specdec.engine.runner import CausalLMRunner
 from specdec.engine.target import TargetEngine
 from specdec.models.feature_draft import FeatureDraftModel
-from specdec.models.loader import LoadConfig, check_cache_truncatable, load_causal_lm
+from specdec.models.architecture import check_cache_truncatable
+from specdec.models.load_config import load_config
+from specdec.models.loader import load_causal_lm
 from specdec.models.spec import parse_model_spec
 from specdec.models.tokenizer_info import describe_tokenizer, eos_token_ids
 
@@ -37,12 +39,6 @@ class ModelBundle:
     batch_wait_s: float = 0.0               # target: how long a batch waits for its group (BatchQueue)
     inline_max_tokens: int = 0              # calls this small run on the event loop (ModelWorker.run_on_thread)
     prefill_chunk_tokens: int = 0           # target: longer prefills run in chunks of this size (BatchQueue)
-
-
-def load_config(device: str = "auto", dtype: str = "auto", cache_dir: str = "", offline: bool = False) -> LoadConfig:
-    """A LoadConfig; offline=False keeps the loader's own default (HF_HUB_OFFLINE and friends)."""
-    extra = {"offline": True} if offline else {}
-    return LoadConfig(device=device, dtype=dtype, cache_dir=cache_dir or None, **extra)
 
 
 def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = False, input_major: bool = False

@@ -7,22 +7,15 @@ the draft); every other logit is -inf, so the draft's distribution lives on that
 Sampling stays exact: q' is what the draft sampled from. The logits keep the target's full
 width, so nothing is remapped in the accept rule.
 
-On disk (``save_draft``)::
-
-    DIR/draft_config.json   {"kind": "specdec-draft", "target": SPEC, "layers": L, ...}
-    DIR/model.safetensors   the draft's own layer weights (fp16) + "head_token_ids" (int32)
-    DIR/MODEL_CARD.md
-
-``load_causal_lm`` delegates to :func:`load_trained_draft` for any directory holding a
-``draft_config.json``: the target named there is loaded through the normal spec machinery
-(cached GGUF conversion included) and the draft is assembled around its shared tensors.
+On disk (``save_draft``): the format of specdec/models/draft_format.py, its own layer weights keyed
+``layers.I...``. ``load_causal_lm`` (specdec/models/loader.py) loads the target named in any
+directory holding a ``draft_config.json`` through the normal spec machinery (cached GGUF conversion
+included) and assembles the draft around its shared tensors (:func:`assemble`).
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -30,29 +23,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from specdec.models.feature_draft import ARCHITECTURE as FEATURE_ARCHITECTURE, assemble_feature_draft
+from specdec.models.draft_format import (
+    HEAD_KEY, WEIGHTS, cfg_layers, init_layer_indices, read_draft_config, write_draft,
+)
 from specdec.models.layout import head_logits, input_major_head, use_input_major_linears
 
-DRAFT_CONFIG = "draft_config.json"
-WEIGHTS = "model.safetensors"
-HEAD_KEY = "head_token_ids"
 LAYER_PREFIX = "layers."
-KIND = "specdec-draft"
-FORMAT_VERSION = 1
-STORE_DTYPE = torch.float16
 SUPPORTED_MODEL_TYPES = ("llama",)
-
-
-def is_draft_dir(path: str | Path) -> bool:
-    """True for a directory holding a trained draft (a ``draft_config.json``)."""
-    return (Path(path) / DRAFT_CONFIG).is_file()
-
-
-def init_layer_indices(target_layers: int, layers: int) -> list[int]:
-    """Which target layers initialise the draft's: the first ones, and the last as the draft's last."""
-    if layers == 1:
-        return [0]
-    return list(range(layers - 1)) + [target_layers - 1]
 
 
 class DraftForCausalLM(LlamaForCausalLM):
@@ -148,11 +125,6 @@ def build_draft(target: Any, layers: int, head_ids: Sequence[int] | torch.Tensor
     return draft.eval()
 
 
-def cfg_layers(config: Any) -> int:
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return int(text.num_hidden_layers)
-
-
 def own_state_dict(draft: DraftForCausalLM) -> dict[str, torch.Tensor]:
     """Only the draft's own weights (its decoder layers), keyed layers.I...."""
     return {LAYER_PREFIX + k: v for k, v in draft.model.layers.state_dict().items()}
@@ -161,43 +133,10 @@ def own_state_dict(draft: DraftForCausalLM) -> dict[str, torch.Tensor]:
 def save_draft(directory: str | Path, draft: DraftForCausalLM, target_spec: str, meta: dict[str, Any] | None = None,
                card: str | None = None) -> Path:
     """Write draft_config.json + model.safetensors (own layers in fp16, head ids) [+ MODEL_CARD.md]."""
-    from safetensors.torch import save_file
-
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu", STORE_DTYPE).contiguous() for k, v in own_state_dict(draft).items()}
-    tensors[HEAD_KEY] = draft.head_ids.detach().to("cpu", torch.int32).contiguous()
-    tmp = out / (WEIGHTS + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": "pt", "kind": KIND})
-    tmp.replace(out / WEIGHTS)
-    config = {
-        "kind": KIND, "format_version": FORMAT_VERSION, "target": target_spec,
-        "architecture": draft.config.model_type, "layers": draft.config.num_hidden_layers,
-        "hidden_size": draft.config.hidden_size, "logits_width": draft.logits_width,
-        "head_tokens": int(draft.head_ids.numel()), "head_token_ids_file": f"{WEIGHTS}:{HEAD_KEY}",
-        "dtype": str(STORE_DTYPE).replace("torch.", ""), "shared_from_target": ["embed_tokens", "norm", "lm_head"],
-        **(meta or {}),
-    }
-    (out / DRAFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    if card is not None:
-        (out / "MODEL_CARD.md").write_text(card)
-    return out
-
-
-def read_draft_config(directory: str | Path) -> dict[str, Any]:
-    path = Path(directory) / DRAFT_CONFIG
-    config = json.loads(path.read_text())
-    if config.get("kind") != KIND:
-        raise ValueError(f"{path} is not a specdec draft (kind={config.get('kind')!r})")
-    return config
-
-
-def target_spec_of(directory: str | Path, config: dict[str, Any]) -> str:
-    """The target's spec; a relative local path is taken relative to the draft directory."""
-    spec = str(config["target"])
-    if spec.startswith(("./", "../")):
-        return str((Path(directory) / spec).resolve())
-    return spec
+    config = {"target": target_spec, "architecture": draft.config.model_type, "layers": draft.config.num_hidden_layers,
+              "hidden_size": draft.config.hidden_size, "logits_width": draft.logits_width}
+    return write_draft(directory, own_state_dict(draft), draft.head_ids, config,
+                       ["embed_tokens", "norm", "lm_head"], meta, card)
 
 
 def load_draft_weights(draft: DraftForCausalLM, directory: str | Path) -> None:
@@ -223,28 +162,3 @@ def assemble(target: Any, directory: str | Path) -> DraftForCausalLM:
     draft.to(dtype=target.dtype)
     draft.refresh_head()
     return draft.eval()
-
-
-def load_trained_draft(directory: str | Path, cfg: Any = None) -> Any:
-    """Load the target named in DIR/draft_config.json (normal spec machinery) and assemble the draft.
-
-    Returns a LoadedModel whose tokenizer is the target's.
-    """
-    from specdec.models.loader import LoadConfig, LoadedModel, load_causal_lm
-    from specdec.models.spec import ModelLoadError, ModelSpec, SOURCE_LOCAL
-
-    started = time.perf_counter()
-    directory = Path(directory)
-    try:
-        config = read_draft_config(directory)
-        target = load_causal_lm(target_spec_of(directory, config), cfg or LoadConfig())
-        if config.get("architecture") == FEATURE_ARCHITECTURE:
-            draft = assemble_feature_draft(target.model, directory)
-        else:
-            draft = assemble(target.model, directory)
-    except ModelLoadError:
-        raise
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise ModelLoadError(f"cannot load the draft in {directory}: {str(exc).splitlines()[0]}") from exc
-    spec = ModelSpec(source=SOURCE_LOCAL, name=str(directory))
-    return LoadedModel(draft, target.tokenizer, spec, str(spec), time.perf_counter() - started, target.from_cache)

@@ -24,12 +24,14 @@ fc, its decoder layer and its final norm (fp16) and the head token ids.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaModel
 
+from specdec.models.draft_format import HEAD_KEY, WEIGHTS, cfg_layers, init_layer_indices, read_draft_config, write_draft
 from specdec.models.layout import head_logits, input_major_head, use_input_major_linears
 
 ARCHITECTURE = "eagle"
@@ -108,8 +110,6 @@ class FeatureDraftModel(nn.Module):
         """Start as the token-only draft of specdec/models/draft_model.py: layers copied from the
         target's (its first ones and its last), the target's final norm, and fc passing the token
         embedding through with the feature weighted 0 (training learns how much of f to take)."""
-        from specdec.models.draft_model import cfg_layers, init_layer_indices
-
         for mine, theirs in zip(self.layers, init_layer_indices(cfg_layers(target.config), len(self.layers))):
             mine.load_state_dict(target.model.layers[theirs].state_dict())
         self.model.norm.load_state_dict(target.model.norm.state_dict())
@@ -171,43 +171,19 @@ def build_feature_draft(target: Any, head_ids: Sequence[int] | torch.Tensor | No
     return draft
 
 
-def save_feature_draft(directory: Any, draft: FeatureDraftModel, target_spec: str, meta: dict | None = None,
-                       card: str | None = None) -> Any:
+def save_feature_draft(directory: str | Path, draft: FeatureDraftModel, target_spec: str,
+                       meta: dict[str, Any] | None = None, card: str | None = None) -> Path:
     """Write draft_config.json (architecture "eagle") + model.safetensors (own weights fp16, head ids)."""
-    import json
-    from pathlib import Path
-
-    from safetensors.torch import save_file
-
-    from specdec.models.draft_model import DRAFT_CONFIG, FORMAT_VERSION, HEAD_KEY, KIND, STORE_DTYPE, WEIGHTS
-
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu", STORE_DTYPE).contiguous() for k, v in draft.own_state_dict().items()}
-    tensors[HEAD_KEY] = draft.head_ids.detach().to("cpu", torch.int32).contiguous()
-    tmp = out / (WEIGHTS + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": "pt", "kind": KIND})
-    tmp.replace(out / WEIGHTS)
-    config = {
-        "kind": KIND, "format_version": FORMAT_VERSION, "target": target_spec, "architecture": ARCHITECTURE,
-        "feature": FEATURE, "layers": draft.config.num_hidden_layers, "hidden_size": draft.config.hidden_size, "logits_width": draft.logits_width,
-        "head_tokens": int(draft.head_ids.numel()), "head_token_ids_file": f"{WEIGHTS}:{HEAD_KEY}",
-        "dtype": str(STORE_DTYPE).replace("torch.", ""), "shared_from_target": ["embed_tokens", "lm_head"],
-        **(meta or {}),
-    }
-    (out / DRAFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    if card is not None:
-        (out / "MODEL_CARD.md").write_text(card)
-    return out
+    config = {"target": target_spec, "architecture": ARCHITECTURE, "feature": FEATURE,
+              "layers": draft.config.num_hidden_layers, "hidden_size": draft.config.hidden_size,
+              "logits_width": draft.logits_width}
+    return write_draft(directory, draft.own_state_dict(), draft.head_ids, config, ["embed_tokens", "lm_head"],
+                       meta, card)
 
 
-def assemble_feature_draft(target: Any, directory: Any) -> FeatureDraftModel:
+def assemble_feature_draft(target: Any, directory: str | Path) -> FeatureDraftModel:
     """Build the feature draft stored in `directory` around an already loaded target."""
-    from pathlib import Path
-
     from safetensors.torch import load_file
-
-    from specdec.models.draft_model import HEAD_KEY, WEIGHTS, read_draft_config
 
     tensors = load_file(str(Path(directory) / WEIGHTS))
     head_ids = tensors.pop(HEAD_KEY).long()

@@ -13,7 +13,7 @@ from specdec.cli import main
 from specdec.config import ModelServiceConfig
 from specdec.distill.corpus import is_held_out
 from specdec.engine.loading import load_draft
-from specdec.models.draft_model import is_draft_dir
+from specdec.models.draft_format import is_draft_dir
 from specdec.v1 import orchestrator_pb2 as pb
 from tests.prompts import IDENTITY_PROMPTS
 from tests.support import InProcessStack, make_tiny_pair, target_greedy

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from specdec.models import loader
+from specdec.models import gguf_cache
+from specdec.models.resolve import embedded_gguf_path
 from specdec.models.loader import LoadConfig, LoadedModel, load_causal_lm, load_tokenizer
 from specdec.models.tiny import build_tiny_causal_lm, save_tiny_pair
 from specdec.models.tokenizer_info import (
@@ -73,9 +74,9 @@ def test_converted_cache_written_and_reused(cfg: LoadConfig, loads: tuple[Loaded
     assert first.model_id == second.model_id == "embedded:smollm2"
     converted = list((cfg.cache_root() / "converted").iterdir())
     dirs = [p for p in converted if p.is_dir()]
-    assert len(dirs) == 1 and len(dirs[0].name) == loader.HASH_PREFIX_HEX
-    assert not [p for p in converted if p.name.startswith(loader.TMP_PREFIX)]
-    marker = json.loads((dirs[0] / loader.CONVERSION_MARKER).read_text())
+    assert len(dirs) == 1 and len(dirs[0].name) == gguf_cache.HASH_PREFIX_HEX
+    assert not [p for p in converted if p.name.startswith(gguf_cache.TMP_PREFIX)]
+    marker = json.loads((dirs[0] / gguf_cache.CONVERSION_MARKER).read_text())
     assert marker["sha256"].startswith(dirs[0].name)
     assert (dirs[0] / "config.json").is_file() and (dirs[0] / "tokenizer.json").is_file()
     state_a, state_b = first.model.state_dict(), second.model.state_dict()
@@ -114,7 +115,7 @@ def test_tokenizer_only_load_matches_gguf(cfg: LoadConfig, loads: tuple[LoadedMo
     """load_tokenizer (converted copy) and the GGUF's own tokenizer have the same fingerprint."""
     from transformers import AutoTokenizer
 
-    gguf = loader.embedded_gguf_path("smollm2")
+    gguf = embedded_gguf_path("smollm2")
     raw = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
     fast = load_tokenizer("embedded", cfg)
     assert tokenizer_fingerprint(raw) == tokenizer_fingerprint(fast) == tokenizer_fingerprint(loads[0].tokenizer)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from specdec.engine.draft import NgramDraft
+from specdec.core.ngram import NgramProposer
 from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import target_pb2
@@ -147,7 +147,7 @@ def test_combined_draft_mixes_lookup_and_model_rounds_and_matches_target(stack, 
     eos = sorted(stack.deps.eos_ids)
     repeated = [f"{p} {p}" for p in IDENTITY_PROMPTS[:4]]  # the tail occurred before: round 1 has a lookup hit
     try:
-        for local in (None, NgramDraft(2, 4)):
+        for local in (None, NgramProposer(2, 4)):
             stack.deps.runner.local_ngram = local
             kinds: dict[str, int] = {}
             for prompt in IDENTITY_PROMPTS + repeated:

@@ -12,7 +12,7 @@ import time
 import grpc
 import pytest
 
-from orchestrator.session_store import StoreUnavailable
+from orchestrator.session_types import StoreUnavailable
 from specdec.v1 import orchestrator_pb2 as pb
 from tests.prompts import IDENTITY_PROMPTS
 from tests.support import tiny_stack

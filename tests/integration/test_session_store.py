@@ -12,18 +12,17 @@ from typing import Any, Awaitable, Callable, Iterator
 import pytest
 import redis.asyncio as aioredis
 
-from orchestrator.session_store import (
+from orchestrator.session_store import SessionStore, open_redis
+from orchestrator.session_types import (
     ID_BYTES,
     LeaseLost,
     SessionBusy,
     SessionExists,
     SessionNotFound,
-    SessionStore,
     StoreUnavailable,
     VersionConflict,
     Written,
     encode_ids,
-    open_redis,
 )
 from specdec.redis_server import EmbeddedRedis
 

@@ -15,7 +15,7 @@ import torch
 from specdec.distill.corpus import build_corpus
 from specdec.distill.data import chat_ids
 from specdec.distill.evaluate import evaluate
-from specdec.models.draft_model import read_draft_config
+from specdec.models.draft_format import read_draft_config
 from specdec.models.loader import load_causal_lm
 from specdec.models.spec import EMBEDDED_DRAFTS, SHIPPED_DRAFTS_DIR, parse_model_spec
 from specdec.v1 import orchestrator_pb2 as pb

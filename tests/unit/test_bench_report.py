@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from specdec.bench import report
-from specdec.bench.runner import Config, Prompt, RunRecord, first_divergence, make_configs
+from specdec.bench.identity import first_divergence
+from specdec.bench.plan import Config, Prompt, RunRecord, make_configs
 
 VERIFY = {"context_tokens": 300, "reps": 1, "threads": 1, "ms": {"1": 40.0, "2": 50.0, "3": 60.0, "4": 64.0, "5": 68.0},
           "ratio": {"1": 1.0, "2": 1.25, "3": 1.5, "4": 1.6, "5": 1.7}, "spread_ms": {},

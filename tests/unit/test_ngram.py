@@ -72,4 +72,19 @@ def test_the_draft_refuses_an_unknown_preference_when_it_is_built():
 
     with pytest.raises(ValueError, match="SPECDEC_NGRAM_PREFER"):
         NgramDraft(1, 4, prefer="newest")
-    assert NgramDraft(1, 4, prefer="recent").prefer == "recent"
+    assert NgramDraft(1, 4, prefer="recent").lookup.prefer == "recent"
+
+
+def test_the_core_proposer_applies_its_settings_and_per_call_sizes():
+    """NgramProposer (what the orchestrator runs in-process): configured sizes, a per-call override."""
+    from specdec.core.ngram import NgramProposer
+
+    context = [1, 2, 3, 9, 1, 2, 3, 7, 5, 3]      # tail "3" occurred at 2 (then 9) and at 6 (then 7)
+    assert NgramProposer(1, 4).propose(context, 2) == [9, 1]
+    assert NgramProposer(1, 4, prefer="recent").propose(context, 2) == [7, 5]
+    assert NgramProposer(2, 4).propose(context, 2) == [] and not NgramProposer(2, 4).has_match(context)
+    assert NgramProposer(2, 4).propose(context, 2, min_n=1) == [9, 1] and NgramProposer(1, 4).has_match(context)
+    with pytest.raises(ValueError, match="SPECDEC_NGRAM_PREFER"):
+        NgramProposer(1, 4, prefer="newest")
+    with pytest.raises(ValueError, match="min_n"):
+        NgramProposer(3, 2)

@@ -1,0 +1,52 @@
+"""The machine a bench ran on (CPU, cores, memory, library versions, load) and peak memory of processes."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+    import transformers
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    from specdec.launcher import usable_cores
+
+    usable = usable_cores()
+    mem = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return {"cpu_model": cpu, "cores": os.cpu_count(), "usable_cores": usable, "memory_bytes": mem,
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "platform": platform.platform(),
+            "load_avg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+
+
+def peak_rss_bytes(pid: int) -> dict[str, Any]:
+    """Peak resident memory of a process: VmHWM from /proc (psutil has no peak on Linux)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return {"bytes": int(line.split()[1]) * 1024, "source": "VmHWM"}
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        return {"bytes": psutil.Process(pid).memory_info().rss, "source": "psutil rss (current, not peak)"}
+    except Exception:  # noqa: BLE001 - best effort
+        return {"bytes": None, "source": "unavailable"}

@@ -1,0 +1,125 @@
+"""What `specdec bench` compares: the configurations (:class:`Config`), the prompts (:class:`Prompt`,
+bench/prompts/NAME.jsonl), the settings of a run (:class:`BenchArgs`) and one measured generation
+(:class:`RunRecord`). Shared by the runner, the identity check, the report and `specdec bench-concurrency`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROMPT_SETS = ("grounded", "open")
+VERIFY_CONTEXT_TOKENS = 300
+PROMPTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "prompts"
+
+K0, KDEF, ADAPTIVE, HF_TARGET, HF_ASSISTED = "k0", "kdefault", "adaptive", "hf_target", "hf_assisted"
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration of the comparison."""
+
+    name: str
+    kind: str                 # "stack" | "hf"
+    k: int | None = None      # stack: None = the server default; with adaptive: the cap
+    assisted: bool = False    # hf: assisted generation (d) instead of target-only (c)
+    adaptive: bool = False    # stack: adaptive_k (each round picks k in [0, k])
+
+    def label(self, default_k: int) -> str:
+        if self.kind == "hf":
+            return "HF assisted" if self.assisted else "HF target-only"
+        if self.adaptive:
+            return f"ours adaptive k<={self.k}"
+        return f"ours k unset (default {default_k})" if self.k is None else f"ours k={self.k}"
+
+
+def adaptive_supported() -> bool:
+    """True when the protocol has GenerateRequest.adaptive_k."""
+    from specdec.v1 import orchestrator_pb2 as pb
+
+    return "adaptive_k" in pb.GenerateRequest.DESCRIPTOR.fields_by_name
+
+
+def make_configs(ks: list[int], with_default: bool = True, with_hf: bool = True,
+                 adaptive_cap: int = 0) -> list[Config]:
+    configs = [Config(K0, "stack", 0)] + [Config(f"k{k}", "stack", k) for k in ks if k != 0]
+    if with_default:
+        configs.append(Config(KDEF, "stack", None))
+    if adaptive_cap > 0:
+        configs.append(Config(ADAPTIVE, "stack", adaptive_cap, adaptive=True))
+    if with_hf:
+        configs += [Config(HF_TARGET, "hf"), Config(HF_ASSISTED, "hf", assisted=True)]
+    return configs
+
+
+@dataclass
+class Prompt:
+    set: str
+    id: str
+    user: str
+    ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RunRecord:
+    """One generation: what the bench measured from outside plus what the stack reported."""
+
+    set: str
+    prompt: str
+    config: str
+    repeat: int
+    tokens: list[int]
+    wall_s: float
+    arrivals: list[tuple[float, int]]            # (seconds since the request, tokens in the chunk)
+    stats: dict[str, Any] = field(default_factory=dict)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    memory: dict[str, Any] = field(default_factory=dict)
+
+    def compact(self) -> dict[str, Any]:
+        """The per-run row of the JSON (token ids left out; their identity is reported separately)."""
+        return {"set": self.set, "prompt": self.prompt, "config": self.config, "repeat": self.repeat,
+                "tokens": len(self.tokens), "wall_s": round(self.wall_s, 4),
+                "ttft_ms": round(self.arrivals[0][0] * 1000, 2) if self.arrivals else None,
+                **({"rounds": len(self.rounds)} if self.rounds else {}),
+                **({k: self.stats[k] for k in ("draft_ms", "target_ms", "overhead_ms", "accepted_tokens",
+                                                "draft_tokens") if k in self.stats})}
+
+
+def load_prompts(names: list[str], per_set: int, prompts_dir: Path = PROMPTS_DIR) -> list[Prompt]:
+    out = []
+    for name in names:
+        path = prompts_dir / f"{name}.jsonl"
+        if not path.is_file():
+            raise SystemExit(f"specdec bench: no prompt set {name!r} ({path} missing)")
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        out += [Prompt(name, r["id"], r["user"]) for r in rows[:per_set or None]]
+    return out
+
+
+@dataclass
+class BenchArgs:
+    prompts: list[str]
+    ks: list[int]
+    max_new_tokens: int
+    repeats: int
+    threads: int
+    prompts_per_set: int
+    out: str
+    plot: str
+    target_model: str = "embedded"
+    draft_kind: str = "ngram"
+    draft_model: str = ""
+    hf_lookup_tokens: int = 10
+    hf_ngram_size: int = 2
+    with_default_k: bool = True
+    with_hf: bool = True
+    with_adaptive: bool = True
+    adaptive_cap: int = 0                 # 0: the largest k of the sweep
+    verify_context: int = VERIFY_CONTEXT_TOKENS
+    verify_reps: int = 7
+    quick: bool = False
+    dtype: str = "float32"                # of the target (and model draft) in the services and in HF
+    progress: bool = True
+    prompts_dir: str = str(PROMPTS_DIR)
