@@ -45,6 +45,10 @@ def test_every_code_block_is_runnable_or_marked() -> None:
                     assert line.startswith(RUNNABLE_COMMANDS), (
                         f"README line {b.line}: {line!r} runs something the README test cannot run against "
                         f"one `specdec up` stack; mark the block <!-- not run: reason -->")
+                if "specdec generate" in line:
+                    assert "--address 127.0.0.1:50050" in line, (
+                        f"README line {b.line}: the test swaps the README's address for its stack's; a default "
+                        f"address would reach whatever listens on the default port")
 
 
 def test_exactly_one_block_starts_the_stack() -> None:
