@@ -75,6 +75,13 @@ def test_performance_table_has_rows_from_the_latest_bench() -> None:
     assert not re.search(r"\bwas\b|\bprevious\b", section(TEXT, PERF_HEADING)), "no history in the README"
 
 
+def test_no_speed_figures_outside_the_table() -> None:
+    """Speed figures live in the one table, where they are checked; the README quotes none elsewhere."""
+    table = "\n".join(ln for ln in section(TEXT, PERF_HEADING).splitlines() if ln.startswith("|"))
+    rest = TEXT.replace(table, "")
+    assert not re.findall(r"\d\s*(?:×|x\b|tok/s|tokens/s|ms\b)", rest)
+
+
 def _numeric_cells(text: str) -> list[tuple[int, str]]:
     """(row index, cell text) of every number in the performance table."""
     rows = table_rows(section(text, PERF_HEADING))
