@@ -131,7 +131,16 @@ def test_relative_links_resolve(doc) -> None:
     for target in MARKDOWN_LINK.findall(doc.read_text()):
         if target.startswith(("http://", "https://", "mailto:", "#")):
             continue
-        path = target.split("#")[0]
-        if not (doc.parent / path).exists():
+        path, _, anchor = target.partition("#")
+        file = doc.parent / path if path else doc
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in _anchors(file.read_text()):
             broken.append(target)
     assert broken == []
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation but '-' and '_' dropped, spaces to '-'."""
+    headings = re.findall(r"^#{1,6} (.+)$", markdown, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
