@@ -1,8 +1,9 @@
 """Every README code block without a `<!-- not run: reason -->` marker runs, as written, against ONE
 stack started by the README's own `specdec up` line (only its ports are swapped for free ones).
 
-The blocks run in README order in a shell from the repository root; each must exit 0, print
-something and print no traceback. Curl answers must be OpenAI-shaped JSON.
+The blocks run in README order from the repository root, a bash block command by command (each in
+`bash -e -o pipefail`), a python block as one script; each must exit 0, print something and print
+no traceback. Curl answers must be OpenAI-shaped JSON.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 import pytest
 
 from specdec.redis_server import free_port
-from tests.readme_support import HTTP_ADDRESS, ORCH_ADDRESS, README, ROOT, code_blocks
+from tests.readme_support import HTTP_ADDRESS, ORCH_ADDRESS, README, ROOT, Block, code_blocks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -30,6 +31,24 @@ STOP_TIMEOUT_S = 30.0
 BLOCKS = [b for b in code_blocks(README.read_text()) if b.not_run is None and b.lang in ("bash", "python")]
 UP = next(b for b in BLOCKS if "specdec up" in b.code)
 RUN = [b for b in BLOCKS if b is not UP]
+
+
+def _commands(block: Block) -> list[Block]:
+    """A bash block split into its commands (continuation lines joined): one test each, so no test
+    waits for several generations; the README's run blocks share no shell state (test_readme.py)."""
+    if block.lang != "bash":
+        return [block]
+    out, current = [], ""
+    for line in block.code.splitlines():
+        current += line + "\n"
+        if not line.rstrip().endswith("\\"):
+            if current.strip() and not current.lstrip().startswith("#"):
+                out.append(Block(block.lang, current.rstrip(), block.line, None))
+            current = ""
+    return out
+
+
+CASES = [(c, n) for b in RUN for n, c in enumerate(_commands(b), 1)]
 
 
 def _local(code: str, orch_port: int, http_port: int) -> str:
@@ -82,7 +101,7 @@ def _run(block, orch_port: int, http_port: int) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
 
 
-@pytest.mark.parametrize("block", RUN, ids=[f"line{b.line}-{b.lang}" for b in RUN])
+@pytest.mark.parametrize("block", [c for c, _ in CASES], ids=[f"line{c.line}-{c.lang}-{n}" for c, n in CASES])
 def test_readme_block_runs(stack, block) -> None:
     done = _run(block, *stack)
     report = f"README line {block.line}:\n{block.code}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"

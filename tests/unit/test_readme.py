@@ -23,7 +23,8 @@ from tests.readme_support import (
 
 TEXT = README.read_text()
 RUNNABLE_LANGS = ("bash", "python")
-#: commands a README block may run against the stack (anything else needs a `not run` marker).
+#: commands a README bash block may run against the stack (anything else needs a `not run` marker);
+#: none sets shell state, so tests/integration/test_readme_blocks.py runs them one by one.
 RUNNABLE_COMMANDS = (".venv/bin/specdec", ".venv/bin/python", "curl")
 MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
