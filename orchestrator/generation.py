@@ -12,7 +12,7 @@ Rounds are pipelined: round r+1 starts (1-2) as soon as round r's tokens are kno
 (3-4) and runs while round r's tokens are stored (5) and streamed (6); a chunk never
 leaves before its tokens are in Redis.
 
-Reliability (see the README's Reliability section):
+Reliability (see docs/reliability.md):
   * Lease: the orchestrator holds the session's lease (LeaseConfig.seconds, default 6 s)
     while it generates and renews it every seconds/3 from a background task. Every write
     (append, truncate, finish) is checked against the lease and the session version in

@@ -11,7 +11,7 @@ synchronised around each pass.
     python scripts/verify_cost.py --shapes tiny --device cpu --n-max 3     # a smoke run anywhere
 
 Absolute times hold only for the machine that ran it; v(n)/v(1) is what bounds the speed-up
-(README, Performance: bound = accepted tokens per round / (k*c + v(k+1))).
+(bench/README.md, `bound`: bound = accepted tokens per round / (k*c + v(k+1))).
 """
 
 from __future__ import annotations

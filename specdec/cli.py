@@ -113,6 +113,9 @@ def _up_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads per model service (0: every core for the target with the n-gram draft, "
                         "half of them each with a model draft)")
+    p.add_argument("--port", type=int, default=0,
+                   help=f"orchestrator gRPC port (0: a free one; {DEFAULT_ORCHESTRATOR_PORT} is where "
+                        f"`specdec generate` looks by default)")
     p.add_argument("--http-port", type=int, default=0, help="port of the OpenAI-compatible HTTP API (0: a free one)")
     p.add_argument("--no-http", action="store_true", help="do not start the HTTP gateway")
 
@@ -129,7 +132,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         draft_model = SHIPPED_EMBEDDED_DRAFT  # the trained draft shipped for the embedded target
     cfg = StackConfig(target_model=args.target_model, draft_model=draft_model, draft_kind=args.draft_kind,
                       draft_replicas=args.draft_replicas, target_replicas=args.target_replicas,
-                      redis_url=args.redis_url, threads=args.threads or default_threads(args.draft_kind))
+                      redis_url=args.redis_url, threads=args.threads or default_threads(args.draft_kind),
+                      orchestrator_port=args.port)
     stack = LocalStack(cfg)
     print("starting Redis, draft, target and orchestrator (the first model load converts the GGUF, ~1 min)...")
     try:

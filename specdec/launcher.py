@@ -62,6 +62,7 @@ class StackConfig:
     max_batch: int = 0                   # target sessions per forward pass; 0: the service's default
     dtype: str = ""                      # model services' weights dtype; "": the services' default (auto)
     max_concurrent: int = 0              # 0: the orchestrator's default
+    orchestrator_port: int = 0           # 0: a free port
     log_dir: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
     orchestrator_args: list[str] = field(default_factory=list)
@@ -170,7 +171,7 @@ class LocalStack:
             self.redis_url = self.redis.url
         self.targets = [self.start_target() for _ in range(self.cfg.target_replicas)]
         self.drafts = [self.start_draft() for _ in range(self.cfg.draft_replicas)]
-        self.orchestrator = self.start_orchestrator()
+        self.orchestrator = self.start_orchestrator(port=self.cfg.orchestrator_port or None)
         for proc in self.procs:
             self.wait_ready(proc)
         self.wait_connected(self.orchestrator, self.targets + self.drafts)

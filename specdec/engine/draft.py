@@ -103,7 +103,7 @@ class CombinedDraft:
 
     On held-out chat answers of SmolLM2 with the shipped draft (k = 4, greedy) this lifts the mean
     accepted length from 1.52 (model alone) to 1.78: answers repeat their own phrases, and a lookup hit
-    is accepted deep (README, "Combined draft"). The choice depends on the context only, never on a
+    is accepted deep (docs/drafts.md, "Combined draft"). The choice depends on the context only, never on a
     random draw, so sampling stays exact (an n-gram proposal is a point mass q). The model's session
     cache simply lags through lookup rounds and catches up on its next proposal (longest common prefix).
     """
