@@ -157,9 +157,14 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
 
 
 async def _body(request: web.Request) -> Any:
+    raw = await request.read()  # over GatewayConfig.max_body_bytes: HTTPRequestEntityTooLarge -> 413
     try:
-        return await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+        return json.loads(raw.decode("utf-8"))  # JSON is UTF-8 (RFC 8259), whatever charset the header names
+    except UnicodeDecodeError:
+        raise schema.bad_request("the request body is not valid UTF-8") from None
+    except RecursionError:
+        raise schema.bad_request("the request body is nested too deeply") from None
+    except ValueError:  # json.JSONDecodeError too
         raise schema.bad_request("the request body is not valid JSON") from None
 
 

@@ -21,7 +21,11 @@ from typing import Any
 
 import grpc
 
+from specdec.errors import IDEMPOTENCY_KEY_REUSED, REQUEST_IN_PROGRESS
 from specdec.v1 import orchestrator_pb2 as pb
+
+from http_gateway import validation
+from http_gateway.validation import BadField, assign
 
 MODEL_ALIAS = "specdec"
 SESSION_HEADER = "X-Specdec-Session"
@@ -54,9 +58,13 @@ _EXT_REQUEST = {"k": int, "draft_kind": str, "trace": bool, "session_id": str, "
                 "request_id": str, "resume_offset": int, "ignore_eos": bool, "min_tokens": int,
                 "max_rounds": int, "add_generation_prompt": bool}
 _EXT_SAMPLING = {"top_k": int, "repetition_penalty": float, "draft_top_n": int}
-# Top-level OpenAI fields we map (others are ignored: OpenAI clients send many optional ones).
+# Top-level OpenAI fields we map (others are ignored: OpenAI clients send many optional ones,
+# except the features of http_gateway/validation.UNSUPPORTED, which are refused).
 _SAMPLING_TOP = {"temperature": float, "top_p": float, "seed": int, "frequency_penalty": float,
                  "presence_penalty": float}
+# vLLM's top-level extras (vLLM and SGLang clients send them): the extension's fields of the same name.
+VLLM_EXTRAS = ("top_k", "min_tokens", "ignore_eos", "repetition_penalty")
+TOP_K_OFF_VLLM = -1  # vLLM's "top_k disabled"; ours is 0
 
 
 class ApiError(Exception):
@@ -81,6 +89,9 @@ def from_grpc(code: grpc.StatusCode, details: str) -> ApiError:
     err_code = code.name.lower() if code is not None else "internal"
     if code == grpc.StatusCode.NOT_FOUND and "session" in (details or ""):
         err_code = "session_not_found"
+    for marker in (IDEMPOTENCY_KEY_REUSED, REQUEST_IN_PROGRESS):
+        if marker in (details or ""):
+            err_code = marker
     return ApiError(status, details or code.name, type_, None, err_code)
 
 
@@ -188,6 +199,15 @@ def parse_request(body: Any, *, chat: bool, session_header: str | None = None) -
     """
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    try:
+        validation.check_strings(body)
+        validation.check_unsupported(body)
+        return _parse(body, chat, session_header)
+    except BadField as exc:
+        raise bad_request(str(exc), exc.param) from None
+
+
+def _parse(body: dict[str, Any], chat: bool, session_header: str | None) -> Parsed:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("'model' must be a string", "model")
@@ -205,21 +225,17 @@ def parse_request(body: Any, *, chat: bool, session_header: str | None = None) -
     if chat and max_tokens is None:
         max_tokens = _typed(body, "max_completion_tokens", int)
     if max_tokens is not None:
-        req.max_new_tokens = max_tokens
+        assign(req, "max_new_tokens", max_tokens, "max_completion_tokens" if body.get("max_tokens") is None else "max_tokens")
     for name, kind in _SAMPLING_TOP.items():
         value = _typed(body, name, kind)
         if value is not None:
-            if name == "seed" and value < 0:
-                raise bad_request("'seed' must be >= 0", "seed")
-            setattr(req.sampling, name, value)
+            assign(req.sampling, name, value, name)
 
     logprobs = _logprobs(body, chat)
     if logprobs is not None:
-        req.logprobs = logprobs
+        assign(req, "logprobs", logprobs, "top_logprobs" if chat else "logprobs")
 
-    ext = body.get("specdec")
-    if ext is not None:
-        _apply_extension(req, ext)
+    _apply_extension(req, body.get("specdec"), body)
     if session_header:
         if req.HasField("session_id") and req.session_id != session_header:
             raise bad_request(f"header {SESSION_HEADER} and specdec.session_id differ", "specdec.session_id")
@@ -259,7 +275,11 @@ def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
     return value
 
 
-def _apply_extension(req: pb.GenerateRequest, ext: Any) -> None:
+def _apply_extension(req: pb.GenerateRequest, ext: Any, body: dict[str, Any]) -> None:
+    """The "specdec" object, and vLLM's top-level extras (VLLM_EXTRAS): one field given in both
+    places must have the same value."""
+    if ext is None:
+        ext = {}
     if not isinstance(ext, dict):
         raise bad_request("'specdec' must be an object", "specdec")
     unknown = sorted(set(ext) - set(_EXT_REQUEST) - set(_EXT_SAMPLING))
@@ -270,8 +290,15 @@ def _apply_extension(req: pb.GenerateRequest, ext: Any) -> None:
     for table, target in ((_EXT_REQUEST, req), (_EXT_SAMPLING, req.sampling)):
         for name, kind in table.items():
             value = _typed(ext, name, kind, "specdec.")
+            param = f"specdec.{name}"
+            if name in VLLM_EXTRAS and body.get(name) is not None:
+                top = _typed(body, name, kind)
+                if value is not None and top != value:
+                    raise bad_request(f"'{name}' ({top!r}) and 'specdec.{name}' ({value!r}) differ; give one",
+                                      name)
+                value, param = top, name
             if value is not None:
-                setattr(target, name, value)
+                assign(target, name, 0 if name == "top_k" and value == TOP_K_OFF_VLLM else value, param)
 
 
 def model_matches(requested: str, served: str) -> bool:

@@ -60,6 +60,7 @@ from specdec.v1 import orchestrator_pb2 as pb
 from orchestrator.adaptive import AcceptanceTracker, CostModel, choose_k
 from orchestrator.detokenize import IncrementalDetokenizer
 from orchestrator.features import HiddenRelay
+from orchestrator.idempotency import FINGERPRINT, RunningRequests, check_reuse, request_fingerprint
 from orchestrator.lease import SessionLease, store_errors
 from orchestrator.prompting import Message, Prompter
 from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner
@@ -95,6 +96,7 @@ class Deps:
     model_name: str
     metrics: OrchestratorMetrics = field(default_factory=OrchestratorMetrics)
     costs: CostModel = field(default_factory=CostModel)   # measured draft/verify costs, shared by sessions
+    running: RunningRequests = field(default_factory=RunningRequests)  # requests generating in this process
 
 
 @dataclass
@@ -126,6 +128,7 @@ class Generation:
         self.session_id = request.session_id if request.HasField("session_id") else uuid.uuid4().hex
         self.lease = SessionLease(deps.store, self.session_id, deps.owner, deps.cfg.lease)
         self.request_id = request.request_id if request.HasField("request_id") else uuid.uuid4().hex
+        self.fingerprint = request_fingerprint(request, self.params)   # orchestrator/idempotency.py
         self.stats = StatsCollector()
         self.acceptance: dict[str, AcceptanceTracker] = {}   # per proposer (orchestrator/adaptive.py)
         self.relay = HiddenRelay()          # the target's hidden states on their way to a feature draft
@@ -164,11 +167,13 @@ class Generation:
         existing = await d.store.get(self.session_id) if req.HasField("session_id") else None
         if existing is None and req.HasField("session_id") and not field_or_default(req, "create_session"):
             raise NotFound(f"session {self.session_id!r} does not exist; pass create_session=true to create it")
+        check_reuse(existing, self.session_id, self.request_id, self.fingerprint)
         turn = self._turn_ids(existing)
         resuming = existing is not None and existing.request_id == self.request_id
         if not resuming:
             self._check_lengths((len(existing.ids) if existing else 0) + len(turn))
         session = await self._begin_request(turn, existing is None, resuming)
+        check_reuse(session, self.session_id, self.request_id, self.fingerprint)  # a race with the first read
         self._keep_seed_of(session)
         prompt_len = len(session.ids) - len(session.completion_ids)
         state = State(session, list(session.ids), session.version, prompt_len, list(session.completion_ids))
@@ -190,7 +195,8 @@ class Generation:
         give_up = time.monotonic() + d.cfg.lease.takeover_wait_s
         if self.deadline is not None:
             give_up = min(give_up, self.deadline)
-        params = {"k": self.params.k, "max_new_tokens": self.params.max_new_tokens, "seed": self.params.sampling.seed}
+        params = {"k": self.params.k, "max_new_tokens": self.params.max_new_tokens, "seed": self.params.sampling.seed,
+                  FINGERPRINT: self.fingerprint}
         while True:
             try:
                 session, _ = await d.store.begin_request(

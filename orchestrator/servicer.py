@@ -90,8 +90,19 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         if problem is not None:
             raise problem
         generation = Generation(self.deps, request, client_deadline(context))  # INVALID_ARGUMENT before admission
-        self.admission.enter()
+        # the same idempotency key generating here already: refused (orchestrator/idempotency.py)
+        self.deps.running.enter(generation.session_id, generation.request_id, generation.fingerprint)
+        try:
+            self.admission.enter()
+        except BaseException:
+            self._leave(generation, admitted=False)
+            raise
         return generation
+
+    def _leave(self, generation: Generation, admitted: bool = True) -> None:
+        self.deps.running.leave(generation.session_id, generation.request_id)
+        if admitted:
+            self.admission.leave()
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         generation = await self._start(request, context)
@@ -99,7 +110,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             async for _ in generation.chunks():
                 pass
         finally:
-            self.admission.leave()
+            self._leave(generation)
         return generation.response()
 
     async def GenerateStream(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
@@ -108,7 +119,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             async for chunk in generation.chunks():
                 yield chunk
         finally:
-            self.admission.leave()
+            self._leave(generation)
 
     async def GetSession(self, request: pb.SessionRequest, context: Any) -> pb.SessionInfo:
         check_id("session_id", request.session_id, self.deps.cfg.limits.max_id_chars)

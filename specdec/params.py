@@ -105,13 +105,14 @@ def resolve_generation(request: Any, limits: Limits) -> GenerationParams:
         raise InvalidArgument(f"k must be in [0, {limits.max_k}] (0 = target-only), got {k}")
     draft_kind = get("draft_kind")
     if draft_kind not in DRAFT_KINDS:
-        raise InvalidArgument(f"draft_kind must be one of 'model', 'ngram' or unset, got {draft_kind!r}")
+        kinds = ", ".join(repr(kind) for kind in DRAFT_KINDS if kind)
+        raise InvalidArgument(f"draft_kind must be one of {kinds} or unset, got {draft_kind!r}")
     stop = tuple(request.stop)
     _validate_stops(stop, limits)
     min_tokens, logprobs = get("min_tokens"), get("logprobs")
     if min_tokens < 0 or min_tokens > max_new:
         raise InvalidArgument(f"min_tokens must be in [0, max_new_tokens={max_new}], got {min_tokens}")
-    if not -1 <= logprobs <= limits.max_logprobs:
+    if request.HasField("logprobs") and not 0 <= logprobs <= limits.max_logprobs:  # unset = -1 = none
         raise InvalidArgument(f"logprobs must be in [0, {limits.max_logprobs}], got {logprobs}")
     max_rounds = get("max_rounds")
     if max_rounds < 0:
