@@ -36,6 +36,10 @@ PENALTY_OFF = 1.0
 ADDITIVE_PENALTY_OFF = 0.0
 DEFAULT_DRAFT_TOP_N = 16
 GREEDY_TOP_K = 1
+# Penalty ranges: OpenAI's (and vLLM's) [-2, 2] for the additive ones; the repetition penalty divides
+# (or multiplies) logits, so it is kept where float32 scores cannot overflow to inf.
+ADDITIVE_PENALTY_RANGE = (-2.0, 2.0)
+REPETITION_PENALTY_RANGE = (1e-2, 1e2)
 
 SEED_DIGEST_BYTES = 8
 SEED_BITS = 63
@@ -102,10 +106,15 @@ class SamplingConfig:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if self.draft_top_n < 1:
             raise ValueError(f"draft_top_n must be >= 1, got {self.draft_top_n}")
-        if self.repetition_penalty <= 0:
+        low, high = REPETITION_PENALTY_RANGE
+        if not low <= self.repetition_penalty <= high:
             raise ValueError(
-                f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}"
+                f"repetition_penalty must be in [{low}, {high}] (1 disables it), got {self.repetition_penalty}"
             )
+        low, high = ADDITIVE_PENALTY_RANGE
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not low <= getattr(self, name) <= high:
+                raise ValueError(f"{name} must be in [{low}, {high}] (0 disables it), got {getattr(self, name)}")
         return self
 
 
@@ -250,7 +259,10 @@ def logits_to_probs(
     scores = penalised_scores(logits, cfg, history)
     if cfg.greedy:
         return greedy_one_hot(scores)
-    scores = _mask_top_k(scores / cfg.temperature, cfg.top_k)
+    scaled = scores / cfg.temperature
+    if not bool(torch.isfinite(scaled).all()):  # a tiny temperature overflowed: the same softmax, shifted first
+        scaled = (scores - scores.amax(dim=-1, keepdim=True)) / cfg.temperature
+    scores = _mask_top_k(scaled, cfg.top_k)
     probs = torch.softmax(scores, dim=-1)
     return _mask_top_p(probs, cfg.top_p)
 

@@ -58,7 +58,11 @@ def test_default_config_is_valid_and_greedy():
         ({"top_p": 1.5}, "top_p must be in \\(0, 1\\]"),
         ({"top_k": -1}, "top_k must be >= 0"),
         ({"draft_top_n": 0}, "draft_top_n must be >= 1"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be in \\[0.01, 100.0\\]"),
+        ({"repetition_penalty": 1e-45}, "repetition_penalty must be in"),
+        ({"repetition_penalty": 1e3}, "repetition_penalty must be in"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty must be in \\[-2.0, 2.0\\]"),
+        ({"presence_penalty": 3e38}, "presence_penalty must be in"),
         ({"temperature": math.nan}, "temperature must be a finite number"),
         ({"top_p": math.inf}, "top_p must be a finite number"),
         ({"frequency_penalty": -math.inf}, "frequency_penalty must be a finite number"),
@@ -69,6 +73,17 @@ def test_default_config_is_valid_and_greedy():
 def test_validate_messages(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingConfig(**kwargs).validate()
+
+
+@pytest.mark.parametrize("temperature", [1.4e-45, 1e-38, 1e-30, 3e38])
+def test_extreme_temperatures_give_a_distribution_not_nan(temperature):
+    """A denormal temperature overflowed logits / temperature to inf (softmax: nan, a 500 in the target);
+    the shifted softmax is the same distribution: for a tiny temperature the argmax one-hot."""
+    logits = torch.tensor([[1.0, 3.0, -2.0, 2.5], [0.0, -1.0, 4.0, 4.0]])
+    probs = logits_to_probs(logits, SamplingConfig(temperature=temperature, seed=1).validate(), [[1], [0, 3]])
+    assert torch.isfinite(probs).all() and torch.allclose(probs.sum(-1), torch.ones(2))
+    if temperature < 1:
+        assert probs[0].tolist() == [0.0, 1.0, 0.0, 0.0] and probs[1].tolist() == [0.0, 0.0, 0.5, 0.5]
 
 
 def test_greedy_property():
