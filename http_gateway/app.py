@@ -110,16 +110,17 @@ class Gateway:
                                   "invalid_request_error", "model", "model_not_found")
         return served or schema.MODEL_ALIAS
 
-    async def session_is_new(self, session_id: str, create: bool, metadata: tuple[tuple[str, str], ...]) -> bool:
-        """True when the session does not exist yet and the request may create it."""
+    async def starts_session(self, req: pb.GenerateRequest, metadata: tuple[tuple[str, str], ...]) -> bool:
+        """True when this request creates its session (it does not exist yet), or is a retry of the request
+        that created it (same request_id, still the only turn): then it carries the whole conversation."""
         try:
-            await self.stub.GetSession(pb.SessionRequest(session_id=session_id), timeout=STATUS_TIMEOUT_S,
-                                       metadata=metadata)
-            return False
+            info = await self.stub.GetSession(pb.SessionRequest(session_id=req.session_id), timeout=STATUS_TIMEOUT_S,
+                                              metadata=metadata)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND and create:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
                 return True
             raise
+        return info.turns <= 1 and info.request_id == req.request_id
 
 
 def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -179,7 +180,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     req = parsed.request
     if chat and parsed.session_id and req.create_session:
         # A session that does not exist yet gets the whole conversation, not only the last message.
-        if await gw.session_is_new(parsed.session_id, True, metadata):
+        if await gw.starts_session(req, metadata):
             del req.messages.messages[:]
             for m in parsed.all_messages:
                 req.messages.messages.add(role=m["role"], content=m["content"])

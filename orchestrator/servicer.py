@@ -129,7 +129,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             raise NotFound(f"session {request.session_id!r} does not exist")
         return pb.SessionInfo(session_id=s.session_id, status=s.status, prompt_tokens=s.prompt_tokens,
                               total_tokens=len(s.ids), turns=s.turns, version=s.version,
-                              created_at=s.created_at, updated_at=s.updated_at)
+                              created_at=s.created_at, updated_at=s.updated_at, request_id=s.request_id)
 
     async def DeleteSession(self, request: pb.SessionRequest, context: Any) -> pb.SessionInfo:
         info = await self.GetSession(request, context)

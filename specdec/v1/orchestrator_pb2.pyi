@@ -233,7 +233,7 @@ class SessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("session_id", "status", "prompt_tokens", "total_tokens", "turns", "version", "created_at", "updated_at")
+    __slots__ = ("session_id", "status", "prompt_tokens", "total_tokens", "turns", "version", "created_at", "updated_at", "request_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -242,6 +242,7 @@ class SessionInfo(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     status: str
     prompt_tokens: int
@@ -250,7 +251,8 @@ class SessionInfo(_message.Message):
     version: int
     created_at: float
     updated_at: float
-    def __init__(self, session_id: _Optional[str] = ..., status: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., turns: _Optional[int] = ..., version: _Optional[int] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ...) -> None: ...
+    request_id: str
+    def __init__(self, session_id: _Optional[str] = ..., status: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., turns: _Optional[int] = ..., version: _Optional[int] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
