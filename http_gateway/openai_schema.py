@@ -25,7 +25,7 @@ from specdec.errors import IDEMPOTENCY_KEY_REUSED, REQUEST_IN_PROGRESS
 from specdec.v1 import orchestrator_pb2 as pb
 
 from http_gateway import validation
-from http_gateway.validation import BadField, assign
+from http_gateway.validation import BadField, assign, typed
 
 MODEL_ALIAS = "specdec"
 SESSION_HEADER = "X-Specdec-Session"
@@ -110,21 +110,7 @@ class Parsed:
     user: str | None = None
 
 
-# -- type checks ---------------------------------------------------------------------------------
-
-
-def _typed(body: dict[str, Any], name: str, kind: type, where: str = "") -> Any:
-    """body[name] checked against kind (None/missing -> None). bool is not an int, an int is a float."""
-    value = body.get(name)
-    if value is None:
-        return None
-    ok = isinstance(value, bool) if kind is bool else (
-        isinstance(value, kind) and not isinstance(value, bool) if kind is int else
-        isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else
-        isinstance(value, kind))
-    if not ok:
-        raise bad_request(f"'{where}{name}' must be {kind.__name__}, got {type(value).__name__}", where + name)
-    return value
+# -- messages, prompt, stop ------------------------------------------------------------------------
 
 
 def _content_text(content: Any, i: int) -> str:
@@ -211,23 +197,24 @@ def _parse(body: dict[str, Any], chat: bool, session_header: str | None) -> Pars
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("'model' must be a string", "model")
-    n = _typed(body, "n", int)
+    n = typed(body, "n", int)
     if n is not None and n != 1:
         raise bad_request("only n=1 is supported", "n")
-    if _typed(body, "best_of", int) not in (None, 1):
+    if typed(body, "best_of", int) not in (None, 1):
         raise bad_request("only best_of=1 is supported", "best_of")
     if body.get("echo"):
         raise bad_request("echo is not supported", "echo")
-    stream = bool(_typed(body, "stream", bool))
+    stream = bool(typed(body, "stream", bool))
     req = pb.GenerateRequest(stop=_stop(body))
 
-    max_tokens = _typed(body, "max_tokens", int)
+    max_tokens = typed(body, "max_tokens", int)
     if chat and max_tokens is None:
-        max_tokens = _typed(body, "max_completion_tokens", int)
+        max_tokens = typed(body, "max_completion_tokens", int)
     if max_tokens is not None:
-        assign(req, "max_new_tokens", max_tokens, "max_completion_tokens" if body.get("max_tokens") is None else "max_tokens")
+        limit = "max_completion_tokens" if body.get("max_tokens") is None else "max_tokens"
+        assign(req, "max_new_tokens", max_tokens, limit)
     for name, kind in _SAMPLING_TOP.items():
-        value = _typed(body, name, kind)
+        value = typed(body, name, kind)
         if value is not None:
             assign(req.sampling, name, value, name)
 
@@ -263,13 +250,13 @@ def _parse(body: dict[str, Any], chat: bool, session_header: str | None) -> Pars
 def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
     """Completions: logprobs=N (0..); chat: logprobs=true + top_logprobs=N. None = not asked."""
     if chat:
-        if not _typed(body, "logprobs", bool):
+        if not typed(body, "logprobs", bool):
             if body.get("top_logprobs") is not None:
                 raise bad_request("'top_logprobs' requires 'logprobs': true", "top_logprobs")
             return None
-        top = _typed(body, "top_logprobs", int)
+        top = typed(body, "top_logprobs", int)
         return 0 if top is None else top
-    value = _typed(body, "logprobs", int)
+    value = typed(body, "logprobs", int)
     if value is not None and value < 0:
         raise bad_request("'logprobs' must be >= 0", "logprobs")
     return value
@@ -289,10 +276,10 @@ def _apply_extension(req: pb.GenerateRequest, ext: Any, body: dict[str, Any]) ->
                           f"specdec.{unknown[0]}")
     for table, target in ((_EXT_REQUEST, req), (_EXT_SAMPLING, req.sampling)):
         for name, kind in table.items():
-            value = _typed(ext, name, kind, "specdec.")
+            value = typed(ext, name, kind, "specdec.")
             param = f"specdec.{name}"
             if name in VLLM_EXTRAS and body.get(name) is not None:
-                top = _typed(body, name, kind)
+                top = typed(body, name, kind)
                 if value is not None and top != value:
                     raise bad_request(f"'{name}' ({top!r}) and 'specdec.{name}' ({value!r}) differ; give one",
                                       name)

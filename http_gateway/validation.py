@@ -116,3 +116,16 @@ def assign(message: Any, name: str, value: Any, param: str) -> None:
             raise BadField(f"'{param}' must be a finite number in the float32 range, got {value}", param)
     setattr(message, name, value)
 
+
+def typed(body: dict[str, Any], name: str, kind: type, where: str = "") -> Any:
+    """body[name] checked against kind (None/missing -> None). bool is not an int, an int is a float."""
+    value = body.get(name)
+    if value is None:
+        return None
+    ok = isinstance(value, bool) if kind is bool else (
+        isinstance(value, kind) and not isinstance(value, bool) if kind is int else
+        isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else
+        isinstance(value, kind))
+    if not ok:
+        raise BadField(f"'{where}{name}' must be {kind.__name__}, got {type(value).__name__}", where + name)
+    return value

@@ -339,8 +339,8 @@ def test_fuzz_no_5xx_and_valid_requests_succeed(hs):
     seen: dict[str, int] = {}
     started = time.monotonic()
 
-    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=FUZZ_DERANDOMIZE,
-              database=None)
+    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
+              derandomize=FUZZ_DERANDOMIZE, database=None)
     @given(st.one_of(valid_request().map(lambda r: (True, r)), any_request().map(lambda r: (False, r))))
     def one(case):
         valid, (path, body) = case
@@ -358,5 +358,6 @@ def test_fuzz_no_5xx_and_valid_requests_succeed(hs):
         seen[key] = seen.get(key, 0) + 1
 
     one()
-    REPORT["fuzz"] = f"{sum(seen.values())} requests in {time.monotonic() - started:.1f} s: {dict(sorted(seen.items()))}"
+    took = time.monotonic() - started
+    REPORT["fuzz"] = f"{sum(seen.values())} requests in {took:.1f} s: {dict(sorted(seen.items()))}"
     assert any(k.startswith("valid 200") for k in seen) and any(k.startswith("any 4") for k in seen), seen
