@@ -82,6 +82,9 @@ class Gateway:
     def metadata(self, request: web.Request) -> tuple[tuple[str, str], ...]:
         """Check the bearer token (when tokens are configured) and forward it as gRPC metadata."""
         header = request.headers.get("Authorization", "")
+        if not (header.isascii() and header.isprintable()):  # gRPC metadata is printable ASCII
+            raise schema.ApiError(401, "malformed Authorization header (expected 'Bearer <token>', ASCII)",
+                                  "authentication_error", None, "invalid_api_key")
         token = header[len("Bearer "):] if header.startswith("Bearer ") else ""
         if self.cfg.auth_tokens and not any(hmac.compare_digest(token.encode(), t.encode())
                                             for t in self.cfg.auth_tokens):

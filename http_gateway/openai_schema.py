@@ -224,6 +224,8 @@ def _parse(body: dict[str, Any], chat: bool, session_header: str | None) -> Pars
 
     _apply_extension(req, body.get("specdec"), body)
     if session_header:
+        if validation.lone_surrogate(session_header):  # aiohttp's decoding of bytes that are not UTF-8
+            raise bad_request(f"header {SESSION_HEADER} is not valid UTF-8", SESSION_HEADER)
         if req.HasField("session_id") and req.session_id != session_header:
             raise bad_request(f"header {SESSION_HEADER} and specdec.session_id differ", "specdec.session_id")
         req.session_id = session_header

@@ -133,6 +133,17 @@ def test_body_level_errors(hs):
     assert status == 400, (status, text[:200])  # more digits than Python converts
 
 
+def test_header_bytes_that_are_not_utf8_or_ascii(hs):
+    body = {"prompt": PROMPT, "max_tokens": 2}
+    status, text = post(hs, "completions", body, {"X-Specdec-Session": b"\xff\xfe"})
+    assert status == 400 and error_of(status, text)["param"] == "X-Specdec-Session"
+    status, text = post(hs, "completions", body, {"Authorization": "Bearer caf\xe9".encode("latin-1")})
+    assert status == 401 and "Authorization" in error_of(status, text)["message"]
+    status, text = post(hs, "completions", body, {"X-Specdec-Session": "caf\xe9-\u4e2d".encode(),
+                                                  "Authorization": "Bearer anything"})
+    assert status == 404 and error_of(status, text)["code"] == "session_not_found"  # UTF-8 ids are fine
+
+
 def test_vllm_top_level_extras(hs):
     status, text = post(hs, "completions", {"prompt": PROMPT, "max_tokens": 4, "top_k": -5})
     assert status == 400 and "top_k" in error_of(status, text)["message"]
