@@ -60,7 +60,7 @@ from specdec.v1 import orchestrator_pb2 as pb
 from orchestrator.adaptive import AcceptanceTracker, CostModel, choose_k
 from orchestrator.detokenize import IncrementalDetokenizer
 from orchestrator.features import HiddenRelay
-from orchestrator.idempotency import FINGERPRINT, RunningRequests, check_reuse, request_fingerprint
+from orchestrator.idempotency import RunningRequests, check_reuse, request_fingerprint
 from orchestrator.lease import SessionLease, store_errors
 from orchestrator.prompting import Message, Prompter
 from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner
@@ -173,7 +173,6 @@ class Generation:
         if not resuming:
             self._check_lengths((len(existing.ids) if existing else 0) + len(turn))
         session = await self._begin_request(turn, existing is None, resuming)
-        check_reuse(session, self.session_id, self.request_id, self.fingerprint)  # a race with the first read
         self._keep_seed_of(session)
         prompt_len = len(session.ids) - len(session.completion_ids)
         state = State(session, list(session.ids), session.version, prompt_len, list(session.completion_ids))
@@ -195,12 +194,12 @@ class Generation:
         give_up = time.monotonic() + d.cfg.lease.takeover_wait_s
         if self.deadline is not None:
             give_up = min(give_up, self.deadline)
-        params = {"k": self.params.k, "max_new_tokens": self.params.max_new_tokens, "seed": self.params.sampling.seed,
-                  FINGERPRINT: self.fingerprint}
+        params = {"k": self.params.k, "max_new_tokens": self.params.max_new_tokens, "seed": self.params.sampling.seed}
         while True:
             try:
-                session, _ = await d.store.begin_request(
-                    self.session_id, self.request_id, d.owner, d.cfg.lease.seconds, turn, params, create_missing=create)
+                session, _ = await d.store.begin_request(  # the same request_id, another fingerprint: refused
+                    self.session_id, self.request_id, d.owner, d.cfg.lease.seconds, turn, params,
+                    create_missing=create, fingerprint=self.fingerprint)
                 return session
             except SessionBusy:
                 if not resuming or time.monotonic() + d.cfg.lease.poll_s >= give_up:

@@ -2,7 +2,7 @@
 
 A retry with the same session_id and request_id resumes (or, when finished, returns) that
 request. To make "the same request" checkable, every request stores a fingerprint of the
-fields that decide its output in the session's params (Redis, next to the seed):
+fields that decide its output in the session's hash in Redis (field `fingerprint`):
 
   input (prompt, or chat messages with their roles), max_new_tokens, k, draft_kind,
   adaptive_k, max_rounds, stop, ignore_eos, min_tokens, logprobs, add_generation_prompt,
@@ -28,7 +28,6 @@ from typing import Any
 from specdec.errors import IDEMPOTENCY_KEY_REUSED, REQUEST_IN_PROGRESS, Aborted, AlreadyExists
 from specdec.params import GenerationParams
 
-FINGERPRINT = "fingerprint"   # the key in the session's stored params
 FINGERPRINT_HEX = 32          # 128 bits of SHA-256
 
 
@@ -50,20 +49,25 @@ def request_fingerprint(request: Any, params: GenerationParams) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:FINGERPRINT_HEX]
 
 
+def reused(session_id: str, request_id: str) -> AlreadyExists:
+    """The error of a request_id reused for a different request."""
+    return AlreadyExists(
+        f"{IDEMPOTENCY_KEY_REUSED}: request_id {request_id!r} of session {session_id!r} was already used for "
+        f"a different request (prompt/messages, sampling, limits, stop or draft settings differ); a retry "
+        f"must repeat the request (only resume_offset, trace and streaming may change); give a new "
+        f"request a new request_id")
+
+
 def check_reuse(session: Any, session_id: str, request_id: str, fingerprint: str) -> None:
     """ALREADY_EXISTS when the session's latest request has this request_id and another fingerprint.
 
-    A session stored before fingerprints existed (none in its params) is taken as the same request.
+    A session stored before fingerprints existed (fingerprint "") is taken as the same request. The
+    session store checks the same atomically when the request begins (SessionStore.begin_request).
     """
     if session is None or session.request_id != request_id:
         return
-    stored = session.params.get(FINGERPRINT)
-    if stored is not None and stored != fingerprint:
-        raise AlreadyExists(
-            f"{IDEMPOTENCY_KEY_REUSED}: request_id {request_id!r} of session {session_id!r} was already used for "
-            f"a different request (prompt/messages, sampling, limits, stop or draft settings differ); a retry "
-            f"must repeat the request (only resume_offset, trace and streaming may change); give a new "
-            f"request a new request_id")
+    if session.fingerprint and session.fingerprint != fingerprint:
+        raise reused(session_id, request_id)
 
 
 @dataclass
@@ -77,7 +81,7 @@ class RunningRequests:
         ABORTED when the same request is generating here already."""
         running = self.keys.get((session_id, request_id))
         if running is not None:
-            check_reuse(_Latest(request_id, {FINGERPRINT: running}), session_id, request_id, fingerprint)
+            check_reuse(_Latest(request_id, running), session_id, request_id, fingerprint)
             raise Aborted(
                 f"{REQUEST_IN_PROGRESS}: request_id {request_id!r} of session {session_id!r} is still generating "
                 f"(an earlier call with the same request is running); retry after it finished to get its "
@@ -93,4 +97,4 @@ class _Latest:
     """What check_reuse reads of a session."""
 
     request_id: str
-    params: dict[str, Any]
+    fingerprint: str

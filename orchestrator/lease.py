@@ -15,8 +15,9 @@ from specdec.errors import Aborted, AlreadyExists, NotFound, Unavailable
 
 from orchestrator.session_store import SessionStore
 from orchestrator.session_types import (
-    LeaseLost, SessionBusy, SessionExists, SessionNotFound, StoreUnavailable, VersionConflict,
+    LeaseLost, RequestReused, SessionBusy, SessionExists, SessionNotFound, StoreUnavailable, VersionConflict,
 )
+from orchestrator.idempotency import reused
 
 log = logging.getLogger("specdec.orchestrator")
 
@@ -32,6 +33,8 @@ def store_errors() -> Iterator[None]:
         raise NotFound(f"{exc}; pass create_session=true to create it") from None
     except SessionExists as exc:
         raise AlreadyExists(str(exc)) from None
+    except RequestReused as exc:
+        raise reused(exc.session_id, exc.request_id) from None
     except (VersionConflict, LeaseLost, SessionBusy) as exc:
         raise Aborted(str(exc)) from None
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from orchestrator.session_types import ID_BYTES, MS_PER_SECOND, US_PER_MS
 
 R_OK, R_RESUMED, R_NOT_FOUND, R_EXISTS = "OK", "RESUMED", "NOT_FOUND", "EXISTS"
-R_VERSION, R_LEASE, R_BUSY, R_RANGE = "VERSION", "LEASE", "BUSY", "RANGE"
+R_VERSION, R_LEASE, R_BUSY, R_RANGE, R_REUSED = "VERSION", "LEASE", "BUSY", "RANGE", "REUSED"
 
 _LUA_PRELUDE = """
 if redis.replicate_commands then redis.replicate_commands() end
@@ -102,7 +102,7 @@ end
 return written(touch(now, ARGV[4]), n)
 """
 
-# ARGV: request_id, owner, lease_ms, turn_ids, params, ttl, create_missing
+# ARGV: request_id, owner, lease_ms, turn_ids, params, ttl, create_missing, fingerprint ('' = not checked)
 _LUA_BEGIN = """
 local now = now_ms()
 if not present() then
@@ -113,6 +113,8 @@ local owner = redis.call('HGET', H, 'owner') or ''
 local live = owner ~= '' and hnum('lease_until') > now
 local generating = redis.call('HGET', H, 'status') == 'generating'
 if redis.call('HGET', H, 'request_id') == ARGV[1] then
+  local stored = redis.call('HGET', H, 'fingerprint') or ''
+  if ARGV[8] ~= '' and stored ~= '' and stored ~= ARGV[8] then return {'REUSED', ARGV[1]} end
   if generating then
     if live and owner ~= ARGV[2] then return {'BUSY', owner} end
     redis.call('HSET', H, 'owner', ARGV[2], 'lease_until', now + tonumber(ARGV[3]))
@@ -126,7 +128,7 @@ redis.call('APPEND', I, ARGV[4])
 redis.call('HSET', H, 'prompt_tokens', #ARGV[4] / ID_BYTES,
   'params', ARGV[5], 'status', 'generating', 'owner', ARGV[2],
   'lease_until', now + tonumber(ARGV[3]), 'request_id', ARGV[1],
-  'request_base_len', base / ID_BYTES, 'delivered', 0, 'last_finish_reason', '')
+  'request_base_len', base / ID_BYTES, 'delivered', 0, 'last_finish_reason', '', 'fingerprint', ARGV[8])
 redis.call('HINCRBY', H, 'turns', 1)
 touch(now, ARGV[6])
 return full('OK')

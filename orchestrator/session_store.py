@@ -50,11 +50,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from orchestrator.session_lua import (
-    R_BUSY, R_EXISTS, R_LEASE, R_NOT_FOUND, R_OK, R_RANGE, R_RESUMED, R_VERSION, SCRIPTS,
+    R_BUSY, R_EXISTS, R_LEASE, R_NOT_FOUND, R_OK, R_RANGE, R_RESUMED, R_REUSED, R_VERSION, SCRIPTS,
 )
 from orchestrator.session_types import (
-    COUNTER_FIELDS, ID_BYTES, MS_PER_SECOND, LeaseLost, Session, SessionBusy, SessionExists, SessionNotFound,
-    SessionStoreError, StoreUnavailable, VersionConflict, Written, encode_ids, session_from_reply, decode_text,
+    COUNTER_FIELDS, ID_BYTES, MS_PER_SECOND, LeaseLost, RequestReused, Session, SessionBusy, SessionExists,
+    SessionNotFound, SessionStoreError, StoreUnavailable, VersionConflict, Written, encode_ids, session_from_reply, decode_text,
     written_from_reply,
 )
 
@@ -167,6 +167,8 @@ class SessionStore:
             raise LeaseLost(session_id, detail)
         if status == R_BUSY:
             raise SessionBusy(session_id, detail)
+        if status == R_REUSED:
+            raise RequestReused(session_id, detail)
         if status == R_RANGE:
             raise ValueError(f"session {session_id!r} has only {detail} tokens")
         raise SessionStoreError(f"unexpected script reply {status!r}")
@@ -231,6 +233,7 @@ class SessionStore:
         new_turn_ids: Sequence[int],
         params: Mapping[str, Any],
         create_missing: bool = False,
+        fingerprint: str = "",
     ) -> tuple[Session, bool]:
         """Start (or resume) request ``request_id`` on the session; returns (session, resumed).
 
@@ -245,13 +248,16 @@ class SessionStore:
           a live lease (any owner) → SessionBusy. A generation whose lease expired
           (crashed instance) is superseded; its partial tokens stay in the session.
         * ``create_missing``: create the session atomically if absent (else SessionNotFound).
+        * ``fingerprint`` (orchestrator/idempotency.py) is stored with a new request; the same
+          ``request_id`` with another fingerprint → RequestReused, nothing changed ("" on either
+          side: not checked).
         """
         if not request_id:
             raise ValueError("request_id must be non-empty")
         reply = await self._script(
             "begin", session_id, request_id, owner, _lease_ms(lease_seconds),
             encode_ids(new_turn_ids), _params_json(params), self.ttl_seconds,
-            "1" if create_missing else "0",
+            "1" if create_missing else "0", fingerprint,
         )
         self._raise_for(session_id, reply)
         return session_from_reply(session_id, reply), decode_text(reply[0]) == R_RESUMED

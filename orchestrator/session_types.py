@@ -58,6 +58,14 @@ class SessionBusy(SessionStoreError):
         self.owner = owner
 
 
+class RequestReused(SessionStoreError):
+    """begin_request with the latest request's id but another fingerprint (a reused idempotency key)."""
+
+    def __init__(self, session_id: str, request_id: str) -> None:
+        super().__init__(f"request_id {request_id!r} of session {session_id!r} names a different request")
+        self.session_id, self.request_id = session_id, request_id
+
+
 class StoreUnavailable(SessionStoreError):
     """Redis cannot be reached (maps to gRPC UNAVAILABLE)."""
 
@@ -84,6 +92,7 @@ class Session:
     lease_until: float
     request_id: str
     request_base_len: int
+    fingerprint: str = ""   # of the latest request (orchestrator/idempotency.py); "" = stored before they existed
 
     @property
     def completion_ids(self) -> list[int]:
@@ -161,6 +170,7 @@ def session_from_reply(session_id: str, reply: Sequence[Any]) -> Session:
         lease_until=num("lease_until") / MS_PER_SECOND,
         request_id=decode_text(h.get("request_id")),
         request_base_len=num("request_base_len"),
+        fingerprint=decode_text(h.get("fingerprint")),
     )
 
 

@@ -16,6 +16,7 @@ from orchestrator.session_store import SessionStore, open_redis
 from orchestrator.session_types import (
     ID_BYTES,
     LeaseLost,
+    RequestReused,
     SessionBusy,
     SessionExists,
     SessionNotFound,
@@ -440,5 +441,34 @@ def test_lone_key_is_not_a_session(server: EmbeddedRedis) -> None:
             sid, "r", "o", LEASE_S, [5], {}, create_missing=True
         )
         assert not resumed and fresh.ids == [5] and fresh.turns == 1
+
+    run_with_store(server.url, body)
+
+
+def test_begin_request_refuses_a_reused_request_id_atomically(server: EmbeddedRedis) -> None:
+    """The fingerprint is stored with the request; the same request_id with another fingerprint is
+    RequestReused and changes nothing, running or finished; "" (old callers, old sessions) is not checked."""
+    sid = _sid()
+
+    async def body(store: SessionStore, client: aioredis.Redis) -> None:
+        first, _ = await store.begin_request(sid, "r1", "o1", LEASE_S, [1, 2], PARAMS, create_missing=True,
+                                             fingerprint="f1")
+        assert first.fingerprint == "f1"
+        for owner in ("o1", "o2"):  # running: refused before the lease or busy checks
+            with pytest.raises(RequestReused):
+                await store.begin_request(sid, "r1", owner, LEASE_S, [9], PARAMS, fingerprint="f2")
+        same, resumed = await store.begin_request(sid, "r1", "o1", LEASE_S, [1, 2], PARAMS, fingerprint="f1")
+        assert resumed
+        done = await store.finish_request(sid, "o1", "length", same.version)
+        with pytest.raises(RequestReused):
+            await store.begin_request(sid, "r1", "o2", LEASE_S, [9], PARAMS, fingerprint="f2")
+        after = await store.get(sid)
+        assert (after.version, after.ids, after.turns, after.owner) == (done.version, [1, 2], 1, "")
+        retry, resumed = await store.begin_request(sid, "r1", "o2", LEASE_S, [1, 2], PARAMS, fingerprint="f1")
+        assert resumed and retry.status == "idle"
+        unchecked, resumed = await store.begin_request(sid, "r1", "o2", LEASE_S, [1, 2], PARAMS)
+        assert resumed
+        second, resumed = await store.begin_request(sid, "r2", "o2", LEASE_S, [3], PARAMS, fingerprint="f2")
+        assert not resumed and second.fingerprint == "f2" and second.turns == 2
 
     run_with_store(server.url, body)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from orchestrator.idempotency import FINGERPRINT, RunningRequests, check_reuse, request_fingerprint
+from orchestrator.idempotency import RunningRequests, check_reuse, request_fingerprint
 from specdec.config import Limits
 from specdec.errors import IDEMPOTENCY_KEY_REUSED, REQUEST_IN_PROGRESS, InvalidArgument, SpecDecError
 from specdec.params import resolve_generation
@@ -52,17 +52,17 @@ def test_chat_messages_are_fingerprinted_with_their_roles():
 
 
 class Stored:
-    def __init__(self, request_id: str, params: dict) -> None:
-        self.request_id, self.params = request_id, params
+    def __init__(self, request_id: str, fingerprint: str) -> None:
+        self.request_id, self.fingerprint = request_id, fingerprint
 
 
 def test_check_reuse():
     check_reuse(None, "s", "r", "f1")                                  # new session
-    check_reuse(Stored("other", {FINGERPRINT: "f0"}), "s", "r", "f1")  # a new request on the session
-    check_reuse(Stored("r", {FINGERPRINT: "f1"}), "s", "r", "f1")      # a true retry
-    check_reuse(Stored("r", {}), "s", "r", "f1")                       # stored before fingerprints existed
+    check_reuse(Stored("other", "f0"), "s", "r", "f1")  # a new request on the session
+    check_reuse(Stored("r", "f1"), "s", "r", "f1")      # a true retry
+    check_reuse(Stored("r", ""), "s", "r", "f1")        # stored before fingerprints existed
     with pytest.raises(SpecDecError) as err:
-        check_reuse(Stored("r", {FINGERPRINT: "f0"}), "s", "r", "f1")
+        check_reuse(Stored("r", "f0"), "s", "r", "f1")
     assert err.value.code == grpc.StatusCode.ALREADY_EXISTS and str(err.value).startswith(IDEMPOTENCY_KEY_REUSED)
 
 
