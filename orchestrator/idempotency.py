@@ -2,7 +2,8 @@
 
 A retry with the same session_id and request_id resumes (or, when finished, returns) that
 request. To make "the same request" checkable, every request stores a fingerprint of the
-fields that decide its output in the session's hash in Redis (field `fingerprint`):
+fields that decide its output in the session's hash in Redis (field `fingerprint`, compared
+by the store's begin script, atomically with the request's start: SessionStore.begin_request):
 
   input (prompt, or chat messages with their roles), max_new_tokens, k, draft_kind,
   adaptive_k, max_rounds, stop, ignore_eos, min_tokens, logprobs, add_generation_prompt,
