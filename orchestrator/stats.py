@@ -1,7 +1,11 @@
 """Per-generation statistics: collected per round, exported as the Stats proto.
 
-Mean accepted length counts the recovered/bonus token: a round that accepts m
-draft tokens yields m + 1 tokens.
+Only what a round emitted counts (:func:`emitted`): when EOS, max_new_tokens, the context end or a
+stop string cuts a round, the draft tokens the target accepted after the cut are not counted as
+accepted (nor drafted), and the recovered/bonus token counts only if it was emitted. So the
+rounds' tokens sum to the completion's, and the acceptance rate is over the emitted part.
+Mean accepted length counts the recovered/bonus token: a round that accepts m draft tokens
+yields m + 1 tokens.
 """
 
 from __future__ import annotations
@@ -17,6 +21,24 @@ from orchestrator.rounds import RoundOutcome
 MS_PER_S = 1000.0
 
 
+@dataclass(frozen=True)
+class Emitted:
+    """What one round contributed to the completion (after EOS / length / context / stop cuts)."""
+
+    tokens: int          # tokens the round appended to the completion
+    drafted: int         # draft positions counted: all of them, or only those before the cut
+    accepted: int        # accepted draft tokens that were emitted
+    next_kind: int       # target_pb2.NextKind of the recovered/bonus token; UNSPECIFIED when it was cut
+
+
+def emitted(o: RoundOutcome, kept: int) -> Emitted:
+    """Count a round by the `kept` tokens it emitted (a prefix of o.emitted: accepted drafts, then the
+    target's token). A cut inside the accepted run drops the later positions, accepted or not."""
+    if kept > o.num_accepted:                       # the whole accepted run and the target's token
+        return Emitted(kept, len(o.draft_ids), o.num_accepted, o.next_kind)
+    return Emitted(kept, min(kept, len(o.draft_ids)), kept, target_pb2.NEXT_KIND_UNSPECIFIED)
+
+
 @dataclass
 class StatsCollector:
     """Sums over the rounds of one generation."""
@@ -28,7 +50,7 @@ class StatsCollector:
     accepted: int = 0
     recovered: int = 0
     bonus: int = 0
-    round_tokens: int = 0            # m + 1 summed over rounds (before EOS/length cuts)
+    round_tokens: int = 0            # tokens the rounds emitted (m + 1 per uncut round)
     draft_ms: float = 0.0
     target_ms: float = 0.0
     overhead_ms: float = 0.0
@@ -40,16 +62,17 @@ class StatsCollector:
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
 
-    def add_round(self, o: RoundOutcome, kept_tokens: int) -> None:
-        """Account for one round."""
+    def add_round(self, o: RoundOutcome, kept_tokens: int) -> Emitted:
+        """Account for one round that emitted `kept_tokens` tokens; returns what was counted."""
         if self.rounds == 0 and kept_tokens:
             self.first_token_ms = (time.perf_counter() - self.started) * MS_PER_S
+        e = emitted(o, kept_tokens)
         self.rounds += 1
-        self.drafted += len(o.draft_ids)
-        self.accepted += o.num_accepted
-        self.recovered += o.next_kind == target_pb2.NEXT_KIND_RECOVERED
-        self.bonus += o.next_kind == target_pb2.NEXT_KIND_BONUS
-        self.round_tokens += o.num_accepted + 1
+        self.drafted += e.drafted
+        self.accepted += e.accepted
+        self.recovered += e.next_kind == target_pb2.NEXT_KIND_RECOVERED
+        self.bonus += e.next_kind == target_pb2.NEXT_KIND_BONUS
+        self.round_tokens += e.tokens
         self.draft_ms += o.draft_ms
         self.target_ms += o.target_ms
         self.overhead_ms += o.overhead_ms
@@ -58,12 +81,13 @@ class StatsCollector:
         self.retries += o.retries
         self.target_computed += o.target_computed
         self.draft_computed += o.draft_computed
-        for i in range(len(o.draft_ids)):
+        for i in range(e.drafted):
             if i >= len(self.drafted_per_position):
                 self.drafted_per_position.append(0)
                 self.accepted_per_position.append(0)
             self.drafted_per_position[i] += 1
-            self.accepted_per_position[i] += i < o.num_accepted
+            self.accepted_per_position[i] += i < e.accepted
+        return e
 
     def proto(self) -> pb.Stats:
         """Export as the wire Stats message."""
@@ -81,11 +105,13 @@ class StatsCollector:
             time_to_first_token_ms=self.first_token_ms, retries=self.retries,
             target_computed_tokens=self.target_computed, draft_computed_tokens=self.draft_computed)
 
-    def round_proto(self, o: RoundOutcome, text: str) -> pb.Round:
-        """One row of the per-round trace."""
+    def round_proto(self, o: RoundOutcome, e: Emitted, text: str) -> pb.Round:
+        """One row of the per-round trace: what the target verified, counted as emitted (`e`)."""
+        next_token = o.next_token if e.next_kind != target_pb2.NEXT_KIND_UNSPECIFIED else -1
         return pb.Round(index=self.rounds - 1, k=o.k, draft_ids=o.draft_ids, matches=o.matches,
-                        target_ids=o.target_ids, num_accepted=o.num_accepted, next_token=o.next_token,
-                        next_kind=o.next_kind, text=text, draft_ms=o.draft_ms, target_ms=o.target_ms,
-                        overhead_ms=o.overhead_ms, draft_kind=o.draft_kind, draft_replica=o.draft_replica, target_replica=o.target_replica,
-                        target_cached_tokens=o.target_cached, target_computed_tokens=o.target_computed,
-                        draft_computed_tokens=o.draft_computed, target_batch_size=o.target_batch)
+                        target_ids=o.target_ids, num_accepted=e.accepted, next_token=next_token,
+                        next_kind=e.next_kind, text=text, draft_ms=o.draft_ms, target_ms=o.target_ms,
+                        overhead_ms=o.overhead_ms, draft_kind=o.draft_kind, draft_replica=o.draft_replica,
+                        target_replica=o.target_replica, target_cached_tokens=o.target_cached,
+                        target_computed_tokens=o.target_computed, draft_computed_tokens=o.draft_computed,
+                        target_batch_size=o.target_batch)

@@ -13,14 +13,16 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import time
 
 from specdec.config import DEFAULT_DRAFT_PORT, DEFAULT_MODELS, DEFAULT_ORCHESTRATOR_PORT, DEFAULT_TARGET_PORT, env_int
-from specdec.params import MODEL_DRAFT_KINDS
+from specdec.params import DEFAULTS, MODEL_DRAFT_KINDS
 
 EXIT_USAGE, EXIT_LOAD_ERROR = 2, 2
+EXIT_BROKEN_PIPE = 1           # as Python's own note on SIGPIPE suggests
 SHIPPED_EMBEDDED_DRAFT = DEFAULT_MODELS["draft"]
 DEFAULT_PORTS = {"draft": DEFAULT_DRAFT_PORT, "target": DEFAULT_TARGET_PORT, "orchestrator": DEFAULT_ORCHESTRATOR_PORT}
 
@@ -179,24 +181,32 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="generate text through the orchestrator")
-    p.add_argument("prompt")
-    p.add_argument("--address", default=f"127.0.0.1:{DEFAULT_ORCHESTRATOR_PORT}")
-    p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
-    p.add_argument("--k", type=int)
-    p.add_argument("--max-new-tokens", type=int)
-    p.add_argument("--draft-kind", choices=["model", "ngram", "combined"])
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--stop", action="append", default=[])
-    p.add_argument("--session")
+    p = sub.add_parser("generate", help="generate text through the orchestrator",
+                       description="Generate once through a running orchestrator (`specdec up` starts one) and "
+                                   "print the text and its stats. Unset flags take the server's defaults.")
+    p.add_argument("prompt", help="the prompt text (raw, or one user chat message with --chat)")
+    p.add_argument("--address", default=f"127.0.0.1:{DEFAULT_ORCHESTRATOR_PORT}",
+                   help="orchestrator gRPC address host:port (default: %(default)s)")
+    p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message (chat template)")
+    p.add_argument("--k", type=int, help=f"draft tokens per round; 0 = target-only decoding (default: {DEFAULTS['k']})")
+    p.add_argument("--max-new-tokens", type=int, help=f"completion tokens at most (default: {DEFAULTS['max_new_tokens']})")
+    p.add_argument("--draft-kind", choices=["model", "ngram", "combined"],
+                   help="which draft proposes: a draft model, prompt lookup, or lookup then model "
+                        "(default: the draft service's kind)")
+    p.add_argument("--temperature", type=float, help=f"sampling temperature; 0 = greedy (default: {DEFAULTS['temperature']})")
+    p.add_argument("--top-k", type=int, help="sample from the k most likely tokens only (0 = off)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling: the smallest set with this probability (1 = off)")
+    p.add_argument("--seed", type=int, help="seed of the request's random draws (default: a fresh one); "
+                                            "the same seed repeats a sampled generation")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop before this text (repeat the flag for several)")
+    p.add_argument("--session", metavar="ID", help="continue this session (multi-turn, its tokens stay cached)")
     p.add_argument("--new-session", action="store_true", help="create --session if it does not exist")
-    p.add_argument("--trace", action="store_true")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--stream", action="store_true")
-    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--trace", action="store_true",
+                   help="print the per-round table: draft tokens, matches, target tokens, accepted, next token")
+    p.add_argument("--json", action="store_true", help="print the whole response as JSON (numbers as numbers)")
+    p.add_argument("--stream", action="store_true", help="print the text as it is generated (GenerateStream)")
+    p.add_argument("--timeout", type=float, default=600.0, help="deadline of the call in seconds (default: %(default)s)")
     p.add_argument("--token", help="bearer token (or SPECDEC_TOKEN)")
     p.add_argument("--tls-ca", help="CA bundle to verify the orchestrator (enables TLS)")
     p.add_argument("--tls-cert", help="client certificate (mTLS)")
@@ -229,8 +239,8 @@ def build_request(args: argparse.Namespace):
 def cmd_generate(args: argparse.Namespace) -> int:
     """Call Generate (or GenerateStream) and print text, stats and the round table."""
     import grpc
-    from google.protobuf.json_format import MessageToDict
 
+    from specdec.proto_json import message_to_dict
     from specdec.report import round_table, stats_lines
     from specdec.v1 import orchestrator_pb2_grpc
 
@@ -251,7 +261,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print(f"specdec generate: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1
     if args.json:
-        print(json.dumps(MessageToDict(resp, preserving_proto_field_name=True), ensure_ascii=False, indent=2))
+        print(json.dumps(message_to_dict(resp), ensure_ascii=False, indent=2))
         return 0
     print(resp.text)
     print()
@@ -299,7 +309,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handlers = {"serve": cmd_serve, "up": cmd_up, "generate": cmd_generate, "bench": cmd_bench, "bench-concurrency": cmd_bench_concurrency,
                 "distill": cmd_distill}
-    return handlers[args.command](args)
+    try:
+        code = handlers[args.command](args)
+        sys.stdout.flush()       # a closed pipe shows here, not in the flush at interpreter exit
+        return code
+    except BrokenPipeError:      # the reader went away (`specdec generate ... | head -1`): stop quietly
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that flushing it at exit cannot raise BrokenPipeError again
+    (https://docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

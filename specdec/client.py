@@ -105,8 +105,8 @@ class Chunk:
 
 
 def _to_dict(message: Any) -> dict[str, Any]:
-    from google.protobuf.json_format import MessageToDict
-    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    from specdec.proto_json import message_to_dict
+    return message_to_dict(message, all_fields=True)
 
 
 def _usage(u: pb.Usage) -> Usage:

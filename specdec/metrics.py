@@ -91,7 +91,9 @@ class OrchestratorMetrics:
         self.drafts = Counter(f"{p}_num_drafts", "rounds with a draft", registry=r)
         self.draft_tokens = Counter(f"{p}_num_draft_tokens", "draft tokens proposed", registry=r)
         self.accepted_tokens = Counter(f"{p}_num_accepted_tokens", "draft tokens accepted", registry=r)
-        self.emitted_tokens = Counter(f"{p}_num_emitted_tokens", "tokens per round incl. recovered/bonus", registry=r)
+        self.emitted_tokens = Counter(f"{p}_num_emitted_tokens",
+                                      "tokens the rounds emitted (recovered/bonus included, nothing after a cut)",
+                                      registry=r)
         self.accepted_per_pos = Counter(f"{p}_num_accepted_tokens_per_pos", "accepted at position", ["position"], registry=r)
         self.degraded_rounds = Counter(f"{PREFIX}_degraded_rounds", "rounds run target-only: no draft", registry=r)
         self.generations = Counter(f"{PREFIX}_generations", "finished generations", ["finish_reason"], registry=r)
@@ -105,14 +107,14 @@ class OrchestratorMetrics:
 
     def observe_round(self, draft_ids: list[int], num_accepted: int, kept: int, draft_ms: float,
                       target_ms: float, overhead_ms: float, wall_ms: float, degraded: bool) -> None:
-        """Account for one round."""
+        """Account for one round: `draft_ids` and `num_accepted` as counted up to the cut, `kept` tokens emitted."""
         if draft_ids:
             self.drafts.inc()
             self.draft_tokens.inc(len(draft_ids))
             self.accepted_tokens.inc(num_accepted)
             for i in range(min(num_accepted, MAX_POSITIONS)):
                 self.accepted_per_pos.labels(position=str(i)).inc()
-        self.emitted_tokens.inc(num_accepted + 1)
+        self.emitted_tokens.inc(kept)
         self.degraded_rounds.inc(degraded)
         for part, ms in (("draft", draft_ms), ("verify", target_ms), ("overhead", overhead_ms)):
             self.round_seconds.labels(part=part).observe(ms / MS_PER_S)

@@ -22,12 +22,15 @@ def _flags(flags: Iterable[bool]) -> str:
 
 
 def round_table(rounds: Iterable[pb.Round]) -> str:
-    """One line per round: draft kind and ids, match flags, target ids, accepted, next token and appended text."""
+    """One line per round: draft kind and ids, match flags, target ids, accepted, next token and appended text.
+
+    `acc` and `next` count what the round emitted: after an EOS, length or stop cut inside the round, the
+    draft tokens the target accepted beyond it are not counted and the target's own token shows as cut."""
     header = (f"{'round':>5} {'k':>2} {'draft':<5}  {'draft tokens':<34} {'match':<12} {'target tokens':<34} {'acc':>3}  "
               f"{'next':<16} text")
     lines = [header, "-" * len(header)]
     for r in rounds:
-        nxt = f"{r.next_token} ({KIND.get(r.next_kind, '?')})"
+        nxt = f"{r.next_token} ({KIND[r.next_kind]})" if r.next_kind in KIND else "- (cut)"  # cut: EOS/length/stop
         lines.append(f"{r.index + 1:>5} {r.k:>2} {r.draft_kind or '-':<5}  {_ids(r.draft_ids):<34} {_flags(r.matches):<12} "
                      f"{_ids(r.target_ids):<34} {r.num_accepted:>3}  {nxt:<16} {r.text!r}")
     return "\n".join(lines)

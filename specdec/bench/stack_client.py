@@ -121,6 +121,6 @@ def round_dict(r: Any) -> dict[str, Any]:
 
 
 def stats_dict(stats: Any) -> dict[str, Any]:
-    from google.protobuf.json_format import MessageToDict
+    from specdec.proto_json import message_to_dict
 
-    return MessageToDict(stats, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return message_to_dict(stats, all_fields=True)

@@ -167,3 +167,47 @@ def test_combined_draft_mixes_lookup_and_model_rounds_and_matches_target(stack, 
     finally:
         stack.deps.runner.local_ngram = None
         channel.close()
+
+
+def _emitted_by_rounds(resp) -> int:
+    """Tokens the trace says the rounds emitted: accepted drafts, plus the target's token when it was emitted."""
+    return sum(r.num_accepted + (r.next_kind != target_pb2.NEXT_KIND_UNSPECIFIED) for r in resp.trace)
+
+
+def _leading_matches(r) -> int:
+    return next((i for i, m in enumerate(r.matches) if not m), len(r.matches))
+
+
+def test_stats_and_trace_count_only_the_tokens_emitted_before_eos(stack):
+    """A draft token accepted after EOS is not emitted, so it is neither accepted nor drafted in the stats and
+    the trace: the rounds' emitted tokens sum to completion_tokens and the acceptance rate follows."""
+    channel, stub = stack.stub()
+    free = generate(stub, IDENTITY_PROMPTS[0], 4, 40, ignore_eos=True)
+    completion, offset, pick = list(free.token_ids), 0, None
+    for r in free.trace:               # a token accepted mid-run (more accepted after it), not seen earlier
+        n = r.num_accepted + (r.next_kind != target_pb2.NEXT_KIND_UNSPECIFIED)
+        for j in range(r.num_accepted - 1):
+            if completion.index(completion[offset + j]) == offset + j:
+                pick = pick or completion[offset + j]
+        offset += n
+    assert pick is not None, "no round accepted two draft tokens; cannot place an EOS inside an accepted run"
+    eos_ids = stack.deps.eos_ids
+    stack.deps.eos_ids = frozenset({pick})          # the orchestrator's EOS set: cuts where `pick` is emitted
+    try:
+        cut = generate(stub, IDENTITY_PROMPTS[0], 4, 40)
+    finally:
+        stack.deps.eos_ids = eos_ids
+        channel.close()
+    assert cut.finish_reason == pb.FINISH_REASON_EOS and list(cut.token_ids) == completion[:completion.index(pick) + 1]
+    last = cut.trace[-1]
+    assert _leading_matches(last) > last.num_accepted, "the cut was not inside an accepted run"
+    assert last.next_kind == target_pb2.NEXT_KIND_UNSPECIFIED and last.next_token == -1
+    for resp in (free, cut):
+        stats = resp.stats
+        assert _emitted_by_rounds(resp) == resp.usage.completion_tokens == len(resp.token_ids)
+        assert stats.accepted_tokens == sum(r.num_accepted for r in resp.trace)
+        assert stats.acceptance_rate == pytest.approx(stats.accepted_tokens / stats.draft_tokens)
+        assert stats.mean_accepted_length == pytest.approx(resp.usage.completion_tokens / stats.rounds)
+        assert stats.recovered_tokens + stats.bonus_tokens == sum(r.next_kind != 0 for r in resp.trace)
+        assert sum(stats.accepted_per_position) == stats.accepted_tokens
+    assert cut.stats.draft_tokens < sum(len(r.draft_ids) for r in cut.trace)   # positions after the cut dropped
