@@ -65,7 +65,7 @@ from orchestrator.lease import SessionLease, store_errors
 from orchestrator.prompting import Message, Prompter
 from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner
 from orchestrator.session_store import Session, SessionBusy, SessionStore
-from orchestrator.stats import StatsCollector, emitted
+from orchestrator.stats import StatsCollector, count_emitted
 from orchestrator.stops import StopMatcher, tokens_before_stop
 
 FINISH_NAMES = {pb.FINISH_REASON_EOS: "eos", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_STOP: "stop",
@@ -334,8 +334,9 @@ class Generation:
         state.text += delta.emit
         counted = self.stats.add_round(outcome, len(tokens))     # only what was emitted counts
         self._learn(outcome)
-        self.deps.metrics.observe_round(outcome.draft_ids[:counted.drafted], counted.accepted, len(tokens), outcome.draft_ms,
-                                        outcome.target_ms, outcome.overhead_ms, outcome.wall_ms, outcome.degraded)
+        self.deps.metrics.observe_round(outcome.draft_ids[:counted.drafted], counted.accepted, len(tokens),
+                                        outcome.draft_ms, outcome.target_ms, outcome.overhead_ms, outcome.wall_ms,
+                                        outcome.degraded)
         if self.params.max_rounds and self.stats.rounds >= self.params.max_rounds and not state.finish:
             state.finish = pb.FINISH_REASON_LENGTH
         return tokens, delta.emit
@@ -357,7 +358,7 @@ class Generation:
         return emitted
 
     async def _store(self, state: State, tokens: list[int], outcome: RoundOutcome) -> None:
-        counted = emitted(outcome, len(tokens))
+        counted = count_emitted(outcome, len(tokens))
         counters = {"rounds": 1, "drafted": counted.drafted, "accepted": counted.accepted, "delivered": len(tokens)}
         written = await self.deps.store.append(self.session_id, state.version, tokens, counters, self.deps.owner)
         state.version = written.version
@@ -376,7 +377,7 @@ class Generation:
         rounds = []
         if self.params.trace:
             # the tokens this round appended (after EOS/length/stop cuts), special tokens shown
-            rounds = [self.stats.round_proto(outcome, emitted(outcome, len(tokens)),
+            rounds = [self.stats.round_proto(outcome, count_emitted(outcome, len(tokens)),
                                              self.deps.prompter.tokenizer.decode(tokens))]
             state.trace += rounds
         if not tokens and not text and not rounds:

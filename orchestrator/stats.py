@@ -1,6 +1,6 @@
 """Per-generation statistics: collected per round, exported as the Stats proto.
 
-Only what a round emitted counts (:func:`emitted`): when EOS, max_new_tokens, the context end or a
+Only what a round emitted counts (:func:`count_emitted`): when EOS, max_new_tokens, the context end or a
 stop string cuts a round, the draft tokens the target accepted after the cut are not counted as
 accepted (nor drafted), and the recovered/bonus token counts only if it was emitted. So the
 rounds' tokens sum to the completion's, and the acceptance rate is over the emitted part.
@@ -31,7 +31,7 @@ class Emitted:
     next_kind: int       # target_pb2.NextKind of the recovered/bonus token; UNSPECIFIED when it was cut
 
 
-def emitted(o: RoundOutcome, kept: int) -> Emitted:
+def count_emitted(o: RoundOutcome, kept: int) -> Emitted:
     """Count a round by the `kept` tokens it emitted (a prefix of o.emitted: accepted drafts, then the
     target's token). A cut inside the accepted run drops the later positions, accepted or not."""
     if kept > o.num_accepted:                       # the whole accepted run and the target's token
@@ -66,7 +66,7 @@ class StatsCollector:
         """Account for one round that emitted `kept_tokens` tokens; returns what was counted."""
         if self.rounds == 0 and kept_tokens:
             self.first_token_ms = (time.perf_counter() - self.started) * MS_PER_S
-        e = emitted(o, kept_tokens)
+        e = count_emitted(o, kept_tokens)
         self.rounds += 1
         self.drafted += e.drafted
         self.accepted += e.accepted
@@ -106,10 +106,12 @@ class StatsCollector:
             target_computed_tokens=self.target_computed, draft_computed_tokens=self.draft_computed)
 
     def round_proto(self, o: RoundOutcome, e: Emitted, text: str) -> pb.Round:
-        """One row of the per-round trace: what the target verified, counted as emitted (`e`)."""
-        next_token = o.next_token if e.next_kind != target_pb2.NEXT_KIND_UNSPECIFIED else -1
-        return pb.Round(index=self.rounds - 1, k=o.k, draft_ids=o.draft_ids, matches=o.matches,
-                        target_ids=o.target_ids, num_accepted=e.accepted, next_token=next_token,
+        """One row of the per-round trace, cut as the stats count it (`e`): draft ids, matches and target ids
+        of the counted positions only, so the rows sum to the stats (drafted, accepted, completion tokens)."""
+        emitted_next = e.next_kind != target_pb2.NEXT_KIND_UNSPECIFIED
+        return pb.Round(index=self.rounds - 1, k=o.k, draft_ids=o.draft_ids[:e.drafted], matches=o.matches[:e.drafted],
+                        target_ids=o.target_ids[:e.drafted + emitted_next], num_accepted=e.accepted,
+                        next_token=o.next_token if emitted_next else -1,
                         next_kind=e.next_kind, text=text, draft_ms=o.draft_ms, target_ms=o.target_ms,
                         overhead_ms=o.overhead_ms, draft_kind=o.draft_kind, draft_replica=o.draft_replica,
                         target_replica=o.target_replica, target_cached_tokens=o.target_cached,

@@ -24,8 +24,8 @@ def _flags(flags: Iterable[bool]) -> str:
 def round_table(rounds: Iterable[pb.Round]) -> str:
     """One line per round: draft kind and ids, match flags, target ids, accepted, next token and appended text.
 
-    `acc` and `next` count what the round emitted: after an EOS, length or stop cut inside the round, the
-    draft tokens the target accepted beyond it are not counted and the target's own token shows as cut."""
+    Rows show what the round emitted: after an EOS, length or stop cut inside the round, the positions beyond
+    it (draft tokens the target accepted too) are neither shown nor counted, and `next` shows as cut."""
     header = (f"{'round':>5} {'k':>2} {'draft':<5}  {'draft tokens':<34} {'match':<12} {'target tokens':<34} {'acc':>3}  "
               f"{'next':<16} text")
     lines = [header, "-" * len(header)]

@@ -46,6 +46,7 @@ EOS_PROBE_TOKENS = 24
 START_TIMEOUT_S = 60.0
 
 _tokenizer_cache: dict[str, Any] = {}
+_eos_cache: dict[tuple[tuple[str, ...], int], int] = {}
 
 
 def smollm2_tokenizer() -> Any:
@@ -71,8 +72,10 @@ def pick_emitted_eos(model: Any, tokenizer: Any, prompts: list[str]) -> int:
 def make_tiny_pair(directory: Path, prompts: list[str], noise: float = TINY_NOISE, seed: int = 0) -> tuple[Path, Path]:
     """Save a tiny Llama target (with an EOS it emits) and a perturbed draft; return their dirs."""
     tok = smollm2_tokenizer()
-    probe = build_tiny_causal_lm(tok, seed=seed, init_range=TINY_INIT_RANGE)
-    eos = pick_emitted_eos(probe, tok, prompts)
+    key = (tuple(prompts), seed)
+    if key not in _eos_cache:  # the probe is deterministic: once per test session, not once per module
+        _eos_cache[key] = pick_emitted_eos(build_tiny_causal_lm(tok, seed=seed, init_range=TINY_INIT_RANGE), tok, prompts)
+    eos = _eos_cache[key]
     pair = save_tiny_pair(directory, tok, noise=noise, seed=seed, init_range=TINY_INIT_RANGE, eos_token_id=eos)
     return pair.target_dir, pair.draft_dir
 

@@ -59,12 +59,13 @@ def decode(target: Any, draft: Any, prompt_ids: list[int], k: int, max_new: int,
         m = ver.result.num_accepted
         new = draft_ids[:m] + [ver.result.next_token]
         rounds += 1
-        proposed += len(draft_ids)
-        accepted += m
         stop = next((i for i, t in enumerate(new) if t in eos), None)
         if stop is not None:
             new = new[:stop + 1]
         new = new[:max_new - len(out)]
+        # count only what was emitted, as the orchestrator's stats do (orchestrator/stats.py: count_emitted)
+        proposed += len(draft_ids) if len(new) > m else len(new)
+        accepted += min(m, len(new))
         out += new
         ids += new
         if stop is not None:

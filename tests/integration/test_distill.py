@@ -4,6 +4,7 @@ and greedy speculative output with it equals the target alone."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -30,20 +31,38 @@ def _prompts() -> list[str]:
 
 
 ARCH_ARGS = {"eagle": ["--arch", "eagle", "--depth", "2", "--text-tokens", "2000"], "layers": ["--arch", "layers"]}
+# Sized for the suite (each fixture well under a minute on 2 cores): the tiny target rarely ends a
+# self-written message, so self-prompt rounds run to their limit (4 rounds of 2 x --data-batch messages).
+COMMON_ARGS = ["--docstrings", "0", "--variants", "2", "--self-prompts", "2", "--data-batch", "4", "--layers", "1",
+               "--head-tokens", "3000", "--steps", "6", "--batch-tokens", "256", "--checkpoint-every", "3",
+               "--max-new-tokens", "8", "--eval-max-new-tokens", "8", "--quiet"]
 
 
-@pytest.fixture(scope="module", params=sorted(ARCH_ARGS))
-def distilled(tmp_path_factory, request):
-    root = tmp_path_factory.mktemp(f"distill-{request.param}")
+@pytest.fixture(scope="module")
+def data_stage(tmp_path_factory):
+    """The data stage once (a fresh run, --stop-after data): both architectures train on the same data."""
+    root = tmp_path_factory.mktemp("distill-data")
     target_dir, _ = make_tiny_pair(root / "pair", IDENTITY_PROMPTS)
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in _prompts()))
-    out = root / "draft"
-    argv = ["distill", "--target", str(target_dir), "--out", str(out), "--prompts", str(prompts),
-            "--docstrings", "0", "--variants", "2", "--self-prompts", "6", "--data-batch", "8", "--layers", "1", "--head-tokens", "3000", "--steps", "6",
-            "--batch-tokens", "256", "--checkpoint-every", "3", "--max-new-tokens", "8",
-            "--eval-max-new-tokens", "8", "--quiet", *ARCH_ARGS[request.param]]
-    assert main(argv) == 0
+    out = root / "data-run"
+    assert main(["distill", "--target", str(target_dir), "--out", str(out), "--prompts", str(prompts),
+                 *COMMON_ARGS, "--stop-after", "data"]) == 0
+    return target_dir, prompts, out / "data"
+
+
+@pytest.fixture(scope="module", params=sorted(ARCH_ARGS))
+def distilled(data_stage, tmp_path_factory, request):
+    """Train and report with the shared data, resumed in a new output directory (the data stage finds its
+    chunks and self-written prompts complete and generates nothing)."""
+    target_dir, prompts, data = data_stage
+    out = tmp_path_factory.mktemp(f"distill-{request.param}") / "draft"
+    shutil.copytree(data, out / "data")
+    argv = ["distill", "--target", str(target_dir), "--out", str(out), "--prompts", str(prompts), *COMMON_ARGS,
+            *ARCH_ARGS[request.param]]
+    chunks = {p.name: p.stat().st_mtime_ns for p in (out / "data").glob("chunk-*.pt")}
+    assert main(argv + ["--resume"]) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "data").glob("chunk-*.pt")} == chunks  # reused as is
     return target_dir, out, argv, request.param
 
 

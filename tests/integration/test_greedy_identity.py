@@ -146,14 +146,15 @@ def test_combined_draft_mixes_lookup_and_model_rounds_and_matches_target(stack, 
     channel, stub = stack.stub()
     eos = sorted(stack.deps.eos_ids)
     repeated = [f"{p} {p}" for p in IDENTITY_PROMPTS[:4]]  # the tail occurred before: round 1 has a lookup hit
+    prompt_ids = {p: stack.tokenizer.encode(p) for p in IDENTITY_PROMPTS + repeated}
+    want = {p: target_greedy(model, ids, 40, eos) for p, ids in prompt_ids.items()}   # once for both passes
     try:
         for local in (None, NgramProposer(2, 4)):
             stack.deps.runner.local_ngram = local
             kinds: dict[str, int] = {}
             for prompt in IDENTITY_PROMPTS + repeated:
                 resp = generate(stub, prompt, 4, 40, draft_kind="combined")
-                prompt_ids = stack.tokenizer.encode(prompt)
-                verdict = compare(model, prompt_ids, list(resp.token_ids), target_greedy(model, prompt_ids, 40, eos))
+                verdict = compare(model, prompt_ids[prompt], list(resp.token_ids), want[prompt])
                 assert verdict in ("", "tie"), f"{prompt!r}: {verdict}"
                 for r in resp.trace:
                     kinds[r.draft_kind] = kinds.get(r.draft_kind, 0) + 1
@@ -172,10 +173,6 @@ def test_combined_draft_mixes_lookup_and_model_rounds_and_matches_target(stack, 
 def _emitted_by_rounds(resp) -> int:
     """Tokens the trace says the rounds emitted: accepted drafts, plus the target's token when it was emitted."""
     return sum(r.num_accepted + (r.next_kind != target_pb2.NEXT_KIND_UNSPECIFIED) for r in resp.trace)
-
-
-def _leading_matches(r) -> int:
-    return next((i for i, m in enumerate(r.matches) if not m), len(r.matches))
 
 
 def test_stats_and_trace_count_only_the_tokens_emitted_before_eos(stack):
@@ -199,9 +196,11 @@ def test_stats_and_trace_count_only_the_tokens_emitted_before_eos(stack):
         stack.deps.eos_ids = eos_ids
         channel.close()
     assert cut.finish_reason == pb.FINISH_REASON_EOS and list(cut.token_ids) == completion[:completion.index(pick) + 1]
-    last = cut.trace[-1]
-    assert _leading_matches(last) > last.num_accepted, "the cut was not inside an accepted run"
+    last, uncut = cut.trace[-1], free.trace[len(cut.trace) - 1]     # the same round without the EOS
+    assert list(uncut.draft_ids[:len(last.draft_ids)]) == list(last.draft_ids)
+    assert uncut.num_accepted > last.num_accepted, "the cut was not inside an accepted run"
     assert last.next_kind == target_pb2.NEXT_KIND_UNSPECIFIED and last.next_token == -1
+    assert len(last.draft_ids) == len(last.target_ids) == last.num_accepted   # the positions after EOS dropped
     for resp in (free, cut):
         stats = resp.stats
         assert _emitted_by_rounds(resp) == resp.usage.completion_tokens == len(resp.token_ids)
@@ -209,5 +208,5 @@ def test_stats_and_trace_count_only_the_tokens_emitted_before_eos(stack):
         assert stats.acceptance_rate == pytest.approx(stats.accepted_tokens / stats.draft_tokens)
         assert stats.mean_accepted_length == pytest.approx(resp.usage.completion_tokens / stats.rounds)
         assert stats.recovered_tokens + stats.bonus_tokens == sum(r.next_kind != 0 for r in resp.trace)
+        assert stats.draft_tokens == sum(len(r.draft_ids) for r in resp.trace)
         assert sum(stats.accepted_per_position) == stats.accepted_tokens
-    assert cut.stats.draft_tokens < sum(len(r.draft_ids) for r in cut.trace)   # positions after the cut dropped

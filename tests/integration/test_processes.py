@@ -313,6 +313,8 @@ def test_cli_generate_json(stack, reference, eos):
     assert compare(reference.model, ids, got, want) in ("", "tie")
     assert out["text"] == reference.tokenizer.decode(got, skip_special_tokens=True)
     assert out["finish_reason"] in ("FINISH_REASON_EOS", "FINISH_REASON_LENGTH")
+    for counter in ("wire_bytes", "target_computed_tokens", "rounds"):   # numbers, as the HTTP API prints them
+        assert isinstance(out["stats"][counter], int), (counter, out["stats"][counter])
 
 
 # -- 5. errors over real gRPC ---------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.rounds import RoundOutcome
-from orchestrator.stats import StatsCollector, emitted
+from orchestrator.stats import StatsCollector, count_emitted
 from specdec.v1 import target_pb2
 
 RECOVERED, BONUS, NONE = target_pb2.NEXT_KIND_RECOVERED, target_pb2.NEXT_KIND_BONUS, target_pb2.NEXT_KIND_UNSPECIFIED
@@ -26,12 +26,12 @@ def outcome(draft: list[int], accepted: int, next_token: int, kind: int) -> Roun
     (0, (0, 0, 0, NONE)),       # a stop string removed the whole round
 ])
 def test_a_cut_inside_an_accepted_run_drops_what_follows(kept, want):
-    e = emitted(outcome([7, EOS, 8, 9], 4, 10, BONUS), kept)
+    e = count_emitted(outcome([7, EOS, 8, 9], 4, 10, BONUS), kept)
     assert (e.tokens, e.drafted, e.accepted, e.next_kind) == want
 
 
 def test_a_rejected_round_counts_every_drafted_position():
-    e = emitted(outcome([7, 8, 9], 1, 5, RECOVERED), 2)
+    e = count_emitted(outcome([7, 8, 9], 1, 5, RECOVERED), 2)
     assert (e.tokens, e.drafted, e.accepted, e.next_kind) == (2, 3, 1, RECOVERED)
 
 
@@ -45,5 +45,8 @@ def test_the_stats_sum_to_the_completion_and_the_rate_follows():
     assert proto.acceptance_rate == pytest.approx(3 / 5)
     assert proto.mean_accepted_length == pytest.approx((2 + 2) / 2)
     assert list(proto.accepted_per_position) == [2, 1, 0] and list(proto.drafted_per_position) == [2, 2, 1]
-    row = stats.round_proto(rounds[1][0], emitted(*rounds[1]), text="x")
+    row = stats.round_proto(rounds[1][0], count_emitted(*rounds[1]), text="x")
     assert (row.num_accepted, row.next_kind, row.next_token) == (2, NONE, -1)
+    assert list(row.draft_ids) == [7, EOS] and list(row.matches) == [True, True] and list(row.target_ids) == [7, EOS]
+    row = stats.round_proto(rounds[0][0], count_emitted(*rounds[0]), text="x")
+    assert list(row.draft_ids) == [7, 8, 9] and list(row.target_ids) == [7, 5] and row.next_kind == RECOVERED
