@@ -26,6 +26,7 @@ from tests.support import InProcessStack, make_tiny_pair, target_greedy
 pytestmark = pytest.mark.integration
 
 K_VALUES = (1, 2, 3, 5, 8)
+BRANCH_PROMPT_STRIDE = 2   # every other prompt x every k: 80 generations still run every branch (asserted)
 TIE_EPSILON = 1e-4
 MAX_TIE_FRACTION = 0.02
 
@@ -74,7 +75,7 @@ def test_greedy_identity_and_branches(stack, tiny):
     eos = sorted(stack.deps.eos_ids)
     seen = {"bonus": 0, "rejected_first": 0, "partial": 0, "eos_in_draft": 0, "length_clipped_round": 0, "eos_finish": 0}
     ties, failures, runs = 0, [], 0
-    for pi, prompt in enumerate(IDENTITY_PROMPTS):
+    for pi, prompt in enumerate(IDENTITY_PROMPTS[::BRANCH_PROMPT_STRIDE]):
         prompt_ids = stack.tokenizer.encode(prompt)
         for k in K_VALUES:
             max_new = 12 + (pi * 7 + k) % 29
