@@ -105,20 +105,13 @@ class Chunk:
 
 
 def _to_dict(message: Any) -> dict[str, Any]:
+    """Every field, int64 counters as ints (specdec/proto_json.py)."""
     from specdec.proto_json import message_to_dict
     return message_to_dict(message, all_fields=True)
 
 
 def _usage(u: pb.Usage) -> Usage:
     return Usage(u.prompt_tokens, u.completion_tokens, u.total_tokens, u.cached_prompt_tokens)
-
-
-def _stats(s: Any) -> dict[str, Any]:
-    d = _to_dict(s)
-    for key in ("wire_bytes", "target_computed_tokens", "draft_computed_tokens"):  # int64 -> JSON strings
-        if isinstance(d.get(key), str):
-            d[key] = int(d[key])
-    return d
 
 
 def _messages(messages: Iterable[Any]) -> list[tuple[str, str]]:
@@ -159,7 +152,7 @@ def build_request(prompt: str | None = None, *, messages: Iterable[Any] | None =
 def result_from_response(resp: pb.GenerateResponse, attempts: int = 1) -> GenerateResult:
     return GenerateResult(
         text=resp.text, token_ids=list(resp.token_ids), finish_reason=FINISH_NAMES.get(resp.finish_reason, "?"),
-        usage=_usage(resp.usage), stats=_stats(resp.stats), trace=[_to_dict(r) for r in resp.trace],
+        usage=_usage(resp.usage), stats=_to_dict(resp.stats), trace=[_to_dict(r) for r in resp.trace],
         session_id=resp.session_id, request_id=resp.request_id, model=resp.model,
         logprobs=[_to_dict(t) for t in resp.logprobs], attempts=attempts)
 
@@ -211,7 +204,7 @@ class _Resume:
         return Chunk(text=c.text_delta, token_ids=ids, offset=offset + skip, rounds=[_to_dict(r) for r in c.rounds],
                      logprobs=[_to_dict(t) for t in c.logprobs],
                      finish_reason=FINISH_NAMES.get(c.finish_reason, "?") if final else None,
-                     usage=_usage(c.usage) if final else None, stats=_stats(c.stats) if final else None,
+                     usage=_usage(c.usage) if final else None, stats=_to_dict(c.stats) if final else None,
                      session_id=c.session_id, request_id=c.request_id)
 
 
