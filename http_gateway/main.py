@@ -1,7 +1,7 @@
 """`specdec serve http`: run the OpenAI-compatible gateway until SIGTERM/SIGINT.
 
 Environment (flags override): SPECDEC_ORCHESTRATOR (orchestrator address),
-SPECDEC_HTTP_HOST, SPECDEC_HTTP_PORT, SPECDEC_AUTH_TOKENS (comma-separated bearer
+SPECDEC_HTTP_HOST, SPECDEC_HTTP_PORT, SPECDEC_AUTH_TOKENS or SPECDEC_AUTH_TOKENS_FILE (comma-separated bearer
 tokens; empty = no auth at the gateway, the token is still forwarded),
 SPECDEC_ORCHESTRATOR_TLS=1 and SPECDEC_TLS_CA (TLS to the orchestrator),
 SPECDEC_HTTP_REQUEST_TIMEOUT (seconds, the gRPC deadline of one generation).
@@ -15,7 +15,7 @@ import sys
 
 from aiohttp import web
 
-from specdec.config import env_bool, env_float, env_int, env_str
+from specdec.config import env_bool, env_float, env_int, env_secret, env_str
 
 from http_gateway.app import GatewayConfig, build_app
 
@@ -28,7 +28,7 @@ def config_from_env() -> GatewayConfig:
         orchestrator=env_str("SPECDEC_ORCHESTRATOR", "127.0.0.1:50050"),
         host=env_str("SPECDEC_HTTP_HOST", "127.0.0.1"),
         port=env_int("SPECDEC_HTTP_PORT", DEFAULT_HTTP_PORT),
-        auth_tokens=tuple(t for t in env_str("SPECDEC_AUTH_TOKENS").split(",") if t),
+        auth_tokens=tuple(t for t in env_secret("SPECDEC_AUTH_TOKENS").split(",") if t),
         tls=env_bool("SPECDEC_ORCHESTRATOR_TLS"),
         tls_ca=env_str("SPECDEC_TLS_CA"),
         request_timeout_s=env_float("SPECDEC_HTTP_REQUEST_TIMEOUT", 600.0),

@@ -14,12 +14,18 @@ Environment variables (CLI flags override them):
   SPECDEC_LEASE_SECONDS, SPECDEC_HEALTH_WEDGED_SECONDS, SPECDEC_FAULT_FILE,
   SPECDEC_MAX_BATCH, SPECDEC_BATCH_WAIT_MS, SPECDEC_KEEP_HIDDEN, SPECDEC_MAX_HIDDEN_BYTES,
   SPECDEC_INPUT_MAJOR, SPECDEC_NGRAM_MIN_N, SPECDEC_NGRAM_MAX_N, SPECDEC_NGRAM_PREFER
+
+Secrets (SPECDEC_AUTH_TOKENS, SPECDEC_SERVICE_TOKEN, REDIS_URL, REDIS_PASSWORD) can instead
+be read from files, as Kubernetes and compose mount them: NAME_FILE=/path (see env_secret).
+REDIS_PASSWORD (or REDIS_PASSWORD_FILE) fills in the password of a REDIS_URL that has none.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 DEFAULT_ORCHESTRATOR_PORT = 50050
 DEFAULT_DRAFT_PORT = 50051
@@ -38,6 +44,36 @@ NGRAM_MAX_N = 4
 def env_str(name: str, default: str = "") -> str:
     """String from the environment, or the default when unset or empty."""
     return os.environ.get(name) or default
+
+
+def env_secret(name: str, default: str = "") -> str:
+    """A secret from $NAME, else the stripped contents of the file named by $NAME_FILE.
+
+    Raises:
+        ValueError: $NAME_FILE names a file that cannot be read.
+    """
+    value = os.environ.get(name)
+    if value:
+        return value
+    path = os.environ.get(f"{name}_FILE")
+    if not path:
+        return default
+    try:
+        return Path(path).read_text(encoding="utf-8").strip() or default
+    except OSError as exc:
+        raise ValueError(f"{name}_FILE={path}: {exc.strerror or exc}") from exc
+
+
+def redis_url_from_env() -> str:
+    """REDIS_URL(_FILE), with REDIS_PASSWORD(_FILE) as its password when the URL carries none."""
+    url = env_secret("REDIS_URL")
+    password = env_secret("REDIS_PASSWORD")
+    if not url or not password:
+        return url
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=f":{quote(password, safe='')}@{parts.netloc}"))
 
 
 def env_int(name: str, default: int) -> int:
@@ -95,7 +131,7 @@ class ServerConfig:
     metrics_port: int = field(default_factory=lambda: env_int("SPECDEC_METRICS_PORT", 0))
     drain_seconds: float = field(default_factory=lambda: env_float("SPECDEC_DRAIN_SECONDS", 30.0))
     max_message_bytes: int = field(default_factory=lambda: env_int("SPECDEC_MAX_MESSAGE_BYTES", 4 * MIB))
-    service_token: str = field(default_factory=lambda: env_str("SPECDEC_SERVICE_TOKEN"))
+    service_token: str = field(default_factory=lambda: env_secret("SPECDEC_SERVICE_TOKEN"))
     tls: TLSConfig = field(default_factory=TLSConfig)
 
 
@@ -231,7 +267,7 @@ class OrchestratorConfig:
     # Which earlier occurrence of the context's tail the n-gram draft continues: earliest | recent.
     ngram_prefer: str = field(default_factory=lambda: env_str("SPECDEC_NGRAM_PREFER", "earliest"))
     target_addresses: str = field(default_factory=lambda: env_str("SPECDEC_TARGET_ADDRESSES"))
-    redis_url: str = field(default_factory=lambda: env_str("REDIS_URL"))
+    redis_url: str = field(default_factory=redis_url_from_env)
     redis_prefix: str = field(default_factory=lambda: env_str("SPECDEC_REDIS_PREFIX", "specdec:"))
     session_ttl_s: int = field(default_factory=lambda: env_int("SPECDEC_SESSION_TTL", 24 * 3600))
     lease: LeaseConfig = field(default_factory=LeaseConfig)
@@ -240,7 +276,7 @@ class OrchestratorConfig:
     # its own deadline) for the check, instead of failing UNAVAILABLE while the service starts.
     first_check_wait_s: float = field(default_factory=lambda: env_float("SPECDEC_FIRST_CHECK_WAIT_S", 10.0))
     auth_tokens: tuple[str, ...] = field(
-        default_factory=lambda: tuple(t for t in env_str("SPECDEC_AUTH_TOKENS").split(",") if t))
+        default_factory=lambda: tuple(t for t in env_secret("SPECDEC_AUTH_TOKENS").split(",") if t))
     cache_dir: str = field(default_factory=lambda: env_str("SPECDEC_MODEL_CACHE_DIR"))
     offline: bool = field(default_factory=lambda: env_bool("SPECDEC_OFFLINE"))
     limits: Limits = field(default_factory=Limits)

@@ -1,0 +1,130 @@
+"""What `make deploy-test` asks of a running stack, from the host: gRPC and HTTP generation,
+greedy identity with k = 0, replica spread (trace), a target killed mid-stream, tok/s.
+
+Every call carries a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import orchestrator_pb2_grpc
+
+CALL_TIMEOUT_S = 300.0
+PROMPT = "Explain in a few sentences why the sky is blue, then list three uses of speculative decoding."
+GREEDY_TOKENS = 48
+SPEED_TOKENS = 128
+SPEED_RUNS = 3
+SPREAD_SESSIONS = 8
+
+
+@dataclass
+class Orchestrator:
+    """A gRPC client of one orchestrator with its bearer token."""
+
+    address: str
+    token: str
+
+    def _stub(self, channel: grpc.Channel) -> orchestrator_pb2_grpc.OrchestratorStub:
+        return orchestrator_pb2_grpc.OrchestratorStub(channel)
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    def generate(self, **fields) -> pb.GenerateResponse:
+        """One unary Generate (greedy unless `sampling` is given)."""
+        with grpc.insecure_channel(self.address) as channel:
+            return self._stub(channel).Generate(pb.GenerateRequest(**fields), timeout=CALL_TIMEOUT_S,
+                                                metadata=self.metadata)
+
+    def stream(self, on_chunk: Callable[[pb.GenerateChunk], None], **fields) -> list[int]:
+        """GenerateStream to the end; the completion token ids (on_chunk sees every chunk)."""
+        ids: list[int] = []
+        with grpc.insecure_channel(self.address) as channel:
+            for chunk in self._stub(channel).GenerateStream(pb.GenerateRequest(**fields), timeout=CALL_TIMEOUT_S,
+                                                            metadata=self.metadata):
+                del ids[chunk.offset:]
+                ids.extend(chunk.token_ids)
+                on_chunk(chunk)
+        return ids
+
+
+def greedy_identity(client: Orchestrator) -> dict[str, object]:
+    """The default k and k = 0 give the same greedy tokens through the stack."""
+    fields = dict(prompt=PROMPT, max_new_tokens=GREEDY_TOKENS, ignore_eos=True)
+    spec = client.generate(**fields)
+    plain = client.generate(k=0, **fields)
+    return {"ok": list(spec.token_ids) == list(plain.token_ids), "tokens": len(spec.token_ids),
+            "text": spec.text, "ids": list(plain.token_ids), "mal": spec.stats.mean_accepted_length}
+
+
+def http_completion(port: int, token: str, k: int | None = None) -> str:
+    """Greedy /v1/completions through the gateway on 127.0.0.1; the completion text."""
+    ext = {"ignore_eos": True} | ({"k": k} if k is not None else {})
+    body = {"prompt": PROMPT, "max_tokens": GREEDY_TOKENS, "temperature": 0, "specdec": ext}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=CALL_TIMEOUT_S) as reply:  # noqa: S310 (loopback)
+        return json.loads(reply.read())["choices"][0]["text"]
+
+
+def replica_spread(client: Orchestrator, prefix: str) -> tuple[set[str], set[str]]:
+    """(target replicas, draft replicas) that served the rounds of several sessions."""
+    targets: set[str] = set()
+    drafts: set[str] = set()
+    for i in range(SPREAD_SESSIONS):
+        resp = client.generate(prompt=f"{i}: {PROMPT}", max_new_tokens=16, ignore_eos=True, trace=True,
+                               session_id=f"{prefix}-{i}", create_session=True)
+        targets |= {r.target_replica for r in resp.trace if r.target_replica}
+        drafts |= {r.draft_replica for r in resp.trace if r.draft_replica and r.draft_replica != "local"}
+    return targets, drafts
+
+
+def kill_mid_stream(client: Orchestrator, reference: list[int], kill: Callable[[str], None],
+                    after_tokens: int = 8) -> dict[str, object]:
+    """Stream the reference prompt; once `after_tokens` arrived, kill(target replica serving it)."""
+    state: dict[str, object] = {"killed": "", "at": 0}
+
+    def on_chunk(chunk: pb.GenerateChunk) -> None:
+        served = [r.target_replica for r in chunk.rounds if r.target_replica]
+        count = chunk.offset + len(chunk.token_ids)
+        if not state["killed"] and served and count >= after_tokens:
+            state["killed"], state["at"] = served[-1], count
+            kill(served[-1])
+
+    started = time.monotonic()
+    ids = client.stream(on_chunk, prompt=PROMPT, max_new_tokens=len(reference), ignore_eos=True, trace=True,
+                        session_id="deploy-kill", create_session=True)
+    return {"identical": ids == reference, "killed": state["killed"], "killed_at_token": state["at"],
+            "tokens": len(ids), "seconds": time.monotonic() - started}
+
+
+def tokens_per_second(client: Orchestrator, runs: int = SPEED_RUNS) -> float:
+    """Median completion tok/s of the same greedy prompt (fresh session each run), from the client."""
+    rates = []
+    for _ in range(runs):
+        started = time.monotonic()
+        resp = client.generate(prompt=PROMPT, max_new_tokens=SPEED_TOKENS, ignore_eos=True)
+        rates.append(len(resp.token_ids) / (time.monotonic() - started))
+    return sorted(rates)[len(rates) // 2]
+
+
+def wait_serving_on(client: Orchestrator, replica: str, deadline_s: float) -> float:
+    """Seconds until a new session's rounds run on `replica` (an IP:port), within deadline_s."""
+    started = time.monotonic()
+    i = 0
+    while time.monotonic() - started < deadline_s:
+        resp = client.generate(prompt=f"probe {i}", max_new_tokens=4, ignore_eos=True, trace=True,
+                               session_id=f"deploy-probe-{i}", create_session=True)
+        if any(r.target_replica == replica for r in resp.trace):
+            return time.monotonic() - started
+        i += 1
+    raise TimeoutError(f"no round ran on {replica} within {deadline_s:.0f} s")
