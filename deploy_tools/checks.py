@@ -107,14 +107,26 @@ def kill_mid_stream(client: Orchestrator, reference: list[int], kill: Callable[[
             "tokens": len(ids), "seconds": time.monotonic() - started}
 
 
-def tokens_per_second(client: Orchestrator, runs: int = SPEED_RUNS) -> float:
-    """Median completion tok/s of the same greedy prompt (fresh session each run), from the client."""
-    rates = []
+def one_run(client: Orchestrator) -> dict[str, float]:
+    """tok/s of the greedy speed prompt (fresh session) from the client, and median per-round costs."""
+    started = time.monotonic()
+    resp = client.generate(prompt=PROMPT, max_new_tokens=SPEED_TOKENS, ignore_eos=True, trace=True)
+    rate = len(resp.token_ids) / (time.monotonic() - started)
+    median = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0.0  # noqa: E731
+    return {"tok_s": rate, "draft_ms": median([r.draft_ms for r in resp.trace]),
+            "target_ms": median([r.target_ms for r in resp.trace]),
+            "overhead_ms": median([r.overhead_ms for r in resp.trace]), "mal": resp.stats.mean_accepted_length}
+
+
+def side_by_side(a: Orchestrator, b: Orchestrator, runs: int = SPEED_RUNS) -> tuple[dict, dict]:
+    """Interleaved (warm-up, then ABAB...) runs on two stacks; the median run of each by tok/s."""
+    one_run(a), one_run(b)
+    runs_a, runs_b = [], []
     for _ in range(runs):
-        started = time.monotonic()
-        resp = client.generate(prompt=PROMPT, max_new_tokens=SPEED_TOKENS, ignore_eos=True)
-        rates.append(len(resp.token_ids) / (time.monotonic() - started))
-    return sorted(rates)[len(rates) // 2]
+        runs_a.append(one_run(a))
+        runs_b.append(one_run(b))
+    pick = lambda rs: sorted(rs, key=lambda r: r["tok_s"])[len(rs) // 2]  # noqa: E731
+    return pick(runs_a), pick(runs_b)
 
 
 def wait_serving_on(client: Orchestrator, replica: str, deadline_s: float) -> float:
