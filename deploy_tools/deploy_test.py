@@ -26,7 +26,7 @@ from pathlib import Path
 from deploy_tools import checks
 from deploy_tools.stack import REPO, ComposeStack, StackError, hardening, image_size_mb, run
 
-HEALTHY_DEADLINE_S = 420.0
+HEALTHY_DEADLINE_S = 900.0
 REPLACEMENT_GOAL_S = 60.0
 REPLACEMENT_DEADLINE_S = 180.0
 SPEED_GOAL = 0.9

@@ -21,7 +21,7 @@ from tests.deploy_support import render
 
 TAG = os.environ.get("SPECDEC_DEPLOY_TAG", "dev")
 CPU_IMAGE, REDIS_IMAGE = f"specdec-cpu:{TAG}", f"specdec-redis:{TAG}"
-START_DEADLINE_S = 180
+START_DEADLINE_S = 300
 BUILD_INPUTS = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "TORCH_INDEX_URL", "PIP_CERT",
                 "PIP_FIND_LINKS", "build-extra", "ca.crt", "/opt/pypi", "/opt/wheels")
 
