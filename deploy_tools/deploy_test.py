@@ -28,7 +28,7 @@ from deploy_tools.stack import REPO, ComposeStack, StackError, hardening, image_
 
 HEALTHY_DEADLINE_S = 900.0
 REPLACEMENT_GOAL_S = 60.0
-REPLACEMENT_DEADLINE_S = 180.0
+REPLACEMENT_DEADLINE_S = 600.0
 SPEED_GOAL = 0.9
 MODEL_SERVICES = ("draft", "target")
 
@@ -74,7 +74,7 @@ def kill_and_replace(stack: ComposeStack, client: checks.Orchestrator, reference
     result = checks.kill_mid_stream(client, reference, kill)
     if not result["killed"]:
         raise StackError("the stream finished before a target could be killed")
-    marks["thread"].join(timeout=180)
+    marks["thread"].join(timeout=REPLACEMENT_DEADLINE_S)
     stack.wait_healthy(REPLACEMENT_DEADLINE_S, "target", stack.targets)
     targets = stack.containers("target")
     # compose restarts the killed container (same id) or, if it was removed, creates one.

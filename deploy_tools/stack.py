@@ -124,10 +124,13 @@ class ComposeStack:
                 return c
         raise StackError(f"no container of {self.project} has the address {address}")
 
-    def replace(self) -> None:
-        """Bring every service back to its scale (what a ReplicaSet does for a lost pod)."""
+    def replace(self, deadline_s: float = COMMAND_TIMEOUT_S) -> None:
+        """Bring every service back to its scale (what a ReplicaSet does for a lost pod).
+
+        `up` also waits for the dependencies of the services it touches to be healthy.
+        """
         self.compose("up", "-d", "--no-build", "--pull", "never", "--no-recreate",
-                     "--scale", f"draft={self.drafts}", "--scale", f"target={self.targets}", timeout=120)
+                     "--scale", f"draft={self.drafts}", "--scale", f"target={self.targets}", timeout=deadline_s)
 
     def logs(self, tail: int = 60) -> str:
         """The last lines of every service's log (for a failure report)."""
