@@ -136,8 +136,9 @@ def costs(run_: dict | None) -> str:
     """Per-round medians of a speed run (median of 3 interleaved runs, 128 tokens, from the host)."""
     if not run_:
         return ""
-    return (f"round: draft {run_['draft_ms']:.0f} ms, target {run_['target_ms']:.0f} ms, "
-            f"overhead {run_['overhead_ms']:.1f} ms, MAL {run_['mal']:.2f}")
+    return (f"median round: draft {run_['draft_ms']:.0f} ms, target {run_['target_ms']:.0f} ms, "
+            f"overhead {run_['overhead_ms']:.1f} ms; rounds {run_['rounds_s']:.1f} s of {run_['wall_s']:.1f} s; "
+            f"MAL {run_['mal']:.2f}")
 
 
 def table(facts: dict) -> str:
