@@ -4,8 +4,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip -q --disable-pip-version-check
+# guidellm (the load generator of `make bench-load`) lives in its own venv: it brings its own
+# transformers and friends, which must not move the project's pins. torch first, the CPU build.
+LOAD_VENV     := .venv-load
+LOAD_STAMP    := $(LOAD_VENV)/.installed
+GUIDELLM_PIN  := guidellm==0.8.1
+LOAD_PIP      := $(LOAD_VENV)/bin/python -m pip -q --disable-pip-version-check
 
-.PHONY: install demo test test-fast protos bench bench-concurrency constraints up clean \
+.PHONY: install demo test test-fast protos bench bench-concurrency bench-load load-venv constraints up clean \
         deploy-tools base-image images deploy-test
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
@@ -41,6 +47,18 @@ bench: $(STAMP)
 bench-concurrency: $(STAMP)
 	$(BIN)/specdec bench-concurrency --out bench/results/concurrency.json
 
+$(LOAD_STAMP): Makefile
+	test -x $(LOAD_VENV)/bin/python || $(PYTHON) -m venv $(LOAD_VENV)
+	$(LOAD_PIP) install torch==2.13.0       # the CPU build; pinned before guidellm can pull a CUDA one
+	$(LOAD_PIP) install torch==2.13.0 $(GUIDELLM_PIN)
+	touch $(LOAD_STAMP)
+
+load-venv: $(LOAD_STAMP)
+
+## Latency/throughput vs load through the OpenAI endpoint, measured by guidellm: k = 0, k = 4, adaptive, A/A (see bench/README.md).
+bench-load: $(STAMP) $(LOAD_STAMP)
+	$(BIN)/specdec bench-load --guidellm $(LOAD_VENV)/bin/guidellm --out bench/results/load.json --plot bench/results/load.png $(ARGS)
+
 up: $(STAMP)
 	$(BIN)/specdec up
 
@@ -71,4 +89,4 @@ deploy-test: $(STAMP) $(TOOLS_STAMP)
 	PYTHONPATH=$(CURDIR) $(BIN)/python -m deploy_tools.deploy_test $(DEPLOY_TEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(TOOLS) .pytest_cache
+	rm -rf $(VENV) $(TOOLS) $(LOAD_VENV) .pytest_cache

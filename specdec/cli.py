@@ -5,6 +5,7 @@
   specdec generate "prompt" [--k N] [--max-new-tokens N] [--session ID] [--trace] [--json]
   specdec distill --target SPEC --out DIR [--layers 1|2] [--head-tokens N] [--steps N] [--seed N] [--resume]
   specdec bench [--prompts grounded,open] [--k 2,4,8,12] [--max-new-tokens N] [--repeats N] [--threads N] [--quick]
+  specdec bench-load [--quick | --full] [--concurrency 1,4,16] [--requests N] [--k 4] [--adaptive-cap N]
 """
 
 from __future__ import annotations
@@ -303,11 +304,15 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.bench.runner import cmd_bench
     _bench_parser(sub)
     _concurrency_parser(sub)
+    from specdec.bench.load import add_parser as _load_parser
+    from specdec.bench.load import cmd_bench_load
+    _load_parser(sub)
     from specdec.distill.cli import add_parser as _distill_parser
     from specdec.distill.cli import run as cmd_distill
     _distill_parser(sub)
     args = parser.parse_args(argv)
     handlers = {"serve": cmd_serve, "up": cmd_up, "generate": cmd_generate, "bench": cmd_bench, "bench-concurrency": cmd_bench_concurrency,
+                "bench-load": cmd_bench_load,
                 "distill": cmd_distill}
     try:
         code = handlers[args.command](args)

@@ -1,0 +1,291 @@
+"""`specdec bench-load`: latency-throughput curves of the OpenAI endpoint under load, measured by guidellm.
+
+Starts the local stack (embedded Redis, target, n-gram draft, orchestrator) and the HTTP gateway, then
+runs guidellm (the vLLM project's load generator, installed by `make bench-load` in its own virtual
+environment, .venv-load) against /v1/chat/completions for every configuration (k = 0, fixed k,
+adaptive k, and k = 0 again as the A/A repeat) at the same points: closed-loop concurrency levels,
+then Poisson rates derived once from k = 0's saturation throughput. Configurations run one after
+the other at each phase (k0, k4, adaptive, k0_aa), so drift of the machine shows in the A/A band.
+guidellm gets the target's tokenizer as a local directory exported from the model (never a hub id).
+What the figures mean: specdec/bench/load_results.py; how to run: bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import resource
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from specdec.bench.load_plan import (CONCURRENCY, DATA_PROMPTS, DATASETS, DEFAULT_MODE, FULL_MODE, GUIDELLM_VERSION,
+                                     K0, QUICK_MODE, RATE, LoadConfig, Mode, ScenarioInputs, configurations,
+                                     rate_list, scenario, write_chat_jsonl)
+from specdec.bench.load_results import add_ratios, goals, noise_band, parse_report, saturation_rps
+
+log = logging.getLogger("specdec.bench.load")
+
+DEFAULT_GUIDELLM = ".venv-load/bin/guidellm"
+DEFAULT_WORK_DIR = "bench/out/load"
+DEFAULT_ADAPTIVE_CAP = 8
+WARMUP_TOKENS = 8
+WARMUP_TIMEOUT_S = 300.0
+#: a guidellm run that takes longer than this is stuck (the default run takes ~30 min in all).
+GUIDELLM_TIMEOUT_S = 4 * 3600.0
+
+
+@dataclass
+class LoadArgs:
+    mode: Mode
+    mode_name: str
+    adaptive_cap: int = DEFAULT_ADAPTIVE_CAP
+    threads: int = 1
+    max_batch: int = 0
+    max_seconds_per_point: float = 0.0
+    target_model: str = "embedded"
+    guidellm: str = DEFAULT_GUIDELLM
+    work_dir: str = DEFAULT_WORK_DIR
+    out: str = "bench/results/load.json"
+    plot: str = "bench/results/load.png"
+    configs: list[LoadConfig] = field(default_factory=list)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench-load", help="latency/throughput vs load through the OpenAI endpoint (guidellm)")
+    p.add_argument("--quick", action="store_true", help="2 concurrencies, 2 rates, 3 requests each (smoke test)")
+    p.add_argument("--full", action="store_true", help="the full matrix: 6 concurrencies, 8 rates, k 2/4/8, "
+                                                       "100 requests per point, bench prompts and synthetic data")
+    p.add_argument("--concurrency", help="closed-loop points, e.g. 1,4,16")
+    p.add_argument("--rate-fractions", help="Poisson rates as fractions of k = 0's saturation, e.g. 0.2,0.4,1")
+    p.add_argument("--requests", type=int, help="requests per point")
+    p.add_argument("--max-tokens", type=int, help="output tokens per request (ignore_eos)")
+    p.add_argument("--k", help="fixed k configurations besides k = 0, e.g. 4 or 2,4,8")
+    p.add_argument("--adaptive-cap", type=int, default=DEFAULT_ADAPTIVE_CAP, help="k cap of adaptive k (0: none)")
+    p.add_argument("--data", help=f"data sets: {','.join(DATASETS)}")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the target service")
+    p.add_argument("--max-batch", type=int, default=0, help="target sessions per forward pass (0: its default)")
+    p.add_argument("--max-seconds-per-point", type=float, default=0.0, help="also stop a point after N s (0: off)")
+    p.add_argument("--target-model", default="embedded")
+    p.add_argument("--guidellm", default=DEFAULT_GUIDELLM, help="the guidellm executable (make bench-load installs it)")
+    p.add_argument("--work-dir", default=DEFAULT_WORK_DIR, help="scenarios, guidellm reports and logs")
+    p.add_argument("--out", default="bench/results/load.json")
+    p.add_argument("--plot", default="bench/results/load.png")
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise SystemExit(f"specdec bench-load: {flag} must be integers separated by commas, got {text!r}") from None
+
+
+def args_from_cli(ns: argparse.Namespace) -> LoadArgs:
+    if ns.quick and ns.full:
+        raise SystemExit("specdec bench-load: --quick and --full exclude each other")
+    name, mode = ("quick", QUICK_MODE) if ns.quick else ("full", FULL_MODE) if ns.full else ("default", DEFAULT_MODE)
+    if ns.concurrency:
+        mode = replace(mode, concurrency=_ints(ns.concurrency, "--concurrency"))
+    if ns.rate_fractions:
+        try:
+            mode = replace(mode, rate_fractions=tuple(float(x) for x in ns.rate_fractions.split(",") if x.strip()))
+        except ValueError:
+            raise SystemExit(f"specdec bench-load: --rate-fractions must be numbers, got {ns.rate_fractions!r}") from None
+    if ns.requests is not None:
+        mode = replace(mode, requests_per_point=ns.requests)
+    if ns.max_tokens is not None:
+        mode = replace(mode, max_tokens=ns.max_tokens)
+    if ns.k:
+        mode = replace(mode, fixed_ks=_ints(ns.k, "--k"))
+    if ns.data:
+        data = tuple(d.strip() for d in ns.data.split(",") if d.strip())
+        if not data or set(data) - set(DATASETS):
+            raise SystemExit(f"specdec bench-load: --data takes {', '.join(DATASETS)}, got {ns.data!r}")
+        mode = replace(mode, datasets=data)
+    if mode.requests_per_point < 1 or mode.max_tokens < 1 or not mode.concurrency:
+        raise SystemExit("specdec bench-load: --requests and --max-tokens must be >= 1, --concurrency not empty")
+    return LoadArgs(mode=mode, mode_name=name, adaptive_cap=ns.adaptive_cap, threads=ns.threads,
+                    max_batch=ns.max_batch, max_seconds_per_point=ns.max_seconds_per_point,
+                    target_model=ns.target_model, guidellm=str(Path(ns.guidellm).absolute()), work_dir=ns.work_dir, out=ns.out,
+                    plot=ns.plot, configs=configurations(mode.fixed_ks, ns.adaptive_cap))
+
+
+def guidellm_env() -> dict[str, str]:
+    """guidellm's environment: offline (no hub), its progress UI off."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1"}
+
+
+def check_guidellm(path: str) -> str:
+    """The installed guidellm's version; a clear error when it is missing (make bench-load installs it)."""
+    exe = Path(path)
+    if not exe.is_file():
+        raise SystemExit(f"specdec bench-load: no guidellm at {path}: `make bench-load` creates .venv-load with "
+                         f"guidellm=={GUIDELLM_VERSION} (or pass --guidellm PATH)")
+    out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, env=guidellm_env(), timeout=120)
+    version = out.stdout.strip().split()[-1] if out.stdout.strip() else "unknown"
+    if version != GUIDELLM_VERSION:
+        log.warning("guidellm %s found, the scenarios are written for %s", version, GUIDELLM_VERSION)
+    return version
+
+
+def export_processor(target_model: str, out_dir: Path) -> Path:
+    """Save the target's tokenizer (and chat template) as a local directory for guidellm's `tokenizer.model`."""
+    from specdec.models.loader import load_tokenizer
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    load_tokenizer(target_model).save_pretrained(str(out_dir))
+    return out_dir
+
+
+def warm_up(url: str, configs: list[LoadConfig]) -> None:
+    """One short request per configuration (first-call costs out of the measurement)."""
+    for cfg in configs:
+        body = {"model": "specdec", "max_tokens": WARMUP_TOKENS, "messages": [{"role": "user", "content": "Hello"}],
+                "specdec": cfg.extension()}
+        req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=WARMUP_TIMEOUT_S) as resp:  # noqa: S310 - loopback only
+            resp.read()
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class Invocation:
+    """One guidellm run: one configuration, one phase, all its points."""
+
+    config: str
+    dataset: str
+    phase: str
+    values: list[float]
+    wall_s: float
+    cpu_s: float
+    load_avg_before: list[float]
+    load_avg_after: list[float]
+    report: str
+
+
+def run_guidellm(args: LoadArgs, cfg: LoadConfig, dataset: str, phase: str, values: list[Any],
+                 inp: ScenarioInputs) -> tuple[list[dict[str, Any]], str, Invocation]:
+    """Write the scenario, run guidellm on it, parse its report: (rows, guidellm version, invocation)."""
+    work = Path(args.work_dir).resolve()
+    tag = f"{dataset}-{phase}-{cfg.name}"
+    report_path = work / f"{tag}.guidellm.json"
+    report_path.unlink(missing_ok=True)
+    inp = replace(inp, out_json=str(report_path))
+    scenario_path = work / f"{tag}.scenario.json"
+    scenario_path.write_text(json.dumps(scenario(cfg, phase, values, inp), indent=1))
+    log.info("guidellm: %s %s %s at %s", dataset, cfg.name, phase, values)
+    load_before, cpu_before, started = list(os.getloadavg()), _children_cpu_s(), time.monotonic()
+    with (work / f"{tag}.guidellm.log").open("wb") as out:
+        proc = subprocess.run([args.guidellm, "run", "--scenario", str(scenario_path), "--disable-console-interactive"],
+                              stdout=out, stderr=subprocess.STDOUT, env=guidellm_env(), cwd=str(work),
+                              timeout=GUIDELLM_TIMEOUT_S, check=False)
+    inv = Invocation(cfg.name, dataset, phase, list(values), round(time.monotonic() - started, 2),
+                     round(_children_cpu_s() - cpu_before, 2), load_before, list(os.getloadavg()), str(report_path))
+    if proc.returncode != 0 or not report_path.is_file():
+        tail = (work / f"{tag}.guidellm.log").read_text(errors="replace").splitlines()[-30:]
+        raise RuntimeError(f"guidellm failed ({proc.returncode}) for {tag}:\n" + "\n".join(tail))
+    rows, version = parse_report(json.loads(report_path.read_text()))
+    return rows, version, inv
+
+
+def run_dataset(args: LoadArgs, dataset: str, inp: ScenarioInputs, record: dict[str, Any]) -> dict[str, Any]:
+    """Every configuration at every point of one data set: concurrency phase, then the Poisson rates."""
+    results: dict[str, dict[str, dict[str, Any]]] = {c.name: {} for c in args.configs}
+    rates: list[float] = []
+    for phase in (CONCURRENCY, RATE):
+        for cfg in args.configs:
+            values: list[Any] = list(args.mode.concurrency) if phase == CONCURRENCY else rates
+            if not values:
+                continue
+            rows, version, inv = run_guidellm(args, cfg, dataset, phase, values, inp)
+            record["guidellm_version"] = version
+            record["invocations"].append(inv.__dict__)
+            results[cfg.name].update({r["point"]: r for r in rows})
+            if phase == CONCURRENCY and cfg.name == K0 and args.mode.rate_fractions:
+                rates = rate_list(saturation_rps(rows), args.mode.rate_fractions)
+                log.info("%s: k = 0 saturation %.3f requests/s -> rates %s", dataset, saturation_rps(rows), rates)
+    add_ratios(results)
+    band = noise_band(results)
+    sat = saturation_rps(list(results[K0].values()))
+    return {"saturation_rps_k0": sat, "rates": rates, "configs": results, "noise_band": band,
+            "goals": {c.name: goals(results, c.name, band) for c in args.configs if c.name != K0}}
+
+
+def _settings(args: LoadArgs) -> dict[str, Any]:
+    m = args.mode
+    return {"mode": args.mode_name, "concurrency": list(m.concurrency), "rate_fractions": list(m.rate_fractions),
+            "requests_per_point": m.requests_per_point, "max_tokens": m.max_tokens, "datasets": list(m.datasets),
+            "synthetic_prompt_tokens": m.synthetic_prompt_tokens,
+            "configs": {c.name: c.extension() for c in args.configs},
+            "threads": {"target": args.threads, "draft": "n-gram (no torch)", "cores": os.cpu_count()},
+            "max_batch": args.max_batch or "service default", "max_seconds_per_point": args.max_seconds_per_point,
+            "target_model": args.target_model, "endpoint": "/v1/chat/completions (stream)",
+            "sampling": "greedy (temperature 0), ignore_eos"}
+
+
+def run(args: LoadArgs) -> dict[str, Any]:
+    """Start the stack and the gateway, run every data set, return the JSON result."""
+    from http_gateway.process import GatewayProcess
+    from specdec.bench.machine import machine_info
+    from specdec.launcher import LocalStack, StackConfig
+
+    version = check_guidellm(args.guidellm)
+    work = Path(args.work_dir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    processor = export_processor(args.target_model, work / "processor")
+    chat_file = work / "prompts.chat.jsonl"
+    write_chat_jsonl(chat_file)
+    top_c = max(args.mode.concurrency)
+    stack = LocalStack(StackConfig(target_model=args.target_model, threads=args.threads, max_batch=args.max_batch,
+                                   max_concurrent=max(64, 4 * top_c), log_dir=str(work / "logs")))
+    record: dict[str, Any] = {"settings": _settings(args), "machine": machine_info(), "guidellm_version": version,
+                              "invocations": [], "datasets": {}}
+    started = time.monotonic()
+    gateway = None
+    try:
+        stack.start()
+        gateway = GatewayProcess(stack.orchestrator_address, log_dir=str(work / "logs")).start()
+        warm_up(gateway.url, args.configs)
+        for dataset in args.mode.datasets:
+            inp = ScenarioInputs(target_url=gateway.url, processor_dir=str(processor),
+                                 data_file=str(chat_file) if dataset == DATA_PROMPTS else "", out_json="",
+                                 requests_per_point=args.mode.requests_per_point, max_tokens=args.mode.max_tokens,
+                                 synthetic_prompt_tokens=args.mode.synthetic_prompt_tokens,
+                                 max_seconds_per_point=args.max_seconds_per_point)
+            record["datasets"][dataset] = run_dataset(args, dataset, inp, record)
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        stack.stop()
+    invs = record["invocations"]
+    record["guidellm_cpu_s"] = round(sum(i["cpu_s"] for i in invs), 2)
+    record["guidellm_wall_s"] = round(sum(i["wall_s"] for i in invs), 2)
+    record["machine"]["load_avg_at_end"] = list(os.getloadavg())
+    record["runtime_s"] = round(time.monotonic() - started, 1)
+    return record
+
+
+def cmd_bench_load(ns: argparse.Namespace) -> int:
+    from specdec.bench.load_results import plot, summary_lines
+
+    args = args_from_cli(ns)
+    record = run(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    if args.plot:
+        plot(record, args.plot)
+    print("\n".join(summary_lines(record)))
+    print(f"\nwrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
+    return 0
+

@@ -1,0 +1,236 @@
+"""Turn guidellm's JSON reports into `specdec bench-load`'s JSON: one row per configuration and point,
+ratios to k = 0 at the same point, the A/A noise band and the issue's goals for adaptive k.
+
+Pure functions only (unit-tested on hand-built reports). Definitions, per point (one guidellm benchmark):
+
+* ``output_tokens_per_s`` / ``requests_per_s``: successful requests' output tokens / count ÷ the
+  benchmark's measured duration (guidellm's ``duration``: first request sent to last one done).
+* ``ttft_ms_*`` / ``itl_ms_*``: percentiles over successful requests of guidellm's per-request time to
+  first token and inter-token latency ((last token − first token) ÷ (output tokens − 1)). p99 only
+  from at least P99_MIN_REQUESTS requests.
+* ``errors``: errored + incomplete requests; ``rate_limited``: errors whose message carries HTTP 429
+  (admission: the orchestrator's RESOURCE_EXHAUSTED).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specdec.bench.load_plan import CONCURRENCY, K0, K0_AA, P99_MIN_REQUESTS, RATE, round_sig
+
+#: Metrics compared between configurations; True: higher is better.
+HIGHER_IS_BETTER = {"output_tokens_per_s": True, "requests_per_s": True,
+                    "ttft_ms_p50": False, "ttft_ms_p90": False, "ttft_ms_p99": False,
+                    "itl_ms_p50": False, "itl_ms_p90": False, "itl_ms_p99": False}
+#: The issue's goals for adaptive k (issue #20, part 2).
+GOAL_SATURATION_RATIO = 0.97
+GOAL_LATENCY_RATIO = 1.05
+GOAL_LOW_RATE_ITL_GAIN = 1.8
+RATIO_DIGITS = 4
+
+
+def point_key(kind: str, value: float) -> str:
+    """'concurrency@16', 'rate@0.52': the same key for every configuration at the same point."""
+    return f"{kind}@{int(value)}" if kind == CONCURRENCY else f"{kind}@{round_sig(value)}"
+
+
+def _point_of(strategy: dict[str, Any]) -> tuple[str, float]:
+    kind = strategy.get("type_")
+    if kind == "concurrent":
+        return CONCURRENCY, float(strategy["streams"])
+    if kind in ("poisson", "constant", "async"):
+        return RATE, float(strategy["rate"])
+    raise ValueError(f"unexpected guidellm strategy {kind!r} (bench-load runs concurrent and poisson)")
+
+
+def _percentiles(metric: dict[str, Any], name: str, n_requests: int) -> dict[str, float | None]:
+    stats = (metric or {}).get("successful") or {}
+    pct = stats.get("percentiles") or {}
+    out: dict[str, float | None] = {}
+    for p in ("p50", "p90", "p99"):
+        value = pct.get(p) if stats.get("count") else None
+        if p == "p99" and n_requests < P99_MIN_REQUESTS:
+            value = None
+        out[f"{name}_{p}"] = round(float(value), 2) if value is not None else None
+    return out
+
+
+def _errors(requests: dict[str, Any]) -> dict[str, Any]:
+    bad = list(requests.get("errored") or []) + list(requests.get("incomplete") or [])
+    messages = [str((r.get("info") or {}).get("error") or "") for r in bad]
+    return {"rate_limited": sum("429" in m for m in messages),
+            "error_examples": sorted({m[:200] for m in messages if m})[:3]}
+
+
+def parse_benchmark(bench: dict[str, Any]) -> dict[str, Any]:
+    """One guidellm benchmark (a point) -> our row."""
+    kind, value = _point_of(bench["config"]["strategy"])
+    metrics = bench["metrics"]
+    totals = metrics.get("request_totals") or {}
+    ok = int(totals.get("successful", 0))
+    duration = float(bench.get("duration") or 0.0)
+    out_tokens = float(((metrics.get("output_token_count") or {}).get("successful") or {}).get("total_sum") or 0.0)
+    row: dict[str, Any] = {
+        "point": point_key(kind, value), "kind": kind, "value": value,
+        "requests": ok, "errors": int(totals.get("errored", 0)) + int(totals.get("incomplete", 0)),
+        "duration_s": round(duration, 3),
+        "output_tokens": int(out_tokens),
+        "output_tokens_per_s": round(out_tokens / duration, 3) if duration > 0 else 0.0,
+        "requests_per_s": round(ok / duration, 4) if duration > 0 else 0.0,
+        **_percentiles(metrics.get("time_to_first_token_ms"), "ttft_ms", ok),
+        **_percentiles(metrics.get("inter_token_latency_ms"), "itl_ms", ok),
+    }
+    row.update(_errors(bench.get("requests") or {}))
+    return row
+
+
+def parse_report(report: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """A guidellm JSON report -> (rows, guidellm version)."""
+    version = str((report.get("metadata") or {}).get("guidellm_version", "unknown"))
+    return [parse_benchmark(b) for b in report.get("benchmarks") or []], version
+
+
+def saturation_rps(rows: list[dict[str, Any]]) -> float:
+    """Requests/s at the highest concurrency point of the rows (k = 0's saturation throughput)."""
+    closed = [r for r in rows if r["kind"] == CONCURRENCY]
+    if not closed:
+        raise ValueError("no concurrency point to take the saturation throughput from")
+    return max(closed, key=lambda r: r["value"])["requests_per_s"]
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, RATIO_DIGITS)
+
+
+def add_ratios(results: dict[str, dict[str, dict[str, Any]]], base: str = K0) -> None:
+    """results[config][point] rows get `vs_k0`: {metric: this ÷ k = 0's at the same point} (in place)."""
+    base_rows = results.get(base, {})
+    for rows in results.values():
+        for point, row in rows.items():
+            ref = base_rows.get(point)
+            if ref is not None:
+                row["vs_k0"] = {m: _ratio(row.get(m), ref.get(m)) for m in HIGHER_IS_BETTER}
+
+
+def noise_band(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, float | None]:
+    """Per metric, the largest |k0_aa ÷ k0 − 1| over the points both ran: the A/A noise band."""
+    aa = results.get(K0_AA, {})
+    band: dict[str, float | None] = {}
+    for metric in HIGHER_IS_BETTER:
+        devs = [abs(r["vs_k0"][metric] - 1) for r in aa.values() if (r.get("vs_k0") or {}).get(metric) is not None]
+        band[metric] = round(max(devs), RATIO_DIGITS) if devs else None
+    return band
+
+
+def _worse_by(metric: str, ratio: float) -> float:
+    """How far a ratio to k = 0 is on the bad side (0 when equal or better)."""
+    return max(0.0, (1 - ratio) if HIGHER_IS_BETTER[metric] else (ratio - 1))
+
+
+def latency_violations(rows: dict[str, dict[str, Any]], band: dict[str, float | None]) -> list[dict[str, Any]]:
+    """Points where TTFT or ITL p50/p90 is above 1.05x k = 0's and outside the A/A noise band."""
+    out = []
+    for point, row in rows.items():
+        for metric in ("ttft_ms_p50", "ttft_ms_p90", "itl_ms_p50", "itl_ms_p90"):
+            ratio = (row.get("vs_k0") or {}).get(metric)
+            if ratio is None:
+                continue
+            worse = _worse_by(metric, ratio)
+            if worse > GOAL_LATENCY_RATIO - 1 and worse > (band.get(metric) or 0.0):
+                out.append({"point": point, "metric": metric, "ratio": ratio})
+    return out
+
+
+def goals(results: dict[str, dict[str, dict[str, Any]]], config: str, band: dict[str, float | None]) -> dict[str, Any]:
+    """The issue's goals for one configuration (adaptive): saturation, latency at every point, low-rate gain."""
+    rows = results.get(config) or {}
+    base = results.get(K0) or {}
+    if not rows or not base:
+        return {}
+    closed = [p for p in rows if rows[p]["kind"] == CONCURRENCY and p in base]
+    sat_point = max(closed, key=lambda p: rows[p]["value"]) if closed else None
+    sat_ratio = rows[sat_point]["vs_k0"]["output_tokens_per_s"] if sat_point else None
+    opened = sorted((p for p in rows if rows[p]["kind"] == RATE and p in base), key=lambda p: rows[p]["value"])
+    low = opened[0] if opened else None
+    low_itl = (rows[low]["vs_k0"] or {}).get("itl_ms_p50") if low else None
+    violations = latency_violations(rows, band)
+    return {
+        "saturation_point": sat_point, "saturation_tokens_ratio": sat_ratio,
+        "saturation_ok": sat_ratio is not None and sat_ratio >= GOAL_SATURATION_RATIO,
+        "latency_violations": violations, "latency_ok": not violations,
+        "low_rate_point": low, "low_rate_itl_p50_gain": round(1 / low_itl, 3) if low_itl else None,
+        "low_rate_ok": bool(low_itl) and 1 / low_itl >= GOAL_LOW_RATE_ITL_GAIN,
+    }
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def summary_lines(record: dict[str, Any]) -> list[str]:
+    """A text table per data set: tok/s, TTFT and ITL p50 per configuration and point, ratios to k = 0."""
+    lines: list[str] = []
+    load = record.get("machine", {})
+    lines.append(f"load average at start {load.get('load_avg_at_start')}, at end {load.get('load_avg_at_end')}; "
+                 f"guidellm {record.get('guidellm_version')} used {record.get('guidellm_cpu_s')} s CPU")
+    for name, ds in record.get("datasets", {}).items():
+        lines.append(f"\n[{name}] k = 0 saturation {ds['saturation_rps_k0']:.3f} req/s; rates {ds['rates']}; "
+                     f"A/A band: tok/s ±{_fmt((ds['noise_band'].get('output_tokens_per_s') or 0) * 100)}%, "
+                     f"ITL p50 ±{_fmt((ds['noise_band'].get('itl_ms_p50') or 0) * 100)}%")
+        lines.append(f"{'point':<18}{'config':<10}{'tok/s':>8}{'x k0':>7}{'TTFT p50':>10}{'ITL p50':>9}"
+                     f"{'x k0':>7}{'ITL p90':>9}{'err':>5}")
+        points = sorted({p for rows in ds["configs"].values() for p in rows},
+                        key=lambda p: (p.split("@")[0], float(p.split("@")[1])))
+        for point in points:
+            for config, rows in ds["configs"].items():
+                r = rows.get(point)
+                if r is None:
+                    continue
+                vs = r.get("vs_k0") or {}
+                lines.append(f"{point:<18}{config:<10}{_fmt(r['output_tokens_per_s']):>8}"
+                             f"{_fmt(vs.get('output_tokens_per_s'), 2):>7}{_fmt(r['ttft_ms_p50'], 0):>10}"
+                             f"{_fmt(r['itl_ms_p50']):>9}{_fmt(vs.get('itl_ms_p50'), 2):>7}"
+                             f"{_fmt(r['itl_ms_p90']):>9}{r['errors']:>5}")
+        for config, g in ds.get("goals", {}).items():
+            if g:
+                lines.append(f"goals {config}: saturation x{g['saturation_tokens_ratio']} ok={g['saturation_ok']}; "
+                             f"latency violations {len(g['latency_violations'])}; low-rate ITL gain "
+                             f"{g['low_rate_itl_p50_gain']} ok={g['low_rate_ok']}")
+    return lines
+
+
+def plot(record: dict[str, Any], path: str) -> None:
+    """PNG: per data set, output tok/s and ITL p50 vs Poisson rate and vs concurrency, a line per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = record.get("datasets", {})
+    panels = [(RATE, "output_tokens_per_s", "output tokens/s"), (RATE, "itl_ms_p50", "ITL p50 (ms)"),
+              (CONCURRENCY, "output_tokens_per_s", "output tokens/s"), (CONCURRENCY, "itl_ms_p50", "ITL p50 (ms)")]
+    fig, axes = plt.subplots(len(datasets), len(panels), figsize=(4.2 * len(panels), 3.6 * len(datasets)),
+                             squeeze=False)
+    for row, (name, ds) in enumerate(datasets.items()):
+        for col, (kind, metric, label) in enumerate(panels):
+            ax = axes[row][col]
+            for config, rows in ds["configs"].items():
+                pts = sorted((r["value"], r[metric]) for r in rows.values() if r["kind"] == kind and r[metric] is not None)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=config,
+                            linestyle="--" if config == K0_AA else "-")
+            ax.set_xlabel("Poisson rate (requests/s)" if kind == RATE else "concurrent streams")
+            ax.set_ylabel(label)
+            ax.set_title(f"{name}: {label} vs {'rate' if kind == RATE else 'concurrency'}", fontsize=9)
+            if kind == CONCURRENCY:
+                ax.set_xscale("log", base=2)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    load = record.get("machine", {}).get("load_avg_at_start")
+    fig.suptitle(f"specdec bench-load ({record.get('settings', {}).get('mode')} mode, guidellm "
+                 f"{record.get('guidellm_version')}, load avg at start {load})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,150 @@
+"""Pure parts of `specdec bench-load`: rate list, scenarios, guidellm report parsing, ratios, noise band, goals."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from specdec.bench.load_plan import (CONCURRENCY, GUIDELLM_VERSION, K0, K0_AA, RATE, LoadConfig, ScenarioInputs,
+                                     chat_rows, configurations, rate_list, scenario)
+from specdec.bench.load_results import (add_ratios, goals, noise_band, parse_benchmark, parse_report, point_key,
+                                        saturation_rps, summary_lines)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _metric(values: list[float]) -> dict:
+    """A guidellm distribution block with the percentiles we read (nearest-rank, like guidellm's)."""
+    s = sorted(values)
+    def pct(q: float) -> float:
+        return s[min(len(s) - 1, int(q * len(s)))]
+    return {"successful": {"count": len(s), "total_sum": sum(s),
+                           "percentiles": {"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99)}}}
+
+
+def _bench(strategy: dict, n: int, tokens: int, duration: float, ttft: float, itl: float,
+           errors: list[str] = ()) -> dict:
+    return {"config": {"strategy": strategy}, "duration": duration,
+            "metrics": {"request_totals": {"successful": n, "errored": len(errors), "incomplete": 0},
+                        "output_token_count": _metric([tokens] * n),
+                        "time_to_first_token_ms": _metric([ttft + i for i in range(n)]),
+                        "inter_token_latency_ms": _metric([itl] * n)},
+            "requests": {"successful": [], "errored": [{"info": {"error": e}} for e in errors], "incomplete": []}}
+
+
+def test_rate_list_is_fractions_of_saturation_sorted_and_rounded():
+    assert rate_list(1.2345, (1.0, 0.2, 0.6)) == [0.247, 0.741, 1.23]
+    assert rate_list(2.0, (0.5, 0.5, 1.0)) == [1.0, 2.0]          # duplicates collapse
+
+
+@pytest.mark.parametrize("sat, fractions", [(0.0, (0.5,)), (-1.0, (0.5,)), (1.0, ()), (1.0, (0.0, 1.0))])
+def test_rate_list_rejects_meaningless_inputs(sat, fractions):
+    with pytest.raises(ValueError):
+        rate_list(sat, fractions)
+
+
+def test_configurations_bracket_with_k0_and_its_aa_repeat():
+    names = [c.name for c in configurations((4, 0), 8)]
+    assert names == [K0, "k4", "adaptive", K0_AA]
+    adaptive = configurations((), 6)[1]
+    assert adaptive.extension() == {"k": 6, "ignore_eos": True, "adaptive_k": True}
+    assert [c.name for c in configurations((2,), 0)] == [K0, "k2", K0_AA]
+
+
+def test_scenario_sends_the_extension_object_and_a_local_tokenizer():
+    inp = ScenarioInputs(target_url="http://127.0.0.1:1", processor_dir="/tmp/proc", data_file="/tmp/d.jsonl",
+                         out_json="/tmp/o.json", requests_per_point=50, max_tokens=64, max_seconds_per_point=30)
+    sc = scenario(LoadConfig("k4", 4), CONCURRENCY, [1, 4, 16], inp)["spec"]
+    assert sc["backend"]["extras"]["body"] == {"temperature": 0.0, "specdec": {"k": 4, "ignore_eos": True}}
+    assert sc["profile"] == {"kind": "concurrent", "streams": [1, 4, 16]}
+    assert sc["tokenizer"] == {"kind": "huggingface_auto", "model": "/tmp/proc"}
+    assert {"kind": "max_requests", "count": 50} in sc["constraints"]
+    assert {"kind": "max_duration", "seconds": 30} in sc["constraints"]
+    rated = scenario(LoadConfig(K0, 0), RATE, [0.5, 1.0], ScenarioInputs("u", "p", "", "o", 3, 12, 64))["spec"]
+    assert rated["profile"] == {"kind": "poisson", "rate": [0.5, 1.0]}
+    assert rated["data"] == [{"kind": "synthetic_text", "prompt_tokens": 64, "output_tokens": 12}]
+    with pytest.raises(ValueError):
+        scenario(LoadConfig(K0, 0), "sweep", [1], inp)
+
+
+def test_chat_rows_alternate_grounded_and_open_prompts():
+    rows = chat_rows()
+    grounded = [json.loads(x)["user"] for x in (ROOT / "bench/prompts/grounded.jsonl").read_text().splitlines() if x]
+    open_ = [json.loads(x)["user"] for x in (ROOT / "bench/prompts/open.jsonl").read_text().splitlines() if x]
+    assert len(rows) == len(grounded) + len(open_)
+    assert rows[0]["messages"] == [{"role": "user", "content": grounded[0]}]
+    assert rows[1]["messages"] == [{"role": "user", "content": open_[0]}]
+
+
+def test_parse_benchmark_computes_throughput_from_totals_and_gates_p99():
+    row = parse_benchmark(_bench({"type_": "concurrent", "streams": 4}, n=50, tokens=64, duration=100.0,
+                                 ttft=200.0, itl=40.0, errors=["HTTP 429 rate_limit_error", "timeout"]))
+    assert row["point"] == "concurrency@4" and row["requests"] == 50 and row["errors"] == 2
+    assert row["output_tokens_per_s"] == pytest.approx(32.0)
+    assert row["requests_per_s"] == pytest.approx(0.5)
+    assert row["itl_ms_p50"] == 40.0 and row["ttft_ms_p50"] == 225.0
+    assert row["ttft_ms_p99"] is None and row["rate_limited"] == 1            # 50 < 100 requests: no p99
+    many = parse_benchmark(_bench({"type_": "poisson", "rate": 0.7412}, 100, 8, 10.0, 10.0, 5.0))
+    assert many["point"] == "rate@0.741" and many["ttft_ms_p99"] == 109.0
+
+
+def test_parse_report_reads_the_version_and_rejects_unknown_strategies():
+    report = {"metadata": {"guidellm_version": GUIDELLM_VERSION},
+              "benchmarks": [_bench({"type_": "concurrent", "streams": 1}, 5, 10, 10.0, 100.0, 50.0)]}
+    rows, version = parse_report(report)
+    assert version == GUIDELLM_VERSION and rows[0]["output_tokens_per_s"] == 5.0
+    with pytest.raises(ValueError):
+        parse_benchmark(_bench({"type_": "throughput"}, 1, 1, 1.0, 1.0, 1.0))
+
+
+def _results(k0_tok: float, aa_tok: float, ad_tok: float, ad_itl: float) -> dict:
+    def rows(tok: float, itl: float) -> dict:
+        out = {}
+        for kind, value in ((CONCURRENCY, 16), (RATE, 0.2)):
+            out[point_key(kind, value)] = {"kind": kind, "value": value, "output_tokens_per_s": tok,
+                                           "requests_per_s": tok / 64, "ttft_ms_p50": 100.0, "ttft_ms_p90": 150.0,
+                                           "itl_ms_p50": itl, "itl_ms_p90": itl * 1.5, "errors": 0}
+        return out
+    return {K0: rows(k0_tok, 50.0), K0_AA: rows(aa_tok, 51.0), "adaptive": rows(ad_tok, ad_itl)}
+
+
+def test_ratios_noise_band_and_saturation():
+    res = _results(k0_tok=100.0, aa_tok=98.0, ad_tok=97.5, ad_itl=25.0)
+    add_ratios(res)
+    assert res["adaptive"]["concurrency@16"]["vs_k0"]["output_tokens_per_s"] == 0.975
+    assert res[K0]["rate@0.2"]["vs_k0"]["itl_ms_p50"] == 1.0
+    band = noise_band(res)
+    assert band["output_tokens_per_s"] == pytest.approx(0.02) and band["itl_ms_p50"] == pytest.approx(0.02)
+    assert saturation_rps(list(res[K0].values())) == pytest.approx(100 / 64)
+    g = goals(res, "adaptive", band)
+    assert g["saturation_ok"] and g["latency_ok"] and g["low_rate_ok"] and g["low_rate_itl_p50_gain"] == 2.0
+
+
+def test_goals_flag_latency_outside_the_band_and_lost_saturation():
+    res = _results(k0_tok=100.0, aa_tok=100.0, ad_tok=90.0, ad_itl=60.0)     # 10% slower, ITL 1.2x
+    add_ratios(res)
+    g = goals(res, "adaptive", noise_band(res))
+    assert not g["saturation_ok"] and not g["latency_ok"] and not g["low_rate_ok"]
+    assert {v["metric"] for v in g["latency_violations"]} == {"itl_ms_p50", "itl_ms_p90"}
+    wide = goals(res, "adaptive", {"itl_ms_p50": 0.3, "itl_ms_p90": 0.3})  # inside a wide A/A band: no violation
+    assert wide["latency_ok"]
+
+
+def test_summary_lines_show_every_configuration_and_point():
+    res = _results(100.0, 99.0, 120.0, 30.0)
+    add_ratios(res)
+    record = {"machine": {"load_avg_at_start": [1.0, 1.0, 1.0]}, "guidellm_version": GUIDELLM_VERSION,
+              "datasets": {"prompts": {"saturation_rps_k0": 1.5, "rates": [0.3], "configs": res,
+                                       "noise_band": noise_band(res), "goals": {}}}}
+    text = "\n".join(summary_lines(record))
+    for name in (K0, K0_AA, "adaptive", "concurrency@16", "rate@0.2"):
+        assert name in text
+
+
+def test_makefile_pins_the_guidellm_the_scenarios_are_written_for():
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(rf"GUIDELLM_PIN\s*:=\s*guidellm=={re.escape(GUIDELLM_VERSION)}\b", makefile)
+    assert "install torch==2.13.0" in makefile.split("$(LOAD_STAMP):")[1].split("load-venv:")[0]
