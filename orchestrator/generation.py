@@ -337,6 +337,7 @@ class Generation:
         self.deps.metrics.observe_round(outcome.draft_ids[:counted.drafted], counted.accepted, len(tokens),
                                         outcome.draft_ms, outcome.target_ms, outcome.overhead_ms, outcome.wall_ms,
                                         outcome.degraded)
+        self.deps.metrics.observe_load(outcome.k, outcome.target_batch, self.params.adaptive_k)
         if self.params.max_rounds and self.stats.rounds >= self.params.max_rounds and not state.finish:
             state.finish = pb.FINISH_REASON_LENGTH
         return tokens, delta.emit

@@ -15,12 +15,15 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 PREFIX = "specdec"
 # Seconds: from 1 ms to ~30 s, for rounds and latencies on CPUs and GPUs alike.
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 MAX_POSITIONS = 16
+# Sessions per target forward pass, and k per round (draft tokens asked): small integers.
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+K_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
 MS_PER_S = 1000.0
 
 
@@ -47,6 +50,12 @@ class ModelServiceCollector:
                        state.batched_calls, labels)
         yield _counter("prefill_chunks", "passes that prefilled one chunk of a long prompt (target, chunked prefill)",
                        state.prefill_chunks, labels)
+        if state.max_batch:
+            yield _gauge("max_batch", "sessions one forward pass may carry (target)", state.max_batch, labels)
+            yield _gauge("batch_fill", "recent sessions per forward pass / max_batch, exponentially weighted",
+                         state.recent_fill, labels)
+            yield _histogram("batch_size", "sessions per batched forward pass (target)", state.batch_sizes,
+                             BATCH_SIZE_BUCKETS, labels)
         if pool is None:
             return
         c = pool.counters
@@ -72,6 +81,17 @@ def _counter(name: str, doc: str, value: float, labels: dict[str, str]) -> Count
 def _gauge(name: str, doc: str, value: float, labels: dict[str, str]) -> GaugeMetricFamily:
     family = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
     family.add_metric(list(labels.values()), value)
+    return family
+
+
+def _histogram(name: str, doc: str, counts: dict[int, int], buckets: tuple[int, ...],
+               labels: dict[str, str]) -> HistogramMetricFamily:
+    """A histogram from {value: times seen}, built at scrape time (cumulative buckets, +Inf, sum)."""
+    family = HistogramMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
+    seen = dict(counts)  # a snapshot: the model thread may add a batch meanwhile
+    cumulative = [(str(float(b)), sum(n for v, n in seen.items() if v <= b)) for b in buckets]
+    family.add_metric(list(labels.values()), cumulative + [("+Inf", sum(seen.values()))],
+                      sum_value=sum(v * n for v, n in seen.items()))
     return family
 
 
@@ -104,6 +124,11 @@ class OrchestratorMetrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         self.in_flight = Gauge(f"{PREFIX}_generations_in_flight", "admitted generations running", registry=r)
         self.rejected = Counter(f"{PREFIX}_admission_rejected", "requests refused at admission", registry=r)
+        self.k_per_round = Histogram(f"{p}_k", "draft tokens asked per round (adaptive: the k it chose)",
+                                     ["mode"], buckets=K_BUCKETS, registry=r)
+        self.target_batch = Histogram(f"{PREFIX}_round_target_batch_size",
+                                      "sessions the target verified in the same forward pass as this round",
+                                      buckets=BATCH_SIZE_BUCKETS, registry=r)
 
     def observe_round(self, draft_ids: list[int], num_accepted: int, kept: int, draft_ms: float,
                       target_ms: float, overhead_ms: float, wall_ms: float, degraded: bool) -> None:
@@ -120,6 +145,12 @@ class OrchestratorMetrics:
             self.round_seconds.labels(part=part).observe(ms / MS_PER_S)
         if kept:
             self.itl.observe(wall_ms / MS_PER_S / kept)
+
+    def observe_load(self, k: int, target_batch: int, adaptive: bool) -> None:
+        """The k a round asked for and the target batch it rode in (0: not reported, e.g. a degraded round)."""
+        self.k_per_round.labels(mode="adaptive" if adaptive else "fixed").observe(k)
+        if target_batch > 0:
+            self.target_batch.observe(target_batch)
 
     def observe_generation(self, finish_reason: str, ttft_ms: float) -> None:
         """Account for a finished generation."""

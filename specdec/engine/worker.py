@@ -27,6 +27,8 @@ from specdec.errors import SpecDecError
 T = TypeVar("T")
 I = TypeVar("I")
 MS_PER_S = 1000.0
+#: weight of the newest pass in WorkerState.recent_fill (~ the last 1 / FILL_WEIGHT passes count).
+FILL_WEIGHT = 0.1
 
 
 @dataclass
@@ -43,6 +45,17 @@ class WorkerState:
     inline_calls: int = 0            # calls run on the event loop (small, model thread idle)
     batched_calls: int = 0           # calls those carried
     prefill_chunks: int = 0          # chunked-prefill passes (BatchQueue with chunk_tokens)
+    max_batch: int = 0               # the BatchQueue's max_batch (0: no batch queue)
+    batch_sizes: dict[int, int] = field(default_factory=dict)   # sessions per forward pass -> passes
+    recent_fill: float = 0.0         # sessions per pass / max_batch, exponentially weighted over recent passes
+
+    def observe_batch(self, size: int, weight: float) -> None:
+        """Count one batched pass of `size` sessions; `weight` of it goes into recent_fill (0 < weight <= 1)."""
+        self.batches += 1
+        self.batched_calls += size
+        self.batch_sizes[size] = self.batch_sizes.get(size, 0) + 1
+        if self.max_batch:
+            self.recent_fill += weight * (size / self.max_batch - self.recent_fill)
 
     def busy_for(self) -> float:
         """Seconds the current call has been running (0 when idle)."""
@@ -172,6 +185,7 @@ class BatchQueue(Generic[I, T]):
                  inline_max_tokens: int = 0, prefill: Callable[[I, int], int] | None = None,
                  chunk_tokens: int = 0) -> None:
         self.worker, self.batch_fn, self.max_batch = worker, batch_fn, max(1, max_batch)
+        worker.state.max_batch = self.max_batch
         self.max_wait_s = max_wait_s
         self.work_tokens, self.inline_max_tokens = work_tokens, inline_max_tokens
         chunking = prefill is not None and work_tokens is not None and chunk_tokens > 0
@@ -222,8 +236,7 @@ class BatchQueue(Generic[I, T]):
     async def _run_batch(self, batch: list[Entry]) -> None:
         """One batch_fn call on the model thread; each caller gets its result."""
         self._last = {sid for sid, _, _, _ in batch}
-        self.worker.state.batches += 1
-        self.worker.state.batched_calls += len(batch)
+        self.worker.state.observe_batch(len(batch), FILL_WEIGHT)
         started = time.perf_counter()
         try:
             results = await self.worker.run_on_thread(lambda: self.batch_fn([item for _, item, _, _ in batch]),

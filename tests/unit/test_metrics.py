@@ -38,3 +38,35 @@ def test_orchestrator_metrics_count_rounds_like_vllm():
     assert 'specdec_spec_decode_num_accepted_tokens_per_pos_total{position="1"} 1.0' in text
     assert "specdec_degraded_rounds_total 1.0" in text
     assert 'specdec_generations_total{finish_reason="eos"} 1.0' in text
+
+
+def test_target_batch_fill_is_exported_from_the_batch_queue_counts():
+    state = WorkerState(max_batch=8)
+    registry = model_service_registry("target", lambda: state, lambda: None)
+    assert "specdec_batch_size" not in generate_latest(model_service_registry("draft", WorkerState, lambda: None)).decode()
+    for size in (1, 8, 8, 3):
+        state.observe_batch(size, weight=0.5)
+    text = generate_latest(registry).decode()
+    assert 'specdec_max_batch{role="target"} 8.0' in text
+    assert 'specdec_batch_size_bucket{le="1.0",role="target"} 1.0' in text
+    assert 'specdec_batch_size_bucket{le="4.0",role="target"} 2.0' in text
+    assert 'specdec_batch_size_bucket{le="8.0",role="target"} 4.0' in text
+    assert 'specdec_batch_size_count{role="target"} 4.0' in text
+    assert 'specdec_batch_size_sum{role="target"} 20.0' in text
+    assert 'specdec_forward_batches_total{role="target"} 4.0' in text
+    # recent fill, weight 0.5: 0 -> 1/16 -> 17/32 -> 49/64 -> 49/128 + 3/16
+    assert state.recent_fill == 49 / 128 + 3 / 16
+    assert f'specdec_batch_fill{{role="target"}} {49 / 128 + 3 / 16}' in text
+
+
+def test_orchestrator_metrics_histogram_of_k_per_round_and_target_batch():
+    m = OrchestratorMetrics()
+    m.observe_load(k=4, target_batch=3, adaptive=False)
+    m.observe_load(k=0, target_batch=0, adaptive=True)
+    m.observe_load(k=2, target_batch=8, adaptive=True)
+    text = generate_latest(m.registry).decode()
+    assert 'specdec_spec_decode_k_count{mode="fixed"} 1.0' in text
+    assert 'specdec_spec_decode_k_sum{mode="adaptive"} 2.0' in text
+    assert 'specdec_spec_decode_k_bucket{le="0.0",mode="adaptive"} 1.0' in text
+    assert "specdec_round_target_batch_size_count 2.0" in text       # batch 0 (not reported) left out
+    assert "specdec_round_target_batch_size_sum 11.0" in text
