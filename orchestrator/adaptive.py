@@ -20,6 +20,13 @@ by prompt lookup on some rounds (~0.02 ms a token, no hop, accepted deep) and by
 the model on others (~2.5 ms a token plus a network hop, accepted shallow), so one
 mixed estimate would pick too long a draft for the model and too short a one for
 the lookup. The orchestrator knows before each round which one will propose.
+Under load the target verifies many sessions in one forward pass (its batch queue): a pass costs a
+fixed part t0 (reading the weights, launching the pass) that the batch shares, plus about m per token
+it scores. Alone, a round's verify costs v(k+1) = t0 + (k+1)·m; in a batch of B sessions the
+session's share is t0/B + (k+1)·m. Speculation pays by spreading t0 over more tokens, so as batches
+fill that gain shrinks and choose_k backs off towards k = 0 by itself; where scoring more tokens is
+nearly free (m ≈ 0: a memory-bound GPU) it keeps speculating. B is the batch the rounds rode in
+(`target_batch` of each round, averaged across the orchestrator's sessions: `CostModel.batch`).
 Acceptance starts from an optimistic prior at position 1 (decayed with the data, so
 it fades). A deeper position leans on the rate of the position before it until it has
 data of its own: a draft rejected at position 1 says nothing about position 5, and
@@ -59,6 +66,12 @@ class CostModel:
     verify_ms: dict[int, float] = field(default_factory=dict)      # n tokens verified -> ms
     draft_step_ms: dict[str, float] = field(default_factory=dict)  # proposer -> ms per draft token
     overhead_ms: dict[str, float] = field(default_factory=dict)    # proposer or NO_DRAFT -> non-forward ms a round
+    batch: float = 1.0                                             # sessions per target pass of recent rounds
+
+    def observe_batch(self, size: int) -> None:
+        """Account for the number of sessions the target verified in one round's forward pass (0: unknown)."""
+        if size > 0:
+            self.batch = (1 - EMA_WEIGHT) * self.batch + EMA_WEIGHT * size
 
     def observe(self, k: int, verified: int, draft_ms: float, target_ms: float, overhead_ms: float,
                 proposer: str = ANY_DRAFT) -> None:
@@ -91,7 +104,17 @@ class CostModel:
         key = proposer if k > 0 else NO_DRAFT
         base = self.overhead_ms.get(key, self.overhead_ms.get(NO_DRAFT, next(iter(self.overhead_ms.values()), 0.0)))
         draft = k * self.draft_step_ms.get(key, 0.0) if k > 0 else 0.0
-        return self.verify(k + 1) + draft + base
+        return self.verify_share(k + 1) + draft + base
+
+    def verify_share(self, n: int) -> float:
+        """This session's share of a target pass scoring n of its tokens in a batch of `batch` sessions:
+        t0 / batch + n·m, with m = v(2) − v(1) per token and t0 = v(1) − m (module docstring).
+        Alone (batch <= 1) it is v(n)."""
+        if self.batch <= 1.0:
+            return self.verify(n)
+        per_token = max(0.0, self.verify(2) - self.verify(1))
+        fixed = max(0.0, self.verify(1) - per_token)
+        return fixed / self.batch + (self.verify(n) - fixed)
 
 
 @dataclass

@@ -273,6 +273,7 @@ class Generation:
     def _learn(self, outcome: RoundOutcome) -> None:
         """Feed adaptive k: acceptance per session and proposer; costs only from rounds without a prefill."""
         proposed = len(outcome.draft_ids)
+        self.deps.costs.observe_batch(outcome.target_batch)
         if proposed:
             self._tracker(outcome.proposer).observe(proposed, outcome.num_accepted)
         if outcome.target_computed <= proposed + 1 and not outcome.degraded:

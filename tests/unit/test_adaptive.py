@@ -121,3 +121,49 @@ def test_a_proposer_not_measured_yet_is_tried():
     costs, acc = measured_fp32_costs(), AcceptanceTracker(k_max=8)
     assert costs.round_ms(4, "model") == costs.round_ms(4, ANY_DRAFT)  # falls back to what is measured
     assert choose_k(costs, acc, 8, "model") > 0
+
+
+def compute_bound_costs() -> CostModel:
+    """v(n) = 10 + 8 n ms: most of a pass is per-token work, the part batching cannot share."""
+    costs = CostModel()
+    for n in (1, 2, 3, 5):
+        costs.observe(k=n - 1, verified=n, draft_ms=0.0, target_ms=10.0 + 8.0 * n, overhead_ms=2.0)
+    return costs
+
+
+def accepting(rate_accepts: int, of: int, k_max: int = 4) -> AcceptanceTracker:
+    acc = AcceptanceTracker(k_max=k_max)
+    for i in range(40):
+        acc.observe(proposed=k_max, accepted=k_max if i % of < rate_accepts else 0)
+    return acc
+
+
+def test_alone_the_batch_share_is_the_measured_verify_cost():
+    costs = compute_bound_costs()
+    assert costs.batch == 1.0
+    assert [costs.verify_share(n) for n in (1, 3, 5)] == [costs.verify(n) for n in (1, 3, 5)]
+    costs.observe_batch(0)                      # a round without a reported batch changes nothing
+    assert costs.batch == 1.0
+
+
+def test_full_batches_back_speculation_off_when_verify_work_is_per_token():
+    costs, acc = compute_bound_costs(), accepting(3, 5)     # ~60% of drafts fully accepted
+    assert choose_k(costs, acc, 4) >= 1                    # alone: speculation pays
+    for _ in range(30):
+        costs.observe_batch(8)
+    assert 7.5 < costs.batch <= 8.0
+    # share of a pass: t0 / 8 + n * m (t0 = 10, m = 8)
+    assert abs(costs.verify_share(1) - (10.0 / costs.batch + 8.0)) < 1e-9
+    assert choose_k(costs, acc, 4) == 0                    # batches full: plain decoding
+    for _ in range(30):
+        costs.observe_batch(1)
+    assert choose_k(costs, acc, 4) >= 1                    # load gone: speculation comes back
+
+
+def test_full_batches_keep_speculating_when_scoring_more_tokens_is_nearly_free():
+    costs, acc = CostModel(), accepting(3, 5)
+    for n in (1, 2, 3, 5):                                  # memory-bound: v(n) flat
+        costs.observe(k=n - 1, verified=n, draft_ms=0.0, target_ms=30.0, overhead_ms=2.0)
+    for _ in range(30):
+        costs.observe_batch(16)
+    assert choose_k(costs, acc, 4) >= 2
