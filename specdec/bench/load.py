@@ -27,7 +27,8 @@ from typing import Any
 from specdec.bench.load_plan import (CONCURRENCY, DATA_PROMPTS, DATASETS, DEFAULT_MODE, FULL_MODE, GUIDELLM_VERSION,
                                      K0, QUICK_MODE, RATE, LoadConfig, Mode, ScenarioInputs, configurations,
                                      rate_list, scenario, write_chat_jsonl)
-from specdec.bench.load_results import add_ratios, goals, noise_band, parse_report, saturation_rps
+from specdec.bench.load_results import (add_ratios, goals, noise_band, parse_report, saturation_rps, server_delta,
+                                        server_samples)
 
 log = logging.getLogger("specdec.bench.load")
 
@@ -36,6 +37,7 @@ DEFAULT_WORK_DIR = "bench/out/load"
 DEFAULT_ADAPTIVE_CAP = 8
 WARMUP_TOKENS = 8
 WARMUP_TIMEOUT_S = 300.0
+SCRAPE_TIMEOUT_S = 10.0
 #: a guidellm run that takes longer than this is stuck (the default run takes ~30 min in all).
 GUIDELLM_TIMEOUT_S = 4 * 3600.0
 
@@ -54,6 +56,7 @@ class LoadArgs:
     out: str = "bench/results/load.json"
     plot: str = "bench/results/load.png"
     configs: list[LoadConfig] = field(default_factory=list)
+    metrics_urls: list[str] = field(default_factory=list)   # set once the stack runs
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -154,6 +157,16 @@ def warm_up(url: str, configs: list[LoadConfig]) -> None:
             resp.read()
 
 
+def scrape(metrics_urls: list[str]) -> dict[str, float]:
+    """The batch-fill and k samples of the target's and the orchestrator's /metrics pages, added up."""
+    total: dict[str, float] = {}
+    for url in metrics_urls:
+        with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as resp:  # noqa: S310 - loopback only
+            for name, value in server_samples(resp.read().decode()).items():
+                total[name] = total.get(name, 0.0) + value
+    return total
+
+
 def _children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -172,6 +185,7 @@ class Invocation:
     load_avg_before: list[float]
     load_avg_after: list[float]
     report: str
+    server: dict[str, Any] = field(default_factory=dict)   # mean target batch and mean k during the run
 
 
 def run_guidellm(args: LoadArgs, cfg: LoadConfig, dataset: str, phase: str, values: list[Any],
@@ -185,6 +199,7 @@ def run_guidellm(args: LoadArgs, cfg: LoadConfig, dataset: str, phase: str, valu
     scenario_path = work / f"{tag}.scenario.json"
     scenario_path.write_text(json.dumps(scenario(cfg, phase, values, inp), indent=1))
     log.info("guidellm: %s %s %s at %s", dataset, cfg.name, phase, values)
+    scraped = scrape(args.metrics_urls)
     load_before, cpu_before, started = list(os.getloadavg()), _children_cpu_s(), time.monotonic()
     with (work / f"{tag}.guidellm.log").open("wb") as out:
         proc = subprocess.run([args.guidellm, "run", "--scenario", str(scenario_path), "--disable-console-interactive"],
@@ -192,6 +207,7 @@ def run_guidellm(args: LoadArgs, cfg: LoadConfig, dataset: str, phase: str, valu
                               timeout=GUIDELLM_TIMEOUT_S, check=False)
     inv = Invocation(cfg.name, dataset, phase, list(values), round(time.monotonic() - started, 2),
                      round(_children_cpu_s() - cpu_before, 2), load_before, list(os.getloadavg()), str(report_path))
+    inv.server = server_delta(scraped, scrape(args.metrics_urls))
     if proc.returncode != 0 or not report_path.is_file():
         tail = (work / f"{tag}.guidellm.log").read_text(errors="replace").splitlines()[-30:]
         raise RuntimeError(f"guidellm failed ({proc.returncode}) for {tag}:\n" + "\n".join(tail))
@@ -248,13 +264,15 @@ def run(args: LoadArgs) -> dict[str, Any]:
     write_chat_jsonl(chat_file)
     top_c = max(args.mode.concurrency)
     stack = LocalStack(StackConfig(target_model=args.target_model, threads=args.threads, max_batch=args.max_batch,
-                                   max_concurrent=max(64, 4 * top_c), log_dir=str(work / "logs")))
+                                   max_concurrent=max(64, 4 * top_c), log_dir=str(work / "logs"), metrics=True))
     record: dict[str, Any] = {"settings": _settings(args), "machine": machine_info(), "guidellm_version": version,
                               "invocations": [], "datasets": {}}
     started = time.monotonic()
     gateway = None
     try:
         stack.start()
+        args.metrics_urls = [f"http://127.0.0.1:{p.metrics_port}/metrics" for p in stack.procs
+                             if p.role in ("target", "orchestrator") and p.metrics_port]
         gateway = GatewayProcess(stack.orchestrator_address, log_dir=str(work / "logs")).start()
         warm_up(gateway.url, args.configs)
         for dataset in args.mode.datasets:

@@ -234,3 +234,32 @@ def plot(record: dict[str, Any], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+#: Prometheus samples bench-load reads around each guidellm run (target and orchestrator /metrics).
+SERVER_SAMPLES = ("specdec_batch_size_sum", "specdec_batch_size_count", "specdec_spec_decode_k_sum",
+                  "specdec_spec_decode_k_count", "specdec_round_target_batch_size_sum",
+                  "specdec_round_target_batch_size_count")
+
+
+def server_samples(text: str) -> dict[str, float]:
+    """The SERVER_SAMPLES of one /metrics page, summed over their labels (k: over fixed and adaptive)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in SERVER_SAMPLES:
+                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+    return out
+
+
+def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """What the servers saw during one guidellm run: mean sessions per target pass, mean k per round."""
+    d = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in SERVER_SAMPLES}
+    def mean(prefix: str) -> float | None:
+        count = d[f"{prefix}_count"]
+        return round(d[f"{prefix}_sum"] / count, 3) if count > 0 else None
+    return {"target_passes": d["specdec_batch_size_count"], "mean_target_batch": mean("specdec_batch_size"),
+            "rounds": d["specdec_spec_decode_k_count"], "mean_k": mean("specdec_spec_decode_k"),
+            "mean_round_target_batch": mean("specdec_round_target_batch_size")}

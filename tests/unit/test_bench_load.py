@@ -148,3 +148,20 @@ def test_makefile_pins_the_guidellm_the_scenarios_are_written_for():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(rf"GUIDELLM_PIN\s*:=\s*guidellm=={re.escape(GUIDELLM_VERSION)}\b", makefile)
     assert "install torch==2.13.0" in makefile.split("$(LOAD_STAMP):")[1].split("load-venv:")[0]
+
+
+def test_server_delta_reads_batch_fill_and_k_from_metrics_pages():
+    from specdec.bench.load_results import server_delta, server_samples
+
+    page = ("# TYPE specdec_batch_size histogram\n"
+            'specdec_batch_size_sum{{role="target"}} {bs}\nspecdec_batch_size_count{{role="target"}} {bc}\n'
+            "# TYPE specdec_spec_decode_k histogram\n"
+            'specdec_spec_decode_k_sum{{mode="fixed"}} {ks}\nspecdec_spec_decode_k_count{{mode="fixed"}} {kc}\n'
+            'specdec_spec_decode_k_sum{{mode="adaptive"}} 1\nspecdec_spec_decode_k_count{{mode="adaptive"}} 1\n')
+    before = server_samples(page.format(bs=10, bc=10, ks=8, kc=2))
+    after = server_samples(page.format(bs=40, bc=20, ks=48, kc=12))
+    assert before["specdec_spec_decode_k_sum"] == 9.0                      # fixed + adaptive
+    delta = server_delta(before, after)
+    assert delta["mean_target_batch"] == 3.0 and delta["target_passes"] == 10
+    assert delta["mean_k"] == 4.0 and delta["rounds"] == 10
+    assert delta["mean_round_target_batch"] is None                        # not on the page: no rounds seen
