@@ -57,6 +57,7 @@ class LoadArgs:
     plot: str = "bench/results/load.png"
     configs: list[LoadConfig] = field(default_factory=list)
     metrics_urls: list[str] = field(default_factory=list)   # set once the stack runs
+    note: str = ""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -79,6 +80,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--work-dir", default=DEFAULT_WORK_DIR, help="scenarios, guidellm reports and logs")
     p.add_argument("--out", default="bench/results/load.json")
     p.add_argument("--plot", default="bench/results/load.png")
+    p.add_argument("--note", default="", help="a note stored in the JSON (e.g. why a run is small)")
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
@@ -115,7 +117,7 @@ def args_from_cli(ns: argparse.Namespace) -> LoadArgs:
     return LoadArgs(mode=mode, mode_name=name, adaptive_cap=ns.adaptive_cap, threads=ns.threads,
                     max_batch=ns.max_batch, max_seconds_per_point=ns.max_seconds_per_point,
                     target_model=ns.target_model, guidellm=str(Path(ns.guidellm).absolute()), work_dir=ns.work_dir, out=ns.out,
-                    plot=ns.plot, configs=configurations(mode.fixed_ks, ns.adaptive_cap))
+                    plot=ns.plot, note=ns.note, configs=configurations(mode.fixed_ks, ns.adaptive_cap))
 
 
 def guidellm_env() -> dict[str, str]:
@@ -265,7 +267,7 @@ def run(args: LoadArgs) -> dict[str, Any]:
     top_c = max(args.mode.concurrency)
     stack = LocalStack(StackConfig(target_model=args.target_model, threads=args.threads, max_batch=args.max_batch,
                                    max_concurrent=max(64, 4 * top_c), log_dir=str(work / "logs"), metrics=True))
-    record: dict[str, Any] = {"settings": _settings(args), "machine": machine_info(), "guidellm_version": version,
+    record: dict[str, Any] = {"note": args.note, "settings": _settings(args), "machine": machine_info(), "guidellm_version": version,
                               "invocations": [], "datasets": {}}
     started = time.monotonic()
     gateway = None

@@ -165,3 +165,15 @@ def test_server_delta_reads_batch_fill_and_k_from_metrics_pages():
     assert delta["mean_target_batch"] == 3.0 and delta["target_passes"] == 10
     assert delta["mean_k"] == 4.0 and delta["rounds"] == 10
     assert delta["mean_round_target_batch"] is None                        # not on the page: no rounds seen
+
+
+def test_the_gateway_maps_every_field_bench_load_sends():
+    from http_gateway.openai_schema import parse_request
+
+    for cfg in configurations((4,), 8):
+        body = {"model": "specdec", "max_completion_tokens": 12, "temperature": 0.0, "stream": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "stop": None,
+                "ignore_eos": True, "messages": [{"role": "user", "content": "hi"}], "specdec": cfg.extension()}
+        req = parse_request(body, chat=True).request
+        assert (req.k, req.ignore_eos, req.max_new_tokens, req.adaptive_k) == (cfg.k, True, 12, cfg.adaptive)
+        assert req.HasField("adaptive_k") == cfg.adaptive
