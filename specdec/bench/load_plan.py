@@ -67,7 +67,7 @@ DEFAULT_MODE = Mode(concurrency=(1, 4, 16), rate_fractions=(0.2, 0.4, 0.6, 0.8, 
 #: --full: more points, k 2/4/8, 100 requests (p99 reported), both data sets.
 FULL_MODE = Mode(concurrency=(1, 2, 4, 8, 16, 32), rate_fractions=(0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.15),
                  requests_per_point=100, max_tokens=64, fixed_ks=(2, 4, 8), datasets=DATASETS)
-#: --quick: the whole pipeline in a few minutes (tests/integration/test_bench_load.py).
+#: --quick: the whole pipeline in a few minutes (tests/integration/test_bench_load_stack.py).
 QUICK_MODE = Mode(concurrency=(1, 2), rate_fractions=(0.5, 1.0), requests_per_point=3, max_tokens=12,
                   fixed_ks=(4,), datasets=(DATA_PROMPTS,), synthetic_prompt_tokens=64)
 
