@@ -167,15 +167,22 @@ def _one(client: StackClient, hf: Any, p: Prompt, cfg: Config, rep: int, max_new
 
 
 def _services_verify_costs(hf: Any, verify_hf: dict, n_max: int, args: argparse.Namespace) -> tuple[dict, str]:
-    """v(n) as the target service computes it: with the input-major CPU layout when the service uses it
-    (SPECDEC_INPUT_MAJOR, float32 on CPU), measured on the same in-process model after the HF runs."""
-    from specdec.config import ModelServiceConfig
-    from specdec.models.layout import use_input_major_linears, wants_input_major
+    """v(n) as the target service computes it: with the CPU linear kernels the service chose at load
+    (specdec/models/kernels.py: the cached choice for this CPU, threads and shapes, or measured now),
+    measured on the same in-process model after the HF runs."""
+    import torch
 
-    if not (ModelServiceConfig(role="target").input_major and wants_input_major(hf.model.device, hf.model.dtype)):
+    from specdec.config import ModelServiceConfig
+    from specdec.engine.kernel_select import plan_model
+    from specdec.models.load_config import load_config
+
+    cfg = ModelServiceConfig(role="target")
+    if hf.model.device.type != "cpu" or hf.model.dtype not in (torch.float32, torch.bfloat16):
         return verify_hf, "nn.Linear ([out, in])"
-    use_input_major_linears(hf.model)
-    return hf.verify_costs(n_max, args.verify_context, args.verify_reps), "input-major ([in, out], SPECDEC_INPUT_MAJOR=1)"
+    plan = plan_model(hf.model, hf.model, cfg.kernels, load_config(cache_dir=cfg.cache_dir).cache_root(), None)
+    if set(plan.kernels) == {"linear"}:
+        return verify_hf, f"nn.Linear ([out, in]); kernels {plan.describe()}"
+    return hf.verify_costs(n_max, args.verify_context, args.verify_reps), f"kernels {plan.describe()}"
 
 
 # -- CLI ------------------------------------------------------------------------------------------
