@@ -81,3 +81,14 @@ def test_helpers() -> None:
     assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
     names = [c.name for c in make_configs([2, 4])]
     assert names == ["k0", "k2", "k4", "kdefault", "hf_target", "hf_assisted"]
+
+
+def test_every_result_names_the_cpu_and_the_features_that_decide_kernels():
+    from specdec.bench.machine import machine_info
+    from specdec.bench.report import cpu_features
+
+    m = machine_info()
+    assert m["cpu_model"] and isinstance(m["cpu_flags"], list)
+    assert m["avx512"] == ("avx512f" in m["cpu_flags"]) and m["amx"] == ("amx_tile" in m["cpu_flags"])
+    assert cpu_features({"avx512": True, "amx": False, "bf16": True}) == " (AVX-512, no AMX, bf16)"
+    assert cpu_features({"cpu_model": "old result"}) == ""
