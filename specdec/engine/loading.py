@@ -14,6 +14,7 @@ from specdec.engine.feature import FeatureDraft
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
 from specdec.engine.kernel_select import default_plan, plan_model
 from specdec.models.kernels import INPUT_MAJOR, KERNELS, KernelPlan
+from specdec.models.int8 import quantize_linears, wants_int8
 from specdec.models.layout import input_major_head
 from specdec.engine.runner import CausalLMRunner
 from specdec.engine.target import TargetEngine
@@ -65,15 +66,27 @@ def _plan_kernels(cfg: ModelServiceConfig, model: Any, cache_root: Any) -> Kerne
     return plan
 
 
+def _int8_plan(cfg: ModelServiceConfig, model: Any) -> KernelPlan:
+    """--dtype int8: every linear of the part of the model the service owns on torch's int8 GEMM."""
+    if model.device.type != "cpu":
+        raise ValueError(f"dtype int8 runs on CPU only (the model is on {model.device})")
+    root = model.kernel_root() if hasattr(model, "kernel_root") else model
+    replaced, nbytes = quantize_linears(root)
+    log.info("%s: %d linear layers with int8 weights (%d bytes; activations float32)", cfg.model, replaced, nbytes)
+    bands = default_plan().band_rows
+    return KernelPlan(bands, ("int8_fbgemm",) * len(bands), {}, "dtype")
+
+
 def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = False
           ) -> tuple[Any, Any, CausalLMRunner, dict[str, Any], float, KernelPlan]:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    load_cfg = load_config(cfg.device, cfg.dtype, cfg.cache_dir, cfg.offline)
+    int8 = wants_int8(cfg.dtype)
+    load_cfg = load_config(cfg.device, "float32" if int8 else cfg.dtype, cfg.cache_dir, cfg.offline)
     loaded = load_causal_lm(parse_model_spec(cfg.model), load_cfg)
     model, tokenizer = loaded.model, loaded.tokenizer
     check_cache_truncatable(model.config)
-    plan = _plan_kernels(cfg, model, load_cfg.cache_root())
+    plan = _int8_plan(cfg, model) if int8 else _plan_kernels(cfg, model, load_cfg.cache_root())
     dtype_bytes = torch.finfo(model.dtype).bits // 8
     feature = isinstance(model, FeatureDraftModel)
     per_token = kv_bytes_per_token(model.config, dtype_bytes)
@@ -90,7 +103,7 @@ def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = F
         model_id=cfg.model, vocab_size=tok.vocab_size, logits_width=model.get_output_embeddings().weight.shape[0],
         tokenizer_fingerprint=tok.fingerprint, eos_token_ids=eos_token_ids(model, tokenizer),
         max_context=int(getattr(text_cfg, "max_position_embeddings", 0) or 0), special_tokens=tok.special_tokens,
-        device=str(runner.device), dtype=str(model.dtype).replace("torch.", ""), hidden_size=text_cfg.hidden_size,
+        device=str(runner.device), dtype="int8" if int8 else str(model.dtype).replace("torch.", ""), hidden_size=text_cfg.hidden_size,
         cache_budget_bytes=cfg.cache_budget_bytes, max_k=cfg.max_k,
     )
     return model, tokenizer, runner, info, loaded.load_seconds, plan
