@@ -298,6 +298,9 @@ def table(result: dict[str, Any]) -> str:
             tie = f", near-tie (<= {d.get('tie_threshold', 0):.4g})" if d["near_tie"] else ""
             lines.append(f"  token difference: {n} on {d['prompt']} at position {d['position']} "
                          f"(top-2 logit gap {_fmt(d['top2_logit_gap'], 6)}{tie})")
+    from specdec.bench.llamacpp import anchor_lines
+
+    lines += anchor_lines(result)
     mem = result["memory"]
     lines.append("")
     lines.append("peak RSS: " + ", ".join(f"{k} {_mb(v)}" for k, v in mem["peak_rss_bytes"].items())
