@@ -161,3 +161,12 @@ def test_metrics_name_each_band_s_kernel_and_its_timings():
     text = generate_latest(model_service_registry("target", State, lambda: None, lambda: plan)).decode()
     assert 'specdec_linear_kernel_info{band="1",kernel="im_mkl",role="target",source="cache"} 1.0' in text
     assert 'specdec_linear_kernel_probe_ms{band="1",kernel="linear",role="target"} 2.0' in text
+
+
+def test_info_metadata_names_each_band_s_kernel_and_its_source():
+    from specdec.server.model_service import KERNEL_METADATA_KEY, KERNEL_SOURCE_KEY, kernel_metadata
+
+    plan = KernelPlan(BANDS, ("im_mkl", "onednn", "onednn", "linear"), {}, "measured")
+    assert dict(kernel_metadata(plan)) == {KERNEL_METADATA_KEY: "1=im_mkl,2-5=onednn,6-17=onednn,18+=linear",
+                                           KERNEL_SOURCE_KEY: "measured"}
+    assert kernel_metadata(None) == ()
