@@ -137,7 +137,7 @@ def run(args: BenchArgs) -> dict[str, Any]:
         result["verify_cost_hf_layout"] = {k: v for k, v in verify_hf.items() if k != "kv_bytes_per_token_measured"}
     if hasattr(os, "getloadavg"):
         result["machine"]["load_avg_at_end"] = list(os.getloadavg())
-    if not args.no_llamacpp:   # after the stack stopped: nothing else competes for the cores
+    if args.with_llamacpp:   # after the stack stopped: nothing else competes for the cores
         from specdec.bench.llamacpp import llamacpp_anchor
 
         t0 = time.perf_counter()
@@ -238,7 +238,7 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
         threads=ns.threads if ns.threads is not None else min(2, os.cpu_count() or 1),
         out=ns.out, plot=ns.plot, target_model=ns.target_model, draft_kind=ns.draft_kind,
         draft_model=ns.draft_model, hf_lookup_tokens=ns.hf_lookup_tokens, hf_ngram_size=ns.hf_ngram_size,
-        with_hf=not ns.no_hf, verify_reps=QUICK["verify_reps"] if quick else 7, quick=quick,
+        with_hf=not ns.no_hf, with_llamacpp=not ns.no_llamacpp, verify_reps=QUICK["verify_reps"] if quick else 7, quick=quick,
         progress=not ns.no_progress, prompts_dir=ns.prompts_dir, with_adaptive=not ns.no_adaptive,
         adaptive_cap=ns.adaptive_cap, dtype=ns.dtype)
 
