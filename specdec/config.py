@@ -13,7 +13,8 @@ Environment variables (CLI flags override them):
   SPECDEC_TLS_CERT, SPECDEC_TLS_KEY, SPECDEC_TLS_CA,
   SPECDEC_LEASE_SECONDS, SPECDEC_HEALTH_WEDGED_SECONDS, SPECDEC_FAULT_FILE,
   SPECDEC_MAX_BATCH, SPECDEC_BATCH_WAIT_MS, SPECDEC_KEEP_HIDDEN, SPECDEC_MAX_HIDDEN_BYTES,
-  SPECDEC_INPUT_MAJOR, SPECDEC_NGRAM_MIN_N, SPECDEC_NGRAM_MAX_N, SPECDEC_NGRAM_PREFER
+  SPECDEC_INPUT_MAJOR, SPECDEC_LINEAR_KERNEL, SPECDEC_KERNEL_BUDGET_S,
+  SPECDEC_NGRAM_MIN_N, SPECDEC_NGRAM_MAX_N, SPECDEC_NGRAM_PREFER
 
 Secrets (SPECDEC_AUTH_TOKENS, SPECDEC_SERVICE_TOKEN, REDIS_URL, REDIS_PASSWORD) can instead
 be read from files, as Kubernetes and compose mount them: NAME_FILE=/path (see env_secret).
@@ -150,6 +151,45 @@ class HealthConfig:
     fault_file: str = field(default_factory=lambda: env_str("SPECDEC_FAULT_FILE"))
 
 
+# Row-count bands the linear kernels are chosen for (specdec/models/kernels.py), by their upper
+# ends: a decode step (1 row), a verify pass of k + 1 <= 5 rows (k = 4, the default) and up to
+# 17 (k = 16), and everything larger (batched verifies of 8 sessions at k = 4: 40 rows; prefill
+# chunks), timed at 32 rows.
+KERNEL_BAND_ROWS = (1, 5, 17, 32)
+
+
+@dataclass
+class KernelConfig:
+    """How a model service picks its CPU linear kernels at load (specdec/engine/kernel_select.py).
+
+    kernel: auto (measure, or the cached choice), or a kernel name / one name per band to force.
+    budget_s: the most seconds the timing may take at load (after one full round).
+    reps: timing rounds per (band, kernel); each keeps its least time.
+    probe_instances: layers of each shape timed in turn (so weights stream from memory).
+    check_atol: how far a kernel's output (and the chosen plan's logits) may lie from nn.Linear's,
+        relative to the largest value beyond 1, in float32 (fp32 kernels differ by summation order:
+        6e-5 measured on SmolLM2's logits); lower precisions get check_atol_low.
+    allow_input_major: whether the input-major candidates are timed (SPECDEC_INPUT_MAJOR=0: no).
+    layout_slack: where the per-band winners need both weight layouts (a second copy of every
+        weight: +538 MB for SmolLM2-135M in fp32), one layout is kept instead when its own winners
+        are at most this much slower on average over the bands.
+    """
+
+    kernel: str = field(default_factory=lambda: env_str("SPECDEC_LINEAR_KERNEL", "auto"))
+    budget_s: float = field(default_factory=lambda: env_float("SPECDEC_KERNEL_BUDGET_S", 2.0))
+    reps: int = 3
+    probe_instances: int = 4
+    check_atol: float = 2e-4
+    check_atol_low: float = 2e-2
+    layout_slack: float = 0.1
+    allow_input_major: bool = field(default_factory=lambda: env_bool("SPECDEC_INPUT_MAJOR", True))
+    band_rows: tuple[int, ...] = KERNEL_BAND_ROWS
+
+    def atol(self, dtype: "torch.dtype") -> float:  # noqa: F821 - torch is not imported by config
+        """The check tolerance for weights of `dtype`."""
+        return self.check_atol if str(dtype) == "torch.float32" else self.check_atol_low
+
+
 #: The model a service loads when SPECDEC_MODEL / --model name none, by role.
 DEFAULT_MODELS = {"target": "embedded", "draft": "embedded:smollm2-draft"}
 
@@ -194,9 +234,9 @@ class ModelServiceConfig:
     # Target: the most hidden-state bytes one Verify returns (fp16 on the wire); a feature draft
     # catches up on a long prompt over several rounds beyond that.
     max_hidden_bytes: int = field(default_factory=lambda: env_int("SPECDEC_MAX_HIDDEN_BYTES", 2 * MIB))
-    # Target and model drafts: on CPU in float32, store linear weights input-major ([in, out]): a
-    # faster decode step, verify pass and draft step, same logits (specdec/models/layout.py); 0 = off.
-    input_major: bool = field(default_factory=lambda: env_bool("SPECDEC_INPUT_MAJOR", True))
+    # Target and model drafts on CPU: linear kernels and weight layouts timed at load, per row-count
+    # band, the fastest kept (specdec/models/kernels.py); SPECDEC_LINEAR_KERNEL forces a choice.
+    kernels: KernelConfig = field(default_factory=KernelConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
 

@@ -29,13 +29,28 @@ STOP_TIMEOUT_S = 10.0
 
 
 def default_threads(draft_kind: str) -> int:
-    """torch threads per model service for a local stack on this machine: every usable core for the
+    """torch threads per model service for a local stack on this machine: every FREE core for the
     target when the draft is the n-gram lookup (no draft model to feed), else half of them each
     (the draft and the target take turns within a round but overlap across sessions).
-    Measured here (2 cores, n-gram draft, fp32): 2 threads 33.4 / 70.3 tok/s at k = 0 / adaptive k on
-    grounded prompts, 1 thread 26.3 / 53.4 (bench/results/latest.json, threads1.json)."""
-    cores = usable_cores()
+
+    Free: usable cores less the 1-minute load average already on them (rounded), at least 1. An
+    OpenMP team larger than the free cores waits at every barrier for a preempted thread.
+    Measured on the 2-core AMD EPYC: quiet, 2 threads 33.4 / 70.3 tok/s at k = 0 / adaptive k on
+    grounded prompts vs 1 thread 26.3 / 53.4 (bench/results/latest.json, threads1.json); at load
+    15-17 (other work on both cores) one SmolLM2 forward's linears took 63 ms at 2 threads vs 50 ms
+    at 1 (1 row), 201 vs 98 ms (5 rows), 438 vs 200 ms (32 rows): the kernel chooser's probe, best of 3."""
+    cores = free_cores()
     return max(1, cores if draft_kind == "ngram" else cores // 2)
+
+
+def free_cores() -> int:
+    """Usable cores less the load already on them (1-minute load average, rounded), at least 1."""
+    cores = usable_cores()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    free = max(1, cores - int(load + 0.5))
+    if free < cores:
+        log.info("load average %.1f on %d usable cores: sizing threads for %d free core(s)", load, cores, free)
+    return free
 
 
 def usable_cores() -> int:

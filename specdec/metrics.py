@@ -36,8 +36,10 @@ def serve_metrics(port: int, registry: CollectorRegistry, host: str = "0.0.0.0")
 class ModelServiceCollector:
     """Reads a model service's worker state and KV-cache pool at scrape time."""
 
-    def __init__(self, role: str, state: Callable[[], Any], pool: Callable[[], Any]) -> None:
+    def __init__(self, role: str, state: Callable[[], Any], pool: Callable[[], Any],
+                 kernels: Callable[[], Any] | None = None) -> None:
         self.role, self._state, self._pool = role, state, pool
+        self._kernels = kernels or (lambda: None)
 
     def collect(self) -> Iterable[Any]:
         labels = {"role": self.role}
@@ -56,6 +58,7 @@ class ModelServiceCollector:
                          state.recent_fill, labels)
             yield _histogram("batch_size", "sessions per batched forward pass (target)", state.batch_sizes,
                              BATCH_SIZE_BUCKETS, labels)
+        yield from kernel_families(self._kernels(), labels)
         if pool is None:
             return
         c = pool.counters
@@ -70,6 +73,26 @@ class ModelServiceCollector:
         yield _gauge("cache_used_bytes", "KV-cache bytes in use", pool.used_bytes(), labels)
         yield _gauge("cache_budget_bytes", "KV-cache byte budget", pool.budget_bytes, labels)
         yield _gauge("cache_sessions", "sessions with a KV cache", pool.session_count(), labels)
+
+
+def kernel_families(plan: Any, labels: dict[str, str]) -> Iterable[Any]:
+    """The CPU linear kernels chosen at load (specdec/models/kernels.py KernelPlan): an info-style
+    gauge of 1 per row-count band naming its kernel and how it was chosen, and the timings behind it
+    (estimated linear ms of one forward per band and candidate)."""
+    if plan is None:
+        return
+    names = [*labels, "band", "kernel", "source"]
+    info = GaugeMetricFamily(f"{PREFIX}_linear_kernel_info", "CPU linear kernel chosen per row-count band",
+                             labels=names)
+    timing = GaugeMetricFamily(f"{PREFIX}_linear_kernel_probe_ms",
+                               "estimated linear time of one forward per band and candidate kernel, timed at load",
+                               labels=[*labels, "band", "kernel"])
+    for band, kernel in plan.by_band().items():
+        info.add_metric([*labels.values(), band, kernel, plan.source], 1.0)
+        for candidate, ms in plan.timings_ms.get(band, {}).items():
+            timing.add_metric([*labels.values(), band, candidate], ms)
+    yield info
+    yield timing
 
 
 def _counter(name: str, doc: str, value: float, labels: dict[str, str]) -> CounterMetricFamily:
@@ -95,10 +118,11 @@ def _histogram(name: str, doc: str, counts: dict[int, int], buckets: tuple[int, 
     return family
 
 
-def model_service_registry(role: str, state: Callable[[], Any], pool: Callable[[], Any]) -> CollectorRegistry:
-    """A registry exporting one model service's counters."""
+def model_service_registry(role: str, state: Callable[[], Any], pool: Callable[[], Any],
+                           kernels: Callable[[], Any] | None = None) -> CollectorRegistry:
+    """A registry exporting one model service's counters (and its kernel plan, when given)."""
     registry = CollectorRegistry()
-    registry.register(ModelServiceCollector(role, state, pool))
+    registry.register(ModelServiceCollector(role, state, pool, kernels))
     return registry
 
 

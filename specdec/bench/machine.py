@@ -9,18 +9,13 @@ from typing import Any
 
 
 def machine_info() -> dict[str, Any]:
+    """The machine a result was measured on: the CPU (model, the flags that decide kernels: AVX-512,
+    AMX, bf16), cores, memory, library versions and load average."""
     import torch
     import transformers
 
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     from specdec.launcher import usable_cores
+    from specdec.models.cpu_info import cpu_summary
 
     usable = usable_cores()
     mem = None
@@ -30,7 +25,7 @@ def machine_info() -> dict[str, Any]:
                 mem = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return {"cpu_model": cpu, "cores": os.cpu_count(), "usable_cores": usable, "memory_bytes": mem,
+    return {**cpu_summary(), "cores": os.cpu_count(), "usable_cores": usable, "memory_bytes": mem,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "platform": platform.platform(),
             "load_avg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}

@@ -115,6 +115,7 @@ class BenchArgs:
     hf_ngram_size: int = 2
     with_default_k: bool = True
     with_hf: bool = True
+    with_llamacpp: bool = True            # the llama.cpp anchor (skipped with a note when not installed)
     with_adaptive: bool = True
     adaptive_cap: int = 0                 # 0: the largest k of the sweep
     verify_context: int = VERIFY_CONTEXT_TOKENS

@@ -247,11 +247,19 @@ def _fmt(x: Any, digits: int = 2, spread_: bool = False) -> str:
     return str(x)
 
 
+def cpu_features(machine: dict[str, Any]) -> str:
+    """" (AVX-512, no AMX, bf16)": the CPU features that decide kernels, where the result has them."""
+    if "avx512" not in machine:
+        return ""
+    yes_no = [("AVX-512", machine["avx512"]), ("AMX", machine.get("amx")), ("bf16", machine.get("bf16"))]
+    return " (" + ", ".join(name if has else f"no {name}" for name, has in yes_no) + ")"
+
+
 def table(result: dict[str, Any]) -> str:
     """The human-readable summary printed at the end of a run."""
     lines = []
     st, m = result["settings"], result["machine"]
-    lines.append(f"machine: {m['cpu_model']} | {m['cores']} cores ({m['usable_cores']} usable) | torch {m['torch']} "
+    lines.append(f"machine: {m['cpu_model']}{cpu_features(m)} | {m['cores']} cores ({m['usable_cores']} usable) | torch {m['torch']} "
                  f"| transformers {m['transformers']}")
     load = m.get("load_avg_at_start")
     if load and load[0] > 0.5 * (m.get("usable_cores") or 1):
@@ -290,6 +298,9 @@ def table(result: dict[str, Any]) -> str:
             tie = f", near-tie (<= {d.get('tie_threshold', 0):.4g})" if d["near_tie"] else ""
             lines.append(f"  token difference: {n} on {d['prompt']} at position {d['position']} "
                          f"(top-2 logit gap {_fmt(d['top2_logit_gap'], 6)}{tie})")
+    from specdec.bench.llamacpp import anchor_lines
+
+    lines += anchor_lines(result)
     mem = result["memory"]
     lines.append("")
     lines.append("peak RSS: " + ", ".join(f"{k} {_mb(v)}" for k, v in mem["peak_rss_bytes"].items())
@@ -379,7 +390,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=7)
     m = result["machine"]
     fig.suptitle(f"specdec bench — {st['target_model_id']} ({st['dtype']}), {st['draft_kind']} draft, "
-                 f"{st['threads']['target_service']} threads, {m['cpu_model']} ({m['cores']} cores), "
+                 f"{st['threads']['target_service']} threads, {m['cpu_model']}{cpu_features(m)} ({m['cores']} cores), "
                  f"{st['max_new_tokens']} tokens, {st['repeats']} repeat(s)", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -137,6 +137,12 @@ def run(args: BenchArgs) -> dict[str, Any]:
         result["verify_cost_hf_layout"] = {k: v for k, v in verify_hf.items() if k != "kv_bytes_per_token_measured"}
     if hasattr(os, "getloadavg"):
         result["machine"]["load_avg_at_end"] = list(os.getloadavg())
+    if args.with_llamacpp:   # after the stack stopped: nothing else competes for the cores
+        from specdec.bench.llamacpp import llamacpp_anchor
+
+        t0 = time.perf_counter()
+        result["llamacpp"] = llamacpp_anchor(args.target_model, prompts, args.max_new_tokens, args.repeats, args.threads)
+        phases["llamacpp_s"] = time.perf_counter() - t0
     phases["total_s"] = time.perf_counter() - t_start
     result["runtime_s"] = {k: round(v, 1) for k, v in phases.items()}
     return result
@@ -167,15 +173,22 @@ def _one(client: StackClient, hf: Any, p: Prompt, cfg: Config, rep: int, max_new
 
 
 def _services_verify_costs(hf: Any, verify_hf: dict, n_max: int, args: argparse.Namespace) -> tuple[dict, str]:
-    """v(n) as the target service computes it: with the input-major CPU layout when the service uses it
-    (SPECDEC_INPUT_MAJOR, float32 on CPU), measured on the same in-process model after the HF runs."""
-    from specdec.config import ModelServiceConfig
-    from specdec.models.layout import use_input_major_linears, wants_input_major
+    """v(n) as the target service computes it: with the CPU linear kernels the service chose at load
+    (specdec/models/kernels.py: the cached choice for this CPU, threads and shapes, or measured now),
+    measured on the same in-process model after the HF runs."""
+    import torch
 
-    if not (ModelServiceConfig(role="target").input_major and wants_input_major(hf.model.device, hf.model.dtype)):
+    from specdec.config import ModelServiceConfig
+    from specdec.engine.kernel_select import plan_model
+    from specdec.models.load_config import load_config
+
+    cfg = ModelServiceConfig(role="target")
+    if hf.dtype == "int8" or hf.model.device.type != "cpu" or hf.model.dtype not in (torch.float32, torch.bfloat16):
         return verify_hf, "nn.Linear ([out, in])"
-    use_input_major_linears(hf.model)
-    return hf.verify_costs(n_max, args.verify_context, args.verify_reps), "input-major ([in, out], SPECDEC_INPUT_MAJOR=1)"
+    plan = plan_model(hf.model, hf.model, cfg.kernels, load_config(cache_dir=cfg.cache_dir).cache_root(), None)
+    if set(plan.kernels) == {"linear"}:
+        return verify_hf, f"nn.Linear ([out, in]); kernels {plan.describe()}"
+    return hf.verify_costs(n_max, args.verify_context, args.verify_reps), f"kernels {plan.describe()}"
 
 
 # -- CLI ------------------------------------------------------------------------------------------
@@ -194,10 +207,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target-model", default="embedded")
     p.add_argument("--draft-kind", choices=["ngram", "model", "combined"], default="ngram")
     p.add_argument("--draft-model", default="")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="weights of the target (and a model draft), in the services and in HF alike")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"],
+                   help="weights of the target (and a model draft), in the services and in HF alike "
+                        "(int8: torch's int8 linears, specdec/models/int8.py)")
     p.add_argument("--hf-lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
     p.add_argument("--hf-ngram-size", type=int, default=2, help="HF max_matching_ngram_size")
+    p.add_argument("--no-llamacpp", action="store_true",
+                   help="skip the llama.cpp anchor (llama-cpp-python, optional; skipped with a note when absent)")
     p.add_argument("--no-hf", action="store_true", help="skip the in-process HF anchors (c), (d)")
     p.add_argument("--no-adaptive", action="store_true", help="skip our adaptive-k configuration")
     p.add_argument("--adaptive-cap", type=int, default=0, help="k cap of adaptive k (default: largest k of --k)")
@@ -222,7 +238,7 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
         threads=ns.threads if ns.threads is not None else min(2, os.cpu_count() or 1),
         out=ns.out, plot=ns.plot, target_model=ns.target_model, draft_kind=ns.draft_kind,
         draft_model=ns.draft_model, hf_lookup_tokens=ns.hf_lookup_tokens, hf_ngram_size=ns.hf_ngram_size,
-        with_hf=not ns.no_hf, verify_reps=QUICK["verify_reps"] if quick else 7, quick=quick,
+        with_hf=not ns.no_hf, with_llamacpp=not ns.no_llamacpp, verify_reps=QUICK["verify_reps"] if quick else 7, quick=quick,
         progress=not ns.no_progress, prompts_dir=ns.prompts_dir, with_adaptive=not ns.no_adaptive,
         adaptive_cap=ns.adaptive_cap, dtype=ns.dtype)
 

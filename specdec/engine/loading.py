@@ -12,7 +12,10 @@ from specdec.config import ModelServiceConfig
 from specdec.engine.draft import COMBINED, DRAFT_SERVICE_KINDS, MODEL, NGRAM, CombinedDraft, ModelDraft, NgramDraft
 from specdec.engine.feature import FeatureDraft
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
-from specdec.models.layout import use_input_major_linears, wants_input_major
+from specdec.engine.kernel_select import default_plan, plan_model
+from specdec.models.kernels import INPUT_MAJOR, KERNELS, KernelPlan
+from specdec.models.int8 import quantize_linears, wants_int8
+from specdec.models.layout import input_major_head
 from specdec.engine.runner import CausalLMRunner
 from specdec.engine.target import TargetEngine
 from specdec.models.feature_draft import FeatureDraftModel
@@ -39,20 +42,51 @@ class ModelBundle:
     batch_wait_s: float = 0.0               # target: how long a batch waits for its group (BatchQueue)
     inline_max_tokens: int = 0              # calls this small run on the event loop (ModelWorker.run_on_thread)
     prefill_chunk_tokens: int = 0           # target: longer prefills run in chunks of this size (BatchQueue)
+    kernels: KernelPlan | None = None       # the CPU linear kernels chosen at load (Info metadata, metrics)
 
 
-def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = False, input_major: bool = False
-          ) -> tuple[Any, Any, CausalLMRunner, dict[str, Any], float]:
+# Tokens of the forward that checks the chosen kernels' logits against nn.Linear's at load.
+KERNEL_PROBE_TOKENS = 8
+
+
+def _plan_kernels(cfg: ModelServiceConfig, model: Any, cache_root: Any) -> KernelPlan:
+    """Time and apply the CPU linear kernels (specdec/engine/kernel_select.py) for the part of the
+    model it owns (a trained draft: its own layers, not the target's shared head)."""
+    if model.device.type != "cpu" or model.dtype not in (torch.float32, torch.bfloat16):
+        return default_plan()
+    root = model.kernel_root() if hasattr(model, "kernel_root") else model
+    probe = None
+    if not isinstance(model, FeatureDraftModel):   # a causal LM: check its logits too
+        width = model.get_output_embeddings().weight.shape[0]
+        probe = (torch.arange(1, KERNEL_PROBE_TOKENS + 1) * 7 % width).unsqueeze(0)
+    plan = plan_model(model, root, cfg.kernels, cache_root, probe)
+    if root is not model and KERNELS[plan.kernel_for(1)] == INPUT_MAJOR:
+        input_major_head(model)       # the restricted head of a draft step (one row)
+    log.info("%s: linear kernels %s, chosen in %.2fs", cfg.model, plan.describe(), plan.seconds)
+    return plan
+
+
+def _int8_plan(cfg: ModelServiceConfig, model: Any) -> KernelPlan:
+    """--dtype int8: every linear of the part of the model the service owns on torch's int8 GEMM."""
+    if model.device.type != "cpu":
+        raise ValueError(f"dtype int8 runs on CPU only (the model is on {model.device})")
+    root = model.kernel_root() if hasattr(model, "kernel_root") else model
+    replaced, nbytes = quantize_linears(root)
+    log.info("%s: %d linear layers with int8 weights (%d bytes; activations float32)", cfg.model, replaced, nbytes)
+    bands = default_plan().band_rows
+    return KernelPlan(bands, ("int8_fbgemm",) * len(bands), {}, "dtype")
+
+
+def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = False
+          ) -> tuple[Any, Any, CausalLMRunner, dict[str, Any], float, KernelPlan]:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    load_cfg = load_config(cfg.device, cfg.dtype, cfg.cache_dir, cfg.offline)
+    int8 = wants_int8(cfg.dtype)
+    load_cfg = load_config(cfg.device, "float32" if int8 else cfg.dtype, cfg.cache_dir, cfg.offline)
     loaded = load_causal_lm(parse_model_spec(cfg.model), load_cfg)
     model, tokenizer = loaded.model, loaded.tokenizer
     check_cache_truncatable(model.config)
-    if input_major and wants_input_major(model.device, model.dtype):
-        replaced, extra = model.input_major() if hasattr(model, "input_major") else use_input_major_linears(model)
-        log.info("%s: %d linear layers stored input-major for the CPU forward (+%d bytes)",
-                 cfg.model, replaced, extra)
+    plan = _int8_plan(cfg, model) if int8 else _plan_kernels(cfg, model, load_cfg.cache_root())
     dtype_bytes = torch.finfo(model.dtype).bits // 8
     feature = isinstance(model, FeatureDraftModel)
     per_token = kv_bytes_per_token(model.config, dtype_bytes)
@@ -69,10 +103,10 @@ def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = F
         model_id=cfg.model, vocab_size=tok.vocab_size, logits_width=model.get_output_embeddings().weight.shape[0],
         tokenizer_fingerprint=tok.fingerprint, eos_token_ids=eos_token_ids(model, tokenizer),
         max_context=int(getattr(text_cfg, "max_position_embeddings", 0) or 0), special_tokens=tok.special_tokens,
-        device=str(runner.device), dtype=str(model.dtype).replace("torch.", ""), hidden_size=text_cfg.hidden_size,
+        device=str(runner.device), dtype="int8" if int8 else str(model.dtype).replace("torch.", ""), hidden_size=text_cfg.hidden_size,
         cache_budget_bytes=cfg.cache_budget_bytes, max_k=cfg.max_k,
     )
-    return model, tokenizer, runner, info, loaded.load_seconds
+    return model, tokenizer, runner, info, loaded.load_seconds, plan
 
 
 def inline_limit(configured: int) -> int:
@@ -89,15 +123,14 @@ def inline_limit(configured: int) -> int:
 
 def load_target(cfg: ModelServiceConfig) -> ModelBundle:
     """Load the target model and its verify engine."""
-    _, _, runner, info, seconds = _load(cfg, batching=cfg.max_batch > 1, keep_hidden=cfg.keep_hidden,
-                                        input_major=cfg.input_major)
+    _, _, runner, info, seconds, plan = _load(cfg, batching=cfg.max_batch > 1, keep_hidden=cfg.keep_hidden)
     max_hidden_rows = max(1, cfg.max_hidden_bytes // (2 * info["hidden_size"]))  # fp16 on the wire
     engine = TargetEngine(runner, info["max_context"], cfg.max_k, max_hidden_rows)
     info["max_batch"] = cfg.max_batch if runner.batching else 1
     info["keeps_hidden"] = runner.keep_hidden
     return ModelBundle("target", cfg.model, {"target": engine}, "target", info, runner.pool, seconds,
                        batch_wait_s=cfg.batch_wait_ms / 1000.0, inline_max_tokens=inline_limit(cfg.inline_max_tokens),
-                       prefill_chunk_tokens=cfg.prefill_chunk_tokens)
+                       prefill_chunk_tokens=cfg.prefill_chunk_tokens, kernels=plan)
 
 
 def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
@@ -109,7 +142,7 @@ def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
         return ModelBundle("draft", "ngram", {NGRAM: ngram}, NGRAM, info, inline_max_tokens=cfg.inline_max_tokens)
     if cfg.draft_kind not in DRAFT_SERVICE_KINDS:
         raise ValueError(f"draft kind must be one of {DRAFT_SERVICE_KINDS}, got {cfg.draft_kind!r}")
-    model, _, runner, info, seconds = _load(cfg, input_major=cfg.input_major)
+    model, _, runner, info, seconds, plan = _load(cfg)
     engines: dict[str, Any] = {NGRAM: ngram}
     if isinstance(model, FeatureDraftModel):  # fed the target's rows every round: no lookup rounds in between
         if cfg.draft_kind == COMBINED:
@@ -121,4 +154,4 @@ def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
         engines[COMBINED] = CombinedDraft(ngram, engines[MODEL])
     info["draft_kind"] = cfg.draft_kind
     return ModelBundle("draft", cfg.model, engines, cfg.draft_kind, info, runner.pool, seconds,
-                       inline_max_tokens=inline_limit(cfg.inline_max_tokens))
+                       inline_max_tokens=inline_limit(cfg.inline_max_tokens), kernels=plan)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -67,6 +68,10 @@ class DraftForCausalLM(LlamaForCausalLM):
         Returns (layers replaced, extra bytes)."""
         replaced, _ = use_input_major_linears(self.model.layers)
         return replaced + 1, input_major_head(self)
+
+    def kernel_root(self) -> nn.Module:
+        """What the CPU kernel plan applies to (specdec/models/kernels.py): its own decoder layers."""
+        return self.model.layers
 
     @property
     def logits_width(self) -> int:

@@ -102,6 +102,11 @@ class FeatureDraftModel(nn.Module):
         replaced, _ = use_input_major_linears(self)   # the shared modules are not submodules
         return replaced + 1, input_major_head(self)
 
+    def kernel_root(self) -> nn.Module:
+        """What the CPU kernel plan applies to (specdec/models/kernels.py): fc and its decoder layers
+        (the shared embedding and LM head are not submodules)."""
+        return self
+
     def own_state_dict(self) -> dict[str, torch.Tensor]:
         """What the draft stores: fc, its decoder layer and its final norm."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith("model.embed_tokens")}

@@ -1,7 +1,11 @@
 """Weight layout and kernel for the CPU forward: linear layers stored input-major ([in, out]) in float32.
 
-Used by the target (every nn.Linear) and by trained drafts (their own layers and their
-restricted head; the target's embedding and LM head they share are left alone).
+Model services no longer apply this layout unconditionally: they time it against nn.Linear and
+oneDNN at load and keep the fastest per row-count band (specdec/models/kernels.py; on an Intel Xeon
+this layout was 1.46x slower). What stays here: the restricted-head helpers (`head_logits`,
+`input_major_head`) a draft's plan uses, and `InputMajorLinear` behind `input_major()` of the
+drafts (their own layers and restricted head; the target's embedding and LM head they share are
+left alone). The measurements below are the AMD EPYC ones that first motivated the layout.
 
 `nn.Linear` keeps W as [out, in] and computes x @ W^T. For the few rows a decode step
 or a verify pass runs (M = 1 .. k+1), MKL's fp32 kernels stream an [in, out] matrix

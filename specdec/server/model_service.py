@@ -8,7 +8,8 @@ Health tells the truth (NOT_SERVING):
 
 Observable counters (no proto change): every Info reply carries the worker's counters as
 trailing metadata (WORKER_METADATA_PREFIX + calls / failures / in-flight / last-ok), which
-the reliability tests read to prove that rejected or cancelled requests did no model work.
+the reliability tests read to prove that rejected or cancelled requests did no model work, and
+the CPU linear kernels chosen at load (KERNEL_METADATA_KEY, KERNEL_SOURCE_KEY).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from specdec.v1 import common_pb2
 log = logging.getLogger("specdec.server")
 
 WORKER_METADATA_PREFIX = "specdec-worker-"
+KERNEL_METADATA_KEY = "specdec-linear-kernels"
+KERNEL_SOURCE_KEY = "specdec-linear-kernels-source"
 
 
 def worker_metadata(state: WorkerState) -> tuple[tuple[str, str], ...]:
@@ -40,6 +43,16 @@ def worker_metadata(state: WorkerState) -> tuple[tuple[str, str], ...]:
     values = {"calls": state.calls, "failures": state.failures, "in-flight": state.in_flight,
               "last-ok": int(state.last_ok)}
     return tuple((WORKER_METADATA_PREFIX + name, str(value)) for name, value in values.items())
+
+
+def kernel_metadata(plan: Any) -> tuple[tuple[str, str], ...]:
+    """The CPU linear kernels chosen at load as Info trailing metadata (ModelInfo has no field for
+    them): KERNEL_METADATA_KEY = "1=im_onednn,2-5=onednn,..." and KERNEL_SOURCE_KEY = measured |
+    cache | env | default | fallback."""
+    if plan is None:
+        return ()
+    bands = ",".join(f"{band}={kernel}" for band, kernel in plan.by_band().items())
+    return (KERNEL_METADATA_KEY, bands), (KERNEL_SOURCE_KEY, plan.source)
 
 
 def worker_healthy(state: WorkerState, cfg: HealthConfig) -> bool:
@@ -64,7 +77,7 @@ class ModelServiceBase:
 
     async def Info(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ModelInfo:
         bundle = self.loaded()
-        context.set_trailing_metadata(worker_metadata(self.worker.state))
+        context.set_trailing_metadata(worker_metadata(self.worker.state) + kernel_metadata(bundle.kernels))
         return common_pb2.ModelInfo(protocol_version=PROTOCOL_VERSION, role=self.role, **bundle.info)
 
     async def Stats(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ServiceStats:
@@ -119,7 +132,8 @@ async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase,
         raise
     log.info("%s model %s loaded in %.1fs", servicer.role, servicer.bundle.model_id, servicer.bundle.load_seconds)
     serve_metrics(cfg.server.metrics_port, model_service_registry(
-        servicer.role, lambda: servicer.worker.state, lambda: servicer.bundle.pool))
+        servicer.role, lambda: servicer.worker.state, lambda: servicer.bundle.pool,
+        lambda: servicer.bundle.kernels))
     await app.set_serving(True)
     stop = asyncio.Event()
     watcher = asyncio.create_task(watch_health(app, servicer.worker, cfg.health, stop))

@@ -63,6 +63,7 @@ def test_bench_quick_writes_json_and_plot(tmp_path: Path) -> None:
     assert result["memory"]["kv_bytes_per_token"]["target"] > 0
     assert result["verify_cost"]["ratio"]["1"] == pytest.approx(1.0)
     assert set(result["verify_cost"]["ratio"]) >= {"1", "5"}
-    # the bound uses v(n) of the target as served (input-major fp32 on CPU), HF's layout is kept beside it
-    assert result["settings"]["target_weight_layout"].startswith("input-major")
-    assert result["verify_cost_hf_layout"]["ratio"]["1"] == pytest.approx(1.0)
+    # the bound uses v(n) of the target as served (the CPU kernels chosen at load), HF's beside it
+    assert "1 rows:" in result["settings"]["target_weight_layout"]
+    if "verify_cost_hf_layout" in result:
+        assert result["verify_cost_hf_layout"]["ratio"]["1"] == pytest.approx(1.0)

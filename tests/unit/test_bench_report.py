@@ -81,3 +81,31 @@ def test_helpers() -> None:
     assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
     names = [c.name for c in make_configs([2, 4])]
     assert names == ["k0", "k2", "k4", "kdefault", "hf_target", "hf_assisted"]
+
+
+def test_every_result_names_the_cpu_and_the_features_that_decide_kernels():
+    from specdec.bench.machine import machine_info
+    from specdec.bench.report import cpu_features
+
+    m = machine_info()
+    assert m["cpu_model"] and isinstance(m["cpu_flags"], list)
+    assert m["avx512"] == ("avx512f" in m["cpu_flags"]) and m["amx"] == ("amx_tile" in m["cpu_flags"])
+    assert cpu_features({"avx512": True, "amx": False, "bf16": True}) == " (AVX-512, no AMX, bf16)"
+    assert cpu_features({"cpu_model": "old result"}) == ""
+
+
+def test_the_llamacpp_column_is_skipped_with_a_note_or_set_beside_ours(monkeypatch):
+    import builtins
+
+    from specdec.bench.llamacpp import anchor_lines, llamacpp_anchor
+
+    real_import = builtins.__import__
+    monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (
+        (_ for _ in ()).throw(ImportError(name)) if name == "llama_cpp" else real_import(name, *a, **k)))
+    skipped = llamacpp_anchor("embedded", [], 8, 1, 2)
+    assert "not installed" in skipped["skipped"] and "pip install llama-cpp-python" in skipped["skipped"]
+    assert "skipped" in anchor_lines({"llamacpp": skipped})[1]
+    result = {"llamacpp": {"version": "0.3", "gguf": "x.gguf", "threads": 2, "tok_s": {"grounded": 40.0}},
+              "grounded": {"tokens_per_s": {"k0": {"median": 30.0}, "adaptive": {"median": 50.0},
+                                            "hf_target": {"median": 99.0}}}}
+    assert anchor_lines(result)[2] == "  grounded: 40.0 tok/s; ours k = 0 30.0 (0.75x), best adaptive 50.0 (1.25x)"

@@ -10,9 +10,18 @@ from specdec.launcher import default_threads
 
 def test_the_target_gets_every_core_with_the_ngram_draft_and_half_with_a_model_draft(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.3, 0.2, 0.1), raising=False)
     assert default_threads("ngram") == 6
     assert default_threads("model") == default_threads("combined") == 3
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert default_threads("ngram") == default_threads("model") == 1
+
+
+def test_cores_busy_with_other_work_are_not_given_threads(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.6, 2.0, 1.0), raising=False)
+    assert default_threads("ngram") == 3 and default_threads("model") == 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (17.0, 19.0, 18.0), raising=False)
     assert default_threads("ngram") == default_threads("model") == 1
 
 

@@ -1,0 +1,83 @@
+"""The CPU user's alternative as an anchor column: llama.cpp (llama-cpp-python) serving the target's
+own GGUF file, target alone, greedy, the same chat prompt ids and token count as our stack.
+
+llama-cpp-python is an optional extra (`pip install llama-cpp-python`, a C++ build from its sdist;
+not in requirements.txt or constraints.txt): without it the bench records why the column is missing
+and goes on. It runs after the stack stopped, in the bench process, with the bench's thread count.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+INSTALL_HINT = "pip install llama-cpp-python (optional extra; builds llama.cpp from source)"
+# Context window llama.cpp allocates: the longest bench prompt plus the generated tokens fit.
+LLAMACPP_N_CTX = 4096
+
+
+def target_gguf(target_model: str) -> Path | None:
+    """The GGUF file the target spec names (embedded or a local/hub ::file.gguf), or None."""
+    from specdec.models.resolve import resolve_gguf_file
+    from specdec.models.spec import parse_model_spec
+
+    spec = parse_model_spec(target_model)
+    if not spec.is_gguf:
+        return None
+    path, _ = resolve_gguf_file(spec)
+    return path
+
+
+def _generate(llm: Any, ids: Sequence[int], max_new: int) -> tuple[int, float]:
+    """Greedy, EOS ignored (as the stack's ignore_eos): (tokens, wall seconds incl. prefill)."""
+    llm.reset()
+    start, n = time.perf_counter(), 0
+    for _ in llm.generate(list(ids), top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        n += 1
+        if n >= max_new:
+            break
+    return n, time.perf_counter() - start
+
+
+def anchor_lines(result: dict[str, Any]) -> list[str]:
+    """The table's llama.cpp lines: its tok/s per set beside our k = 0 and our fastest configuration."""
+    anchor = result.get("llamacpp")
+    if not anchor:
+        return []
+    if "skipped" in anchor:
+        return ["", f"llama.cpp anchor: skipped ({anchor['skipped']})"]
+    lines = ["", f"llama.cpp anchor (llama-cpp-python {anchor['version']}, {anchor['gguf']}, target alone, "
+                 f"{anchor['threads']} threads, greedy):"]
+    for s, tok_s in anchor["tok_s"].items():
+        ours = result.get(s, {}).get("tokens_per_s", {})
+        medians = {n: v["median"] if isinstance(v, dict) else v for n, v in ours.items() if v and not n.startswith("hf")}
+        best = max(medians, key=medians.get, default=None)
+        k0 = medians.get("k0")
+        tail = (f"; ours k = 0 {k0:.1f} ({k0 / tok_s:.2f}x), best {best} {medians[best]:.1f} "
+                f"({medians[best] / tok_s:.2f}x)") if best and k0 else ""
+        lines.append(f"  {s}: {tok_s:.1f} tok/s{tail}")
+    return lines
+
+
+def llamacpp_anchor(target_model: str, prompts: Sequence[Any], max_new: int, repeats: int,
+                    threads: int) -> dict[str, Any]:
+    """tok/s of llama.cpp on each prompt set (median over prompts x repeats), or why it was skipped."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return {"skipped": f"llama-cpp-python is not installed: {INSTALL_HINT}"}
+    gguf = target_gguf(target_model)
+    if gguf is None:
+        return {"skipped": f"the target {target_model!r} is not a GGUF file: llama.cpp needs one"}
+    llm = llama_cpp.Llama(model_path=str(gguf), n_threads=threads, n_threads_batch=threads,
+                          n_ctx=LLAMACPP_N_CTX, verbose=False)
+    _generate(llm, prompts[0].ids, min(8, max_new))                        # warm-up
+    per_set: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for p in prompts:
+            n, wall = _generate(llm, p.ids, max_new)
+            per_set.setdefault(p.set, []).append(n / wall)
+    return {"version": llama_cpp.__version__, "gguf": gguf.name, "threads": threads, "max_new_tokens": max_new,
+            "tok_s": {s: statistics.median(v) for s, v in per_set.items()}, "runs": per_set}
