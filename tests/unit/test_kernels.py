@@ -154,11 +154,10 @@ def test_logits_agree_needs_the_same_argmax_and_allows_ties():
 
 
 def test_metrics_name_each_band_s_kernel_and_its_timings():
-    class State:
-        calls = failures = in_flight = batches = batched_calls = prefill_chunks = 0
+    from specdec.engine.worker import WorkerState
 
     plan = KernelPlan(BANDS, ("im_mkl", "onednn", "onednn", "linear"), {"1": {"im_mkl": 1.5, "linear": 2.0}}, "cache")
-    text = generate_latest(model_service_registry("target", State, lambda: None, lambda: plan)).decode()
+    text = generate_latest(model_service_registry("target", WorkerState, lambda: None, lambda: plan)).decode()
     assert 'specdec_linear_kernel_info{band="1",kernel="im_mkl",role="target",source="cache"} 1.0' in text
     assert 'specdec_linear_kernel_probe_ms{band="1",kernel="linear",role="target"} 2.0' in text
 
