@@ -41,7 +41,7 @@ class NgramDraft:
         max_n = inp.ngram_max_n or self.lookup.max_n
         if not 1 <= min_n <= max_n:
             raise InvalidArgument(f"n-gram sizes need 1 <= min_n <= max_n, got {min_n}, {max_n}")
-        negative = next((i for i, t in enumerate(inp.context_ids) if t < 0), None)
+        negative = next((i for i in range(inp.checked_ids, len(inp.context_ids)) if inp.context_ids[i] < 0), None)
         if negative is not None:
             raise InvalidArgument(f"context_ids[{negative}] = {inp.context_ids[negative]} is not a token id")
         return ProposeOutput(self.lookup.propose(inp.context_ids, inp.k, min_n, max_n), [], NGRAM)
@@ -71,7 +71,7 @@ class ModelDraft:
     def propose(self, inp: ProposeInput) -> ProposeOutput:
         """Steps per draft token: 1. forward the new tokens, 2. q from the logits, 3. pick, 4. stop at EOS."""
         check_lengths(len(inp.context_ids), inp.k, self.max_context)
-        check_token_ids(inp.context_ids, self.width, "context_ids")
+        check_token_ids(inp.context_ids, self.width, "context_ids", inp.checked_ids)
         cfg = inp.sampling
         counts = token_counts(inp.context_ids, self.width) if cfg.has_penalties else None  # [V]
         ids, dists, stats = list(inp.context_ids), [], ComputeStatsData()

@@ -132,7 +132,7 @@ class TargetEngine:
         if k > self.max_k:
             raise InvalidArgument(f"{k} draft tokens is more than max_k={self.max_k}")
         check_lengths(len(inp.context_ids), k + 1, self.max_context)
-        check_token_ids(inp.context_ids, self.width, "context_ids")
+        check_token_ids(inp.context_ids, self.width, "context_ids", inp.checked_ids)
         check_token_ids(inp.draft_ids, self.width, "draft_ids")
         if inp.draft_probs and len(inp.draft_probs) != k:
             raise InvalidArgument(f"draft_probs has {len(inp.draft_probs)} rows for {k} draft tokens")

@@ -60,6 +60,7 @@ class ProposeInput:
     ngram_max_n: int | None = None
     position_base: int = 0
     target_hidden: HiddenRows | None = None   # feature drafts: the target's new hidden states
+    checked_ids: int = 0            # leading context ids already checked against the vocabulary (ContextStore)
 
 
 @dataclass
@@ -81,6 +82,7 @@ class VerifyInput:
     logprobs: int = -1              # -1 none; 0 chosen token only; n top-n alternatives
     position_base: int = 0
     hidden_from: int = -1           # >= 0: return hidden states from this position (feature drafts)
+    checked_ids: int = 0            # leading context ids already checked against the vocabulary (ContextStore)
     prefilled: ComputeStatsData | None = None  # chunks already run for this call (TargetEngine.prefill_chunk)
 
 

@@ -91,7 +91,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("rounds", "draft_tokens", "accepted_tokens", "recovered_tokens", "bonus_tokens", "acceptance_rate", "mean_accepted_length", "draft_ms", "target_ms", "overhead_ms", "total_ms", "wire_bytes", "wire_bytes_per_round", "target_passes", "degraded_rounds", "accepted_per_position", "drafted_per_position", "time_to_first_token_ms", "retries", "target_computed_tokens", "draft_computed_tokens")
+    __slots__ = ("rounds", "draft_tokens", "accepted_tokens", "recovered_tokens", "bonus_tokens", "acceptance_rate", "mean_accepted_length", "draft_ms", "target_ms", "overhead_ms", "total_ms", "wire_bytes", "wire_bytes_per_round", "target_passes", "degraded_rounds", "accepted_per_position", "drafted_per_position", "time_to_first_token_ms", "retries", "target_computed_tokens", "draft_computed_tokens", "context_resends")
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class Stats(_message.Message):
     RETRIES_FIELD_NUMBER: _ClassVar[int]
     TARGET_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_RESENDS_FIELD_NUMBER: _ClassVar[int]
     rounds: int
     draft_tokens: int
     accepted_tokens: int
@@ -134,7 +135,8 @@ class Stats(_message.Message):
     retries: int
     target_computed_tokens: int
     draft_computed_tokens: int
-    def __init__(self, rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., recovered_tokens: _Optional[int] = ..., bonus_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., overhead_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., wire_bytes: _Optional[int] = ..., wire_bytes_per_round: _Optional[float] = ..., target_passes: _Optional[int] = ..., degraded_rounds: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., time_to_first_token_ms: _Optional[float] = ..., retries: _Optional[int] = ..., target_computed_tokens: _Optional[int] = ..., draft_computed_tokens: _Optional[int] = ...) -> None: ...
+    context_resends: int
+    def __init__(self, rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., recovered_tokens: _Optional[int] = ..., bonus_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., overhead_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., wire_bytes: _Optional[int] = ..., wire_bytes_per_round: _Optional[float] = ..., target_passes: _Optional[int] = ..., degraded_rounds: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., time_to_first_token_ms: _Optional[float] = ..., retries: _Optional[int] = ..., target_computed_tokens: _Optional[int] = ..., draft_computed_tokens: _Optional[int] = ..., context_resends: _Optional[int] = ...) -> None: ...
 
 class Round(_message.Message):
     __slots__ = ("index", "k", "draft_ids", "matches", "target_ids", "num_accepted", "next_token", "next_kind", "text", "draft_ms", "target_ms", "overhead_ms", "draft_replica", "target_replica", "target_cached_tokens", "target_computed_tokens", "draft_computed_tokens", "target_batch_size", "draft_kind")
