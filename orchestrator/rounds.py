@@ -72,6 +72,7 @@ class RoundOutcome:
     degraded: bool = False
     retries: int = 0
     context_resends: int = 0        # calls resent with the whole context after a replica's context miss
+    context_tokens: int = 0         # the context the round started from
 
     @property
     def overhead_ms(self) -> float:
@@ -189,7 +190,8 @@ class RoundRunner:
     async def _propose(self, req: RoundRequest, relay: HiddenRelay | None
                        ) -> tuple[draft_pb2.ProposeResponse, RoundOutcome]:
         out = RoundOutcome(k=req.k, draft_ids=[], matches=[], target_ids=[], num_accepted=0,
-                           next_token=-1, next_kind=0, emitted=[], proposer=req.proposer)
+                           next_token=-1, next_kind=0, emitted=[], proposer=req.proposer,
+                           context_tokens=len(req.context_ids))
         empty = draft_pb2.ProposeResponse()
         if req.k == 0:
             return empty, out

@@ -119,4 +119,5 @@ class StatsCollector:
                         overhead_ms=o.overhead_ms, draft_kind=o.draft_kind, draft_replica=o.draft_replica,
                         target_replica=o.target_replica, target_cached_tokens=o.target_cached,
                         target_computed_tokens=o.target_computed, draft_computed_tokens=o.draft_computed,
-                        target_batch_size=o.target_batch)
+                        target_batch_size=o.target_batch, wire_bytes=o.wire_bytes,
+                        context_tokens=o.context_tokens, context_resends=o.context_resends)
