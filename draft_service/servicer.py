@@ -30,13 +30,13 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
         engine = bundle.engines.get(kind)
         if engine is None:
             raise FailedPrecondition(f"this draft service has no {kind!r} draft (it serves {sorted(bundle.engines)})")
-        context, position_base = resolve_context(self.context_store(), request)
+        context, position_base, hashes = resolve_context(self.context_store(), request)
         inp = ProposeInput(
             session_id=request.session_id, context_ids=context, k=request.k,
             sampling=sampling_from_proto(request.sampling), draft_kind=kind,
             ngram_min_n=request.ngram.min_n if request.ngram.HasField("min_n") else None,
             ngram_max_n=request.ngram.max_n if request.ngram.HasField("max_n") else None,
-            position_base=position_base, checked_ids=len(context),
+            position_base=position_base, checked_ids=len(context), prefix_hashes=hashes,
         )
         if getattr(engine, "needs_target_hidden", False):
             inp.target_hidden = hidden_from_proto(request.target_hidden, engine.hidden_size)

@@ -14,6 +14,7 @@ from specdec.params import SAMPLING_FIELDS, resolve_sampling
 from specdec.v1 import common_pb2
 
 if TYPE_CHECKING:
+    from specdec.core.prefix_hash import PrefixHashes
     from specdec.engine.contexts import ContextStore
 
 PROTOCOL_VERSION = "specdec.v1"
@@ -78,13 +79,17 @@ def hidden_from_proto(msg: Any, hidden_size: int) -> HiddenRows | None:
     return HiddenRows(int(msg.first_position), torch.from_numpy(rows.astype(np.float32)))
 
 
-def resolve_context(store: ContextStore, request: Any) -> tuple[list[int], int]:
-    """A Propose/Verify request's whole context and the absolute position of its first token.
+def resolve_context(store: ContextStore, request: Any) -> tuple[list[int], int, PrefixHashes]:
+    """A Propose/Verify request's whole context, the absolute position of its first token and the
+    hashes of its prefixes (the caller's own copy).
 
     The delta form (prefix_hash set) continues the prefix the store holds for the session (ContextMiss
     when it holds another or none); the full form is the request's context_ids. Either way every id
     of the returned context has been checked against the store's vocabulary width.
     """
     if request.HasField("prefix_hash"):
-        return store.resolve(request.session_id, request.context_ids, request.position_base, request.prefix_hash), 0
-    return store.resolve(request.session_id, request.context_ids, request.position_base, None), request.position_base
+        context, hashes = store.resolve(request.session_id, request.context_ids, request.position_base,
+                                        request.prefix_hash)
+        return context, 0, hashes
+    context, hashes = store.resolve(request.session_id, request.context_ids, request.position_base, None)
+    return context, request.position_base, hashes

@@ -38,13 +38,14 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
 
     async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext) -> Any:
         batches = self.batches()
-        context, position_base = resolve_context(self.context_store(), request)
+        context, position_base, hashes = resolve_context(self.context_store(), request)
+        hashes.extend(request.draft_ids)                 # VerifyInput.prefix_hashes covers context + draft
         inp = VerifyInput(
             session_id=request.session_id, context_ids=context,
             draft_ids=list(request.draft_ids), sampling=sampling_from_proto(request.sampling),
             draft_probs=sparse_from_proto(request.draft_probs),
             logprobs=request.logprobs if request.HasField("logprobs") else -1,
-            position_base=position_base, checked_ids=len(context),
+            position_base=position_base, checked_ids=len(context), prefix_hashes=hashes,
             hidden_from=hidden_from(request, position_base),
         )
         out, queue_ms = await batches.submit(request.session_id, inp)

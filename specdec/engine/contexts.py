@@ -7,10 +7,11 @@ The delta form (docs/protocol.md, "Delta rounds"): a request carries the tokens 
   * delta form: the held prefix (checked against the hash in O(1)) + the request's tokens;
     a prefix the store does not hold is a ContextMiss (the caller resends the whole context).
 
-Per round this costs the new tokens' hash steps and id checks plus one list copy (the context handed
-to the engine is a fresh list the store never mutates): nothing hashes or compares the whole context.
-Prefix hashes are computed lazily, only up to positions a delta request asks about, so callers that
-always send the whole context (older orchestrators) pay no hashing.
+Per round this costs the new tokens' hash steps and id checks plus two copies (the context handed to
+the engine is a fresh list the store never mutates, its prefix hashes a copy of the store's array):
+nothing hashes or compares the whole context. The engines use those hashes to find what their KV
+cache shares with the context (SessionKV.common_prefix) in O(log n). A full-form call (an older
+orchestrator) is compared once with the held context and hashes only what differs.
 
 Soft state, like the KV caches: bounded by `max_tokens` over all sessions (least recently used
 evicted first), lost on restart, and never needed for correctness (a miss costs one resend).
@@ -30,16 +31,10 @@ from specdec.errors import ContextMiss, InvalidArgument
 
 @dataclass
 class HeldContext:
-    """One session's context as last sent, and the hashes of its prefixes computed so far."""
+    """One session's context as last sent, and the hashes of all its prefixes."""
 
     tokens: list[int]
-    hashes: PrefixHashes = field(default_factory=PrefixHashes)   # covers tokens[:len(hashes)]
-
-    def hash_at(self, n: int) -> int:
-        """hash(tokens[:n]), hashing only the tokens not hashed yet (n <= len(tokens))."""
-        if len(self.hashes) < n:
-            self.hashes.extend(self.tokens[len(self.hashes):n])
-        return self.hashes.at(n)
+    hashes: PrefixHashes = field(default_factory=PrefixHashes)   # len(hashes) == len(tokens)
 
 
 @dataclass
@@ -72,8 +67,9 @@ class ContextStore:
         return self._total
 
     def resolve(self, session_id: str, ids: Sequence[int], position_base: int, prefix_hash: int | None
-                ) -> list[int]:
-        """The whole context of a call (see the module docstring), with every new id checked.
+                ) -> tuple[list[int], PrefixHashes]:
+        """The whole context of a call (see the module docstring), with every new id checked, and the
+        hashes of its prefixes (a copy the caller may extend).
 
         ids: the request's context_ids. prefix_hash None = the full form. Raises ContextMiss
         (delta form, prefix not held) or InvalidArgument (an id outside the vocabulary).
@@ -86,18 +82,19 @@ class ContextStore:
         if position_base < 0 or len(held.tokens) < position_base:
             return self._miss("shorter", f"session {session_id!r}: {len(held.tokens)} context tokens held, "
                                          f"the request continues position {position_base}")
-        if held.hash_at(position_base) != prefix_hash:
+        if held.hashes.at(position_base) != prefix_hash:
             return self._miss("hash-mismatch", f"session {session_id!r}: the {position_base} context tokens "
                                                "held differ from the request's prefix")
         self.check_ids(ids, position_base)
         self.counters.hits += 1
         context = held.tokens[:position_base]
         context.extend(ids)
-        held.hashes.truncate(min(len(held.hashes), position_base))
+        held.hashes.truncate(position_base)
+        held.hashes.extend(ids)
         self._store(session_id, HeldContext(context, held.hashes))
-        return context
+        return context, held.hashes.copy()
 
-    def _full(self, session_id: str, ids: Sequence[int], position_base: int) -> list[int]:
+    def _full(self, session_id: str, ids: Sequence[int], position_base: int) -> tuple[list[int], PrefixHashes]:
         """A full-form context: checked past what the held context already shares with it, remembered."""
         context = list(ids)
         held = self._held.get(session_id)
@@ -105,11 +102,12 @@ class ContextStore:
         self.check_ids(context[same:], same)
         if position_base != 0:          # a window, not the whole context: nothing a delta can continue
             self.release(session_id)
-            return context
+            return context, PrefixHashes(context)
         hashes = held.hashes if held is not None else PrefixHashes()
-        hashes.truncate(min(len(hashes), same))
+        hashes.truncate(same)
+        hashes.extend(context[same:])
         self._store(session_id, HeldContext(context, hashes))
-        return context
+        return context, hashes.copy()
 
     def check_ids(self, ids: Sequence[int], first_position: int) -> None:
         """INVALID_ARGUMENT for an id outside [0, width) (first_position: the position of ids[0])."""
@@ -118,7 +116,7 @@ class ContextStore:
                 raise InvalidArgument(f"context_ids: the token at position {first_position + i} = {t} is outside "
                                       f"the vocabulary [0, {self.width or 'any'})")
 
-    def _miss(self, reason: str, message: str) -> list[int]:
+    def _miss(self, reason: str, message: str) -> tuple[list[int], PrefixHashes]:
         self.counters.misses += 1
         raise ContextMiss(reason, message + ": resend the whole context (prefix_hash unset)")
 

@@ -66,7 +66,7 @@ class ModelDraft:
 
     def work_tokens(self, inp: ProposeInput) -> int:
         """Tokens a proposal runs through the model: what its cache lacks of the context, then k steps."""
-        return self.runner.pool.uncached(inp.session_id, inp.context_ids) + inp.k
+        return self.runner.pool.uncached(inp.session_id, inp.context_ids, inp.prefix_hashes) + inp.k
 
     def propose(self, inp: ProposeInput) -> ProposeOutput:
         """Steps per draft token: 1. forward the new tokens, 2. q from the logits, 3. pick, 4. stop at EOS."""
@@ -75,12 +75,15 @@ class ModelDraft:
         cfg = inp.sampling
         counts = token_counts(inp.context_ids, self.width) if cfg.has_penalties else None  # [V]
         ids, dists, stats = list(inp.context_ids), [], ComputeStatsData()
+        hashes = inp.prefix_hashes.copy() if inp.prefix_hashes is not None else None  # covers ids
         for i in range(inp.k):
-            fwd = self.runner.extend(inp.session_id, ids, first=len(ids) - 1)  # logits: [1, V]
+            fwd = self.runner.extend(inp.session_id, ids, len(ids) - 1, hashes)  # logits: [1, V]
             stats.add(ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms))
             probs = logits_to_probs(fwd.logits, cfg, counts)  # [1, V]
             token = self._pick(probs, cfg, inp.position_base + len(ids), dists)
             ids.append(token)
+            if hashes is not None:
+                hashes.extend((token,))
             if counts is not None:
                 counts[token] += 1
             if token in self.eos_ids:

@@ -16,6 +16,13 @@ from orchestrator.delta import ContextSend, ContextWire, is_context_miss
 WIDTH = 1000
 
 
+def resolve(store: ContextStore, *args) -> list[int]:
+    """The resolved context, after checking the prefix hashes handed out with it."""
+    context, hashes = store.resolve(*args)
+    assert len(hashes) == len(context) and hashes.at(len(context)) == prefix_hash(context)
+    return context
+
+
 def test_prefix_hash_is_pinned_and_incremental():
     # Pinned: both sides of the wire (and any other implementation) must compute exactly these.
     assert prefix_hash([]) == EMPTY_HASH
@@ -46,21 +53,39 @@ def test_prefix_hash_separates_near_sequences():
 
 def test_store_full_then_delta_then_rollback():
     store = ContextStore(max_tokens=100, width=WIDTH)
-    assert store.resolve("s", [1, 2, 3, 4], 0, None) == [1, 2, 3, 4]
-    assert len(store._held["s"].hashes) == 0, "the full form hashes nothing"
-    assert store.resolve("s", [5, 6], 4, prefix_hash([1, 2, 3, 4])) == [1, 2, 3, 4, 5, 6]
+    assert resolve(store, "s", [1, 2, 3, 4], 0, None) == [1, 2, 3, 4]
+    assert resolve(store, "s", [5, 6], 4, prefix_hash([1, 2, 3, 4])) == [1, 2, 3, 4, 5, 6]
     # A delta from an earlier position (the replica holds more: e.g. an abandoned round's tokens).
-    assert store.resolve("s", [9], 5, prefix_hash([1, 2, 3, 4, 5])) == [1, 2, 3, 4, 5, 9]
-    assert store.resolve("s", [], 6, prefix_hash([1, 2, 3, 4, 5, 9])) == [1, 2, 3, 4, 5, 9]
+    assert resolve(store, "s", [9], 5, prefix_hash([1, 2, 3, 4, 5])) == [1, 2, 3, 4, 5, 9]
+    assert resolve(store, "s", [], 6, prefix_hash([1, 2, 3, 4, 5, 9])) == [1, 2, 3, 4, 5, 9]
     assert store.counters.hits == 3 and store.counters.misses == 0
     assert store.held_tokens() == 6
 
 
+def test_shared_prefix_and_kv_common_prefix():
+    from specdec.core.prefix_hash import shared_prefix
+    from specdec.engine.kvcache import SessionKV
+    a = list(range(100, 160))
+    for cut in (0, 1, 17, 59, 60):
+        b = a[:cut] + [7] * 5
+        limit = min(len(a), len(b))
+        assert shared_prefix(PrefixHashes(a), PrefixHashes(b), limit) == cut
+    from transformers import DynamicCache
+    kv = SessionKV(cache=DynamicCache(), tokens=list(a), hashes=PrefixHashes(a))
+    assert kv.common_prefix(a[:30] + [1, 2], PrefixHashes(a[:30] + [1, 2])) == 30
+    kv.truncate(20)
+    assert len(kv.hashes) == 20 and kv.common_prefix(a, PrefixHashes(a)) == 20
+    kv.extend_tokens(a[:25], PrefixHashes(a))
+    assert kv.tokens == a[:25] and kv.hashes.at(25) == prefix_hash(a[:25])
+    kv.extend_tokens(a[:27], None)
+    assert kv.hashes is None and kv.common_prefix(a[:26] + [0], PrefixHashes(a[:26] + [0])) == 26
+
+
 def test_store_hands_out_lists_it_never_mutates():
     store = ContextStore(max_tokens=100, width=WIDTH)
-    first = store.resolve("s", [1, 2, 3], 0, None)
-    second = store.resolve("s", [4], 3, prefix_hash([1, 2, 3]))
-    store.resolve("s", [7], 1, prefix_hash([1]))
+    first = resolve(store, "s", [1, 2, 3], 0, None)
+    second = resolve(store, "s", [4], 3, prefix_hash([1, 2, 3]))
+    resolve(store, "s", [7], 1, prefix_hash([1]))
     assert first == [1, 2, 3] and second == [1, 2, 3, 4]
 
 
@@ -69,9 +94,9 @@ def test_store_hands_out_lists_it_never_mutates():
 def test_store_misses_with_a_reason(position_base, hashed, reason):
     store = ContextStore(max_tokens=100, width=WIDTH)
     if reason != "unknown-session":
-        store.resolve("s", [1, 2, 3, 4], 0, None)
+        resolve(store, "s", [1, 2, 3, 4], 0, None)
     with pytest.raises(ContextMiss) as err:
-        store.resolve("s", [5], position_base, prefix_hash(hashed))
+        resolve(store, "s", [5], position_base, prefix_hash(hashed))
     assert err.value.reason == reason and err.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert err.value.trailing_metadata() == ((CONTEXT_MISS_METADATA, reason),)
     assert store.counters.misses == 1
@@ -79,35 +104,35 @@ def test_store_misses_with_a_reason(position_base, hashed, reason):
 
 def test_store_checks_new_ids_only_and_keeps_its_context_on_bad_ids():
     store = ContextStore(max_tokens=100, width=WIDTH)
-    store.resolve("s", [1, 2], 0, None)
+    resolve(store, "s", [1, 2], 0, None)
     for bad in ([WIDTH], [-1]):
         with pytest.raises(InvalidArgument, match="position 2"):
-            store.resolve("s", bad, 2, prefix_hash([1, 2]))
+            resolve(store, "s", bad, 2, prefix_hash([1, 2]))
     with pytest.raises(InvalidArgument):
-        store.resolve("t", [1, WIDTH + 5], 0, None)
-    assert store.resolve("s", [3], 2, prefix_hash([1, 2])) == [1, 2, 3]
-    assert ContextStore(10, width=0).resolve("n", [10**6], 0, None) == [10**6], "width 0: any id >= 0"
+        resolve(store, "t", [1, WIDTH + 5], 0, None)
+    assert resolve(store, "s", [3], 2, prefix_hash([1, 2])) == [1, 2, 3]
+    assert resolve(ContextStore(10, width=0), "n", [10**6], 0, None) == [10**6], "width 0: any id >= 0"
 
 
 def test_store_evicts_least_recently_used_within_its_budget():
     store = ContextStore(max_tokens=10, width=WIDTH)
-    store.resolve("a", [1] * 4, 0, None)
-    store.resolve("b", [2] * 4, 0, None)
-    store.resolve("a", [1], 4, prefix_hash([1] * 4))     # a is now the most recent
-    store.resolve("c", [3] * 4, 0, None)                  # 5 + 4 + 4 > 10: b goes
+    resolve(store, "a", [1] * 4, 0, None)
+    resolve(store, "b", [2] * 4, 0, None)
+    resolve(store, "a", [1], 4, prefix_hash([1] * 4))     # a is now the most recent
+    resolve(store, "c", [3] * 4, 0, None)                  # 5 + 4 + 4 > 10: b goes
     assert store.counters.evictions == 1 and store.held_tokens() == 9
     with pytest.raises(ContextMiss):
-        store.resolve("b", [2], 4, prefix_hash([2] * 4))
-    store.resolve("big", [4] * 11, 0, None)               # over the whole budget: served, not held
+        resolve(store, "b", [2], 4, prefix_hash([2] * 4))
+    resolve(store, "big", [4] * 11, 0, None)               # over the whole budget: served, not held
     with pytest.raises(ContextMiss):
-        store.resolve("big", [4], 11, prefix_hash([4] * 11))
+        resolve(store, "big", [4], 11, prefix_hash([4] * 11))
     assert store.release("a") and not store.release("a")
 
 
 def test_store_forgets_a_window_that_does_not_start_at_zero():
     store = ContextStore(max_tokens=100, width=WIDTH)
-    store.resolve("s", [1, 2], 0, None)
-    assert store.resolve("s", [7, 8], 40, None) == [7, 8]
+    resolve(store, "s", [1, 2], 0, None)
+    assert resolve(store, "s", [7, 8], 40, None) == [7, 8]
     assert store.session_count() == 0
 
 
