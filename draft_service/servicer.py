@@ -9,7 +9,9 @@ import grpc
 from specdec.engine.types import ProposeInput
 from specdec.engine.worker import fits_inline
 from specdec.errors import FailedPrecondition
-from specdec.protocol import hidden_from_proto, sampling_from_proto, sparse_to_proto, stats_to_proto
+from specdec.protocol import (
+    hidden_from_proto, resolve_context, sampling_from_proto, sparse_to_proto, stats_to_proto,
+)
 from specdec.server.model_service import ModelServiceBase
 from specdec.v1 import draft_pb2, draft_pb2_grpc
 
@@ -28,12 +30,13 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
         engine = bundle.engines.get(kind)
         if engine is None:
             raise FailedPrecondition(f"this draft service has no {kind!r} draft (it serves {sorted(bundle.engines)})")
+        context, position_base, hashes = resolve_context(self.context_store(), request)
         inp = ProposeInput(
-            session_id=request.session_id, context_ids=list(request.context_ids), k=request.k,
+            session_id=request.session_id, context_ids=context, k=request.k,
             sampling=sampling_from_proto(request.sampling), draft_kind=kind,
             ngram_min_n=request.ngram.min_n if request.ngram.HasField("min_n") else None,
             ngram_max_n=request.ngram.max_n if request.ngram.HasField("max_n") else None,
-            position_base=request.position_base,
+            position_base=position_base, checked_ids=len(context), prefix_hashes=hashes,
         )
         if getattr(engine, "needs_target_hidden", False):
             inp.target_hidden = hidden_from_proto(request.target_hidden, engine.hidden_size)

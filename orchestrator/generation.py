@@ -63,6 +63,7 @@ from orchestrator.features import HiddenRelay
 from orchestrator.idempotency import RunningRequests, check_reuse, request_fingerprint
 from orchestrator.lease import SessionLease, store_errors
 from orchestrator.prompting import Message, Prompter
+from orchestrator.delta import ContextWire
 from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner
 from orchestrator.session_store import Session, SessionBusy, SessionStore
 from orchestrator.stats import StatsCollector, count_emitted
@@ -132,6 +133,7 @@ class Generation:
         self.stats = StatsCollector()
         self.acceptance: dict[str, AcceptanceTracker] = {}   # per proposer (orchestrator/adaptive.py)
         self.relay = HiddenRelay()          # the target's hidden states on their way to a feature draft
+        self.wire = ContextWire()           # what each replica holds of the context (delta rounds)
         self.state: State | None = None
 
     async def chunks(self) -> AsyncIterator[pb.GenerateChunk]:
@@ -310,7 +312,7 @@ class Generation:
         k, proposer = self._round_k(state)
         return asyncio.create_task(self.deps.runner.run(RoundRequest(
             self.session_id, self.request_id, list(state.ids), k, self.params.sampling, self.params.draft_kind,
-            self.params.logprobs, self.deadline, self.relay, proposer)))
+            self.params.logprobs, self.deadline, self.relay, proposer, self.wire)))
 
     async def _settle(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher,
                       outcome: RoundOutcome, start_len: int) -> tuple[list[int], str]:

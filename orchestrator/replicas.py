@@ -5,8 +5,9 @@ when it first sees it, and routes a session's calls by rendezvous hashing on
 the session id (so the replica holding the session's KV cache keeps getting
 it). A call that fails with UNAVAILABLE marks the replica unhealthy and is
 retried on the session's next choice: routing is a cache hint, never needed for
-correctness, since every call carries the full token context (a replica that
-never saw the session rebuilds its KV cache from it).
+correctness: a replica that never saw the session answers a delta-form call with a
+context miss and gets the whole token context at once (orchestrator/delta.py), and a
+replica without the session's KV cache rebuilds it from that context.
 
 Only UNAVAILABLE is retried (with linear backoff, never past the call's
 deadline). Any other failure of a replica reaches the client as the status in
@@ -33,6 +34,8 @@ from specdec.routing import ReplicaSet, RoutingConfig, make_resolver
 from specdec.server.app import grpc_options
 from specdec.server.tls import channel_credentials
 from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
+
+from orchestrator.delta import ContextSend, is_context_miss
 
 log = logging.getLogger("specdec.orchestrator")
 
@@ -152,10 +155,13 @@ class ReplicaPool:
             self.set.mark_unhealthy(r.address)
             log.error("refusing %s", r.error)
 
-    async def call(self, session_id: str, method: str, request: Any, timeout: float) -> tuple[Any, str, int]:
+    async def call(self, session_id: str, method: str, request: Any, timeout: float,
+                   context: ContextSend | None = None) -> tuple[Any, str, int]:
         """Call `method` on the session's replica, retrying UNAVAILABLE on the next choices.
 
-        `timeout` bounds the whole call, retries and backoff included.
+        `timeout` bounds the whole call, retries and backoff included. With `context`, the request's
+        context fields are filled per replica (the delta form where the replica holds the prefix;
+        orchestrator/delta.py) and a replica's context miss is answered by resending the whole context.
         Returns (response, replica address, retries). Raises Unavailable when no replica answers,
         another SpecDecError (DOWNSTREAM_ERRORS) when a replica fails otherwise.
         """
@@ -169,7 +175,7 @@ class ReplicaPool:
                 break
             self.set.acquire(address)
             try:
-                response = await getattr(replica.stub, method)(request, timeout=left, metadata=self._metadata())
+                response = await self._send(replica, method, request, left, context)
                 return response, address, attempt
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in RETRYABLE:
@@ -180,6 +186,33 @@ class ReplicaPool:
                 self.set.release(address)
             await asyncio.sleep(min(self.retry.backoff_s * (attempt + 1), max(0.0, deadline - time.monotonic())))
         raise Unavailable(f"no {self.role} replica could serve the call ({'; '.join(errors) or 'none available'})")
+
+    async def _send(self, replica: Replica, method: str, request: Any, timeout: float,
+                    context: ContextSend | None) -> Any:
+        """One call to one replica; a context miss is resent at once with the whole context."""
+        stub_method = getattr(replica.stub, method)
+        if context is None:
+            return await stub_method(request, timeout=timeout, metadata=self._metadata())
+        deadline = time.monotonic() + timeout
+        context.fill(request, replica.address, replica.info)
+        try:
+            response = await stub_method(request, timeout=timeout, metadata=self._metadata())
+        except grpc.aio.AioRpcError as exc:
+            if not is_context_miss(exc) or not request.HasField("prefix_hash"):
+                context.forget(replica.address)
+                raise
+            context.missed(replica.address)
+            log.info("%s replica %s did not hold session %s's context (%s): resending it whole", self.role,
+                     replica.address, request.session_id, exc.details())
+            context.fill(request, replica.address, replica.info)
+            try:
+                response = await stub_method(request, timeout=max(0.0, deadline - time.monotonic()),
+                                             metadata=self._metadata())
+            except grpc.aio.AioRpcError:
+                context.forget(replica.address)
+                raise
+        context.confirm(replica.address)
+        return response
 
     async def release_session(self, session_id: str) -> None:
         """Best effort: tell every usable replica to drop the session's cache."""

@@ -8,6 +8,10 @@ So every round yields m + 1 >= 1 tokens. With k = 0 a round is one plain
 target step. When no draft replica answers, the round degrades to k = 0
 (RoundOutcome.degraded, counted in Stats.degraded_rounds).
 
+Context on the wire: a call carries only the tokens its replica does not hold yet plus the hash of
+the prefix it does (the delta form, orchestrator/delta.py); a replica that lost the session's
+context gets the whole context again in the same round (RoundOutcome.context_resends).
+
 Deadlines: each call gets base + per_token x (tokens it must compute: the whole
 context, since a replica without the session's cache re-runs the prefill),
 capped by what is left of the client's deadline (RoundRequest.deadline).
@@ -28,6 +32,7 @@ from specdec.params import COMBINED, MODEL, NGRAM
 from specdec.protocol import sampling_to_proto
 from specdec.v1 import draft_pb2, target_pb2
 
+from orchestrator.delta import ContextSend, ContextWire
 from orchestrator.features import HiddenRelay
 from orchestrator.replicas import ReplicaPool
 
@@ -66,6 +71,8 @@ class RoundOutcome:
     target_replica: str = ""
     degraded: bool = False
     retries: int = 0
+    context_resends: int = 0        # calls resent with the whole context after a replica's context miss
+    context_tokens: int = 0         # the context the round started from
 
     @property
     def overhead_ms(self) -> float:
@@ -85,6 +92,14 @@ class RoundRequest:
     deadline: float | None = None     # time.monotonic() by which the client wants its answer
     relay: HiddenRelay | None = None  # the generation's hidden-state relay (used with feature drafts)
     proposer: str = ""                # RoundRunner.proposer(): adaptive k's estimates are kept per proposer
+    wire: ContextWire | None = None   # the generation's delta-round state (None: every call sends the whole context)
+
+
+def context_send(req: RoundRequest, role: str) -> ContextSend:
+    """The round's context for one pool's call (the delta form when the generation tracks one)."""
+    if req.wire is None:
+        return ContextSend(None, role, req.context_ids)
+    return req.wire.send(role, req.context_ids)
 
 
 class RoundRunner:
@@ -146,8 +161,7 @@ class RoundRunner:
         relay = req.relay if req.relay is not None and self.feature_draft(req.draft_kind) else None
         proposal, out = await self._propose(req, relay)
         verify = target_pb2.VerifyRequest(
-            session_id=req.session_id, request_id=req.request_id, context_ids=req.context_ids,
-            draft_ids=proposal.draft_ids, draft_probs=proposal.draft_probs,
+            session_id=req.session_id, request_id=req.request_id, draft_ids=proposal.draft_ids, draft_probs=proposal.draft_probs,
             sampling=sampling_to_proto(req.sampling))
         if req.logprobs >= 0:
             verify.logprobs = req.logprobs
@@ -155,7 +169,9 @@ class RoundRunner:
         if hidden_from is not None:
             verify.return_hidden_states, verify.hidden_from = True, hidden_from
         timeout = self._deadline(len(req.context_ids) + len(proposal.draft_ids), req.deadline)
-        verdict, out.target_replica, retries = await self.target.call(req.session_id, "Verify", verify, timeout)
+        send = context_send(req, "target")
+        verdict, out.target_replica, retries = await self.target.call(req.session_id, "Verify", verify, timeout, send)
+        out.context_resends += send.resends
         if hidden_from is not None:
             relay.after_verify(verdict.hidden)
         m = verdict.num_accepted
@@ -174,7 +190,8 @@ class RoundRunner:
     async def _propose(self, req: RoundRequest, relay: HiddenRelay | None
                        ) -> tuple[draft_pb2.ProposeResponse, RoundOutcome]:
         out = RoundOutcome(k=req.k, draft_ids=[], matches=[], target_ids=[], num_accepted=0,
-                           next_token=-1, next_kind=0, emitted=[], proposer=req.proposer)
+                           next_token=-1, next_kind=0, emitted=[], proposer=req.proposer,
+                           context_tokens=len(req.context_ids))
         empty = draft_pb2.ProposeResponse()
         if req.k == 0:
             return empty, out
@@ -192,9 +209,9 @@ class RoundRunner:
         if self.draft is None:
             out.degraded = True
             return empty, out
-        propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id,
-                                           context_ids=req.context_ids, k=req.k,
+        propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id, k=req.k,
                                            sampling=sampling_to_proto(req.sampling))
+        send = context_send(req, "draft")
         if remote_kind:
             propose.draft_kind = remote_kind
         rows = relay.take() if relay is not None else None
@@ -202,7 +219,8 @@ class RoundRunner:
             propose.target_hidden.CopyFrom(rows)
         try:
             timeout = self._deadline(len(req.context_ids) + req.k, req.deadline)
-            response, out.draft_replica, out.retries = await self.draft.call(req.session_id, "Propose", propose, timeout)
+            response, out.draft_replica, out.retries = await self.draft.call(req.session_id, "Propose", propose,
+                                                                             timeout, send)
         except DEGRADING_DRAFT_ERRORS as exc:
             log.warning("draft unavailable, degrading session %s to target-only this round: %s", req.session_id, exc)
             out.degraded = True
@@ -212,5 +230,6 @@ class RoundRunner:
         out.draft_ms += response.stats.forward_ms
         out.draft_kind = response.draft_kind if response.draft_ids else ""
         out.draft_computed = response.stats.computed_tokens
+        out.context_resends = send.resends
         out.wire_bytes = propose.ByteSize() + response.ByteSize()
         return response, out

@@ -57,6 +57,7 @@ class StatsCollector:
     wire_bytes: int = 0
     degraded: int = 0
     retries: int = 0
+    context_resends: int = 0
     target_computed: int = 0
     draft_computed: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
@@ -79,6 +80,7 @@ class StatsCollector:
         self.wire_bytes += o.wire_bytes
         self.degraded += o.degraded
         self.retries += o.retries
+        self.context_resends += o.context_resends
         self.target_computed += o.target_computed
         self.draft_computed += o.draft_computed
         for i in range(e.drafted):
@@ -103,7 +105,8 @@ class StatsCollector:
             target_passes=self.rounds, degraded_rounds=self.degraded,
             accepted_per_position=self.accepted_per_position, drafted_per_position=self.drafted_per_position,
             time_to_first_token_ms=self.first_token_ms, retries=self.retries,
-            target_computed_tokens=self.target_computed, draft_computed_tokens=self.draft_computed)
+            target_computed_tokens=self.target_computed, draft_computed_tokens=self.draft_computed,
+            context_resends=self.context_resends)
 
     def round_proto(self, o: RoundOutcome, e: Emitted, text: str) -> pb.Round:
         """One row of the per-round trace, cut as the stats count it (`e`): draft ids, matches and target ids
@@ -116,4 +119,5 @@ class StatsCollector:
                         overhead_ms=o.overhead_ms, draft_kind=o.draft_kind, draft_replica=o.draft_replica,
                         target_replica=o.target_replica, target_cached_tokens=o.target_cached,
                         target_computed_tokens=o.target_computed, draft_computed_tokens=o.draft_computed,
-                        target_batch_size=o.target_batch)
+                        target_batch_size=o.target_batch, wire_bytes=o.wire_bytes,
+                        context_tokens=o.context_tokens, context_resends=o.context_resends)

@@ -33,6 +33,7 @@ DEFAULT_DRAFT_PORT = 50051
 DEFAULT_TARGET_PORT = 50052
 MIB = 1024 * 1024
 GIB = 1024 * MIB
+DEFAULT_CONTEXT_STORE_TOKENS = 1 << 20   # delta rounds: context tokens a model service keeps (about 50 MB)
 # N-gram draft: a 1-token match of the context's tail is usually wrong on open-ended text. Simulated
 # on the target's own greedy continuations of the bench prompts at k = 4 (5 per set): min_n = 1 drafts
 # in 102 of 137 grounded rounds (acceptance 0.46) and 137 of 286 open ones (0.07); min_n = 2 in 62
@@ -224,6 +225,10 @@ class ModelServiceConfig:
     # in chunks of this many tokens, each its own pass, with other sessions' rounds in between
     # (chunked prefill: a long prompt no longer stalls every running session); 0 = whole prefills.
     prefill_chunk_tokens: int = field(default_factory=lambda: env_int("SPECDEC_PREFILL_CHUNK_TOKENS", 512))
+    # Delta rounds: the most context tokens kept over all sessions (about 50 bytes each) so that
+    # Propose/Verify can carry only new tokens; least recently used sessions are dropped first (their
+    # next call gets the whole context resent). 0 = keep none: Info does not offer the delta form.
+    context_store_tokens: int = field(default_factory=lambda: env_int("SPECDEC_CONTEXT_STORE_TOKENS", DEFAULT_CONTEXT_STORE_TOKENS))
     ngram_min_n: int = field(default_factory=lambda: env_int("SPECDEC_NGRAM_MIN_N", NGRAM_MIN_N))
     ngram_max_n: int = field(default_factory=lambda: env_int("SPECDEC_NGRAM_MAX_N", NGRAM_MAX_N))
     # Which earlier occurrence of the context's tail the n-gram draft continues: earliest | recent.
@@ -302,6 +307,10 @@ class OrchestratorConfig:
     # skip a network hop per round (a draft pool is then needed only for model drafts).
     local_ngram: bool = field(default_factory=lambda: env_bool("SPECDEC_LOCAL_NGRAM", True))
     # The shortest context tail the n-gram draft matches (see NGRAM_MIN_N) and the longest it tries.
+    # Delta rounds: the most context tokens kept over all sessions (about 50 bytes each) so that
+    # Propose/Verify can carry only new tokens; least recently used sessions are dropped first (their
+    # next call gets the whole context resent). 0 = keep none: Info does not offer the delta form.
+    context_store_tokens: int = field(default_factory=lambda: env_int("SPECDEC_CONTEXT_STORE_TOKENS", DEFAULT_CONTEXT_STORE_TOKENS))
     ngram_min_n: int = field(default_factory=lambda: env_int("SPECDEC_NGRAM_MIN_N", NGRAM_MIN_N))
     ngram_max_n: int = field(default_factory=lambda: env_int("SPECDEC_NGRAM_MAX_N", NGRAM_MAX_N))
     # Which earlier occurrence of the context's tail the n-gram draft continues: earliest | recent.

@@ -16,6 +16,10 @@ class SpecDecError(Exception):
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
 
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        """Machine-readable detail sent with the status (none by default)."""
+        return ()
+
 
 class InvalidArgument(SpecDecError):
     """The request itself is wrong (bad values, out-of-range ids, empty prompt)."""
@@ -39,6 +43,25 @@ class FailedPrecondition(SpecDecError):
     """The system is not in a state to serve this (e.g. incompatible draft/target pair)."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+# Trailing-metadata key of a ContextMiss; its value is the reason (ContextMiss.REASONS).
+CONTEXT_MISS_METADATA = "specdec-context-miss"
+
+
+class ContextMiss(FailedPrecondition):
+    """A delta-form Propose/Verify whose context prefix this replica does not hold (evicted, restarted,
+    never seen, another context): FAILED_PRECONDITION with trailing metadata CONTEXT_MISS_METADATA =
+    reason. The caller resends the whole context (docs/protocol.md, "Delta rounds")."""
+
+    REASONS = ("unknown-session", "shorter", "hash-mismatch")
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((CONTEXT_MISS_METADATA, self.reason),)
 
 
 class ResourceExhausted(SpecDecError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 import torch
@@ -12,6 +12,10 @@ from specdec.engine.types import ComputeStatsData, HiddenRows, SparseDist, Token
 from specdec.errors import InvalidArgument
 from specdec.params import SAMPLING_FIELDS, resolve_sampling
 from specdec.v1 import common_pb2
+
+if TYPE_CHECKING:
+    from specdec.core.prefix_hash import PrefixHashes
+    from specdec.engine.contexts import ContextStore
 
 PROTOCOL_VERSION = "specdec.v1"
 HIDDEN_WIRE_DTYPE = "float16"   # hidden states travel as fp16 (feature drafts are trained on fp16 features)
@@ -73,3 +77,19 @@ def hidden_from_proto(msg: Any, hidden_size: int) -> HiddenRows | None:
                               f"from position {msg.first_position}")
     rows = np.frombuffer(msg.data, dtype="<f2").reshape(msg.rows, msg.hidden_size)
     return HiddenRows(int(msg.first_position), torch.from_numpy(rows.astype(np.float32)))
+
+
+def resolve_context(store: ContextStore, request: Any) -> tuple[list[int], int, PrefixHashes]:
+    """A Propose/Verify request's whole context, the absolute position of its first token and the
+    hashes of its prefixes (the caller's own copy).
+
+    The delta form (prefix_hash set) continues the prefix the store holds for the session (ContextMiss
+    when it holds another or none); the full form is the request's context_ids. Either way every id
+    of the returned context has been checked against the store's vocabulary width.
+    """
+    if request.HasField("prefix_hash"):
+        context, hashes = store.resolve(request.session_id, request.context_ids, request.position_base,
+                                        request.prefix_hash)
+        return context, 0, hashes
+    context, hashes = store.resolve(request.session_id, request.context_ids, request.position_base, None)
+    return context, request.position_base, hashes

@@ -11,7 +11,7 @@ from specdec.engine.types import VerifyInput
 from specdec.engine.worker import BatchQueue
 from specdec.errors import InvalidArgument
 from specdec.protocol import (
-    hidden_to_proto, logprobs_to_proto, sampling_from_proto, sparse_from_proto, stats_to_proto,
+    hidden_to_proto, logprobs_to_proto, resolve_context, sampling_from_proto, sparse_from_proto, stats_to_proto,
 )
 from specdec.server.model_service import ModelServiceBase
 from specdec.v1 import target_pb2, target_pb2_grpc
@@ -38,13 +38,15 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
 
     async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext) -> Any:
         batches = self.batches()
+        context, position_base, hashes = resolve_context(self.context_store(), request)
+        hashes.extend(request.draft_ids)                 # VerifyInput.prefix_hashes covers context + draft
         inp = VerifyInput(
-            session_id=request.session_id, context_ids=list(request.context_ids),
+            session_id=request.session_id, context_ids=context,
             draft_ids=list(request.draft_ids), sampling=sampling_from_proto(request.sampling),
             draft_probs=sparse_from_proto(request.draft_probs),
             logprobs=request.logprobs if request.HasField("logprobs") else -1,
-            position_base=request.position_base,
-            hidden_from=hidden_from(request),
+            position_base=position_base, checked_ids=len(context), prefix_hashes=hashes,
+            hidden_from=hidden_from(request, position_base),
         )
         out, queue_ms = await batches.submit(request.session_id, inp)
         out.stats.queue_ms = queue_ms
@@ -58,13 +60,14 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
         return response
 
 
-def hidden_from(request: target_pb2.VerifyRequest) -> int:
-    """The context-relative position to return hidden states from (-1 = none asked)."""
+def hidden_from(request: target_pb2.VerifyRequest, position_base: int) -> int:
+    """The context-relative position to return hidden states from (-1 = none asked); position_base: the
+    absolute position of the resolved context's first token."""
     if not request.return_hidden_states:
         return -1
-    local = request.hidden_from - request.position_base
+    local = request.hidden_from - position_base
     if local < 0:
-        raise InvalidArgument(f"hidden_from={request.hidden_from} is before position_base={request.position_base}")
+        raise InvalidArgument(f"hidden_from={request.hidden_from} is before position_base={position_base}")
     return local
 
 

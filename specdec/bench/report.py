@@ -80,7 +80,7 @@ def build(records: list[Any], configs: list[Any], prompts: list[Any], *, setting
             "overhead_share_p50", "overhead_e2e_ms_per_round", "acceptance_rate", "mean_accepted_length",
             "per_position_acceptance", "target_passes_per_token", "itl_ms_p50", "itl_ms_p95", "ttft_ms_p50",
             "draft_ms_per_round", "verify_ms_per_round", "verify_cost_ratio_stack", "bound", "bound_drafted",
-            "speedup_vs_bound", "mean_k")}
+            "speedup_vs_bound", "mean_k", "wire_bytes_per_round_p50", "context_tokens_p50")}
         for n in names:
             out["tokens_per_s"][n] = spread([tps[(n, rep)] for rep in repeats])
             out["speedup"][n] = spread([_div(tps[(n, rep)], tps.get((K0, rep))) for rep in repeats])
@@ -161,6 +161,9 @@ def _stack_measures(out: dict, n: str, k: int | None, runs: dict, repeats: list[
     out["overhead_e2e_ms_per_round"][n] = spread([
         _div(sum(r.wall_s * 1000 - sum(rd["draft_ms"] + rd["target_ms"] for rd in r.rounds) for r in runs[(n, rep)]),
              sum(len(r.rounds) for r in runs[(n, rep)])) for rep in repeats])
+    # Bytes on the wire per decode round (round 0 carries the prompt) and the context the rounds ran at.
+    out["wire_bytes_per_round_p50"][n] = pct([rd["wire_bytes"] for rd in decode_rounds if "wire_bytes" in rd], 50)
+    out["context_tokens_p50"][n] = pct([rd["context_tokens"] for rd in rounds if "context_tokens" in rd], 50)
     out["draft_ms_per_round"][n] = _p50_mean([rd["draft_ms"] for rd in decode_rounds])
     out["verify_ms_per_round"][n] = _p50_mean([rd["target_ms"] for rd in decode_rounds])
     # The bound, in units of one target step: tokens per round / cost of a round.
@@ -270,7 +273,7 @@ def table(result: dict[str, Any]) -> str:
                  f"greedy, ignore_eos; HF assisted: {result['hf_settings']}")
     cols = [("config", 26), ("mean k", 6), ("tok/s", 20), ("speedup", 18), ("vs HF(d)", 9), ("accept", 7), ("MAL", 5),
             ("pass/tok", 8), ("ITL p50/p95 ms", 14), ("draft ms", 8), ("verify ms", 9), ("ovh p50 ms", 10),
-            ("ovh %", 6), ("bound", 6), ("/bound", 6), ("same", 5)]
+            ("ovh %", 6), ("wire B/rd", 9), ("ctx", 5), ("bound", 6), ("/bound", 6), ("same", 5)]
     for s in (k for k in result if isinstance(result[k], dict) and "tokens_per_s" in result[k]):
         r = result[s]
         lines.append("")
@@ -285,7 +288,8 @@ def table(result: dict[str, Any]) -> str:
                    _fmt(r["vs_hf"].get(n)), _fmt(r["acceptance_rate"].get(n)), _fmt(r["mean_accepted_length"].get(n)),
                    _fmt(r["target_passes_per_token"].get(n)), itl, _fmt(r["draft_ms_per_round"].get(n), 1),
                    _fmt(r["verify_ms_per_round"].get(n), 1), _fmt(r["overhead_ms_p50"].get(n), 2),
-                   f"{share['median'] * 100:.1f}" if share else "-", _fmt(r["bound_drafted"].get(n)),
+                   f"{share['median'] * 100:.1f}" if share else "-", _fmt(r["wire_bytes_per_round_p50"].get(n), 0),
+                   _fmt(r["context_tokens_p50"].get(n), 0), _fmt(r["bound_drafted"].get(n)),
                    _fmt(r["speedup_vs_bound"].get(n)), same]
             lines.append("  ".join(str(x).ljust(w) for x, (_, w) in zip(row, cols)))
         mem = r.get("memory") or {}

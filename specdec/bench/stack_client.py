@@ -117,7 +117,8 @@ class StackClient:
 
 def round_dict(r: Any) -> dict[str, Any]:
     return {"k": r.k, "drafted": len(r.draft_ids), "accepted": r.num_accepted, "draft_ms": r.draft_ms,
-            "target_ms": r.target_ms, "overhead_ms": r.overhead_ms}
+            "target_ms": r.target_ms, "overhead_ms": r.overhead_ms, "wire_bytes": r.wire_bytes,
+            "context_tokens": r.context_tokens}
 
 
 def stats_dict(stats: Any) -> dict[str, Any]:

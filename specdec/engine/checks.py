@@ -7,9 +7,10 @@ from typing import Sequence
 from specdec.errors import InvalidArgument
 
 
-def check_token_ids(ids: Sequence[int], width: int, what: str) -> None:
-    """Every id must lie in [0, width)."""
-    for i, t in enumerate(ids):
+def check_token_ids(ids: Sequence[int], width: int, what: str, start: int = 0) -> None:
+    """Every id from ids[start] on must lie in [0, width) (those before were checked already)."""
+    for i in range(start, len(ids)):
+        t = ids[i]
         if not 0 <= t < width:
             raise InvalidArgument(f"{what}[{i}] = {t} is outside the vocabulary [0, {width})")
 

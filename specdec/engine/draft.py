@@ -41,7 +41,7 @@ class NgramDraft:
         max_n = inp.ngram_max_n or self.lookup.max_n
         if not 1 <= min_n <= max_n:
             raise InvalidArgument(f"n-gram sizes need 1 <= min_n <= max_n, got {min_n}, {max_n}")
-        negative = next((i for i, t in enumerate(inp.context_ids) if t < 0), None)
+        negative = next((i for i in range(inp.checked_ids, len(inp.context_ids)) if inp.context_ids[i] < 0), None)
         if negative is not None:
             raise InvalidArgument(f"context_ids[{negative}] = {inp.context_ids[negative]} is not a token id")
         return ProposeOutput(self.lookup.propose(inp.context_ids, inp.k, min_n, max_n), [], NGRAM)
@@ -66,21 +66,24 @@ class ModelDraft:
 
     def work_tokens(self, inp: ProposeInput) -> int:
         """Tokens a proposal runs through the model: what its cache lacks of the context, then k steps."""
-        return self.runner.pool.uncached(inp.session_id, inp.context_ids) + inp.k
+        return self.runner.pool.uncached(inp.session_id, inp.context_ids, inp.prefix_hashes) + inp.k
 
     def propose(self, inp: ProposeInput) -> ProposeOutput:
         """Steps per draft token: 1. forward the new tokens, 2. q from the logits, 3. pick, 4. stop at EOS."""
         check_lengths(len(inp.context_ids), inp.k, self.max_context)
-        check_token_ids(inp.context_ids, self.width, "context_ids")
+        check_token_ids(inp.context_ids, self.width, "context_ids", inp.checked_ids)
         cfg = inp.sampling
         counts = token_counts(inp.context_ids, self.width) if cfg.has_penalties else None  # [V]
         ids, dists, stats = list(inp.context_ids), [], ComputeStatsData()
+        hashes = inp.prefix_hashes.copy() if inp.prefix_hashes is not None else None  # covers ids
         for i in range(inp.k):
-            fwd = self.runner.extend(inp.session_id, ids, first=len(ids) - 1)  # logits: [1, V]
+            fwd = self.runner.extend(inp.session_id, ids, len(ids) - 1, hashes)  # logits: [1, V]
             stats.add(ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms))
             probs = logits_to_probs(fwd.logits, cfg, counts)  # [1, V]
             token = self._pick(probs, cfg, inp.position_base + len(ids), dists)
             ids.append(token)
+            if hashes is not None:
+                hashes.extend((token,))
             if counts is not None:
                 counts[token] += 1
             if token in self.eos_ids:

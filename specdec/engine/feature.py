@@ -55,7 +55,7 @@ class FeatureDraft:
         """1. reuse the cache, 2. take the target's new rows, 3. catch up, 4. draft k tokens, 5. roll back."""
         ctx, L = inp.context_ids, len(inp.context_ids)
         check_lengths(L, inp.k, self.max_context)
-        check_token_ids(ctx, self.width, "context_ids")
+        check_token_ids(ctx, self.width, "context_ids", inp.checked_ids)
         kv = self.pool.acquire(inp.session_id, L - 1 + max(inp.k, 1))
         try:
             self._reuse(kv, ctx)                                                  # 1

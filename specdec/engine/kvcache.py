@@ -20,6 +20,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from specdec.core.prefix_hash import PrefixHashes, shared_prefix
 from specdec.errors import ResourceExhausted
 
 
@@ -59,6 +60,7 @@ class SessionKV:
     hidden: Any = None
     anchor: int = -1
     reserved: int = 0
+    hashes: PrefixHashes | None = None   # prefix hashes of `tokens` when kept in step (see `common_prefix`)
     _hidden_store: Any = field(default=None, repr=False)  # the buffer `hidden` is a prefix view of
 
     def held(self) -> int:
@@ -80,9 +82,33 @@ class SessionKV:
                 layer.keys = layer.keys[..., :n, :]
                 layer.values = layer.values[..., :n, :]
         del self.tokens[n:]
+        if self.hashes is not None:
+            self.hashes.truncate(min(n, len(self.hashes)))
         if self.hidden is not None:
             self.hidden = self.hidden[:n]
         return dropped
+
+    def common_prefix(self, ids: Sequence[int], hashes: PrefixHashes | None = None) -> int:
+        """Length of the longest common prefix of the cached tokens and `ids`.
+
+        With `hashes` (prefix hashes covering at least `ids`) and this cache's own hashes in step with
+        its tokens, O(log n) hash comparisons instead of comparing the whole context."""
+        limit = min(len(self.tokens), len(ids))
+        if hashes is None or self.hashes is None or len(self.hashes) != len(self.tokens) or len(hashes) < limit:
+            return common_prefix_len(self.tokens, ids)
+        return shared_prefix(self.hashes, hashes, limit)
+
+    def extend_tokens(self, ids: Sequence[int], hashes: PrefixHashes | None) -> None:
+        """After a forward over ids[len(tokens):]: cover `ids` (hashes kept in step when given)."""
+        kept = len(self.tokens)
+        self.tokens.extend(ids[kept:])
+        if hashes is None or len(hashes) < len(ids):
+            self.hashes = None
+        elif self.hashes is None or len(self.hashes) != kept:
+            self.hashes = hashes.copy()
+            self.hashes.truncate(len(ids))
+        else:
+            self.hashes.extend_from(hashes, len(ids))
 
     def append_hidden(self, rows: torch.Tensor) -> None:  # rows: [n, H]
         """Append hidden rows after those kept (in the kept rows' dtype; a fresh session: the rows').
@@ -150,12 +176,13 @@ class KVCachePool:
         with self._lock:
             return len(self._sessions)
 
-    def uncached(self, session_id: str, ids: Sequence[int]) -> int:
+    def uncached(self, session_id: str, ids: Sequence[int], hashes: PrefixHashes | None = None) -> int:
         """How many of `ids` lie past the longest common prefix with the session's cached tokens
-        (all of them for an unknown session). Read-only: the session keeps its place."""
+        (all of them for an unknown session; `hashes`: see SessionKV.common_prefix). Read-only: the
+        session keeps its place."""
         with self._lock:
             kv = self._sessions.get(session_id)
-            return len(ids) - (common_prefix_len(kv.tokens, ids) if kv is not None else 0)
+            return len(ids) - (kv.common_prefix(ids, hashes) if kv is not None else 0)
 
     def acquire(self, session_id: str, total_tokens: int) -> SessionKV:
         """The session's cache (new if absent), after making room for total_tokens positions."""

@@ -8,7 +8,8 @@ from typing import Any, Sequence
 
 import torch
 
-from specdec.engine.kvcache import KVCachePool, SessionKV, common_prefix_len
+from specdec.core.prefix_hash import PrefixHashes
+from specdec.engine.kvcache import KVCachePool, SessionKV
 from specdec.engine.ragged import RaggedCache, enable_ragged, packed_inputs
 from specdec.models.compat import cache_argument
 
@@ -38,6 +39,7 @@ class ExtendItem:
     session_id: str
     ids: Sequence[int]
     first: int
+    hashes: PrefixHashes | None = None   # prefix hashes covering at least `ids`: no whole-context compare
 
 
 @dataclass
@@ -82,14 +84,16 @@ class CausalLMRunner:
         self._cache_arg = cache_argument(model)
 
     @torch.inference_mode()
-    def extend(self, session_id: str, ids: Sequence[int], first: int) -> ForwardResult:
+    def extend(self, session_id: str, ids: Sequence[int], first: int, hashes: PrefixHashes | None = None
+               ) -> ForwardResult:
         """Make the session's cache cover `ids`; return logits of positions first..len(ids)-1.
 
         The longest common prefix with the cached tokens is reused, but never past
-        `first` (its logits must be computed); the rest is truncated (rollback).
+        `first` (its logits must be computed); the rest is truncated (rollback). `hashes` (prefix
+        hashes covering at least `ids`) find that prefix without comparing the whole context.
         On any error the session's cache is dropped, so it can never be left half-updated.
         """
-        return self.extend_batch([ExtendItem(session_id, ids, first)])[0]
+        return self.extend_batch([ExtendItem(session_id, ids, first, hashes)])[0]
 
     @torch.inference_mode()
     def extend_batch(self, items: Sequence["ExtendItem"]) -> list[ForwardResult]:
@@ -117,7 +121,7 @@ class CausalLMRunner:
             raise
         results = []
         for plan, rows in zip(plans, logits):
-            plan.kv.tokens = list(plan.item.ids)
+            plan.kv.extend_tokens(plan.item.ids, plan.item.hashes)
             self._count(plan.reuse, len(plan.new_ids), plan.rolled_back)
             results.append(ForwardResult(rows, plan.reuse, len(plan.new_ids), plan.rolled_back, elapsed, len(items),
                                          plan.kv.hidden))
@@ -143,7 +147,7 @@ class CausalLMRunner:
         if not 0 <= first < len(ids):
             raise ValueError(f"first={first} outside the {len(ids)} tokens")
         kv = self.pool.acquire(item.session_id, len(ids))
-        reuse = min(common_prefix_len(kv.tokens, ids), first)
+        reuse = min(kv.common_prefix(ids, item.hashes), first)
         try:
             rolled_back = kv.truncate(reuse)
         except BaseException:

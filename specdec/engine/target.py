@@ -37,7 +37,7 @@ class TargetEngine:
 
     def work_tokens(self, inp: VerifyInput) -> int:
         """Tokens a verify of `inp` would run through the model (what its cache does not cover)."""
-        return self.runner.pool.uncached(inp.session_id, inp.context_ids + inp.draft_ids)
+        return self.runner.pool.uncached(inp.session_id, inp.context_ids + inp.draft_ids, inp.prefix_hashes)
 
     def prefill_chunk(self, inp: VerifyInput, budget: int) -> int:
         """Chunked prefill: extend the session's cache over the next `budget` uncached context tokens
@@ -52,7 +52,7 @@ class TargetEngine:
         if left <= budget:
             return left
         end = len(ids) - left + budget
-        fwd = self.runner.extend(inp.session_id, ids[:end], end - 1)
+        fwd = self.runner.extend(inp.session_id, ids[:end], end - 1, inp.prefix_hashes)
         done = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms)
         inp.prefilled = done if inp.prefilled is None else done.follow(inp.prefilled)
         return len(ids) - end
@@ -80,7 +80,7 @@ class TargetEngine:
             except SpecDecError as exc:
                 results[i] = exc
         items = [ExtendItem(inputs[i].session_id, inputs[i].context_ids + inputs[i].draft_ids,
-                            len(inputs[i].context_ids) - 1) for i in todo]
+                            len(inputs[i].context_ids) - 1, inputs[i].prefix_hashes) for i in todo]
         try:
             forwards = self.runner.extend_batch(items) if items else []
         except SpecDecError as exc:
@@ -132,7 +132,7 @@ class TargetEngine:
         if k > self.max_k:
             raise InvalidArgument(f"{k} draft tokens is more than max_k={self.max_k}")
         check_lengths(len(inp.context_ids), k + 1, self.max_context)
-        check_token_ids(inp.context_ids, self.width, "context_ids")
+        check_token_ids(inp.context_ids, self.width, "context_ids", inp.checked_ids)
         check_token_ids(inp.draft_ids, self.width, "draft_ids")
         if inp.draft_probs and len(inp.draft_probs) != k:
             raise InvalidArgument(f"draft_probs has {len(inp.draft_probs)} rows for {k} draft tokens")

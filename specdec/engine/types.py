@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.core.accept import AcceptResult
+from specdec.core.prefix_hash import PrefixHashes
 from specdec.core.sampling import SamplingConfig
 
 
@@ -60,6 +61,8 @@ class ProposeInput:
     ngram_max_n: int | None = None
     position_base: int = 0
     target_hidden: HiddenRows | None = None   # feature drafts: the target's new hidden states
+    checked_ids: int = 0            # leading context ids already checked against the vocabulary (ContextStore)
+    prefix_hashes: PrefixHashes | None = None  # covering context_ids (ContextStore): no whole-context compares
 
 
 @dataclass
@@ -81,6 +84,8 @@ class VerifyInput:
     logprobs: int = -1              # -1 none; 0 chosen token only; n top-n alternatives
     position_base: int = 0
     hidden_from: int = -1           # >= 0: return hidden states from this position (feature drafts)
+    checked_ids: int = 0            # leading context ids already checked against the vocabulary (ContextStore)
+    prefix_hashes: PrefixHashes | None = None  # covering context_ids + draft_ids (ContextStore)
     prefilled: ComputeStatsData | None = None  # chunks already run for this call (TargetEngine.prefill_chunk)
 
 

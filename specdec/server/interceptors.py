@@ -18,12 +18,13 @@ OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 async def _abort_for(exc: Exception, context: grpc.aio.ServicerContext, method: str) -> None:
     """Abort with the status of a SpecDecError; anything else is logged and becomes INTERNAL."""
+    metadata: tuple[tuple[str, str], ...] = ()
     if isinstance(exc, SpecDecError):
-        code, message = exc.code, str(exc)
+        code, message, metadata = exc.code, str(exc), exc.trailing_metadata()
     else:
         log.exception("unhandled error in %s", method)
         code, message = grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}: {exc}"
-    await context.abort(code, message)
+    await context.abort(code, message, metadata)
 
 
 def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Awaitable[Any]]:

@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 import grpc
 
-from specdec.config import HealthConfig, ModelServiceConfig
+from specdec.config import DEFAULT_CONTEXT_STORE_TOKENS, HealthConfig, ModelServiceConfig
+from specdec.engine.contexts import ContextStore
 from specdec.engine.loading import ModelBundle
 from specdec.engine.worker import ModelWorker, WorkerState
 from specdec.errors import Unavailable
@@ -68,6 +69,15 @@ class ModelServiceBase:
         self.role = role
         self.bundle: ModelBundle | None = None
         self.worker = ModelWorker(role)
+        self.context_store_tokens = DEFAULT_CONTEXT_STORE_TOKENS
+        self._contexts: ContextStore | None = None
+
+    def context_store(self) -> ContextStore:
+        """The sessions' contexts held for delta rounds (created once the model is loaded)."""
+        if self._contexts is None:
+            width = self.loaded().info.get("logits_width", 0)
+            self._contexts = ContextStore(self.context_store_tokens, width)
+        return self._contexts
 
     def loaded(self) -> ModelBundle:
         """The loaded bundle, or UNAVAILABLE while the model is still loading."""
@@ -78,7 +88,9 @@ class ModelServiceBase:
     async def Info(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ModelInfo:
         bundle = self.loaded()
         context.set_trailing_metadata(worker_metadata(self.worker.state) + kernel_metadata(bundle.kernels))
-        return common_pb2.ModelInfo(protocol_version=PROTOCOL_VERSION, role=self.role, **bundle.info)
+        return common_pb2.ModelInfo(protocol_version=PROTOCOL_VERSION, role=self.role, **bundle.info,
+                                    context_delta=self.context_store_tokens > 0,
+                                    context_store_tokens=self.context_store_tokens)
 
     async def Stats(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ServiceStats:
         state, pool = self.worker.state, self.bundle.pool if self.bundle is not None else None
@@ -92,11 +104,16 @@ class ModelServiceBase:
                 cache_budget_bytes=pool.budget_bytes, cache_hits=c.hits, cache_misses=c.misses,
                 cache_rollbacks=c.rollbacks, rolled_back_tokens=c.rolled_back_tokens, cache_evictions=c.evictions,
                 computed_tokens=c.computed_tokens, reused_tokens=c.reused_tokens))
+        if self._contexts is not None:
+            c = self._contexts.counters
+            out.MergeFrom(common_pb2.ServiceStats(context_hits=c.hits, context_misses=c.misses,
+                                                  context_evictions=c.evictions))
         return out
 
     async def Release(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ReleaseResponse:
         bundle = self.loaded()
         released = bundle.pool.release(request.session_id) if bundle.pool is not None else False
+        released = self.context_store().release(request.session_id) or released
         return common_pb2.ReleaseResponse(released=released)
 
 
@@ -121,6 +138,7 @@ async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase,
     tokens = (cfg.server.service_token,) if cfg.server.service_token else ()
     app = GrpcApp(service_name, cfg.server, tokens)
     servicer.worker.fault_file = cfg.health.fault_file
+    servicer.context_store_tokens = cfg.context_store_tokens
     port = await app.start(lambda server: add_to_server(servicer, server))
     app.install_signal_handlers()
     print(f"specdec {servicer.role} listening on {cfg.server.host}:{port}", file=sys.stderr, flush=True)

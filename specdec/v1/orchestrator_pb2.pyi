@@ -91,7 +91,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("rounds", "draft_tokens", "accepted_tokens", "recovered_tokens", "bonus_tokens", "acceptance_rate", "mean_accepted_length", "draft_ms", "target_ms", "overhead_ms", "total_ms", "wire_bytes", "wire_bytes_per_round", "target_passes", "degraded_rounds", "accepted_per_position", "drafted_per_position", "time_to_first_token_ms", "retries", "target_computed_tokens", "draft_computed_tokens")
+    __slots__ = ("rounds", "draft_tokens", "accepted_tokens", "recovered_tokens", "bonus_tokens", "acceptance_rate", "mean_accepted_length", "draft_ms", "target_ms", "overhead_ms", "total_ms", "wire_bytes", "wire_bytes_per_round", "target_passes", "degraded_rounds", "accepted_per_position", "drafted_per_position", "time_to_first_token_ms", "retries", "target_computed_tokens", "draft_computed_tokens", "context_resends")
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class Stats(_message.Message):
     RETRIES_FIELD_NUMBER: _ClassVar[int]
     TARGET_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_RESENDS_FIELD_NUMBER: _ClassVar[int]
     rounds: int
     draft_tokens: int
     accepted_tokens: int
@@ -134,10 +135,11 @@ class Stats(_message.Message):
     retries: int
     target_computed_tokens: int
     draft_computed_tokens: int
-    def __init__(self, rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., recovered_tokens: _Optional[int] = ..., bonus_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., overhead_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., wire_bytes: _Optional[int] = ..., wire_bytes_per_round: _Optional[float] = ..., target_passes: _Optional[int] = ..., degraded_rounds: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., time_to_first_token_ms: _Optional[float] = ..., retries: _Optional[int] = ..., target_computed_tokens: _Optional[int] = ..., draft_computed_tokens: _Optional[int] = ...) -> None: ...
+    context_resends: int
+    def __init__(self, rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., recovered_tokens: _Optional[int] = ..., bonus_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., overhead_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., wire_bytes: _Optional[int] = ..., wire_bytes_per_round: _Optional[float] = ..., target_passes: _Optional[int] = ..., degraded_rounds: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., time_to_first_token_ms: _Optional[float] = ..., retries: _Optional[int] = ..., target_computed_tokens: _Optional[int] = ..., draft_computed_tokens: _Optional[int] = ..., context_resends: _Optional[int] = ...) -> None: ...
 
 class Round(_message.Message):
-    __slots__ = ("index", "k", "draft_ids", "matches", "target_ids", "num_accepted", "next_token", "next_kind", "text", "draft_ms", "target_ms", "overhead_ms", "draft_replica", "target_replica", "target_cached_tokens", "target_computed_tokens", "draft_computed_tokens", "target_batch_size", "draft_kind")
+    __slots__ = ("index", "k", "draft_ids", "matches", "target_ids", "num_accepted", "next_token", "next_kind", "text", "draft_ms", "target_ms", "overhead_ms", "draft_replica", "target_replica", "target_cached_tokens", "target_computed_tokens", "draft_computed_tokens", "target_batch_size", "draft_kind", "wire_bytes", "context_tokens", "context_resends")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     DRAFT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +159,9 @@ class Round(_message.Message):
     DRAFT_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TARGET_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     DRAFT_KIND_FIELD_NUMBER: _ClassVar[int]
+    WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_RESENDS_FIELD_NUMBER: _ClassVar[int]
     index: int
     k: int
     draft_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -176,7 +181,10 @@ class Round(_message.Message):
     draft_computed_tokens: int
     target_batch_size: int
     draft_kind: str
-    def __init__(self, index: _Optional[int] = ..., k: _Optional[int] = ..., draft_ids: _Optional[_Iterable[int]] = ..., matches: _Optional[_Iterable[bool]] = ..., target_ids: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., next_kind: _Optional[_Union[_target_pb2.NextKind, str]] = ..., text: _Optional[str] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., overhead_ms: _Optional[float] = ..., draft_replica: _Optional[str] = ..., target_replica: _Optional[str] = ..., target_cached_tokens: _Optional[int] = ..., target_computed_tokens: _Optional[int] = ..., draft_computed_tokens: _Optional[int] = ..., target_batch_size: _Optional[int] = ..., draft_kind: _Optional[str] = ...) -> None: ...
+    wire_bytes: int
+    context_tokens: int
+    context_resends: int
+    def __init__(self, index: _Optional[int] = ..., k: _Optional[int] = ..., draft_ids: _Optional[_Iterable[int]] = ..., matches: _Optional[_Iterable[bool]] = ..., target_ids: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., next_kind: _Optional[_Union[_target_pb2.NextKind, str]] = ..., text: _Optional[str] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., overhead_ms: _Optional[float] = ..., draft_replica: _Optional[str] = ..., target_replica: _Optional[str] = ..., target_cached_tokens: _Optional[int] = ..., target_computed_tokens: _Optional[int] = ..., draft_computed_tokens: _Optional[int] = ..., target_batch_size: _Optional[int] = ..., draft_kind: _Optional[str] = ..., wire_bytes: _Optional[int] = ..., context_tokens: _Optional[int] = ..., context_resends: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("session_id", "request_id", "text", "token_ids", "finish_reason", "usage", "stats", "trace", "logprobs", "model")
