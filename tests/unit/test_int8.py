@@ -6,30 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.tiny_llama import tiny_llama, tiny_runner
 from specdec.config import ModelServiceConfig
-from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
 from specdec.engine.loading import load_target
 from specdec.engine.runner import CausalLMRunner
 from tests.support import make_tiny_pair
 from specdec.models.int8 import Int8Linear, int8_available, quantize_linears, wants_int8
 
 pytestmark = pytest.mark.skipif(not int8_available(), reason="torch's fbgemm engine (x86) is not in this build")
-
-
-def tiny() -> LlamaForCausalLM:
-    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=True)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(5)
-        return LlamaForCausalLM(cfg).eval()
-
-
-def runner(model) -> CausalLMRunner:
-    per_token = kv_bytes_per_token(model.config, 4)
-    return CausalLMRunner(model, KVCachePool(1000 * per_token, per_token, model.config))
 
 
 def test_a_row_s_output_is_the_same_whatever_rows_share_the_call():
@@ -77,14 +62,14 @@ def speculative(r: CausalLMRunner, prompt: list[int], n: int, k: int) -> list[in
 
 def test_speculation_is_greedy_identical_to_the_int8_target_as_served_on_a_tiny_model():
     # (on SmolLM2 attention's last-bit differences can flip an int8 rounding: see specdec/models/int8.py)
-    model = tiny()
+    model = tiny_llama(hidden=64, seed=5)
     replaced, nbytes = quantize_linears(model)
     assert replaced == 2 * 7 + 1 and nbytes == (2 * (64 * 64 * 2 + 64 * 32 * 2 + 64 * 128 * 3) + 96 * 64)
     assert isinstance(model.lm_head, Int8Linear) and type(model.model.embed_tokens) is nn.Embedding
     prompt = [5, 9, 11, 3, 70, 2, 8, 5, 9, 11]
-    want = greedy_steps(runner(model), prompt, 40)
+    want = greedy_steps(tiny_runner(model), prompt, 40)
     for k in (1, 4, 8):
-        assert speculative(runner(model), prompt, 40, k) == want, k
+        assert speculative(tiny_runner(model), prompt, 40, k) == want, k
 
 
 def test_a_target_service_loads_int8_and_says_so(tmp_path):

@@ -6,8 +6,8 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.tiny_llama import tiny_llama
 from specdec.config import KernelConfig
 from specdec.engine import kernel_select
 from specdec.engine.kernel_select import logits_agree, plan_model, select_plan
@@ -16,15 +16,6 @@ from specdec.models.kernels import (KERNELS, KernelPlan, PlanCache, PlannedLinea
                                     band_labels, choose_plan, forced_plan, pick_fastest)
 
 BANDS = (1, 5, 17, 32)
-
-
-def tiny(tied: bool = True) -> LlamaForCausalLM:
-    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=tied)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(3)
-        return LlamaForCausalLM(cfg).eval()
 
 
 def test_band_labels_name_each_row_range():
@@ -85,7 +76,7 @@ def test_the_cache_round_trips_and_a_read_only_directory_is_no_error(tmp_path):
 
 
 def test_a_restart_reads_the_cached_choice_instead_of_measuring(tmp_path, monkeypatch):
-    model, cfg = tiny(), KernelConfig(kernel="auto", budget_s=0.5, reps=1)
+    model, cfg = tiny_llama(), KernelConfig(kernel="auto", budget_s=0.5, reps=1)
     first = select_plan(model, cfg, tmp_path)
     assert first.source == "measured" and set(first.kernels) <= set(available_kernels())
     monkeypatch.setattr(kernel_select, "_measured", lambda *a: pytest.fail("measured again"))
@@ -96,10 +87,10 @@ def test_a_restart_reads_the_cached_choice_instead_of_measuring(tmp_path, monkey
 def test_the_environment_forces_a_choice_without_measuring(monkeypatch, tmp_path):
     monkeypatch.setattr(kernel_select, "_measured", lambda *a: pytest.fail("measured"))
     monkeypatch.setenv("SPECDEC_LINEAR_KERNEL", "im_mkl")
-    plan = select_plan(tiny(), KernelConfig(), tmp_path)
+    plan = select_plan(tiny_llama(), KernelConfig(), tmp_path)
     assert plan.kernels == ("im_mkl",) * 4 and plan.source == "env"
     monkeypatch.setenv("SPECDEC_LINEAR_KERNEL", "im_mkl,linear,linear,linear")
-    assert select_plan(tiny(), KernelConfig(), tmp_path).kernels == ("im_mkl", "linear", "linear", "linear")
+    assert select_plan(tiny_llama(), KernelConfig(), tmp_path).kernels == ("im_mkl", "linear", "linear", "linear")
     with pytest.raises(ValueError, match="one of"):
         forced_plan("fastest", BANDS)
     with pytest.raises(ValueError, match="4 of them"):
@@ -122,7 +113,7 @@ def test_every_kernel_gives_nn_linear_s_output_at_every_band(kernel):
 
 
 def test_a_mixed_plan_keeps_the_model_s_logits_and_counts_the_second_copy():
-    standard, planned = tiny(), tiny()
+    standard, planned = tiny_llama(), tiny_llama()
     plan = KernelPlan(BANDS, ("im_mkl", "onednn" if "onednn" in available_kernels() else "linear",
                               "linear", "linear"), {}, "env")
     replaced, extra = apply_plan(planned, plan)
@@ -137,7 +128,7 @@ def test_a_mixed_plan_keeps_the_model_s_logits_and_counts_the_second_copy():
 
 
 def test_the_load_check_falls_back_to_nn_linear_when_logits_disagree(tmp_path, monkeypatch):
-    model = tiny()
+    model = tiny_llama()
     monkeypatch.setenv("SPECDEC_LINEAR_KERNEL", "im_mkl")
     monkeypatch.setattr(kernel_select, "logits_agree", lambda *a: (False, 1.0))
     plan = plan_model(model, model, KernelConfig(), tmp_path, torch.tensor([[1, 2, 3]]))

@@ -4,38 +4,22 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
+from tests.tiny_llama import tiny_llama, tiny_runner
 from specdec.models.draft_model import build_draft
 from specdec.models.feature_draft import build_feature_draft
 from specdec.models import layout
 from specdec.models.layout import InputMajorLinear, use_input_major_linears, wants_input_major
-from specdec.engine.runner import CausalLMRunner
-
-
-def tiny(tied: bool) -> LlamaForCausalLM:
-    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=tied)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(3)
-        return LlamaForCausalLM(cfg).eval()
-
-
-def runner(model) -> CausalLMRunner:
-    per_token = kv_bytes_per_token(model.config, 4)
-    return CausalLMRunner(model, KVCachePool(1000 * per_token, per_token, model.config))
 
 
 def test_input_major_model_gives_the_logits_of_the_standard_one_through_the_runner():
-    standard, lean = tiny(tied=True), tiny(tied=True)
+    standard, lean = tiny_llama(tied=True), tiny_llama(tied=True)
     replaced, extra = use_input_major_linears(lean)
     assert replaced == 2 * 7 + 1                              # q k v o gate up down per layer, LM head
     assert extra == 96 * 32 * 4                               # the tied LM head now exists twice
     assert isinstance(lean.get_output_embeddings(), InputMajorLinear)
     assert lean.get_output_embeddings().weight.shape == (96, 32)
-    a, b = runner(standard), runner(lean)
+    a, b = tiny_runner(standard), tiny_runner(lean)
     ids = [5, 9, 11, 3, 70, 2, 8]
     for cut in (4, 5, 7):                                     # grow, then a verify-sized step and a rollback
         left, right = a.extend("s", ids[:cut], cut - 3), b.extend("s", ids[:cut], cut - 3)
@@ -45,7 +29,7 @@ def test_input_major_model_gives_the_logits_of_the_standard_one_through_the_runn
 
 
 def test_untied_weights_cost_nothing_extra_and_only_cpu_fp32_asks_for_it():
-    _, extra = use_input_major_linears(tiny(tied=False))
+    _, extra = use_input_major_linears(tiny_llama(tied=False))
     assert extra == 0
     assert wants_input_major(torch.device("cpu"), torch.float32)
     assert not wants_input_major(torch.device("cpu"), torch.bfloat16)
@@ -53,7 +37,7 @@ def test_untied_weights_cost_nothing_extra_and_only_cpu_fp32_asks_for_it():
 
 
 def test_a_trained_draft_converts_its_own_layers_and_head_but_not_the_shared_ones():
-    target = tiny(tied=True)
+    target = tiny_llama(tied=True)
     draft = build_draft(target, 2, list(range(10, 60)))
     ids = torch.tensor([[5, 9, 11, 3, 70]])
     with torch.inference_mode():
@@ -70,7 +54,7 @@ def test_a_trained_draft_converts_its_own_layers_and_head_but_not_the_shared_one
 
 
 def test_a_feature_draft_gives_the_same_features_and_logits_input_major():
-    target = tiny(tied=False)
+    target = tiny_llama(tied=False)
     draft = build_feature_draft(target, head_ids=list(range(0, 96, 2)))
     draft.init_from_target(target)
     gen = torch.Generator().manual_seed(1)
