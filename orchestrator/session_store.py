@@ -35,12 +35,23 @@ Concurrency: :meth:`SessionStore.append`, :meth:`~SessionStore.truncate` and
 :meth:`~SessionStore.finish_request` check the lease first (no lease, same owner or
 expired lease), then ``version == expected_version``, in one atomic script; two
 writers can therefore never interleave tokens: for one version exactly one wins.
+
+Retries: the client (:func:`open_redis`) resends a command whose connection failed or timed
+out, and a script may have run before its reply was lost. So every write (``create``,
+``append``, ``truncate``, ``finish_request``) carries a write id (default: a fresh one per
+call, the same for redis-py's resends of that call; pass your own to retry a write yourself).
+A resent write that finds the session at the version it made, ``expected_version + 1``, with
+its write id, is answered as a success without being applied again (tokens are not appended
+twice, counters not added twice); any other writer at that version still gets
+:class:`VersionConflict` (session_lua.py). ``begin_request`` is idempotent by its request id,
+``renew_lease`` by nature.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import uuid
 from typing import Any, Mapping, Optional, Sequence
 
 import redis.asyncio as aioredis
@@ -50,7 +61,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from orchestrator.session_lua import (
-    R_BUSY, R_EXISTS, R_LEASE, R_NOT_FOUND, R_OK, R_RANGE, R_RESUMED, R_REUSED, R_VERSION, SCRIPTS,
+    R_APPLIED, R_BUSY, R_EXISTS, R_LEASE, R_NOT_FOUND, R_OK, R_RANGE, R_RESUMED, R_REUSED, R_VERSION, SCRIPTS,
 )
 from orchestrator.session_types import (
     COUNTER_FIELDS, ID_BYTES, MS_PER_SECOND, LeaseLost, RequestReused, Session, SessionBusy, SessionExists,
@@ -93,6 +104,11 @@ def open_redis(
 def _params_json(params: Mapping[str, Any]) -> str:
     """Serialize request parameters compactly and deterministically."""
     return json.dumps(dict(params), sort_keys=True, separators=(",", ":"))
+
+
+def _write_id(write_id: str) -> str:
+    """The id a write carries: the caller's, else a fresh one (a resend of the call keeps it)."""
+    return write_id or uuid.uuid4().hex
 
 
 def _lease_ms(lease_seconds: float) -> int:
@@ -157,6 +173,9 @@ class SessionStore:
         detail = decode_text(reply[1]) if len(reply) > 1 and isinstance(reply[1], bytes) else ""
         if status in (R_OK, R_RESUMED):
             return
+        if status == R_APPLIED:
+            logger.info("session %r: a resent write was already applied; not applied again", session_id)
+            return
         if status == R_NOT_FOUND:
             raise SessionNotFound(f"session {session_id!r} not found")
         if status == R_EXISTS:
@@ -174,16 +193,19 @@ class SessionStore:
         raise SessionStoreError(f"unexpected script reply {status!r}")
 
     async def create(
-        self, session_id: str, ids: Sequence[int], prompt_tokens: int, params: Mapping[str, Any]
+        self, session_id: str, ids: Sequence[int], prompt_tokens: int, params: Mapping[str, Any],
+        write_id: str = "",
     ) -> Session:
         """Create a session holding ``ids`` (turns = 1 if ``ids`` else 0), status idle, version 1.
+
+        ``write_id``: see the module docstring (a resent create that was applied is a success).
 
         Raises:
             SessionExists: the id is taken.  StoreUnavailable: Redis unreachable.
         """
         reply = await self._script(
             "create", session_id, encode_ids(ids), int(prompt_tokens), 1 if ids else 0,
-            _params_json(params), self.ttl_seconds,
+            _params_json(params), self.ttl_seconds, _write_id(write_id),
         )
         self._raise_for(session_id, reply)
         return session_from_reply(session_id, reply)
@@ -203,9 +225,11 @@ class SessionStore:
         new_ids: Sequence[int],
         counters_delta: Mapping[str, int],
         owner: str,
+        write_id: str = "",
     ) -> Written:
         """Atomically append ``new_ids`` and add ``counters_delta`` (keys: rounds, drafted,
-        accepted, delivered); bumps version.
+        accepted, delivered); bumps version. Idempotent per ``write_id`` (module docstring): the
+        same write run again after it was applied answers the same Written, appends nothing.
 
         Costs O(len(new_ids)): the reply is only the new version, length and lease expiry
         (the caller keeps the context ids; :meth:`get` reads them all).
@@ -219,7 +243,7 @@ class SessionStore:
         pairs = [x for name, delta in counters_delta.items() for x in (name, int(delta))]
         reply = await self._script(
             "append", session_id, int(expected_version), owner, encode_ids(new_ids),
-            self.ttl_seconds, *pairs,
+            self.ttl_seconds, _write_id(write_id), *pairs,
         )
         self._raise_for(session_id, reply, expected_version)
         return written_from_reply(reply)
@@ -275,22 +299,25 @@ class SessionStore:
         return int(reply[1]) / MS_PER_SECOND
 
     async def finish_request(
-        self, session_id: str, owner: str, finish_reason: str, expected_version: int
+        self, session_id: str, owner: str, finish_reason: str, expected_version: int, write_id: str = ""
     ) -> Session:
         """Mark the request finished: status idle, lease cleared, last_finish_reason set.
 
-        The request_id is kept so that a retry of a finished request is recognised.
+        The request_id is kept so that a retry of a finished request is recognised. Idempotent per
+        ``write_id`` (module docstring).
         """
         reply = await self._script(
-            "finish", session_id, owner, finish_reason, int(expected_version), self.ttl_seconds
+            "finish", session_id, owner, finish_reason, int(expected_version), self.ttl_seconds,
+            _write_id(write_id),
         )
         self._raise_for(session_id, reply, expected_version)
         return session_from_reply(session_id, reply)
 
     async def truncate(
-        self, session_id: str, expected_version: int, length: int, owner: str
+        self, session_id: str, expected_version: int, length: int, owner: str, write_id: str = ""
     ) -> Written:
         """Keep only the first ``length`` ids (e.g. tokens after a stop string); bumps version.
+        Idempotent per ``write_id`` (module docstring).
 
         Raises:
             ValueError: ``length`` exceeds the session's length (or is negative).
@@ -300,7 +327,7 @@ class SessionStore:
             raise ValueError("length must be >= 0")
         reply = await self._script(
             "truncate", session_id, int(expected_version), owner, length * ID_BYTES,
-            self.ttl_seconds,
+            self.ttl_seconds, _write_id(write_id),
         )
         self._raise_for(session_id, reply, expected_version)
         return written_from_reply(reply)

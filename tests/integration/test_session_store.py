@@ -12,6 +12,7 @@ from typing import Any, Awaitable, Callable, Iterator
 import pytest
 import redis.asyncio as aioredis
 
+from orchestrator.lease import store_errors
 from orchestrator.session_store import SessionStore, open_redis
 from orchestrator.session_types import (
     ID_BYTES,
@@ -25,7 +26,9 @@ from orchestrator.session_types import (
     Written,
     encode_ids,
 )
+from specdec.errors import Aborted
 from specdec.redis_server import EmbeddedRedis
+from tests.redis_proxy import LossyProxy
 
 pytestmark = pytest.mark.integration
 
@@ -370,7 +373,7 @@ def test_append_reply_does_not_grow_with_session_length(server: EmbeddedRedis) -
 
     async def raw_reply(store: SessionStore, version: int) -> list[Any]:
         return await store._script(
-            "append", sid, version, "o", encode_ids(round_ids), store.ttl_seconds, "rounds", 1
+            "append", sid, version, "o", encode_ids(round_ids), store.ttl_seconds, uuid.uuid4().hex, "rounds", 1
         )
 
     async def body(store: SessionStore, client: aioredis.Redis) -> None:
@@ -472,3 +475,64 @@ def test_begin_request_refuses_a_reused_request_id_atomically(server: EmbeddedRe
         assert not resumed and second.fingerprint == "f2" and second.turns == 2
 
     run_with_store(server.url, body)
+
+
+# -- idempotent writes: a resent write that Redis already applied ---------------------------------
+
+
+def test_replayed_writes_succeed_once_and_a_conflicting_writer_is_aborted(server: EmbeddedRedis) -> None:
+    """The same write run twice (as a retry would run it) succeeds both times and is applied once; another
+    writer at the same expected version still conflicts (ABORTED at the gRPC edge)."""
+    sid = _sid()
+
+    async def body(store: SessionStore, client: aioredis.Redis) -> None:
+        created = await store.create(sid, [1, 2], 2, PARAMS, write_id="c1")
+        assert (await store.create(sid, [1, 2], 2, PARAMS, write_id="c1")) == created  # replayed create
+        begun, _ = await store.begin_request(sid, "r1", "o1", LEASE_S, [3], PARAMS)
+        counters = {"rounds": 1, "drafted": 4, "accepted": 2, "delivered": 3}
+        first = await store.append(sid, begun.version, [4, 5, 6], counters, "o1", write_id="w1")
+        replay = await store.append(sid, begun.version, [4, 5, 6], counters, "o1", write_id="w1")
+        assert replay == first and first.version == begun.version + 1
+        s = await store.get(sid)
+        assert (s.ids, s.rounds, s.drafted, s.accepted, s.delivered) == ([1, 2, 3, 4, 5, 6], 1, 4, 2, 3)
+        with pytest.raises(VersionConflict, match=f"expected version {begun.version}, found {first.version}"):
+            await store.append(sid, begun.version, [9], {"rounds": 1}, "o1", write_id="w2")  # another writer
+        with pytest.raises(Aborted, match="expected version"):
+            with store_errors():
+                await store.append(sid, begun.version, [9], {"rounds": 1}, "o1")
+        cut = await store.truncate(sid, first.version, 5, "o1", write_id="t1")
+        assert await store.truncate(sid, first.version, 5, "o1", write_id="t1") == cut
+        done = await store.finish_request(sid, "o1", "stop", cut.version, write_id="f1")
+        assert await store.finish_request(sid, "o1", "stop", cut.version, write_id="f1") == done
+        assert (done.ids, done.rounds, done.status) == ([1, 2, 3, 4, 5], 1, "idle")
+        with pytest.raises(VersionConflict):  # the write id matches, but the session moved on since
+            await store.append(sid, begun.version, [4, 5, 6], counters, "o1", write_id="w1")
+        assert (await store.get(sid)).ids == [1, 2, 3, 4, 5]
+
+    run_with_store(server.url, body)
+
+
+def test_append_whose_reply_was_lost_is_not_applied_twice(server: EmbeddedRedis) -> None:
+    """Redis applies the append, the reply is lost (connection dropped by a proxy), redis-py's Retry
+    resends the script on a new connection: the generation's write succeeds, tokens appear once."""
+    sid = _sid()
+    marker = [7_000_001, 7_000_002]
+
+    async def main() -> None:
+        proxy = await LossyProxy(server.port).start()
+        client = open_redis(proxy.url)
+        store = SessionStore(client)
+        try:
+            s, _ = await store.begin_request(sid, "r1", "o1", LEASE_S, [1, 2], PARAMS, create_missing=True)
+            w = await store.append(sid, s.version, [3], {"rounds": 1}, "o1")  # the script is loaded now
+            proxy.lose_reply_to(encode_ids(marker))
+            lost = await store.append(sid, w.version, marker, {"rounds": 1, "delivered": 2}, "o1")
+            assert proxy.lost == 1, "the proxy did not drop the reply: the test exercised nothing"
+            assert (lost.version, lost.length) == (w.version + 1, 5)
+            got = await store.get(sid)
+            assert (got.ids, got.rounds, got.delivered, got.version) == ([1, 2, 3, *marker], 2, 2, lost.version)
+        finally:
+            await client.aclose()
+            await proxy.close()
+
+    asyncio.run(main())
