@@ -23,10 +23,10 @@ from orchestrator.replicas import ReplicaPool
 from orchestrator.rounds import RoundRunner
 from orchestrator.servicer import SERVICE_NAME, Admission, OrchestratorServicer
 from orchestrator.session_store import SessionStore, open_redis
+from orchestrator.store_health import StoreProbe
 from specdec.v1 import orchestrator_pb2_grpc
 
 log = logging.getLogger("specdec.orchestrator")
-REFRESH_SECONDS = 2.0
 FIRST_PAIR_WAIT_S = 0.5
 
 
@@ -51,7 +51,8 @@ async def serve(cfg: OrchestratorConfig) -> None:
     tokenizer = await asyncio.to_thread(
         load_tokenizer, cfg.tokenizer, load_config(cache_dir=cfg.cache_dir, offline=cfg.offline))
     target, draft = build_pools(cfg)
-    pair = PairMonitor(target, draft, describe_tokenizer(tokenizer), cfg.tokenizer, REFRESH_SECONDS)
+    probe = StoreProbe(cfg.redis_url, cfg.redis_ping_timeout_s)   # health covers Redis too
+    pair = PairMonitor(target, draft, describe_tokenizer(tokenizer), cfg.tokenizer, cfg.health_refresh_s, probe)
     store = SessionStore(open_redis(cfg.redis_url), prefix=cfg.redis_prefix, ttl_seconds=cfg.session_ttl_s)
     deps = Deps(cfg=cfg, store=store, runner=RoundRunner(draft, target, cfg.retry, local_ngram(cfg)), prompter=Prompter(tokenizer),
                 eos_ids=frozenset(), max_context=0, owner=f"orch-{uuid.uuid4().hex[:12]}", model_name="")
@@ -73,6 +74,7 @@ async def serve(cfg: OrchestratorConfig) -> None:
     await app.run_until_stopped()
     stop.set()
     await monitor
+    await probe.close()
     await target.close()
     if draft is not None:
         await draft.close()

@@ -1,4 +1,4 @@
-"""Watches the draft and target pools: discovery, Info, and the tokenizer check.
+"""Watches the draft and target pools (discovery, Info, the tokenizer check) and the session store.
 
 The orchestrator refuses a replica whose tokenizer differs from the target's
 (and a target whose tokenizer differs from the orchestrator's own). While no
@@ -11,6 +11,11 @@ Every refresh_s the pools are re-resolved and every replica marked unhealthy
 (a failed call, a failed Info) is asked for Info again: a replica that is
 back is routed to again from the next round on (how a killed draft "comes
 back" after the session ran degraded, k = 0).
+
+In the same pass the session store is PINGed (orchestrator/store_health.py, with its own
+deadline): while Redis is down, unreachable or refuses this instance's credentials, health is
+NOT_SERVING (readiness probes route elsewhere) and requests get UNAVAILABLE naming the
+Redis problem; the first pass where it answers again turns health back to SERVING.
 """
 
 from __future__ import annotations
@@ -25,16 +30,18 @@ from specdec.models.tokenizer_info import TokenizerInfo
 from specdec.v1 import orchestrator_pb2 as pb
 
 from orchestrator.replicas import ReplicaPool
+from orchestrator.store_health import StoreProbe
 
 log = logging.getLogger("specdec.orchestrator")
 
 
 class PairMonitor:
-    """Keeps the pools fresh and says whether a compatible draft/target pair is available."""
+    """Keeps the pools fresh and says whether a compatible draft/target pair (and, with `store`,
+    the session store) is available. `refresh_s`: the pause between passes (OrchestratorConfig.health_refresh_s)."""
 
     def __init__(self, target: ReplicaPool, draft: ReplicaPool | None, tokenizer: TokenizerInfo,
-                 tokenizer_name: str, refresh_s: float) -> None:
-        self.target, self.draft = target, draft
+                 tokenizer_name: str, refresh_s: float, store: StoreProbe | None = None) -> None:
+        self.target, self.draft, self.store = target, draft, store
         self.tokenizer, self.tokenizer_name = tokenizer, tokenizer_name
         self.refresh_s = refresh_s
         self._problem = "no target replica has answered yet"
@@ -49,20 +56,27 @@ class PairMonitor:
                 await asyncio.wait_for(self.checked.wait(), timeout=timeout_s)
 
     def problem(self) -> str:
-        """Why requests cannot be served now ('' when they can)."""
-        return self._problem
+        """Why requests cannot be served now ('' when they can): the store's problem, then the pair's."""
+        store = self.store.problem if self.store is not None else ""
+        return "; ".join(p for p in (store, self._problem) if p)
 
     def problem_error(self) -> SpecDecError | None:
-        """The error a request gets now: None, UNAVAILABLE (nothing answers) or FAILED_PRECONDITION."""
-        if not self._problem:
+        """The error a request gets now: None, UNAVAILABLE (nothing answers: replicas or Redis) or
+        FAILED_PRECONDITION (incompatible pair, which retrying does not fix)."""
+        problem = self.problem()
+        if not problem:
             return None
-        return (Unavailable if self._transient else FailedPrecondition)(self._problem)
+        return (FailedPrecondition if self._problem and not self._transient else Unavailable)(problem)
 
     async def refresh(self) -> None:
-        """One discovery + Info + compatibility pass over both pools (sets `checked`, even when it fails)."""
+        """One pass: discovery + Info + compatibility over both pools, and a PING of the session store
+        alongside (sets `checked`, even when it fails)."""
+        ping = asyncio.ensure_future(self.store.check()) if self.store is not None else None
         try:
             await self._refresh()
         finally:
+            if ping is not None:
+                await ping
             self.checked.set()
 
     async def _refresh(self) -> None:
@@ -99,7 +113,7 @@ class PairMonitor:
             except Exception as exc:  # noqa: BLE001 - discovery errors must not kill the loop
                 self._problem, self._transient = f"replica discovery failed: {exc}", True
                 log.warning(self._problem)
-            await on_change(not self._problem)
+            await on_change(not self.problem())
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.refresh_s)
 

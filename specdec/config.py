@@ -14,7 +14,8 @@ Environment variables (CLI flags override them):
   SPECDEC_LEASE_SECONDS, SPECDEC_HEALTH_WEDGED_SECONDS, SPECDEC_FAULT_FILE,
   SPECDEC_MAX_BATCH, SPECDEC_BATCH_WAIT_MS, SPECDEC_KEEP_HIDDEN, SPECDEC_MAX_HIDDEN_BYTES,
   SPECDEC_INPUT_MAJOR, SPECDEC_LINEAR_KERNEL, SPECDEC_KERNEL_BUDGET_S,
-  SPECDEC_NGRAM_MIN_N, SPECDEC_NGRAM_MAX_N, SPECDEC_NGRAM_PREFER
+  SPECDEC_NGRAM_MIN_N, SPECDEC_NGRAM_MAX_N, SPECDEC_NGRAM_PREFER,
+  SPECDEC_HEALTH_REFRESH_S, SPECDEC_REDIS_PING_TIMEOUT_S
 
 Secrets (SPECDEC_AUTH_TOKENS, SPECDEC_SERVICE_TOKEN, REDIS_URL, REDIS_PASSWORD) can instead
 be read from files, as Kubernetes and compose mount them: NAME_FILE=/path (see env_secret).
@@ -324,6 +325,11 @@ class OrchestratorConfig:
     # A request that arrives before the first pool check finished waits this long (or until
     # its own deadline) for the check, instead of failing UNAVAILABLE while the service starts.
     first_check_wait_s: float = field(default_factory=lambda: env_float("SPECDEC_FIRST_CHECK_WAIT_S", 10.0))
+    # Health: every health_refresh_s the replica pools are checked again and Redis is PINGed, each PING
+    # bounded by redis_ping_timeout_s; health is NOT_SERVING while Redis fails the PING (down, too slow,
+    # refusing the password), SERVING again at the first pass where it answers (orchestrator/pair.py).
+    health_refresh_s: float = field(default_factory=lambda: env_float("SPECDEC_HEALTH_REFRESH_S", 2.0))
+    redis_ping_timeout_s: float = field(default_factory=lambda: env_float("SPECDEC_REDIS_PING_TIMEOUT_S", 1.0))
     auth_tokens: tuple[str, ...] = field(
         default_factory=lambda: tuple(t for t in env_secret("SPECDEC_AUTH_TOKENS").split(",") if t))
     cache_dir: str = field(default_factory=lambda: env_str("SPECDEC_MODEL_CACHE_DIR"))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 import uuid
 from array import array
@@ -14,6 +16,7 @@ import redis.asyncio as aioredis
 
 from orchestrator.lease import store_errors
 from orchestrator.session_store import SessionStore, open_redis
+from orchestrator.store_health import StoreProbe
 from orchestrator.session_types import (
     ID_BYTES,
     LeaseLost,
@@ -536,3 +539,45 @@ def test_append_whose_reply_was_lost_is_not_applied_twice(server: EmbeddedRedis)
             await proxy.close()
 
     asyncio.run(main())
+
+
+# -- the health probe (orchestrator/store_health.py) -----------------------------------------------
+
+PING_TIMEOUT_S = 0.5
+
+
+def test_store_probe_reports_down_hung_and_refused_redis(tmp_path: Path) -> None:
+    """'' while Redis answers; a clear problem, within the ping's deadline, while it is stopped, hung
+    (SIGSTOP: accepts nothing, answers nothing) or refuses the password; '' again once it is back."""
+    with EmbeddedRedis(password="right-password") as srv:
+        wrong = srv.url.replace("right-password", "wrong-password")
+
+        async def main() -> list[tuple[str, float]]:
+            probe, refused = StoreProbe(srv.url, PING_TIMEOUT_S), StoreProbe(wrong, PING_TIMEOUT_S)
+            seen = []
+
+            async def timed(p: StoreProbe) -> None:
+                start = time.monotonic()
+                seen.append((await p.check(), time.monotonic() - start))
+            try:
+                await timed(probe)
+                await timed(refused)
+                os.kill(srv._proc.pid, signal.SIGSTOP)
+                try:
+                    await timed(probe)
+                finally:
+                    os.kill(srv._proc.pid, signal.SIGCONT)
+                srv.stop()
+                await timed(probe)
+                srv.start()
+                await timed(probe)
+            finally:
+                await probe.close()
+                await refused.close()
+            return seen
+
+        (ok, _), (auth, _), (hung, hung_s), (down, down_s), (back, _) = asyncio.run(main())
+    assert ok == back == ""
+    assert auth.startswith("session store (Redis) refused this orchestrator's credentials:"), auth
+    assert "Timeout" in hung and hung_s < 2 * PING_TIMEOUT_S + 0.5, (hung, hung_s)
+    assert down.startswith("session store (Redis) unavailable: ConnectionError") and down_s < 2 * PING_TIMEOUT_S
