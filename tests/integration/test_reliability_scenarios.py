@@ -31,8 +31,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+import redis as redis_lib
 from transformers import AutoModelForCausalLM
 
+from http_gateway.process import GatewayProcess, get_health
+from specdec.config import OrchestratorConfig
 from specdec.healthcheck import check as health_check
 from specdec.launcher import LocalStack, Proc, StackConfig
 from specdec.redis_server import EmbeddedRedis
@@ -61,6 +64,8 @@ OK_CODES = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCod
             grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED,
             grpc.StatusCode.ALREADY_EXISTS}
 REPORT: dict[str, str] = {}
+# one health pass (pause + PING deadline), plus scheduling slack on a loaded 2-core machine
+HEALTH_BOUND_S = OrchestratorConfig().health_refresh_s + OrchestratorConfig().redis_ping_timeout_s + 3.0
 
 
 # -- the stack ---------------------------------------------------------------------------------
@@ -614,6 +619,77 @@ def test_redis_unavailable_then_back_with_persistence(env):
     stub.Generate(pb.GenerateRequest(prompt=" more", session_id=sid, max_new_tokens=4), timeout=RPC_TIMEOUT_S)
     REPORT["7 redis"] = (f"UNAVAILABLE after {error_ms:.0f} ms ({err.value.details()[:90]}); generating again "
                          f"{recover_ms:.0f} ms after Redis restarted; session survived the restart (AOF)")
+
+
+# -- 7b. health follows Redis ------------------------------------------------------------------------------
+
+
+def wait_health(address: str, serving: bool, timeout: float = WAIT_S) -> float:
+    """Seconds until the service's health is SERVING / NOT_SERVING (reachable, not a connect error)."""
+    want = "SERVING" if serving else "NOT_SERVING"
+    return wait_for(lambda: health_check(address, timeout=1.0)[1] == want, f"{address} {want}", timeout)
+
+
+def test_health_and_gateway_health_follow_redis(env, tmp_path):
+    """Redis stopped: the orchestrator's gRPC health is NOT_SERVING within one health pass, the HTTP
+    gateway's /health answers 503, a request fails UNAVAILABLE naming Redis at once; Redis back:
+    SERVING (and 200) within one pass."""
+    orch = env.orch["A"]
+    gateway = GatewayProcess(orchestrator=orch.address, log_dir=str(tmp_path)).start()
+    try:
+        assert get_health(gateway.url)[0] == 200
+        env.redis.stop()
+        try:
+            down_s = wait_health(orch.address, serving=False)
+            assert down_s <= HEALTH_BOUND_S, down_s
+            status, body = get_health(gateway.url)
+            assert (status, body["orchestrator_health"]) == (503, "NOT_SERVING"), body
+            start = time.monotonic()
+            with pytest.raises(grpc.RpcError) as err:
+                env.stub("A").Generate(pb.GenerateRequest(prompt=PROMPT, max_new_tokens=4), timeout=RPC_TIMEOUT_S)
+            refused_ms = (time.monotonic() - start) * 1000
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert err.value.details().startswith("session store (Redis) unavailable"), err.value.details()
+        finally:
+            env.redis.start()
+        up_s = wait_health(orch.address, serving=True)
+        assert up_s <= HEALTH_BOUND_S, up_s
+        assert wait_for(lambda: get_health(gateway.url)[0] == 200, "gateway /health 200") < HEALTH_BOUND_S
+    finally:
+        gateway.stop()
+    for proc in env.orch.values():
+        wait_health(proc.address, serving=True)
+    REPORT["7b health/redis"] = (f"NOT_SERVING {down_s * 1000:.0f} ms after Redis stopped, request refused in "
+                                 f"{refused_ms:.0f} ms, SERVING {up_s * 1000:.0f} ms after it was back")
+
+
+def test_wrong_redis_password_is_not_serving_until_it_is_accepted(env):
+    """An orchestrator given the wrong Redis password never reports SERVING (requests: UNAVAILABLE naming
+    the credentials); once Redis accepts that password (rotation done), it serves within one pass."""
+    with EmbeddedRedis(password="right-password") as locked:
+        wrong = locked.url.replace("right-password", "wrong-password")
+        proc = env.stack.start_orchestrator(env.stack.targets[:1], env.stack.drafts[:1], ["--redis-url", wrong])
+        try:
+            wait_health(proc.address, serving=False, timeout=120)
+            stub = orchestrator_pb2_grpc.OrchestratorStub(grpc.insecure_channel(proc.address))
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Generate(pb.GenerateRequest(prompt=PROMPT, max_new_tokens=4), timeout=RPC_TIMEOUT_S)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "refused this orchestrator's credentials" in err.value.details(), err.value.details()
+            assert not health_check(proc.address, timeout=1.0)[0]
+            with redis_lib.Redis(port=locked.port, password="right-password") as admin:
+                admin.config_set("requirepass", "wrong-password")
+            up_s = wait_health(proc.address, serving=True)
+            assert up_s <= HEALTH_BOUND_S, up_s
+            reply = stub.Generate(pb.GenerateRequest(prompt=PROMPT, max_new_tokens=4, ignore_eos=True),
+                                  timeout=RPC_TIMEOUT_S)
+            assert reply.usage.completion_tokens == 4
+        finally:
+            proc.popen.terminate()
+            proc.popen.wait(timeout=DRAIN_S + 5)
+            env.stack.procs.remove(proc)
+            env.stack.orchestrators.remove(proc)
+    REPORT["7c wrong password"] = f"NOT_SERVING with UNAVAILABLE ({err.value.details()[:80]}); SERVING {up_s * 1000:.0f} ms after Redis accepted the password"
 
 
 # -- 8. drain --------------------------------------------------------------------------------------------
