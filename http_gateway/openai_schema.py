@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 
 from specdec.errors import IDEMPOTENCY_KEY_REUSED, REQUEST_IN_PROGRESS
+from specdec.proto_json import message_to_dict
 from specdec.v1 import orchestrator_pb2 as pb
 
 from http_gateway import validation
@@ -302,29 +303,6 @@ def _usage(u: pb.Usage) -> dict[str, Any]:
             "total_tokens": u.total_tokens, "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens}}
 
 
-def _msg_dict(message: Any) -> dict[str, Any]:
-    """A proto message as plain JSON values (64-bit integers stay numbers, enums become names)."""
-    from google.protobuf.descriptor import FieldDescriptor as F
-
-    def value(fd: Any, v: Any) -> Any:
-        if fd.type == F.TYPE_MESSAGE:
-            return _msg_dict(v)
-        if fd.type == F.TYPE_ENUM:
-            return fd.enum_type.values_by_number[v].name if v in fd.enum_type.values_by_number else v
-        return v
-
-    out: dict[str, Any] = {}
-    for fd in message.DESCRIPTOR.fields:
-        v = getattr(message, fd.name)
-        if fd.is_repeated:
-            out[fd.name] = [value(fd, x) for x in v]
-        elif fd.type == F.TYPE_MESSAGE and not message.HasField(fd.name):
-            out[fd.name] = None
-        else:
-            out[fd.name] = value(fd, v)
-    return out
-
-
 def token_str(token_id: int) -> str:
     """The gateway has no tokenizer: logprob tokens are named 'token_id:N' (vLLM's convention)."""
     return f"token_id:{token_id}"
@@ -358,9 +336,9 @@ def extension(session_id: str, request_id: str, finish: int | None, *, token_ids
     if offset is not None:
         out["offset"] = offset
     if stats is not None:
-        out["stats"] = _msg_dict(stats)
+        out["stats"] = message_to_dict(stats, all_fields=True)
     if trace:
-        out["trace"] = [_msg_dict(r) for r in trace]
+        out["trace"] = [message_to_dict(r, all_fields=True) for r in trace]
     return out
 
 
