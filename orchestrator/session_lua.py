@@ -6,8 +6,8 @@ create/begin/finish/get carry the HGETALL of the hash and the ids string; OK of 
 carries version, length, lease_until (ms). Python constants the scripts name (ID_BYTES,
 MS_PER_SECOND, US_PER_MS) are substituted into the source by :func:`_lua`.
 
-Idempotent writes: create, append, truncate and finish carry a write id (the last ARGV), which the
-write stores in the hash's ``write_id`` field with the version it makes. When the same write is
+Idempotent writes: create, append, truncate and finish carry a write id (an ARGV, see each
+script), which the write stores in the hash's ``write_id`` field with the version it makes. When the same write is
 run again (redis-py resends a script whose reply was lost: the connection broke or timed out after
 Redis had applied it) and the session is still at the version that write made (``expected + 1``,
 nothing written since) with that write id, the script applies nothing and answers APPLIED with
