@@ -3,9 +3,11 @@
 The orchestrator cannot serve a single request without Redis, so its health (orchestrator/pair.py's
 PairMonitor, which sets the gRPC health service) is NOT_SERVING while the PING fails: Redis down,
 unreachable, too slow to answer within OrchestratorConfig.redis_ping_timeout_s, or refusing this
-instance's credentials (wrong password, no password, ACL). The probe has its own client, without
-retries and with socket timeouts of the ping's deadline, so that one check never takes longer than
-that deadline (the session store's client retries and waits longer, per call).
+instance's credentials (wrong password, no password, ACL). The probe has its own client with
+socket timeouts of the ping's deadline and no retry but one, at once, of a connection Redis had
+closed (a pooled connection left over from before a Redis restart, or closed by an idle timeout,
+must not turn health NOT_SERVING for a pass): one check never takes much longer than that deadline
+(the session store's client retries with backoff and waits longer, per call).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import asyncio
 import logging
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, RedisError
-
-from orchestrator.session_store import open_redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 log = logging.getLogger("specdec.orchestrator")
 
-NO_RETRIES = 0
+STALE_CONNECTION_RETRIES = 1   # a closed connection is retried once, at once; a timeout never
 BACKSTOP_FACTOR = 2.0   # connect + read are each bounded by the timeout; asyncio's bound covers both
 
 
@@ -36,8 +39,9 @@ class StoreProbe:
         if timeout_s <= 0:
             raise ValueError("the Redis ping timeout must be positive")
         self.timeout_s = timeout_s
-        self._redis: aioredis.Redis = open_redis(url, socket_timeout=timeout_s, connect_timeout=timeout_s,
-                                                 retries=NO_RETRIES)
+        retry = Retry(NoBackoff(), STALE_CONNECTION_RETRIES, supported_errors=(RedisConnectionError,))
+        self._redis: aioredis.Redis = aioredis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=retry)
         self.problem = ""
 
     async def check(self) -> str:

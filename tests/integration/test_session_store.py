@@ -548,7 +548,8 @@ PING_TIMEOUT_S = 0.5
 
 def test_store_probe_reports_down_hung_and_refused_redis(tmp_path: Path) -> None:
     """'' while Redis answers; a clear problem, within the ping's deadline, while it is stopped, hung
-    (SIGSTOP: accepts nothing, answers nothing) or refuses the password; '' again once it is back."""
+    (SIGSTOP: accepts nothing, answers nothing) or refuses the password; '' again once it is back, and
+    at once after a restart between two checks (the pooled connection Redis closed is not a failure)."""
     with EmbeddedRedis(password="right-password") as srv:
         wrong = srv.url.replace("right-password", "wrong-password")
 
@@ -571,13 +572,15 @@ def test_store_probe_reports_down_hung_and_refused_redis(tmp_path: Path) -> None
                 await timed(probe)
                 srv.start()
                 await timed(probe)
+                srv.restart()
+                await timed(probe)
             finally:
                 await probe.close()
                 await refused.close()
             return seen
 
-        (ok, _), (auth, _), (hung, hung_s), (down, down_s), (back, _) = asyncio.run(main())
-    assert ok == back == ""
+        (ok, _), (auth, _), (hung, hung_s), (down, down_s), (back, _), (restarted, _) = asyncio.run(main())
+    assert ok == back == restarted == ""
     assert auth.startswith("session store (Redis) refused this orchestrator's credentials:"), auth
     assert "Timeout" in hung and hung_s < 2 * PING_TIMEOUT_S + 0.5, (hung, hung_s)
     assert down.startswith("session store (Redis) unavailable: ConnectionError") and down_s < 2 * PING_TIMEOUT_S
