@@ -32,6 +32,10 @@ from specdec.errors import InvalidArgument
 from specdec.server.tls import server_credentials
 from specdec.server.interceptors import ErrorMappingInterceptor, TokenAuthInterceptor
 
+# Health service name that answers SERVING while the process runs (Kubernetes liveness): readiness ("")
+# follows the model load and, in the orchestrator, its dependencies (replica pair, Redis); a
+# dependency outage must take a pod out of rotation, never restart it.
+LIVENESS_SERVICE = "specdec.liveness"
 log = logging.getLogger("specdec.server")
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -120,6 +124,7 @@ class GrpcApp:
             raise RuntimeError(f"could not bind {address}")
         await self.server.start()
         await self.set_serving(False)
+        await self.health.set(LIVENESS_SERVICE, SERVING)
         log.info("%s listening on %s:%d%s", self.name, self.cfg.host, self.port, " (TLS)" if creds else "")
         return self.port
 

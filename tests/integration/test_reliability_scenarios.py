@@ -37,6 +37,7 @@ from transformers import AutoModelForCausalLM
 from http_gateway.process import GatewayProcess, get_health
 from specdec.config import OrchestratorConfig
 from specdec.healthcheck import check as health_check
+from specdec.server.app import LIVENESS_SERVICE
 from specdec.launcher import LocalStack, Proc, StackConfig
 from specdec.redis_server import EmbeddedRedis
 from specdec.routing import rendezvous_rank
@@ -644,6 +645,8 @@ def test_health_and_gateway_health_follow_redis(env, tmp_path):
             assert down_s <= HEALTH_BOUND_S, down_s
             status, body = get_health(gateway.url)
             assert (status, body["orchestrator_health"]) == (503, "NOT_SERVING"), body
+            # liveness is not readiness: a Redis outage takes the orchestrator out of rotation, no restart
+            assert health_check(orch.address, service=LIVENESS_SERVICE, timeout=1.0) == (True, "SERVING")
             start = time.monotonic()
             with pytest.raises(grpc.RpcError) as err:
                 env.stub("A").Generate(pb.GenerateRequest(prompt=PROMPT, max_new_tokens=4), timeout=RPC_TIMEOUT_S)

@@ -22,6 +22,8 @@ from pathlib import Path
 import jsonschema
 import kubernetes_validate
 import pytest
+
+from specdec.server.app import LIVENESS_SERVICE
 import yaml
 
 from specdec.routing import DnsTarget, parse_addresses
@@ -131,8 +133,13 @@ def test_native_grpc_probes_on_all_three(overlay):
         c = container(overlay, name)
         grpc_port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
         assert grpc_port == GRPC_PORTS[name]
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert c[probe]["grpc"] == {"port": grpc_port, "service": ""}, (name, probe)
+        # readiness: "" (model loaded; the orchestrator: replica pair and Redis reachable); liveness: the
+        # process answers (a dependency outage takes a pod out of rotation, never restarts it); startup:
+        # the model services are loaded, the orchestrator answers.
+        services = {"readinessProbe": "", "livenessProbe": LIVENESS_SERVICE,
+                    "startupProbe": LIVENESS_SERVICE if name == "orchestrator" else ""}
+        for probe, service in services.items():
+            assert c[probe]["grpc"] == {"port": grpc_port, "service": service}, (name, probe)
         env = {e["name"]: e for e in c["env"]}
         assert env["SPECDEC_PORT"]["value"] == str(grpc_port)
 
