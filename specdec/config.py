@@ -15,7 +15,7 @@ Environment variables (CLI flags override them):
   SPECDEC_MAX_BATCH, SPECDEC_BATCH_WAIT_MS, SPECDEC_KEEP_HIDDEN, SPECDEC_MAX_HIDDEN_BYTES,
   SPECDEC_INPUT_MAJOR, SPECDEC_LINEAR_KERNEL, SPECDEC_KERNEL_BUDGET_S,
   SPECDEC_NGRAM_MIN_N, SPECDEC_NGRAM_MAX_N, SPECDEC_NGRAM_PREFER,
-  SPECDEC_HEALTH_REFRESH_S, SPECDEC_REDIS_PING_TIMEOUT_S
+  SPECDEC_HEALTH_REFRESH_S, SPECDEC_REDIS_PING_TIMEOUT_S, SPECDEC_ROW_INVARIANT
 
 Secrets (SPECDEC_AUTH_TOKENS, SPECDEC_SERVICE_TOKEN, REDIS_URL, REDIS_PASSWORD) can instead
 be read from files, as Kubernetes and compose mount them: NAME_FILE=/path (see env_secret).
@@ -237,6 +237,12 @@ class ModelServiceConfig:
     # Target: keep each cached position's final hidden state (about hidden/KV = 1/(4 x layers) more
     # memory) so feature drafts can be fed; 0 = off (a feature draft then gets FAILED_PRECONDITION).
     keep_hidden: bool = field(default_factory=lambda: env_bool("SPECDEC_KEEP_HIDDEN", True))
+    # Row-invariant attention (specdec/engine/ragged.py): every row whose logits a pass returns is
+    # computed bitwise as a 1-row step computes it, so greedy speculation is token-identical to k = 0.
+    # auto: on for --dtype int8 (whose linears are row-invariant; its activation rounding amplifies
+    # attention's last-bit differences into other tokens), off otherwise (fp32's MKL linears are not
+    # row-invariant, so it would not buy identity there); on | off force it.
+    row_invariant: str = field(default_factory=lambda: env_str("SPECDEC_ROW_INVARIANT", "auto"))
     # Target: the most hidden-state bytes one Verify returns (fp16 on the wire); a feature draft
     # catches up on a long prompt over several rounds beyond that.
     max_hidden_bytes: int = field(default_factory=lambda: env_int("SPECDEC_MAX_HIDDEN_BYTES", 2 * MIB))

@@ -77,6 +77,17 @@ def _int8_plan(cfg: ModelServiceConfig, model: Any) -> KernelPlan:
     return KernelPlan(bands, ("int8_fbgemm",) * len(bands), {}, "dtype")
 
 
+ROW_INVARIANT_CHOICES = ("auto", "on", "off")
+
+
+def wants_row_invariant(setting: str, int8: bool) -> bool:
+    """SPECDEC_ROW_INVARIANT: auto (on for int8 weights), on or off."""
+    value = setting.strip().lower()
+    if value not in ROW_INVARIANT_CHOICES:
+        raise ValueError(f"row_invariant must be one of {ROW_INVARIANT_CHOICES}, got {setting!r}")
+    return int8 if value == "auto" else value == "on"
+
+
 def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = False
           ) -> tuple[Any, Any, CausalLMRunner, dict[str, Any], float, KernelPlan]:
     if cfg.threads > 0:
@@ -93,7 +104,11 @@ def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = F
     if keep_hidden or feature:  # the hidden rows kept beside the KV (a feature draft keeps them in fp32)
         per_token += model.config.get_text_config().hidden_size * (4 if feature else dtype_bytes)
     pool = KVCachePool(cfg.cache_budget_bytes, per_token, model.config)
-    runner = CausalLMRunner(model, pool, batching=batching and not feature, keep_hidden=keep_hidden)
+    row_invariant = not feature and wants_row_invariant(cfg.row_invariant, int8)
+    runner = CausalLMRunner(model, pool, batching=batching and not feature, keep_hidden=keep_hidden,
+                            row_invariant=row_invariant)
+    if row_invariant:
+        log.info("%s: row-invariant attention (returned rows attend one at a time)", cfg.model)
     if batching and not runner.batching:
         log.warning("%s: attention cannot be switched to ragged batching; verifying one session per pass",
                     cfg.model)

@@ -29,6 +29,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 ATTN_NAME = "specdec_ragged"
+ROW_INVARIANT_ATTN_NAME = "specdec_row_invariant"
 
 
 @dataclass
@@ -37,6 +38,7 @@ class RaggedRows:
 
     rows: list[torch.Tensor]
     spans: list[tuple[int, int]]    # session i's new tokens are packed positions [start, end)
+    alone: list[int] | None = None  # row-invariant attention: session i's last alone[i] rows attend one by one
 
 
 class RaggedCache:
@@ -45,10 +47,13 @@ class RaggedCache:
     Args:
         caches: one transformers DynamicCache per session (the sessions' own caches).
         new_lengths: new tokens per session, packed in this order.
+        alone: per session, how many of its last new tokens attend one row at a time under
+            row-invariant attention (the rows whose logits are returned); None: all of them.
     """
 
-    def __init__(self, caches: list[Any], new_lengths: list[int]) -> None:
+    def __init__(self, caches: list[Any], new_lengths: list[int], alone: list[int] | None = None) -> None:
         self.caches = caches
+        self.alone = alone
         ends = torch.tensor(new_lengths).cumsum(0).tolist()
         self.spans = [(end - n, end) for n, end in zip(new_lengths, ends)]
 
@@ -60,7 +65,7 @@ class RaggedCache:
             k, v = cache.update(key_states[:, :, start:end], value_states[:, :, start:end], layer_idx)
             keys.append(k)
             values.append(v)
-        return RaggedRows(keys, self.spans), RaggedRows(values, self.spans)
+        return RaggedRows(keys, self.spans, self.alone), RaggedRows(values, self.spans, self.alone)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # positions are always passed explicitly (position_ids)
@@ -90,17 +95,64 @@ def offset_causal_mask(n: int, total: int, device: torch.device) -> torch.Tensor
     return keys.unsqueeze(0) <= last
 
 
+def row_invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: Any, value: Any,
+                            attention_mask: torch.Tensor | None, scaling: float | None = None,
+                            **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention in which a row whose logits are returned is computed exactly as a 1-row decode step
+    computes it (one SDPA call for that row over the keys it sees, no mask), whatever the number of
+    rows in the pass; see `_attend_alone`. A session's other new rows (a prefill's, whose logits
+    nobody reads) run as ONE causal SDPA call over the keys before them, so a prompt is prefilled the
+    same way whatever k follows it. Rows follow the keys before them with no padding (what
+    CausalLMRunner passes); `attention_mask` is ignored. query: [1, heads, S, head_dim]; key/value:
+    [1, kv_heads, L, head_dim] (every row alone) or RaggedRows. Returns ([1, S, heads, head_dim], None).
+    """
+    _, heads, packed, head_dim = query.shape
+    if isinstance(key, RaggedRows):
+        alone = key.alone or [end - start for start, end in key.spans]
+        groups = list(zip(key.rows, value.rows, key.spans, alone))
+    else:
+        groups = [(key, value, (0, packed), packed)]
+    out = query.new_empty(1, packed, heads, head_dim)
+    for k, v, (start, end), n_alone in groups:
+        n, total = end - start, k.shape[2]
+        together = n - n_alone
+        if together > 0:   # prefill rows: keys 0 .. total - n_alone - 1, causal
+            mask = None if together == 1 else offset_causal_mask(together, total - n_alone, query.device)
+            o = F.scaled_dot_product_attention(query[:, :, start:start + together], k[:, :, :total - n_alone],
+                                               v[:, :, :total - n_alone], attn_mask=mask, scale=scaling,
+                                               enable_gqa=k.shape[1] != heads)  # [1, heads, together, head_dim]
+            out[0, start:start + together] = o[0].transpose(0, 1)
+        for j in range(together, n):
+            out[0, start + j] = _attend_alone(query[:, :, start + j:start + j + 1], k, v, total - n + j + 1, scaling)
+    return out, None
+
+
+def _attend_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: int, scaling: float | None
+                  ) -> torch.Tensor:
+    """One query row [1, heads, 1, head_dim] over keys 0..seen-1 of k/v [1, kv_heads, L, head_dim], the
+    call a 1-row decode step makes: SDPA over several query rows (blocks of rows in one GEMM, a
+    causal mask) rounds differently in the last bits, which int8 activation rounding can amplify
+    into another token (specdec/models/int8.py). Returns [heads, head_dim]."""
+    o = F.scaled_dot_product_attention(q, k[:, :, :seen], v[:, :, :seen], scale=scaling,
+                                       enable_gqa=k.shape[1] != q.shape[1])
+    return o[0, :, 0]
+
+
 AttentionInterface.register(ATTN_NAME, ragged_attention)
 AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+AttentionInterface.register(ROW_INVARIANT_ATTN_NAME, row_invariant_attention)
+AttentionMaskInterface.register(ROW_INVARIANT_ATTN_NAME, sdpa_mask)
 
 
-def enable_ragged(model: Any) -> bool:
-    """Switch the model to the ragged attention implementation; False when it cannot be."""
+def enable_ragged(model: Any, row_invariant: bool = False) -> bool:
+    """Switch the model to the ragged attention implementation (the row-invariant one, which also
+    batches sessions, when asked); False when it cannot be."""
+    name = ROW_INVARIANT_ATTN_NAME if row_invariant else ATTN_NAME
     try:
-        model.set_attn_implementation(ATTN_NAME)
+        model.set_attn_implementation(name)
     except (ValueError, AttributeError, TypeError, KeyError):
         return False
-    return getattr(model.config, "_attn_implementation", None) == ATTN_NAME
+    return getattr(model.config, "_attn_implementation", None) == name
 
 
 def packed_inputs(rows: list[list[int]], pasts: list[int], device: torch.device

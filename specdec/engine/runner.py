@@ -66,9 +66,14 @@ class CausalLMRunner:
             to specdec_ragged; stays False when the model's attention cannot be switched).
         keep_hidden: store the final (normed) hidden state of every cached position beside the
             KV cache (SessionKV.hidden), for feature drafts; needs a `model.model.norm` module.
+        row_invariant: every row whose logits a pass returns is computed bitwise as a 1-row step
+            computes it, whatever the number of rows in the pass (those rows attend one at a time,
+            specdec/engine/ragged.py; the int8 target's option: its linears already are row-invariant).
+            Raises ValueError where the model's attention cannot be switched.
     """
 
-    def __init__(self, model: Any, pool: KVCachePool, batching: bool = False, keep_hidden: bool = False) -> None:
+    def __init__(self, model: Any, pool: KVCachePool, batching: bool = False, keep_hidden: bool = False,
+                 row_invariant: bool = False) -> None:
         self.model = model
         self.pool = pool
         self.keep_hidden = keep_hidden
@@ -79,7 +84,10 @@ class CausalLMRunner:
                 raise ValueError(f"{type(model).__name__} has no model.norm: cannot keep its hidden states")
             norm.register_forward_hook(lambda _m, _i, out: self._captured.append(out.detach()))
         # Batched forwards need the model's attention switched to the ragged implementation.
-        self.batching = batching and enable_ragged(model)
+        self.row_invariant = row_invariant
+        if row_invariant and not enable_ragged(model, row_invariant=True):
+            raise ValueError(f"{type(model).__name__}: attention cannot be switched to row-invariant attention")
+        self.batching = batching and (row_invariant or enable_ragged(model))
         self.device = next(model.parameters()).device
         self._cache_arg = cache_argument(model)
 
@@ -156,7 +164,7 @@ class CausalLMRunner:
         return _Plan(item, kv, reuse, rolled_back, list(ids[reuse:]))
 
     def _forward_plans(self, plans: list["_Plan"]) -> list[torch.Tensor]:
-        if len(plans) == 1:
+        if len(plans) == 1 and not self.row_invariant:
             p = plans[0]
             return [self._forward(p.kv.cache, p.new_ids, p.reuse, p.keep)]
         return self._forward_packed(plans)
@@ -170,7 +178,8 @@ class CausalLMRunner:
 
     def _forward_packed(self, plans: list["_Plan"]) -> list[torch.Tensor]:
         ids, positions, mask = packed_inputs([p.new_ids for p in plans], [p.reuse for p in plans], self.device)
-        cache = RaggedCache([p.kv.cache for p in plans], [len(p.new_ids) for p in plans])
+        cache = RaggedCache([p.kv.cache for p in plans], [len(p.new_ids) for p in plans],
+                            [p.keep for p in plans] if self.row_invariant else None)
         keep = torch.cat([torch.arange(end - p.keep, end) for p, (_, end) in zip(plans, cache.spans)])
         out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
                          logits_to_keep=keep.to(self.device), **{self._cache_arg: cache})
