@@ -89,6 +89,7 @@ class InProcessStack:
     draft_kind: str = "model"
     redis_url: str = ""
     threads: int = 1
+    target_dtype: str = ""               # e.g. "int8": the target's --dtype ("": SPECDEC_DTYPE or auto)
 
     def start(self) -> "InProcessStack":
         self.loop = asyncio.new_event_loop()
@@ -112,7 +113,8 @@ class InProcessStack:
 
     async def _start(self) -> None:
         torch.set_num_threads(self.threads)
-        tcfg = ModelServiceConfig(role="target", model=self.target_model, cache_budget_bytes=1 << 30)
+        tcfg = ModelServiceConfig(role="target", model=self.target_model, cache_budget_bytes=1 << 30,
+                                  **({"dtype": self.target_dtype} if self.target_dtype else {}))
         dcfg = ModelServiceConfig(role="draft", model=self.draft_model, draft_kind=self.draft_kind,
                                   cache_budget_bytes=1 << 30)
         self.target_bundle = await asyncio.to_thread(load_target, tcfg)

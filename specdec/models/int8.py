@@ -9,10 +9,12 @@ against the target as served. Here every row is scaled to max |x| = 1 first and 
 on its own (per-token activation scales) and its output is the same whatever rows share the call.
 The output is scaled back per row and the bias added in float32.
 
-Limit: attention's float32 sums differ in the last bits between a 1-row step and a k + 1-row
-verify, and a per-row int8 rounding can turn that into a whole quantization step, so int8 greedy
-speculation can leave the 1-row decode at a token that is not a near-tie (seen once in a 64-token
-bench run); it is identical to the int8 target verifying the same rows.
+Attention: these linears are row-invariant, but SDPA over k + 1 query rows rounds differently in
+the last bits from the 1-row call, and a per-row int8 rounding can turn that into a whole
+quantization step (seen in the bench: k = 4 left k = 0 on a grounded prompt at token 61, top-2 gap
+0.32). So an int8 target runs row-invariant attention by default (SPECDEC_ROW_INVARIANT=auto,
+specdec/engine/ragged.py): the rows whose logits a pass returns attend one at a time, exactly as a
+1-row decode step does, and every such row is bitwise the 1-row step's (tested).
 
 Embeddings stay float32; a tied LM head gets its own int8 copy. Activations, attention, norms and
 the KV cache stay float32 (ModelInfo.dtype says "int8": int8 weights, float32 activations).
