@@ -50,6 +50,12 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
         return response
 
 
+    async def ProposeStream(self, requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Propose calls one after another on one stream (specdec/server/streams.py)."""
+        async for response in self.round_stream(requests, lambda request: self.Propose(request, context)):
+            yield response
+
+
 def add_to_server(servicer: DraftServicer, server: grpc.aio.Server) -> None:
     draft_pb2_grpc.add_DraftServicer_to_server(servicer, server)
 

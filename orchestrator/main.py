@@ -56,6 +56,9 @@ async def serve(cfg: OrchestratorConfig) -> None:
     store = SessionStore(open_redis(cfg.redis_url), prefix=cfg.redis_prefix, ttl_seconds=cfg.session_ttl_s)
     deps = Deps(cfg=cfg, store=store, runner=RoundRunner(draft, target, cfg.retry, local_ngram(cfg)), prompter=Prompter(tokenizer),
                 eos_ids=frozenset(), max_context=0, owner=f"orch-{uuid.uuid4().hex[:12]}", model_name="")
+    for pool in (target, draft):
+        if pool is not None:
+            pool.on_context_resend = deps.metrics.observe_context_resend
     servicer = OrchestratorServicer(deps, pair, Admission(cfg.max_concurrent, metrics=deps.metrics))
     serve_metrics(cfg.server.metrics_port, deps.metrics.registry)
     app = GrpcApp(SERVICE_NAME, cfg.server, cfg.auth_tokens)

@@ -36,6 +36,7 @@ from specdec.server.tls import channel_credentials
 from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
 from orchestrator.delta import ContextSend, is_context_miss
+from orchestrator.streams import STREAM_METHODS, RoundStreams
 
 log = logging.getLogger("specdec.orchestrator")
 
@@ -64,6 +65,7 @@ class Replica:
     address: str
     channel: grpc.aio.Channel
     stub: Any
+    streams: RoundStreams
     info: common_pb2.ModelInfo | None = None
     error: str = ""          # why it cannot be used (incompatible tokenizer, Info failed)
     incompatible: bool = False  # the error is a tokenizer mismatch (not transient)
@@ -80,6 +82,8 @@ class ReplicaPool:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     replicas: dict[str, Replica] = field(default_factory=dict)
     set: ReplicaSet = field(init=False)
+    # called with the role each time a replica's context miss makes a call resend the whole context
+    on_context_resend: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         self.set = ReplicaSet(make_resolver(self.addresses), self.routing)
@@ -97,7 +101,8 @@ class ReplicaPool:
         ]
         channel = (grpc.aio.secure_channel(address, creds, options=opts) if creds
                    else grpc.aio.insecure_channel(address, options=opts))
-        return Replica(address, channel, STUBS[self.role](channel))
+        stub = STUBS[self.role](channel)
+        return Replica(address, channel, stub, RoundStreams(stub, self._metadata, self.retry.idle_streams_max))
 
     async def refresh(self) -> None:
         """Re-resolve the pool; connect to new replicas and ask them for Info."""
@@ -107,7 +112,9 @@ class ReplicaPool:
                 self.replicas[address] = self._connect(address)
         for address in list(self.replicas):
             if address not in self.set.replicas:
-                await self.replicas.pop(address).channel.close()
+                gone = self.replicas.pop(address)
+                gone.streams.close_idle()
+                await gone.channel.close()
         stale = [r for r in self.replicas.values() if r.info is None or r.address in self.set.unhealthy]
         await asyncio.gather(*(self._fetch_info(r) for r in stale))
 
@@ -187,27 +194,35 @@ class ReplicaPool:
             await asyncio.sleep(min(self.retry.backoff_s * (attempt + 1), max(0.0, deadline - time.monotonic())))
         raise Unavailable(f"no {self.role} replica could serve the call ({'; '.join(errors) or 'none available'})")
 
+    def _invoke(self, replica: Replica, method: str, request: Any, timeout: float) -> Awaitable[Any]:
+        """One Propose/Verify (or other) call: on a round stream where the replica serves them
+        (orchestrator/streams.py), else unary."""
+        if (self.retry.round_streams and method in STREAM_METHODS and replica.info is not None
+                and replica.info.round_streams):
+            return replica.streams.call(method, request, timeout)
+        return getattr(replica.stub, method)(request, timeout=timeout, metadata=self._metadata())
+
     async def _send(self, replica: Replica, method: str, request: Any, timeout: float,
                     context: ContextSend | None) -> Any:
         """One call to one replica; a context miss is resent at once with the whole context."""
-        stub_method = getattr(replica.stub, method)
         if context is None:
-            return await stub_method(request, timeout=timeout, metadata=self._metadata())
+            return await self._invoke(replica, method, request, timeout)
         deadline = time.monotonic() + timeout
         context.fill(request, replica.address, replica.info)
         try:
-            response = await stub_method(request, timeout=timeout, metadata=self._metadata())
+            response = await self._invoke(replica, method, request, timeout)
         except grpc.aio.AioRpcError as exc:
             if not is_context_miss(exc) or not request.HasField("prefix_hash"):
                 context.forget(replica.address)
                 raise
             context.missed(replica.address)
+            if self.on_context_resend is not None:
+                self.on_context_resend(self.role)
             log.info("%s replica %s did not hold session %s's context (%s): resending it whole", self.role,
                      replica.address, request.session_id, exc.details())
             context.fill(request, replica.address, replica.info)
             try:
-                response = await stub_method(request, timeout=max(0.0, deadline - time.monotonic()),
-                                             metadata=self._metadata())
+                response = await self._invoke(replica, method, request, max(0.0, deadline - time.monotonic()))
             except grpc.aio.AioRpcError:
                 context.forget(replica.address)
                 raise
@@ -223,4 +238,5 @@ class ReplicaPool:
 
     async def close(self) -> None:
         for r in self.replicas.values():
+            r.streams.close_idle()
             await r.channel.close()

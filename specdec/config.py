@@ -269,6 +269,10 @@ class RetryConfig:
     min_deadline_s: float = 0.05           # below this much of the client's deadline left: DEADLINE_EXCEEDED
     reconnect_initial_s: float = 0.2       # channel reconnect backoff toward a replica that went away
     reconnect_max_s: float = 2.0           # (gRPC's default grows to 120 s: a restarted replica would wait)
+    # Propose/Verify over long-lived bidirectional streams where the replica serves them (ModelInfo.round_streams;
+    # orchestrator/streams.py); off: one unary call per round, as older orchestrators do.
+    round_streams: bool = field(default_factory=lambda: env_bool("SPECDEC_ROUND_STREAMS", True))
+    idle_streams_max: int = 64             # idle round streams kept per replica and method (more are closed)
 
 
 @dataclass

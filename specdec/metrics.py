@@ -150,6 +150,9 @@ class OrchestratorMetrics:
         self.rejected = Counter(f"{PREFIX}_admission_rejected", "requests refused at admission", registry=r)
         self.k_per_round = Histogram(f"{p}_k", "draft tokens asked per round (adaptive: the k it chose)",
                                      ["mode"], buckets=K_BUCKETS, registry=r)
+        self.context_resends = Counter(f"{PREFIX}_context_resends",
+                                       "calls resent with the whole context after a replica's context miss "
+                                       "(delta rounds: evicted, restarted or another replica)", ["role"], registry=r)
         self.target_batch = Histogram(f"{PREFIX}_round_target_batch_size",
                                       "sessions the target verified in the same forward pass as this round",
                                       buckets=BATCH_SIZE_BUCKETS, registry=r)
@@ -169,6 +172,10 @@ class OrchestratorMetrics:
             self.round_seconds.labels(part=part).observe(ms / MS_PER_S)
         if kept:
             self.itl.observe(wall_ms / MS_PER_S / kept)
+
+    def observe_context_resend(self, role: str) -> None:
+        """One call of the `role` pool resent with the whole context (ReplicaPool.on_context_resend)."""
+        self.context_resends.labels(role=role).inc()
 
     def observe_load(self, k: int, target_batch: int, adaptive: bool) -> None:
         """The k a round asked for and the target batch it rode in (0: not reported, e.g. a degraded round)."""

@@ -60,6 +60,12 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
         return response
 
 
+    async def VerifyStream(self, requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Verify calls one after another on one stream (specdec/server/streams.py)."""
+        async for response in self.round_stream(requests, lambda request: self.Verify(request, context)):
+            yield response
+
+
 def hidden_from(request: target_pb2.VerifyRequest, position_base: int) -> int:
     """The context-relative position to return hidden states from (-1 = none asked); position_base: the
     absolute position of the resolved context's first token."""

@@ -61,6 +61,8 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, details.method))
         if handler.unary_stream is not None:
             return handler._replace(unary_stream=_wrap_stream(handler.unary_stream, details.method))
+        if handler.stream_stream is not None:  # round streams: a call's error ends the stream with its status
+            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream, details.method))
         return handler
 
 
@@ -92,9 +94,11 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         message = "missing or invalid bearer token (metadata 'authorization: Bearer <token>')"
-        if handler.unary_stream is not None:
+        if handler.response_streaming:
             async def abort_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
                 yield  # pragma: no cover - makes this an async generator
+            if handler.request_streaming:
+                return grpc.stream_stream_rpc_method_handler(abort_stream)
             return grpc.unary_stream_rpc_method_handler(abort_stream)
         return _deny(grpc.StatusCode.UNAUTHENTICATED, message)

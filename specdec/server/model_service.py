@@ -30,6 +30,7 @@ from specdec.errors import Unavailable
 from specdec.metrics import model_service_registry, serve_metrics
 from specdec.protocol import PROTOCOL_VERSION
 from specdec.server.app import GrpcApp
+from specdec.server.streams import serve_round_stream
 from specdec.v1 import common_pb2
 
 log = logging.getLogger("specdec.server")
@@ -71,6 +72,7 @@ class ModelServiceBase:
         self.worker = ModelWorker(role)
         self.context_store_tokens = DEFAULT_CONTEXT_STORE_TOKENS
         self._contexts: ContextStore | None = None
+        self.draining = asyncio.Event()   # set on SIGTERM: round streams end (specdec/server/streams.py)
 
     def context_store(self) -> ContextStore:
         """The sessions' contexts held for delta rounds (created once the model is loaded)."""
@@ -90,7 +92,11 @@ class ModelServiceBase:
         context.set_trailing_metadata(worker_metadata(self.worker.state) + kernel_metadata(bundle.kernels))
         return common_pb2.ModelInfo(protocol_version=PROTOCOL_VERSION, role=self.role, **bundle.info,
                                     context_delta=self.context_store_tokens > 0,
-                                    context_store_tokens=self.context_store_tokens)
+                                    context_store_tokens=self.context_store_tokens, round_streams=True)
+
+    def round_stream(self, requests: Any, handle: Callable[[Any], Any]) -> Any:
+        """A round stream's responses (ProposeStream / VerifyStream): `handle` answers each request."""
+        return serve_round_stream(requests, handle, self.draining)
 
     async def Stats(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ServiceStats:
         state, pool = self.worker.state, self.bundle.pool if self.bundle is not None else None
@@ -155,6 +161,6 @@ async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase,
     await app.set_serving(True)
     stop = asyncio.Event()
     watcher = asyncio.create_task(watch_health(app, servicer.worker, cfg.health, stop))
-    await app.run_until_stopped(on_drain=stop.set)
+    await app.run_until_stopped(on_drain=lambda: (stop.set(), servicer.draining.set()))
     await watcher
     servicer.worker.shutdown()

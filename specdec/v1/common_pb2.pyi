@@ -61,7 +61,7 @@ class HiddenStates(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., rows: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., first_position: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("protocol_version", "role", "model_id", "draft_kind", "vocab_size", "logits_width", "tokenizer_fingerprint", "eos_token_ids", "max_context", "special_tokens", "device", "dtype", "hidden_size", "cache_budget_bytes", "max_k", "max_batch", "needs_target_hidden", "keeps_hidden", "context_delta", "context_store_tokens")
+    __slots__ = ("protocol_version", "role", "model_id", "draft_kind", "vocab_size", "logits_width", "tokenizer_fingerprint", "eos_token_ids", "max_context", "special_tokens", "device", "dtype", "hidden_size", "cache_budget_bytes", "max_k", "max_batch", "needs_target_hidden", "keeps_hidden", "context_delta", "context_store_tokens", "round_streams")
     class SpecialTokensEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,7 @@ class ModelInfo(_message.Message):
     KEEPS_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_STORE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_STREAMS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: str
     role: str
     model_id: str
@@ -109,7 +110,8 @@ class ModelInfo(_message.Message):
     keeps_hidden: bool
     context_delta: bool
     context_store_tokens: int
-    def __init__(self, protocol_version: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., draft_kind: _Optional[str] = ..., vocab_size: _Optional[int] = ..., logits_width: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_context: _Optional[int] = ..., special_tokens: _Optional[_Mapping[str, int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., hidden_size: _Optional[int] = ..., cache_budget_bytes: _Optional[int] = ..., max_k: _Optional[int] = ..., max_batch: _Optional[int] = ..., needs_target_hidden: _Optional[bool] = ..., keeps_hidden: _Optional[bool] = ..., context_delta: _Optional[bool] = ..., context_store_tokens: _Optional[int] = ...) -> None: ...
+    round_streams: bool
+    def __init__(self, protocol_version: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., draft_kind: _Optional[str] = ..., vocab_size: _Optional[int] = ..., logits_width: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_context: _Optional[int] = ..., special_tokens: _Optional[_Mapping[str, int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., hidden_size: _Optional[int] = ..., cache_budget_bytes: _Optional[int] = ..., max_k: _Optional[int] = ..., max_batch: _Optional[int] = ..., needs_target_hidden: _Optional[bool] = ..., keeps_hidden: _Optional[bool] = ..., context_delta: _Optional[bool] = ..., context_store_tokens: _Optional[int] = ..., round_streams: _Optional[bool] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

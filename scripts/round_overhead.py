@@ -1,0 +1,108 @@
+"""Per-round overhead side by side: unary calls vs round streams, 1 vs 2 torch threads, by context length.
+
+One local stack: Redis, one target per thread count, and for each target two orchestrators on it, one
+with round streams (the default) and one with SPECDEC_ROUND_STREAMS=0 (one unary call per round, as
+before). Prompts of every set run through the four orchestrators interleaved (A B C D A B C D ...), so
+load on the machine hits every configuration alike. Reports the p50 of RoundOutcome.overhead_ms (round
+wall time at the orchestrator minus draft and target forward time: what `specdec bench` reports as
+`overhead_ms_p50`) over decode rounds, per configuration and context-length band, with the load average
+at start and end. The n-gram draft runs in the orchestrator (the bench's default), so a round is one
+target call.
+
+    PYTHONPATH=$PWD .venv/bin/python scripts/round_overhead.py --k 0,4 --tokens 48 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+
+from specdec.bench.plan import load_prompts
+from specdec.launcher import LocalStack, StackConfig
+from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import orchestrator_pb2_grpc
+
+BANDS = ((0, 150), (150, 1000), (1000, 3000), (3000, 6000), (6000, 9000))
+
+
+def band(tokens: int) -> str:
+    lo, hi = next(b for b in BANDS if b[0] <= tokens < b[1])
+    return f"{lo}-{hi}"
+
+
+def generate(stub, user: str, k: int, tokens: int) -> list:
+    req = pb.GenerateRequest(max_new_tokens=tokens, ignore_eos=True, trace=True, k=k, request_id=uuid.uuid4().hex)
+    req.messages.messages.add(role="user", content=user)
+    req.sampling.temperature = 0.0
+    rounds = []
+    for chunk in stub.GenerateStream(req, timeout=600):
+        rounds += list(chunk.rounds)
+    return rounds[1:]                       # round 0 carries the prefill
+
+
+def start(threads: list[int]) -> tuple[LocalStack, dict[str, str]]:
+    stack = LocalStack(StackConfig(threads=threads[0], draft_replicas=0))
+    stack.cfg.draft_replicas = 0
+    stack.start()
+    orchestrators = {}
+    for n in threads:
+        target = stack.targets[0] if n == threads[0] else None
+        if target is None:
+            stack.cfg.threads = n
+            target = stack.start_target()
+            stack.wait_ready(target)
+        for streams in ("1", "0"):
+            proc = stack.start_orchestrator(targets=[target], drafts=[], env={"SPECDEC_ROUND_STREAMS": streams})
+            stack.wait_ready(proc)
+            stack.wait_connected(proc, [target])
+            orchestrators[f"t{n}-{'stream' if streams == '1' else 'unary'}"] = proc.address
+    return stack, orchestrators
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--k", default="0,4")
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--prompts", default="open,grounded,long")
+    ap.add_argument("--per-set", type=int, default=2)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    ks = [int(x) for x in args.k.split(",")]
+    prompts = load_prompts(args.prompts.split(","), args.per_set)
+    stack, orchestrators = start([int(x) for x in args.threads.split(",")])
+    stubs = {name: orchestrator_pb2_grpc.OrchestratorStub(grpc.insecure_channel(a)) for name, a in orchestrators.items()}
+    load_start = os.getloadavg()
+    samples: dict[str, list[float]] = {}
+    try:
+        for name, stub in stubs.items():     # warm-up, discarded
+            generate(stub, prompts[0].user, ks[-1], 8)
+        for _ in range(args.repeats):
+            for p in prompts:
+                for k in ks:
+                    for name, stub in stubs.items():
+                        for r in generate(stub, p.user, k, args.tokens):
+                            samples.setdefault(f"{name} k={k} ctx={band(r.context_tokens)}", []).append(r.overhead_ms)
+    finally:
+        stack.stop()
+    load_end = os.getloadavg()
+    table = {key: {"p50": statistics.median(v), "n": len(v)} for key, v in sorted(samples.items())}
+    print(f"load average at start {load_start}, at end {load_end}")
+    for key, row in table.items():
+        print(f"{key:40s} overhead p50 {row['p50']:6.3f} ms  (n={row['n']})")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"load_start": load_start, "load_end": load_end, "args": vars(args),
+                                              "overhead_ms_p50": table}, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

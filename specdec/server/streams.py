@@ -1,0 +1,42 @@
+"""The service side of round streams: many Propose/Verify calls on one bidirectional stream.
+
+A round stream (Draft.ProposeStream, Target.VerifyStream; docs/protocol.md "Round streams") carries
+one call at a time: the service reads a request, answers it exactly as the unary method would, then
+reads the next. What the unary call pays per round and the stream does not: a new HTTP/2 stream,
+its headers and trailers, the interceptors' per-call setup, and a wake-up of the service's event loop
+for each of them (measured in docs/performance.md, "Where the per-round overhead goes").
+
+  * A call's error ends the stream with that call's status and trailing metadata (ErrorMappingInterceptor
+    maps it as for the unary call, so a context miss reads the same); the caller opens a new stream.
+  * Draining (SIGTERM): the call being answered is finished, then the stream ends with OK, and an idle
+    stream ends at once, so a drain never waits out its grace period for streams that carry nothing.
+    The caller sees the end of the stream before a response and retries the call elsewhere (the
+    request was never read, so no token is lost or doubled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+
+async def serve_round_stream(requests: AsyncIterator[Any], handle: Callable[[Any], Awaitable[Any]],
+                             draining: asyncio.Event) -> AsyncIterator[Any]:
+    """Answer each request of the stream with `handle(request)`, in order, until the caller ends the
+    stream or the service drains (see the module docstring)."""
+    iterator = requests.__aiter__()
+    drained = asyncio.ensure_future(draining.wait())
+    try:
+        while not draining.is_set():
+            read = asyncio.ensure_future(iterator.__anext__())
+            await asyncio.wait((read, drained), return_when=asyncio.FIRST_COMPLETED)
+            if not read.done():            # draining while idle: end the stream (OK) without reading on
+                read.cancel()
+                return
+            try:
+                request = read.result()
+            except StopAsyncIteration:     # the caller closed its side
+                return
+            yield await handle(request)
+    finally:
+        drained.cancel()
