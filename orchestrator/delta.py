@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import grpc
 
+from specdec.core.ngram import NgramIndex, NgramProposer
 from specdec.core.prefix_hash import PrefixHashes
 from specdec.errors import CONTEXT_MISS_METADATA
 
@@ -38,6 +39,14 @@ class ContextWire:
     hashes: PrefixHashes = field(default_factory=PrefixHashes)
     held: dict[tuple[str, str], int] = field(default_factory=dict)   # (role, address) -> tokens held
     _last: int = -1                      # the last token hashed (detects a context that was rewritten)
+    ngram: NgramIndex | None = None      # the generation's prompt-lookup index (the orchestrator's n-gram draft)
+
+    def lookup(self, proposer: NgramProposer) -> NgramIndex:
+        """The generation's incremental prompt-lookup index (made on first use with `proposer`'s settings):
+        a round's lookup indexes only the tokens the context gained, not the whole context."""
+        if self.ngram is None:
+            self.ngram = proposer.index()
+        return self.ngram
 
     def sync(self, context: Sequence[int]) -> None:
         """Hash the tokens the context gained since the last round (all of it when it was rewritten)."""

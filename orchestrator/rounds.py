@@ -140,7 +140,10 @@ class RoundRunner:
         """The model-free n-gram draft, in this process: no network hop. Its lookup time is the draft's
         step (draft_ms), like a model draft's forward, not overhead."""
         start = time.perf_counter()
-        draft_ids = self.local_ngram.propose(req.context_ids, req.k)
+        if req.wire is not None:   # the generation's index: O(new tokens), not O(context), per round
+            draft_ids = req.wire.lookup(self.local_ngram).propose(req.context_ids, req.k)
+        else:
+            draft_ids = self.local_ngram.propose(req.context_ids, req.k)
         response = draft_pb2.ProposeResponse(draft_ids=draft_ids, draft_kind=NGRAM)
         response.stats.forward_ms = (time.perf_counter() - start) * MS_PER_S
         return response

@@ -70,6 +70,60 @@ def propose_ngram(
     return []
 
 
+class NgramIndex:
+    """Prompt lookup over a growing context in O(k) per call: propose_ngram's answer, without its pass
+    over the whole context.
+
+    For each n in [min_n, max_n] a dict maps every n-gram of the context seen so far to its earliest
+    (prefer="earliest") or latest (prefer="recent") start. A call indexes only the windows the context
+    gained since the last call (all but the window ending at the last token: the suffix never matches
+    itself), then looks the suffix up. A context that is not a continuation of the last one (shorter,
+    or another token where the last call's context ended) is indexed afresh. One generation's context
+    per index; about n_sizes dict entries per token.
+    """
+
+    def __init__(self, min_n: int = DEFAULT_MIN_N, max_n: int = DEFAULT_MAX_N, prefer: str = DEFAULT_PREFER) -> None:
+        self.min_n, self.max_n, self.prefer = min_n, max_n, prefer
+        self._starts: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
+        self._ends = 0          # windows ending before context[_ends - 1] are indexed
+        self._last = -1         # the context's token at _ends - 1 when last indexed
+
+    def _sync(self, context: Sequence[int]) -> None:
+        length = len(context)
+        if length < self._ends or (self._ends and context[self._ends - 1] != self._last):
+            self._starts = {n: {} for n in self._starts}
+            self._ends = 0
+        first = max(self._ends, 1)                  # new windows end (exclusive) at first .. length - 1
+        for n, starts in self._starts.items():
+            lo, hi = max(first - n, 0), length - 1 - n    # their starts (a window never ends at the last token)
+            if hi < lo:
+                continue
+            windows = zip(*(context[lo + i: hi + 1 + i] for i in range(n)))
+            if self.prefer == RECENT:
+                starts.update(zip(windows, range(lo, hi + 1)))
+                continue
+            for start, window in enumerate(windows, lo):
+                if window not in starts:
+                    starts[window] = start
+        self._ends = max(self._ends, length)
+        if length:
+            self._last = context[length - 1]
+
+    def propose(self, context_ids: Sequence[int], k: int) -> list[int]:
+        """propose_ngram(context_ids, k, min_n, max_n, prefer), for a context that grew since the last call."""
+        self._sync(context_ids)
+        length = len(context_ids)
+        if k <= 0:
+            return []
+        for n in range(self.max_n, self.min_n - 1, -1):
+            if n >= length:
+                continue
+            start = self._starts[n].get(tuple(context_ids[length - n:]))
+            if start is not None:
+                return list(context_ids[start + n: start + n + k])
+        return []
+
+
 class NgramProposer:
     """The prompt-lookup draft with its configured n-gram sizes and preference: what the draft
     service's n-gram draft (specdec.engine.draft.NgramDraft) and the orchestrator's in-process lookup
@@ -88,6 +142,10 @@ class NgramProposer:
     def has_match(self, context_ids: Sequence[int]) -> bool:
         """Whether the context's tail occurred before (with the configured sizes): `propose` would propose."""
         return bool(propose_ngram(context_ids, 1, min_n=self.min_n, max_n=self.max_n, prefer=self.prefer))
+
+    def index(self) -> NgramIndex:
+        """An incremental index with these settings, for one generation's growing context."""
+        return NgramIndex(self.min_n, self.max_n, self.prefer)
 
     def propose(self, context_ids: Sequence[int], k: int, min_n: int | None = None,
                 max_n: int | None = None) -> list[int]:

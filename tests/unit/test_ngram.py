@@ -88,3 +88,37 @@ def test_the_core_proposer_applies_its_settings_and_per_call_sizes():
         NgramProposer(1, 4, prefer="newest")
     with pytest.raises(ValueError, match="min_n"):
         NgramProposer(3, 2)
+
+
+@pytest.mark.parametrize("prefer", ["earliest", "recent"])
+@pytest.mark.parametrize("sizes", [(1, 4), (2, 3), (3, 3)])
+def test_the_incremental_index_answers_as_the_whole_context_lookup(prefer, sizes):
+    """NgramIndex grows with the context a few tokens a call and always proposes what propose_ngram
+    proposes from the whole context; a rewritten context is indexed afresh."""
+    import random
+
+    from specdec.core.ngram import NgramIndex
+
+    rng = random.Random(7)
+    min_n, max_n = sizes
+    for vocab in (3, 8, 50):
+        index, context = NgramIndex(min_n, max_n, prefer), []
+        for step in range(120):
+            context += [rng.randrange(vocab) for _ in range(rng.randrange(1, 5))]
+            if step == 60:                                    # rewritten: a shorter context, other tokens
+                context = context[:20] + [vocab + 1]
+            k = rng.randrange(0, 6)
+            assert index.propose(context, k) == propose_ngram(context, k, min_n, max_n, prefer), (vocab, step)
+
+
+def test_the_incremental_index_does_not_pass_over_the_context_again():
+    """A call indexes only the windows the context gained (counted: dict entries grow by the new tokens)."""
+    from specdec.core.ngram import NgramIndex
+
+    index = NgramIndex(2, 4)
+    context = list(range(5000))
+    index.propose(context, 4)
+    seen = sum(len(starts) for starts in index._starts.values())
+    context += [1, 2, 3]
+    assert index.propose(context, 4) == [4, 5, 6, 7]
+    assert sum(len(starts) for starts in index._starts.values()) - seen <= 3 * 3
