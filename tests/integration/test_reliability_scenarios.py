@@ -714,3 +714,27 @@ def test_drain_finishes_in_flight_and_refuses_new(env):
     tie = check_tokens(env, stream.tokens)
     assert proc.popen.wait(timeout=DRAIN_S + 5) == 0
     REPORT["8 drain"] = f"in-flight stream finished ({len(stream.tokens)} tokens {tie}), new call UNAVAILABLE, exit 0"
+
+
+def test_draining_target_ends_its_round_streams_and_loses_no_token(env):
+    """A target replica drained (SIGTERM) mid-generation: its round streams end after the call in flight
+    (idle ones at once), the generation goes on on the other target with no token lost or doubled, and
+    the drained target exits without waiting out its grace period for the streams it held."""
+    t1, d1 = env.stack.targets[0], env.stack.drafts[0]
+    sid = session_for("tdrain", t1, d1, env.stack)
+    stream = Stream(env.stub("A"), long_request(sid, "r1"))
+    stream.wait_tokens(KILL_AFTER)
+    drained_at = time.monotonic()
+    t1.popen.send_signal(signal.SIGTERM)
+    assert t1.popen.wait(timeout=DRAIN_S + 5) == 0
+    exited_after = time.monotonic() - drained_at
+    stream.finish()
+    assert stream.error is None and stream.final is not None and not stream.gaps, (stream.error, stream.gaps)
+    tie = check_tokens(env, stream.tokens)
+    assert stored_completion(env, sid) == stream.tokens
+    assert exited_after < DRAIN_S, f"the drained target waited {exited_after:.1f} s: its streams held the drain"
+    new, _ = restart_observing(env, t1)
+    wait_for(lambda: all(r.healthy for r in env.stub("A").Status(pb.StatusRequest(), timeout=5).replicas),
+             "orchestrator A sees T1 again")
+    REPORT["8 drain (target)"] = (f"target exited 0 {exited_after:.1f} s after SIGTERM (grace {DRAIN_S:.0f} s), "
+                                  f"generation finished elsewhere: {len(stream.tokens)} tokens, 0 lost/dup {tie}")
