@@ -225,3 +225,30 @@ def test_draining_finishes_the_call_in_flight_and_ends_idle_streams(scripted):
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         assert servicer.finished == 3
     run(stack, port, body)
+
+
+def test_a_stream_without_the_token_is_unauthenticated_and_a_malformed_message_invalid(stack):
+    """The auth and strict-parse interceptors cover the streams: a stream opened without the bearer token
+    ends UNAUTHENTICATED; a message that does not parse ends its stream INVALID_ARGUMENT."""
+    servicer = Scripted()
+
+    async def body():
+        app = GrpcApp("specdec.v1.Target", ServerConfig(host="127.0.0.1", port=0, drain_seconds=1.0), ("tok",))
+        port = await app.start(lambda s: target_pb2_grpc.add_TargetServicer_to_server(servicer, s))
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            stub = target_pb2_grpc.TargetStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await RoundStreams(stub, lambda: (), 4).call("Verify", verify(), 5.0)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            authed = RoundStreams(stub, lambda: (("authorization", "Bearer tok"),), 4)
+            assert (await authed.call("Verify", verify(n=4), 5.0)).next_token == 4
+            raw = channel.stream_stream("/specdec.v1.Target/VerifyStream")(metadata=(("authorization", "Bearer tok"),))
+            await raw.write(b"\xff\xff\xff")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await raw.read()
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "malformed" in err.value.details()
+        finally:
+            await channel.close()
+            await app.server.stop(grace=None)
+    stack.call(body())
