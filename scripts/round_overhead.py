@@ -90,8 +90,12 @@ def main() -> None:
             for p in prompts:
                 for k in ks:
                     for name, stub in stubs.items():
-                        for r in generate(stub, p.user, k, args.tokens):
+                        rounds = generate(stub, p.user, k, args.tokens)
+                        for r in rounds:
                             samples.setdefault(f"{name} k={k} ctx={band(r.context_tokens)}", []).append(r.overhead_ms)
+                        print(f"{p.set}/{p.id} {name} k={k}: context {rounds[0].context_tokens if rounds else 0}, "
+                              f"overhead p50 {statistics.median([r.overhead_ms for r in rounds] or [0]):.3f} ms, "
+                              f"load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         stack.stop()
     load_end = os.getloadavg()
