@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -48,6 +49,12 @@ def generate(stub, user: str, k: int, tokens: int) -> list:
     return rounds[1:]                       # round 0 carries the prefill
 
 
+def cpu_ms(pid: int) -> float:
+    """User + system CPU time of a process so far (ms; /proc resolution: one clock tick)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
 def start(threads: list[int]) -> tuple[LocalStack, dict[str, str]]:
     stack = LocalStack(StackConfig(threads=threads[0], draft_replicas=0))
     stack.cfg.draft_replicas = 0
@@ -63,7 +70,7 @@ def start(threads: list[int]) -> tuple[LocalStack, dict[str, str]]:
             proc = stack.start_orchestrator(targets=[target], drafts=[], env={"SPECDEC_ROUND_STREAMS": streams})
             stack.wait_ready(proc)
             stack.wait_connected(proc, [target])
-            orchestrators[f"t{n}-{'stream' if streams == '1' else 'unary'}"] = proc.address
+            orchestrators[f"t{n}-{'stream' if streams == '1' else 'unary'}"] = proc
     return stack, orchestrators
 
 
@@ -79,8 +86,11 @@ def main() -> None:
     args = ap.parse_args()
     ks = [int(x) for x in args.k.split(",")]
     prompts = load_prompts(args.prompts.split(","), args.per_set)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))   # `timeout` still stops the stack (finally)
     stack, orchestrators = start([int(x) for x in args.threads.split(",")])
-    stubs = {name: orchestrator_pb2_grpc.OrchestratorStub(grpc.insecure_channel(a)) for name, a in orchestrators.items()}
+    stubs = {name: orchestrator_pb2_grpc.OrchestratorStub(grpc.insecure_channel(p.address))
+             for name, p in orchestrators.items()}
+    cpu: dict[str, list[float]] = {}       # key -> [orchestrator CPU ms, rounds]
     load_start = os.getloadavg()
     samples: dict[str, list[float]] = {}
     try:
@@ -90,7 +100,13 @@ def main() -> None:
             for p in prompts:
                 for k in ks:
                     for name, stub in stubs.items():
+                        pid = orchestrators[name].popen.pid
+                        before = cpu_ms(pid)
                         rounds = generate(stub, p.user, k, args.tokens)
+                        used = cpu_ms(pid) - before
+                        if rounds:
+                            acc = cpu.setdefault(f"{name} k={k} ctx={band(rounds[0].context_tokens)}", [0.0, 0])
+                            acc[0], acc[1] = acc[0] + used, acc[1] + len(rounds) + 1
                         for r in rounds:
                             samples.setdefault(f"{name} k={k} ctx={band(r.context_tokens)}", []).append(r.overhead_ms)
                         print(f"{p.set}/{p.id} {name} k={k}: context {rounds[0].context_tokens if rounds else 0}, "
@@ -99,10 +115,14 @@ def main() -> None:
     finally:
         stack.stop()
     load_end = os.getloadavg()
-    table = {key: {"p50": statistics.median(v), "n": len(v)} for key, v in sorted(samples.items())}
+    table = {key: {"p50": statistics.median(v), "n": len(v),
+                   "orchestrator_cpu_ms_per_round": cpu[key][0] / cpu[key][1] if key in cpu else None}
+             for key, v in sorted(samples.items())}
     print(f"load average at start {load_start}, at end {load_end}")
     for key, row in table.items():
-        print(f"{key:40s} overhead p50 {row['p50']:6.3f} ms  (n={row['n']})")
+        cpu_round = row["orchestrator_cpu_ms_per_round"]
+        print(f"{key:40s} overhead p50 {row['p50']:6.3f} ms  (n={row['n']})  orchestrator CPU/round "
+              f"{'-' if cpu_round is None else f'{cpu_round:.2f}'} ms")
     if args.out:
         Path(args.out).write_text(json.dumps({"load_start": load_start, "load_end": load_end, "args": vars(args),
                                               "overhead_ms_p50": table}, indent=1))
