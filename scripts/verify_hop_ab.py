@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import statistics
+import sys
 import time
 
 import grpc
@@ -61,6 +63,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--k", type=int, default=4)
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))   # `timeout` still stops the target (finally)
     stack = LocalStack(StackConfig(threads=args.threads))
     try:
         target = stack.start_target()
