@@ -28,6 +28,7 @@ MEASURE_COLUMNS = {"tok/s": "tokens_per_s", "× our k=0": "speedup", "× HF prom
                    "tokens / round": "mean_accepted_length"}
 TEXT_COLUMNS = ("prompts", "configuration", "JSON", "command", "CPU")
 NOT_APPLICABLE = "–"
+LLAMACPP = "llamacpp"   # the bench's llama.cpp anchor (result["llamacpp"]["tok_s"][set])
 
 
 @dataclass
@@ -93,7 +94,11 @@ def backticked(cell: str) -> list[str]:
 
 
 def json_value(result: dict[str, Any], prompt_set: str, measure: str, config: str) -> float | None:
-    """The median (or the single count) of one measure, None when the run has no such value."""
+    """The median (or the single count) of one measure, None when the run has no such value. The
+    llama.cpp anchor (`llamacpp`) has one measure, its tok/s per prompt set."""
+    if config == LLAMACPP:
+        tok_s = result.get(LLAMACPP, {}).get("tok_s", {})
+        return tok_s.get(prompt_set) if measure == "tokens_per_s" else None
     value = result.get(prompt_set, {}).get(measure, {}).get(config)
     if isinstance(value, dict):
         value = value.get("median")
@@ -163,8 +168,12 @@ def _setting_errors(row: dict[str, str], path: str, result: dict[str, Any], wher
     if row["CPU"] != cpu:
         errors.append(f"{where}: CPU {row['CPU']!r}, the JSON recorded {cpu!r}")
     label = row["configuration"]
-    dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(label.split(",")[0])
-    if dtype != settings["dtype"]:
+    dtype = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}.get(label.split(",")[0])
+    if backticked(label) == [LLAMACPP]:
+        anchor = result.get(LLAMACPP, {})
+        if anchor.get("gguf", "") not in label:
+            errors.append(f"{where}: label {label!r} does not name llama.cpp's GGUF {anchor.get('gguf')!r}")
+    elif dtype != settings["dtype"]:
         errors.append(f"{where}: label {label!r} does not name the dtype {settings['dtype']}")
     cap = re.search(r"adaptive k ≤ (\d+)", label)
     if cap and int(cap[1]) != settings["adaptive_k_cap"]:
