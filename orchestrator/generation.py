@@ -10,7 +10,8 @@
   6. stream the text delta (and the round, with trace).
 Rounds are pipelined: round r+1 starts (1-2) as soon as round r's tokens are known
 (3-4) and runs while round r's tokens are stored (5) and streamed (6); a chunk never
-leaves before its tokens are in Redis.
+leaves before its tokens are in Redis. With overlap (GenerateRequest.overlap, docs/overlap.md)
+the draft also drafts round r+1's block while round r verifies (orchestrator/overlap.py).
 
 Reliability (see docs/reliability.md):
   * Lease: the orchestrator holds the session's lease (LeaseConfig.seconds, default 6 s)
@@ -54,16 +55,17 @@ from typing import Any, AsyncIterator
 from specdec.config import OrchestratorConfig
 from specdec.errors import InvalidArgument, NotFound
 from specdec.metrics import OrchestratorMetrics
-from specdec.params import GenerationParams, field_or_default, resolve_generation
+from specdec.params import MODEL, GenerationParams, field_or_default, resolve_generation
 from specdec.v1 import orchestrator_pb2 as pb
 
-from orchestrator.adaptive import AcceptanceTracker, CostModel, choose_k
+from orchestrator.adaptive import NO_DRAFT, AcceptanceTracker, CostModel, choose_k
 from orchestrator.detokenize import IncrementalDetokenizer
 from orchestrator.features import HiddenRelay
 from orchestrator.idempotency import RunningRequests, check_reuse, request_fingerprint
 from orchestrator.lease import SessionLease, store_errors
 from orchestrator.prompting import Message, Prompter
 from orchestrator.delta import ContextWire
+from orchestrator.overlap import AheadCosts, PreDraft, discard, hit_probability, worth_overlapping
 from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner
 from orchestrator.session_store import Session, SessionBusy, SessionStore
 from orchestrator.stats import StatsCollector, count_emitted
@@ -134,6 +136,8 @@ class Generation:
         self.acceptance: dict[str, AcceptanceTracker] = {}   # per proposer (orchestrator/adaptive.py)
         self.relay = HiddenRelay()          # the target's hidden states on their way to a feature draft
         self.wire = ContextWire()           # what each replica holds of the context (delta rounds)
+        self.overlap = deps.cfg.overlap.enabled if self.params.overlap is None else self.params.overlap
+        self.ahead: PreDraft | None = None  # the next round's block, drafted ahead (orchestrator/overlap.py)
         self.state: State | None = None
 
     async def chunks(self) -> AsyncIterator[pb.GenerateChunk]:
@@ -278,7 +282,7 @@ class Generation:
         self.deps.costs.observe_batch(outcome.target_batch)
         if proposed:
             self._tracker(outcome.proposer).observe(proposed, outcome.num_accepted)
-        if outcome.target_computed <= proposed + 1 and not outcome.degraded:
+        if outcome.target_computed <= proposed + 1 and not outcome.degraded and not outcome.predrafted:
             self.deps.costs.observe(proposed, proposed + 1, outcome.draft_ms, outcome.target_ms, outcome.overhead_ms,
                                     outcome.proposer)
 
@@ -295,6 +299,7 @@ class Generation:
         try:
             while running is not None:
                 outcome = await running
+                self.ahead = outcome.ahead
                 start_len = len(state.completion)
                 tokens, text = await self._settle(state, detok, stops, outcome, start_len)    # 3, 4
                 running = None if state.finish else self._start_round(state)                  # next 1, 2
@@ -305,14 +310,36 @@ class Generation:
                     yield chunk
         finally:
             await _cancelled(running)
+            await discard(self.ahead)
 
     def _start_round(self, state: State) -> asyncio.Task:
         """Steps 1-2 (draft proposes, target verifies) for the context so far, as a task."""
         self.lease.check()
         k, proposer = self._round_k(state)
+        ahead, self.ahead = self.ahead, None
         return asyncio.create_task(self.deps.runner.run(RoundRequest(
             self.session_id, self.request_id, list(state.ids), k, self.params.sampling, self.params.draft_kind,
-            self.params.logprobs, self.deadline, self.relay, proposer, self.wire)))
+            self.params.logprobs, self.deadline, self.relay, proposer, self.wire, ahead,
+            self._ahead_k(state, k, proposer))))
+
+    def _ahead_k(self, state: State, k: int, proposer: str) -> int:
+        """Overlap: how many tokens to draft ahead for the next round while this one verifies (0 = none).
+        The next round's k cap if this round accepts all k and the bonus; off under load (the target's
+        passes carry other sessions); with adaptive k only when worth it (overlap.worth_overlapping)."""
+        if not self.overlap or k <= 0 or proposer != MODEL:
+            return 0
+        after = k + 1
+        k_ahead = max(0, min(self.params.k, self.params.max_new_tokens - len(state.completion) - after - 1,
+                             self.deps.max_context - len(state.ids) - after - 1))
+        costs, cfg = self.deps.costs, self.deps.cfg.overlap
+        if k_ahead == 0 or costs.batch > cfg.max_target_batch:
+            return 0
+        if not self.params.adaptive_k:
+            return k_ahead
+        hop = max(0.0, costs.overhead_ms.get(MODEL, 0.0) - costs.overhead_ms.get(NO_DRAFT, 0.0))
+        weights = AheadCosts(costs.draft_step_ms.get(MODEL, 0.0), hop, costs.verify_share(k + 1), cfg.miss_cost_ms)
+        hit = hit_probability(self._tracker(proposer).rates(), k)
+        return k_ahead if worth_overlapping(hit, k_ahead, weights) else 0
 
     async def _settle(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher,
                       outcome: RoundOutcome, start_len: int) -> tuple[list[int], str]:
@@ -341,6 +368,7 @@ class Generation:
                                         outcome.draft_ms, outcome.target_ms, outcome.overhead_ms, outcome.wall_ms,
                                         outcome.degraded)
         self.deps.metrics.observe_load(outcome.k, outcome.target_batch, self.params.adaptive_k)
+        self.deps.metrics.observe_overlap(outcome.ahead is not None, outcome.predrafted, outcome.draft_hidden_ms)
         if self.params.max_rounds and self.stats.rounds >= self.params.max_rounds and not state.finish:
             state.finish = pb.FINISH_REASON_LENGTH
         return tokens, delta.emit

@@ -54,7 +54,7 @@ async def serve(cfg: OrchestratorConfig) -> None:
     probe = StoreProbe(cfg.redis_url, cfg.redis_ping_timeout_s)   # health covers Redis too
     pair = PairMonitor(target, draft, describe_tokenizer(tokenizer), cfg.tokenizer, cfg.health_refresh_s, probe)
     store = SessionStore(open_redis(cfg.redis_url), prefix=cfg.redis_prefix, ttl_seconds=cfg.session_ttl_s)
-    deps = Deps(cfg=cfg, store=store, runner=RoundRunner(draft, target, cfg.retry, local_ngram(cfg)), prompter=Prompter(tokenizer),
+    deps = Deps(cfg=cfg, store=store, runner=RoundRunner(draft, target, cfg.retry, local_ngram(cfg), cfg.overlap), prompter=Prompter(tokenizer),
                 eos_ids=frozenset(), max_context=0, owner=f"orch-{uuid.uuid4().hex[:12]}", model_name="")
     for pool in (target, draft):
         if pool is not None:

@@ -12,6 +12,11 @@ Context on the wire: a call carries only the tokens its replica does not hold ye
 the prefix it does (the delta form, orchestrator/delta.py); a replica that lost the session's
 context gets the whole context again in the same round (RoundOutcome.context_resends).
 
+Overlapped rounds (orchestrator/overlap.py, docs/overlap.md): with RoundRequest.ahead_k > 0 the
+round also asks the draft, while its Verify is in flight, for the next round's block drafted from
+this round's context + its draft block; the next round uses it (RoundRequest.ahead) only when the
+accepted context is the one it was drafted from, else discards it.
+
 Deadlines: each call gets base + per_token x (tokens it must compute: the whole
 context, since a replica without the session's cache re-runs the prefill),
 capped by what is left of the client's deadline (RoundRequest.deadline).
@@ -19,12 +24,13 @@ capped by what is left of the client's deadline (RoundRequest.deadline).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from specdec.config import RetryConfig
+from specdec.config import OverlapConfig, RetryConfig
 from specdec.core.ngram import NgramProposer
 from specdec.core.sampling import SamplingConfig
 from specdec.errors import DeadlineExceeded, ResourceExhausted, Unavailable
@@ -34,6 +40,7 @@ from specdec.v1 import draft_pb2, target_pb2
 
 from orchestrator.delta import ContextSend, ContextWire
 from orchestrator.features import HiddenRelay
+from orchestrator.overlap import PreDraft, Taken, start_predraft, take, with_hop_delay
 from orchestrator.replicas import ReplicaPool
 
 log = logging.getLogger("specdec.orchestrator")
@@ -73,11 +80,15 @@ class RoundOutcome:
     retries: int = 0
     context_resends: int = 0        # calls resent with the whole context after a replica's context miss
     context_tokens: int = 0         # the context the round started from
+    predrafted: bool = False        # the block was drafted ahead, during the previous round's verify
+    draft_hidden_ms: float = 0.0    # the block's draft time (hop + forward) hidden behind that verify
+    ahead: PreDraft | None = None   # the next round's block, drafted ahead during this round's verify
 
     @property
     def overhead_ms(self) -> float:
-        """Everything that is not a model forward: hops, serialisation, queueing."""
-        return max(0.0, self.wall_ms - self.draft_ms - self.target_ms)
+        """Everything that is not a model forward (hops, serialisation, queueing) on the round's path:
+        draft time hidden behind the previous round's verify is off it."""
+        return max(0.0, self.wall_ms - max(0.0, self.draft_ms - self.draft_hidden_ms) - self.target_ms)
 
 
 @dataclass
@@ -93,6 +104,8 @@ class RoundRequest:
     relay: HiddenRelay | None = None  # the generation's hidden-state relay (used with feature drafts)
     proposer: str = ""                # RoundRunner.proposer(): adaptive k's estimates are kept per proposer
     wire: ContextWire | None = None   # the generation's delta-round state (None: every call sends the whole context)
+    ahead: PreDraft | None = None     # the previous round's pre-draft: used if drafted from this context, else discarded
+    ahead_k: int = 0                  # overlap: pre-draft the next round's block of this many tokens (0 = don't)
 
 
 def context_send(req: RoundRequest, role: str) -> ContextSend:
@@ -106,11 +119,26 @@ class RoundRunner:
     """Drives single rounds against the two pools, with deadlines scaled to the work."""
 
     def __init__(self, draft: ReplicaPool | None, target: ReplicaPool, retry: RetryConfig,
-                 local_ngram: NgramProposer | None = None) -> None:
+                 local_ngram: NgramProposer | None = None, overlap: OverlapConfig | None = None) -> None:
         self.draft = draft
         self.target = target
         self.retry = retry
         self.local_ngram = local_ngram
+        self.overlap = overlap if overlap is not None else OverlapConfig()
+
+    async def _call(self, pool: ReplicaPool, req: RoundRequest, method: str, request, timeout: float,
+                    send: ContextSend) -> tuple:
+        """pool.call, with the test/bench-only hop delay (OverlapConfig.hop_delay_ms) when set."""
+        return await with_hop_delay(self.overlap.hop_delay_ms,
+                                    lambda: pool.call(req.session_id, method, request, timeout, send))
+
+    def remote_model(self, req: RoundRequest) -> bool:
+        """Whether this round's draft is the draft pool's model (not a feature draft): the only draft
+        worth drafting ahead (a local n-gram lookup is free, a feature draft needs the verify's hidden states)."""
+        kind = self.draft_kind(req.draft_kind)
+        if kind == COMBINED:
+            return self.local_ngram is not None and req.proposer == MODEL
+        return kind == MODEL and not self.feature_draft(req.draft_kind)
 
     def draft_kind(self, requested: str) -> str:
         """The kind a round uses: the request's, else the draft pool's, else n-gram (no pool)."""
@@ -173,7 +201,17 @@ class RoundRunner:
             verify.return_hidden_states, verify.hidden_from = True, hidden_from
         timeout = self._deadline(len(req.context_ids) + len(proposal.draft_ids), req.deadline)
         send = context_send(req, "target")
-        verdict, out.target_replica, retries = await self.target.call(req.session_id, "Verify", verify, timeout, send)
+        verifying = asyncio.ensure_future(self._call(self.target, req, "Verify", verify, timeout, send))
+        out.ahead = self._start_ahead(req, proposal, out)
+        try:
+            verdict, out.target_replica, retries = await verifying
+        except BaseException:
+            verifying.cancel()
+            if out.ahead is not None:
+                out.ahead.task.cancel()
+            raise
+        if out.ahead is not None:
+            out.ahead.verified = time.perf_counter()
         out.context_resends += send.resends
         if hidden_from is not None:
             relay.after_verify(verdict.hidden)
@@ -196,6 +234,9 @@ class RoundRunner:
                            next_token=-1, next_kind=0, emitted=[], proposer=req.proposer,
                            context_tokens=len(req.context_ids))
         empty = draft_pb2.ProposeResponse()
+        taken = await take(req.ahead, req.context_ids, req.k, MODEL if self.remote_model(req) else "")
+        if taken is not None:
+            return taken.response, self._taken(out, taken)
         if req.k == 0:
             return empty, out
         kind = self.draft_kind(req.draft_kind)
@@ -222,8 +263,8 @@ class RoundRunner:
             propose.target_hidden.CopyFrom(rows)
         try:
             timeout = self._deadline(len(req.context_ids) + req.k, req.deadline)
-            response, out.draft_replica, out.retries = await self.draft.call(req.session_id, "Propose", propose,
-                                                                             timeout, send)
+            response, out.draft_replica, out.retries = await self._call(self.draft, req, "Propose", propose,
+                                                                        timeout, send)
         except DEGRADING_DRAFT_ERRORS as exc:
             log.warning("draft unavailable, degrading session %s to target-only this round: %s", req.session_id, exc)
             out.degraded = True
@@ -236,3 +277,37 @@ class RoundRunner:
         out.context_resends = send.resends
         out.wire_bytes = propose.ByteSize() + response.ByteSize()
         return response, out
+
+    @staticmethod
+    def _taken(out: RoundOutcome, taken: Taken) -> RoundOutcome:
+        """The round's draft is a block drafted ahead (orchestrator/overlap.py)."""
+        out.k = len(taken.response.draft_ids)
+        out.predrafted, out.draft_hidden_ms = True, taken.hidden_ms
+        out.draft_ms, out.draft_replica, out.draft_kind = taken.forward_ms, taken.replica, taken.response.draft_kind
+        out.draft_computed = taken.response.stats.computed_tokens
+        out.wire_bytes = taken.response.ByteSize()
+        return out
+
+    def _start_ahead(self, req: RoundRequest, proposal: draft_pb2.ProposeResponse,
+                     out: RoundOutcome) -> PreDraft | None:
+        """Overlap: start drafting the next round's block (req.ahead_k tokens after a guess of the bonus)
+        from this round's context + its draft block, while the verify runs. None when the round's
+        draft was not the pool's model, it proposed fewer than k tokens, or the draft replica has
+        other work queued (OverlapConfig.max_draft_in_flight)."""
+        if (req.ahead_k <= 0 or self.draft is None or out.degraded or out.draft_kind != MODEL
+                or len(proposal.draft_ids) != req.k or not self.remote_model(req)):
+            return None
+        if self.draft.set.in_flight(out.draft_replica) > self.overlap.max_draft_in_flight:
+            return None
+        k = req.ahead_k + 1
+        try:
+            timeout = self._deadline(len(req.context_ids) + req.k + k, req.deadline)
+        except DeadlineExceeded:
+            return None
+        propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id, k=k,
+                                           sampling=sampling_to_proto(req.sampling), draft_kind=MODEL)
+        block = list(proposal.draft_ids)
+        send = (req.wire.send_ahead("draft", req.context_ids, block) if req.wire is not None
+                else ContextSend(None, "draft", list(req.context_ids) + block))
+        return start_predraft(list(req.context_ids) + block, MODEL,
+                              lambda: self._call(self.draft, req, "Propose", propose, timeout, send))

@@ -58,6 +58,9 @@ class StatsCollector:
     degraded: int = 0
     retries: int = 0
     context_resends: int = 0
+    draft_hidden_ms: float = 0.0
+    predrafts: int = 0
+    predrafts_used: int = 0
     target_computed: int = 0
     draft_computed: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
@@ -81,6 +84,9 @@ class StatsCollector:
         self.degraded += o.degraded
         self.retries += o.retries
         self.context_resends += o.context_resends
+        self.draft_hidden_ms += o.draft_hidden_ms if o.predrafted else 0.0
+        self.predrafts += o.ahead is not None
+        self.predrafts_used += o.predrafted
         self.target_computed += o.target_computed
         self.draft_computed += o.draft_computed
         for i in range(e.drafted):
@@ -106,7 +112,8 @@ class StatsCollector:
             accepted_per_position=self.accepted_per_position, drafted_per_position=self.drafted_per_position,
             time_to_first_token_ms=self.first_token_ms, retries=self.retries,
             target_computed_tokens=self.target_computed, draft_computed_tokens=self.draft_computed,
-            context_resends=self.context_resends)
+            context_resends=self.context_resends, draft_hidden_ms=self.draft_hidden_ms,
+            predrafts=self.predrafts, predrafts_used=self.predrafts_used)
 
     def round_proto(self, o: RoundOutcome, e: Emitted, text: str) -> pb.Round:
         """One row of the per-round trace, cut as the stats count it (`e`): draft ids, matches and target ids
@@ -120,4 +127,5 @@ class StatsCollector:
                         target_replica=o.target_replica, target_cached_tokens=o.target_cached,
                         target_computed_tokens=o.target_computed, draft_computed_tokens=o.draft_computed,
                         target_batch_size=o.target_batch, wire_bytes=o.wire_bytes,
-                        context_tokens=o.context_tokens, context_resends=o.context_resends)
+                        context_tokens=o.context_tokens, context_resends=o.context_resends,
+                        draft_hidden_ms=o.draft_hidden_ms, predrafted=o.predrafted)

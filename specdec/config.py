@@ -276,6 +276,28 @@ class RetryConfig:
 
 
 @dataclass
+class OverlapConfig:
+    """Overlapped rounds (docs/overlap.md, orchestrator/overlap.py): the draft drafts the next round's
+    block while the target verifies this one; the output never changes, only when tokens arrive."""
+
+    # The default of GenerateRequest.overlap (a request's own value wins).
+    enabled: bool = field(default_factory=lambda: env_bool("SPECDEC_OVERLAP", False))
+    # Adaptive k: overlap a round only when the block drafted ahead is expected to save more than it
+    # costs: P(used) x (draft time it hides) > (1 - P(used)) x miss_cost_ms + the expected wait past
+    # the verify. miss_cost_ms: what a discarded pre-draft costs the round it overlaps (the draft and
+    # the target share CPU cores or a host's memory bandwidth; measured ~1 ms on the 2-core box).
+    miss_cost_ms: float = field(default_factory=lambda: env_float("SPECDEC_OVERLAP_MISS_COST_MS", 1.0))
+    # Under load overlap is off: when the target's passes carry more than this many sessions on
+    # average (CostModel.batch) or the draft replica has other calls in flight, a pre-draft would
+    # only delay other sessions' work.
+    max_target_batch: float = field(default_factory=lambda: env_float("SPECDEC_OVERLAP_MAX_TARGET_BATCH", 1.5))
+    max_draft_in_flight: int = field(default_factory=lambda: env_int("SPECDEC_OVERLAP_MAX_DRAFT_IN_FLIGHT", 0))
+    # TEST AND BENCH ONLY: a fixed delay added to every hop of the orchestrator's draft/target calls
+    # (request and response: 2 x this per call) to measure a distant draft. Never set it in production.
+    hop_delay_ms: float = field(default_factory=lambda: env_float("SPECDEC_HOP_DELAY_MS", 0.0))
+
+
+@dataclass
 class LeaseConfig:
     """The per-session lease an orchestrator holds while it generates (see orchestrator/generation.py).
 
@@ -347,6 +369,7 @@ class OrchestratorConfig:
     limits: Limits = field(default_factory=Limits)
     retry: RetryConfig = field(default_factory=RetryConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    overlap: OverlapConfig = field(default_factory=OverlapConfig)
 
     @property
     def lease_s(self) -> float:

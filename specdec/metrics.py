@@ -153,6 +153,11 @@ class OrchestratorMetrics:
         self.context_resends = Counter(f"{PREFIX}_context_resends",
                                        "calls resent with the whole context after a replica's context miss "
                                        "(delta rounds: evicted, restarted or another replica)", ["role"], registry=r)
+        self.predrafts = Counter(f"{PREFIX}_predrafts", "overlapped rounds: blocks drafted ahead during a verify, "
+                                 "by outcome (started | used; discarded = started - used)",
+                                 ["outcome"], registry=r)
+        self.draft_hidden = Counter(f"{PREFIX}_draft_hidden_seconds",
+                                    "draft time (hop + forward) of used pre-drafts hidden behind verification", registry=r)
         self.target_batch = Histogram(f"{PREFIX}_round_target_batch_size",
                                       "sessions the target verified in the same forward pass as this round",
                                       buckets=BATCH_SIZE_BUCKETS, registry=r)
@@ -182,6 +187,15 @@ class OrchestratorMetrics:
         self.k_per_round.labels(mode="adaptive" if adaptive else "fixed").observe(k)
         if target_batch > 0:
             self.target_batch.observe(target_batch)
+
+    def observe_overlap(self, issued: bool, used: bool, hidden_ms: float) -> None:
+        """A round that started a pre-draft (`issued`) and/or used one (`used`, hiding `hidden_ms`).
+        A pre-draft is counted when the round that used or discarded it ends: discarded = started - used."""
+        if issued:
+            self.predrafts.labels(outcome="started").inc()
+        if used:
+            self.predrafts.labels(outcome="used").inc()
+            self.draft_hidden.inc(hidden_ms / MS_PER_S)
 
     def observe_generation(self, finish_reason: str, ttft_ms: float) -> None:
         """Account for a finished generation."""

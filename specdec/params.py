@@ -36,7 +36,8 @@ DEFAULTS: dict[str, Any] = {
     "create_session": False,
     "resume_offset": 0,
     "adaptive_k": False,         # true: k is the cap; each round picks k in [0, k] (orchestrator/adaptive.py)
-    "max_rounds": 0,             # 0 = no cap beyond max_new_tokens (every round yields >= 1 token)
+    "max_rounds": 0,
+    "overlap": None,             # None = the orchestrator's default (OverlapConfig.enabled; docs/overlap.md)             # 0 = no cap beyond max_new_tokens (every round yields >= 1 token)
     # sampling (applied identically by draft and target)
     "temperature": 0.0,
     "top_k": 0,
@@ -80,6 +81,7 @@ class GenerationParams:
     add_generation_prompt: bool = True
     max_rounds: int = 0
     adaptive_k: bool = False
+    overlap: bool | None = None          # None: the orchestrator's default
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -118,7 +120,7 @@ def resolve_generation(request: Any, limits: Limits) -> GenerationParams:
     if max_rounds < 0:
         raise InvalidArgument(f"max_rounds must be >= 0 (0 = no cap), got {max_rounds}")
     return GenerationParams(
-        max_rounds=max_rounds, adaptive_k=get("adaptive_k"), max_new_tokens=max_new, k=k, draft_kind=draft_kind,
+        max_rounds=max_rounds, adaptive_k=get("adaptive_k"), overlap=get("overlap"), max_new_tokens=max_new, k=k, draft_kind=draft_kind,
         sampling=resolve_sampling(request.sampling if request.HasField("sampling") else None),
         stop=stop, trace=get("trace"), ignore_eos=get("ignore_eos"), min_tokens=min_tokens,
         logprobs=logprobs, add_generation_prompt=get("add_generation_prompt"),

@@ -134,7 +134,7 @@ class InProcessStack:
         await self.pair.refresh()
         info = self.pair.target_info()
         store = SessionStore(open_redis(self.redis_url), prefix=f"test-{uuid.uuid4().hex[:8]}:")
-        self.deps = Deps(cfg=cfg, store=store, runner=RoundRunner(draft, target, cfg.retry),
+        self.deps = Deps(cfg=cfg, store=store, runner=RoundRunner(draft, target, cfg.retry, overlap=cfg.overlap),
                          prompter=Prompter(tokenizer), eos_ids=frozenset(info.eos_token_ids),
                          max_context=info.max_context, owner="test-orchestrator", model_name=info.model_id)
         self.admission = Admission(cfg.max_concurrent)

@@ -1,0 +1,175 @@
+"""Overlapped rounds: the draft drafts round r+1's block while the target verifies round r.
+
+The rounds stay the sequential ones (each: k draft tokens from the accepted context, one verify);
+what changes is WHEN the draft works. While round r's Verify of d1..dk (context C) is in flight, the
+orchestrator asks the draft (a second Propose to the session's draft replica, which reuses its KV
+cache for C + d1..dk) for k_ahead + 1 tokens from C + d1..dk: e1 is the draft's guess of the target's
+bonus, e2..e(k_ahead+1) the block round r+1 would draft if the verify accepted all of d1..dk and its
+bonus were e1 (PEARL's post-verify, docs/overlap.md). When the verify returns:
+
+  * the accepted context is C + d1..dk + e1 -> round r+1 uses e2.. as its block and goes straight
+    to its Verify (the draft's time and hop were hidden behind round r's verify);
+  * anything else -> the pre-draft is discarded and round r+1 drafts as usual.
+
+Why the output cannot change: every random draw is keyed by (seed, absolute position, purpose)
+(specdec/core/sampling.py), so a block drafted from context X is the block a sequential round drafts
+from X, and the verify of the same block at the same position decides the same tokens. A pre-draft is
+used only when its context IS the accepted one (`usable_block`), and a lost or failed pre-draft
+costs time, never a token. The orchestrator stays the only owner of accepted tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence
+
+from specdec.errors import SpecDecError
+from specdec.v1 import draft_pb2
+
+log = logging.getLogger("specdec.orchestrator")
+MS_PER_S = 1000.0
+
+
+def usable_block(base: Sequence[int], drafted: Sequence[int], context: Sequence[int], k: int) -> int:
+    """How many tokens of a pre-drafted block a round from `context` asking for k draft tokens can use.
+
+    The pre-draft continued `base` (round r's context + its draft block) with `drafted` = e1..en: e1 is
+    the draft's guess of the target's bonus, e2..en the next block. It is usable only when the accepted
+    context is exactly base + [e1]; then the round takes e2..e(1 + min(k, n - 1)) (draws are keyed by
+    position, so the first j tokens of a longer block are the block a j-token round drafts). 0 = none.
+    """
+    if k <= 0 or len(drafted) < 2 or len(context) != len(base) + 1:
+        return 0
+    if context[-1] != drafted[0] or list(context[:-1]) != list(base):
+        return 0
+    return min(k, len(drafted) - 1)
+
+
+def hit_probability(rates: Sequence[float], k: int) -> float:
+    """Chance that a pre-draft behind a k-token round is used: all k drafts accepted (rates[j] is the
+    acceptance at position j+1 given the positions before it were accepted) and the draft's guess of
+    the bonus right (taken as the acceptance at position k+1, the deepest known rate past the end)."""
+    if not rates:
+        return 0.0
+    chance = 1.0
+    for j in range(k + 1):
+        chance *= rates[min(j, len(rates) - 1)]
+    return chance
+
+
+@dataclass(frozen=True)
+class AheadCosts:
+    """What adaptive k weighs before overlapping a round (milliseconds; see OverlapConfig)."""
+
+    draft_step_ms: float       # one draft token
+    draft_hop_ms: float        # the draft call's overhead (hop, serialisation)
+    verify_ms: float           # the round's own verify, which the pre-draft hides behind
+    miss_cost_ms: float        # what a discarded pre-draft costs the round it overlaps
+
+
+def worth_overlapping(hit: float, k_ahead: int, costs: AheadCosts) -> bool:
+    """Adaptive k's per-round decision: expected saving P(hit) x (draft time + hop of the next block)
+    against (1 - P(hit)) x miss cost plus the wait when the pre-draft outlasts the verify."""
+    if k_ahead <= 0:
+        return False
+    ahead_ms = (k_ahead + 1) * costs.draft_step_ms + costs.draft_hop_ms
+    wait_ms = max(0.0, ahead_ms - costs.verify_ms)
+    saved_ms = k_ahead * costs.draft_step_ms + costs.draft_hop_ms
+    return hit * saved_ms > (1.0 - hit) * costs.miss_cost_ms + wait_ms
+
+
+@dataclass
+class PreDraft:
+    """A block being drafted ahead from `base` (round r's context + its draft block)."""
+
+    base: list[int]
+    kind: str                               # the remote draft kind asked ("model")
+    task: asyncio.Task                      # -> (ProposeResponse, replica address)
+    started: float = field(default_factory=time.perf_counter)
+    finished: float | None = None           # perf_counter when its answer came
+    verified: float | None = None           # perf_counter when round r's verify returned
+
+    def hidden_ms(self) -> float:
+        """Wall time of the pre-draft (hop + draft forward) that ran while round r's verify was in flight."""
+        if self.finished is None or self.verified is None:
+            return 0.0
+        return max(0.0, min(self.finished, self.verified) - self.started) * MS_PER_S
+
+
+def start_predraft(base: Sequence[int], kind: str,
+                   call: Callable[[], Awaitable[tuple[draft_pb2.ProposeResponse, str, int]]]) -> PreDraft:
+    """Start the pre-draft's Propose (`call`) as a task; it records when its answer came."""
+    holder: list[PreDraft] = []
+
+    async def run() -> tuple[draft_pb2.ProposeResponse, str]:
+        try:
+            response, address, _ = await call()
+            return response, address
+        finally:
+            holder[0].finished = time.perf_counter()
+
+    ahead = PreDraft(list(base), kind, asyncio.create_task(run()))
+    holder.append(ahead)
+    return ahead
+
+
+@dataclass
+class Taken:
+    """A pre-drafted block a round uses (ProposeResponse sliced to the round's k)."""
+
+    response: draft_pb2.ProposeResponse
+    replica: str
+    forward_ms: float                   # the pre-draft's draft forward time
+    hidden_ms: float                    # its wall time behind the previous round's verify
+
+
+async def take(ahead: PreDraft | None, context: Sequence[int], k: int, kind: str) -> Taken | None:
+    """The pre-drafted block for a round from `context` with k draft tokens of `kind`, or None (the
+    pre-draft is discarded: another context, another kind, or it failed). A pre-draft that cannot be
+    used is cancelled if still running, so it never holds the draft replica past this point."""
+    if ahead is None:
+        return None
+    if k <= 0 or kind != ahead.kind or len(context) != len(ahead.base) + 1 or list(context[:-1]) != ahead.base:
+        await discard(ahead)
+        return None
+    await asyncio.wait({ahead.task})
+    failure = None if ahead.task.cancelled() else ahead.task.exception()
+    if ahead.task.cancelled() or isinstance(failure, SpecDecError):
+        log.info("a pre-draft was lost (%s): the round drafts as usual", failure or "cancelled")
+        return None
+    if failure is not None:
+        raise failure
+    response, replica = ahead.task.result()
+    n = usable_block(ahead.base, response.draft_ids, context, k)
+    if n == 0:
+        return None
+    sliced = draft_pb2.ProposeResponse(draft_ids=response.draft_ids[1:n + 1], draft_kind=response.draft_kind)
+    if response.draft_probs:
+        sliced.draft_probs.extend(response.draft_probs[1:n + 1])
+    sliced.stats.CopyFrom(response.stats)
+    return Taken(sliced, replica, response.stats.forward_ms, ahead.hidden_ms())
+
+
+async def discard(ahead: PreDraft | None) -> None:
+    """Drop a pre-draft: cancel it if still running and wait until it stopped (errors are not needed)."""
+    if ahead is None:
+        return
+    if not ahead.task.done():
+        ahead.task.cancel()
+    await asyncio.wait({ahead.task})
+    if not ahead.task.cancelled():
+        ahead.task.exception()
+
+
+async def with_hop_delay(delay_ms: float, call: Callable[[], Awaitable[Any]]) -> Any:
+    """TEST AND BENCH ONLY (OverlapConfig.hop_delay_ms): one call with a fixed delay on each of its two
+    hops (request, response), to measure a distant draft or target."""
+    if delay_ms <= 0:
+        return await call()
+    await asyncio.sleep(delay_ms / MS_PER_S)
+    result = await call()
+    await asyncio.sleep(delay_ms / MS_PER_S)
+    return result
