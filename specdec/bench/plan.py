@@ -15,6 +15,7 @@ VERIFY_CONTEXT_TOKENS = 300
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "prompts"
 
 K0, KDEF, ADAPTIVE, HF_TARGET, HF_ASSISTED = "k0", "kdefault", "adaptive", "hf_target", "hf_assisted"
+OVERLAP_PREFIX = "overlap"      # overlapped rounds (docs/overlap.md): overlap_k4, overlap_adaptive
 
 
 @dataclass(frozen=True)
@@ -26,13 +27,15 @@ class Config:
     k: int | None = None      # stack: None = the server default; with adaptive: the cap
     assisted: bool = False    # hf: assisted generation (d) instead of target-only (c)
     adaptive: bool = False    # stack: adaptive_k (each round picks k in [0, k])
+    overlap: bool = False     # stack: overlapped rounds (GenerateRequest.overlap)
 
     def label(self, default_k: int) -> str:
         if self.kind == "hf":
             return "HF assisted" if self.assisted else "HF target-only"
+        suffix = " overlapped" if self.overlap else ""
         if self.adaptive:
-            return f"ours adaptive k<={self.k}"
-        return f"ours k unset (default {default_k})" if self.k is None else f"ours k={self.k}"
+            return f"ours adaptive k<={self.k}{suffix}"
+        return f"ours k unset (default {default_k})" if self.k is None else f"ours k={self.k}{suffix}"
 
 
 def adaptive_supported() -> bool:
@@ -43,12 +46,18 @@ def adaptive_supported() -> bool:
 
 
 def make_configs(ks: list[int], with_default: bool = True, with_hf: bool = True,
-                 adaptive_cap: int = 0) -> list[Config]:
+                 adaptive_cap: int = 0, overlap_ks: list[int] | None = None,
+                 overlap_adaptive: bool = False) -> list[Config]:
+    """The configurations of a run; overlap_ks / overlap_adaptive add overlapped twins (`overlap_k4`,
+    `overlap_adaptive`, the latter with the adaptive cap) placed next to their sequential ones."""
     configs = [Config(K0, "stack", 0)] + [Config(f"k{k}", "stack", k) for k in ks if k != 0]
     if with_default:
         configs.append(Config(KDEF, "stack", None))
     if adaptive_cap > 0:
         configs.append(Config(ADAPTIVE, "stack", adaptive_cap, adaptive=True))
+    configs += [Config(f"{OVERLAP_PREFIX}_k{k}", "stack", k, overlap=True) for k in overlap_ks or () if k > 0]
+    if overlap_adaptive and adaptive_cap > 0:
+        configs.append(Config(f"{OVERLAP_PREFIX}_adaptive", "stack", adaptive_cap, adaptive=True, overlap=True))
     if with_hf:
         configs += [Config(HF_TARGET, "hf"), Config(HF_ASSISTED, "hf", assisted=True)]
     return configs
@@ -124,3 +133,6 @@ class BenchArgs:
     dtype: str = "float32"                # of the target (and model draft) in the services and in HF
     progress: bool = True
     prompts_dir: str = str(PROMPTS_DIR)
+    overlap_ks: list[int] = field(default_factory=list)   # overlapped twins of these fixed k
+    overlap_adaptive: bool = False                         # and of adaptive k
+    hop_delay_ms: float = 0.0             # TEST/BENCH ONLY: SPECDEC_HOP_DELAY_MS of the orchestrator

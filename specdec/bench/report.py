@@ -13,6 +13,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from specdec.bench import overlap_report
+
 K0, KDEF, ADAPTIVE, HF_TARGET, HF_ASSISTED = "k0", "kdefault", "adaptive", "hf_target", "hf_assisted"
 
 
@@ -103,6 +105,7 @@ def build(records: list[Any], configs: list[Any], prompts: list[Any], *, setting
             sp = out["speedup_decode"][n]
             if sp and out["bound_drafted"].get(n):
                 out["speedup_vs_bound"][n] = sp["median"] / out["bound_drafted"][n]
+        out["overlap"] = overlap_report.section(out, names, [r for r in records if r.set == s])
         out["memory"] = _set_memory(records, s, kv_per_token_model, settings.get("draft_kind", "ngram"))
         out["identity"] = identity.get(s, {})
         result[s] = out
@@ -304,6 +307,7 @@ def table(result: dict[str, Any]) -> str:
                          f"(top-2 logit gap {_fmt(d['top2_logit_gap'], 6)}{tie})")
     from specdec.bench.llamacpp import anchor_lines
 
+    lines += overlap_report.lines(result)
     lines += anchor_lines(result)
     mem = result["memory"]
     lines.append("")

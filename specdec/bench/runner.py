@@ -52,7 +52,8 @@ def run(args: BenchArgs) -> dict[str, Any]:
     phases: dict[str, float] = {}
     machine = machine_info()
     adaptive_cap = (args.adaptive_cap or max(args.ks, default=0)) if args.with_adaptive and adaptive_supported() else 0
-    configs = make_configs(args.ks, args.with_default_k, args.with_hf, adaptive_cap)
+    configs = make_configs(args.ks, args.with_default_k, args.with_hf, adaptive_cap, args.overlap_ks,
+                           args.overlap_adaptive)
     prompts = load_prompts(args.prompts, args.prompts_per_set, Path(args.prompts_dir))
 
     hf_settings = HFSettings(draft_kind=args.draft_kind, prompt_lookup_num_tokens=args.hf_lookup_tokens,
@@ -65,8 +66,9 @@ def run(args: BenchArgs) -> dict[str, Any]:
         p.ids = hf.chat_ids(p.user)
     phases["hf_load_s"] = time.perf_counter() - t0
 
+    hop_env = {"SPECDEC_HOP_DELAY_MS": str(args.hop_delay_ms)} if args.hop_delay_ms > 0 else {}
     stack_cfg = StackConfig(target_model=args.target_model, draft_kind=args.draft_kind,
-                            draft_model=args.draft_model, threads=args.threads, dtype=args.dtype)
+                            draft_model=args.draft_model, threads=args.threads, dtype=args.dtype, extra_env=hop_env)
     stack = LocalStack(stack_cfg)
     records: list[RunRecord] = []
     t0 = time.perf_counter()
@@ -126,6 +128,7 @@ def run(args: BenchArgs) -> dict[str, Any]:
         "order": "interleaved: for each repeat, for each prompt, every configuration once (A B C .. A B C ..)",
         "timing": "wall clock at the client from sending the request to the last token (prefill included)",
         "configs": {cfg.name: cfg.label(DEFAULTS["k"]) for cfg in configs},
+        "hop_delay_ms": args.hop_delay_ms,
         "target_weight_layout": layout,
     }
     result = report.build(records, configs, prompts, settings=settings, machine=machine,
@@ -152,8 +155,8 @@ def _warm_up(client: StackClient, hf: Any, prompts: list[Prompt], configs: list[
     """One short generation per configuration kind, not recorded (first-call costs)."""
     p = prompts[0]
     for cfg in configs:
-        if cfg.kind == "stack" and (cfg.k in (0, None) or cfg.adaptive):
-            _, _, _, final, _ = client.generate(p, cfg.k, WARMUP_TOKENS, cfg.adaptive)
+        if cfg.kind == "stack" and (cfg.k in (0, None) or cfg.adaptive or cfg.overlap):
+            _, _, _, final, _ = client.generate(p, cfg.k, WARMUP_TOKENS, cfg.adaptive, cfg.overlap)
             client.memory_after(final.session_id)
         elif cfg.kind == "hf":
             hf.generate(p.ids, WARMUP_TOKENS, cfg.assisted)
@@ -163,7 +166,7 @@ def _one(client: StackClient, hf: Any, p: Prompt, cfg: Config, rep: int, max_new
     if cfg.kind == "hf":
         r = hf.generate(p.ids, max_new, cfg.assisted)
         return RunRecord(p.set, p.id, cfg.name, rep, r.token_ids, r.wall_s, r.arrivals)
-    tokens, wall, arrivals, final, rounds = client.generate(p, cfg.k, max_new, cfg.adaptive)
+    tokens, wall, arrivals, final, rounds = client.generate(p, cfg.k, max_new, cfg.adaptive, cfg.overlap)
     if final is None:
         raise RuntimeError(f"{p.id} {cfg.name}: the stream ended without a final chunk")
     rec = RunRecord(p.set, p.id, cfg.name, rep, tokens, wall, arrivals, stats_dict(final.stats),
@@ -217,6 +220,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-hf", action="store_true", help="skip the in-process HF anchors (c), (d)")
     p.add_argument("--no-adaptive", action="store_true", help="skip our adaptive-k configuration")
     p.add_argument("--adaptive-cap", type=int, default=0, help="k cap of adaptive k (default: largest k of --k)")
+    p.add_argument("--overlap", default="", help="overlapped-round twins (docs/overlap.md): k values and/or "
+                   "'adaptive', e.g. 4,adaptive -> configurations overlap_k4, overlap_adaptive")
+    p.add_argument("--hop-delay-ms", type=float, default=0.0,
+                   help="TEST/BENCH ONLY: delay added to each hop of the orchestrator's draft/target calls "
+                        "(SPECDEC_HOP_DELAY_MS), to measure a distant draft")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -228,6 +236,9 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
         ks = sorted({int(x) for x in ns.k.split(",") if x.strip()})
     except ValueError:
         raise SystemExit(f"specdec bench: --k must be integers separated by commas, got {ns.k!r}") from None
+    overlap = [x.strip() for x in ns.overlap.split(",") if x.strip()]
+    if any(x != "adaptive" and not x.isdigit() for x in overlap):
+        raise SystemExit(f"specdec bench: --overlap takes k values and 'adaptive', got {ns.overlap!r}")
     if ns.draft_kind in MODEL_DRAFT_KINDS and not ns.draft_model:
         raise SystemExit(f"specdec bench: --draft-kind {ns.draft_kind} needs --draft-model SPEC")
     return BenchArgs(
@@ -240,7 +251,8 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
         draft_model=ns.draft_model, hf_lookup_tokens=ns.hf_lookup_tokens, hf_ngram_size=ns.hf_ngram_size,
         with_hf=not ns.no_hf, with_llamacpp=not ns.no_llamacpp, verify_reps=QUICK["verify_reps"] if quick else 7, quick=quick,
         progress=not ns.no_progress, prompts_dir=ns.prompts_dir, with_adaptive=not ns.no_adaptive,
-        adaptive_cap=ns.adaptive_cap, dtype=ns.dtype)
+        adaptive_cap=ns.adaptive_cap, dtype=ns.dtype, overlap_ks=[int(x) for x in overlap if x.isdigit()],
+        overlap_adaptive="adaptive" in overlap, hop_delay_ms=ns.hop_delay_ms)
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:

@@ -46,7 +46,7 @@ class StackClient:
             self._store = SessionStore(self._redis)
 
     def generate(self, prompt: Prompt, k: int | None, max_new_tokens: int,
-                 adaptive: bool = False) -> tuple[list[int], float, list, Any, list]:
+                 adaptive: bool = False, overlap: bool = False) -> tuple[list[int], float, list, Any, list]:
         from specdec.v1 import orchestrator_pb2 as pb
 
         req = pb.GenerateRequest(max_new_tokens=max_new_tokens, ignore_eos=True, trace=True,
@@ -57,6 +57,8 @@ class StackClient:
             req.k = k
         if adaptive:
             req.adaptive_k = True
+        if overlap:
+            req.overlap = True
         tokens: list[int] = []
         arrivals: list[tuple[float, int]] = []
         rounds: list = []
@@ -118,7 +120,7 @@ class StackClient:
 def round_dict(r: Any) -> dict[str, Any]:
     return {"k": r.k, "drafted": len(r.draft_ids), "accepted": r.num_accepted, "draft_ms": r.draft_ms,
             "target_ms": r.target_ms, "overhead_ms": r.overhead_ms, "wire_bytes": r.wire_bytes,
-            "context_tokens": r.context_tokens}
+            "context_tokens": r.context_tokens, "predrafted": r.predrafted, "draft_hidden_ms": r.draft_hidden_ms}
 
 
 def stats_dict(stats: Any) -> dict[str, Any]:

@@ -1,0 +1,61 @@
+"""specdec.bench.overlap_report: overlapped configurations against k = 0, sequential rounds and the bound
+for overlap, on synthetic runs (no models, no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.bench import report
+from specdec.bench.plan import Config, Prompt, RunRecord, make_configs
+
+VERIFY = {"context_tokens": 300, "reps": 1, "threads": 1, "ms": {"1": 26.0, "5": 33.0},
+          "ratio": {"1": 1.0, "5": 1.27}, "spread_ms": {}, "kv_bytes_per_token_measured": 1.0}
+ACCEPTED = [4, 1, 0, 1, 0, 0]          # 6 rounds of k = 4: 12 tokens, all accepted once, a1 = 3/6
+
+
+def _rounds(k: int, accepted: list[int], draft_ms: float, used: int = 0) -> list[dict]:
+    return [{"k": k, "drafted": k, "accepted": a, "draft_ms": draft_ms, "target_ms": 33.0, "overhead_ms": 2.0,
+             "predrafted": i < used, "draft_hidden_ms": 12.0 if i < used else 0.0} for i, a in enumerate(accepted)]
+
+
+def _stats(k: int, accepted: list[int]) -> dict:
+    return {"accepted_per_position": [sum(a > i for a in accepted) for i in range(k)],
+            "drafted_per_position": [len(accepted)] * k}
+
+
+def _record(config: str, wall_s: float, k: int, accepted: list[int], draft_ms: float, used: int = 0) -> RunRecord:
+    return RunRecord("open", "p1", config, 0, list(range(12)), wall_s, [(wall_s, 12)], _stats(k, accepted),
+                     _rounds(k, accepted, draft_ms, used))
+
+
+def test_overlap_section_ratios_and_bounds() -> None:
+    configs = [Config("k0", "stack", 0), Config("k4", "stack", 4), Config("overlap_k4", "stack", 4, overlap=True)]
+    records = [_record("k0", 0.6, 0, [0] * 12, 0.0), _record("k4", 0.48, 4, ACCEPTED, 10.0),
+               _record("overlap_k4", 0.45, 4, ACCEPTED, 10.0, used=1)]
+    settings = {"draft_kind": "model", "configs": {c.name: c.label(4) for c in configs}, "server_default_k": 4,
+                "prompts": {"open": ["p1"]}, "target_model_id": "t", "dtype": "float32", "max_new_tokens": 12,
+                "repeats": 1, "threads": {"target_service": 1}}
+    machine = {"cpu_model": "cpu", "cores": 2, "usable_cores": 2, "torch": "x", "transformers": "y"}
+    result = report.build(records, configs, [Prompt("open", "p1", "text", [1, 2, 3])], settings=settings,
+                          machine=machine, hf_settings={}, verify=VERIFY, draft_step_cost=0.1, identity={"open": {}},
+                          rss={"target": {"bytes": 1, "source": "VmHWM"}}, kv_per_token_model={"target": 1},
+                          default_k=4)
+    ov = result["open"]["overlap"]
+    assert ov["sequential"] == "k4"
+    hideable = 6 * 10.0 + 6 * 2.0                 # draft forwards + one call's overhead (k0's p50) per round
+    assert ov["bounds"]["all_hidden_tokens_per_s"] == pytest.approx(12 / (480 - hideable) * 1000)
+    assert ov["bounds"]["post_verify_hit_rate"] == pytest.approx(1 / 6 * 0.5)
+    assert ov["bounds"]["post_verify_tokens_per_s"] == pytest.approx(12 / (480 - hideable / 12) * 1000)
+    c = ov["configs"]["overlap_k4"]
+    assert c["vs_k0"] == pytest.approx(0.6 / 0.45)
+    assert c["vs_sequential"] == c["vs_same_k_sequential"] == pytest.approx(0.48 / 0.45)
+    assert c["vs_bound_all_hidden"] == pytest.approx((12 / 0.45) / (12 / (480 - hideable) * 1000))
+    assert c["predrafted_rounds"] == 1 and c["drafted_rounds"] == 6
+    assert c["draft_hidden_ms_per_round"] == pytest.approx(2.0)
+    assert "overlap_k4: 26.7 tok/s" in report.table(result)
+
+
+def test_overlap_configurations_are_named_overlap() -> None:
+    names = [c.name for c in make_configs([2, 4], with_hf=False, adaptive_cap=4, overlap_ks=[4], overlap_adaptive=True)]
+    assert names[-2:] == ["overlap_k4", "overlap_adaptive"]
+    assert [c.name for c in make_configs([4], with_hf=False)] == ["k0", "k4", "kdefault"]

@@ -1,0 +1,136 @@
+"""The pure pieces of overlapped rounds (orchestrator/overlap.py): when a block drafted ahead is usable,
+what adaptive k weighs, taking and discarding a pre-draft, the delta-round bookkeeping of a call sent
+ahead (orchestrator/delta.py), and the test-only hop delay."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from orchestrator.delta import ContextWire
+from orchestrator.overlap import (
+    AheadCosts, discard, hit_probability, start_predraft, take, usable_block, with_hop_delay, worth_overlapping,
+)
+from specdec.errors import Unavailable
+from specdec.v1 import common_pb2, draft_pb2
+
+BASE = [5, 6, 7, 1, 2]          # round r's context [5, 6, 7] + its block d1 d2 = [1, 2]
+DRAFTED = [9, 10, 11, 12]       # e1 (the guess of the bonus), then the next block e2 e3 e4
+
+
+@pytest.mark.parametrize("context,k,want", [
+    (BASE + [9], 3, 3),          # all accepted, bonus = the guess: the whole block
+    (BASE + [9], 2, 2),          # the next round asks fewer: the first tokens (position-keyed draws)
+    (BASE + [9], 5, 3),          # asks more than drafted: what there is
+    (BASE + [8], 3, 0),          # the bonus was not the guess
+    ([5, 6, 7, 1, 4], 3, 0),     # d2 rejected, recovered 4
+    ([5, 6, 7, 3], 3, 0),        # d1 rejected: a shorter context
+    (BASE + [9, 10], 3, 0),      # a longer context
+    ([5, 6, 0, 1, 2, 9], 3, 0),  # same length and tail, another prefix
+    (BASE + [9], 0, 0),          # the next round drafts nothing
+])
+def test_usable_block(context, k, want):
+    assert usable_block(BASE, DRAFTED, context, k) == want
+
+
+def test_a_pre_draft_of_the_guess_alone_is_never_usable():
+    assert usable_block(BASE, [9], BASE + [9], 3) == 0
+
+
+def test_hit_probability_is_all_accepted_times_the_guess():
+    rates = [0.5, 0.4, 0.3]
+    assert hit_probability(rates, 1) == pytest.approx(0.5 * 0.4)
+    assert hit_probability(rates, 2) == pytest.approx(0.5 * 0.4 * 0.3)
+    assert hit_probability(rates, 4) == pytest.approx(0.5 * 0.4 * 0.3 * 0.3 * 0.3)  # past the end: deepest rate
+    assert hit_probability([], 2) == 0.0
+
+
+def test_worth_overlapping_weighs_saving_against_misses_and_waiting():
+    cpu = AheadCosts(draft_step_ms=2.75, draft_hop_ms=3.0, verify_ms=33.0, miss_cost_ms=1.0)
+    assert worth_overlapping(0.3, 4, cpu)            # 0.3 x 14 ms saved > 0.7 x 1 ms
+    assert not worth_overlapping(0.01, 4, cpu)       # open prompts at k = 4: ~never used
+    slow_draft = AheadCosts(draft_step_ms=20.0, draft_hop_ms=3.0, verify_ms=33.0, miss_cost_ms=1.0)
+    assert not worth_overlapping(0.1, 4, slow_draft)  # 103 ms of pre-draft behind a 33 ms verify: the wait dominates
+    assert not worth_overlapping(1.0, 0, cpu)
+
+
+def _response(ids, rows=True):
+    response = draft_pb2.ProposeResponse(draft_ids=ids, draft_kind="model")
+    if rows:
+        for t in ids:
+            response.draft_probs.add(token_ids=[t], probs=[1.0])
+    response.stats.forward_ms = 7.0
+    return response
+
+
+async def _answer(response, delay_s=0.0):
+    await asyncio.sleep(delay_s)
+    return response, "draft-0", 0
+
+
+def test_take_slices_the_block_after_the_guess_and_reports_hidden_time():
+    async def scenario():
+        ahead = start_predraft(BASE, "model", lambda: _answer(_response(DRAFTED)))
+        await asyncio.sleep(0.01)
+        ahead.verified = time.perf_counter()
+        return await take(ahead, BASE + [9], 2, "model")
+    taken = asyncio.run(scenario())
+    assert list(taken.response.draft_ids) == [10, 11]
+    assert [list(r.token_ids) for r in taken.response.draft_probs] == [[10], [11]]
+    assert taken.replica == "draft-0" and taken.forward_ms == 7.0 and taken.hidden_ms > 0
+
+
+def test_take_discards_another_context_or_kind_and_cancels_a_running_pre_draft():
+    async def scenario(context, kind):
+        ahead = start_predraft(BASE, "model", lambda: _answer(_response(DRAFTED), delay_s=10))
+        got = await take(ahead, context, 3, kind)
+        return got, ahead.task.cancelled()
+    assert asyncio.run(scenario(BASE[:-1] + [4], "model")) == (None, True)
+    assert asyncio.run(scenario(BASE + [9], "")) == (None, True)   # the next round's draft is not the model
+
+
+def test_a_failed_pre_draft_costs_time_never_a_token():
+    async def failing():
+        raise Unavailable("the draft went away")
+
+    async def scenario():
+        ahead = start_predraft(BASE, "model", failing)
+        return await take(ahead, BASE + [9], 3, "model")
+    assert asyncio.run(scenario()) is None
+
+
+def test_discard_waits_for_a_cancelled_pre_draft():
+    async def scenario():
+        ahead = start_predraft(BASE, "model", lambda: _answer(_response(DRAFTED), delay_s=10))
+        await discard(ahead)
+        await discard(None)
+        return ahead.task.done()
+    assert asyncio.run(scenario())
+
+
+def test_a_call_sent_ahead_confirms_only_the_accepted_context():
+    wire = ContextWire()
+    info = common_pb2.ModelInfo(context_delta=True)
+    real = wire.send("draft", [5, 6, 7])
+    real.confirm("a")
+    ahead = wire.send_ahead("draft", [5, 6, 7], [1, 2])
+    request = draft_pb2.ProposeRequest()
+    ahead.fill(request, "a", info)
+    assert request.position_base == 3 and list(request.context_ids) == [1, 2]
+    ahead.confirm("a")
+    assert wire.held[("draft", "a")] == 3          # the block may be rejected: not claimed as held
+    nxt = wire.send("draft", [5, 6, 7, 4])         # d1 rejected, recovered 4
+    nxt.fill(request, "a", info)
+    assert request.position_base == 3 and list(request.context_ids) == [4]
+    assert request.prefix_hash == wire.hashes.at(3)
+
+
+def test_hop_delay_delays_both_hops():
+    async def scenario():
+        start = time.perf_counter()
+        result = await with_hop_delay(15.0, lambda: asyncio.sleep(0, result="ok"))
+        return result, time.perf_counter() - start
+    result, took = asyncio.run(scenario())
+    assert result == "ok" and took >= 0.030
