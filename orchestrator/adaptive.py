@@ -174,3 +174,20 @@ def choose_k(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int, propos
                key=lambda k: acceptance.expected_tokens(k) / max(costs.round_ms(k, proposer), 1e-6))
     acceptance.rounds_at_zero = acceptance.rounds_at_zero + 1 if best == 0 else 0
     return best
+
+
+def choose_k_drafted(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int, proposer: str = ANY_DRAFT) -> int:
+    """The k in [0, k_cap] for a round whose block was drafted ahead (orchestrator/overlap.py) and is
+    usable: the draft's guess of the previous token was right, so the block costs no draft time and its
+    position j is the tracker's position j + 1 (accepted given the position before it was)."""
+    rates = acceptance.rates()
+    shifted = rates[1:] + rates[-1:] * (k_cap + 1)
+    base = costs.round_ms(0, proposer) - costs.verify_share(1)       # a round's overhead without a draft hop
+
+    def per_ms(k: int) -> float:
+        total, survive = 1.0, 1.0
+        for rate in shifted[:k]:
+            survive *= rate
+            total += survive
+        return total / max(costs.verify_share(k + 1) + base, 1e-6)
+    return max(range(k_cap + 1), key=per_ms)

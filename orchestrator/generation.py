@@ -58,14 +58,14 @@ from specdec.metrics import OrchestratorMetrics
 from specdec.params import MODEL, GenerationParams, field_or_default, resolve_generation
 from specdec.v1 import orchestrator_pb2 as pb
 
-from orchestrator.adaptive import NO_DRAFT, AcceptanceTracker, CostModel, choose_k
+from orchestrator.adaptive import NO_DRAFT, AcceptanceTracker, CostModel, choose_k, choose_k_drafted
 from orchestrator.detokenize import IncrementalDetokenizer
 from orchestrator.features import HiddenRelay
 from orchestrator.idempotency import RunningRequests, check_reuse, request_fingerprint
 from orchestrator.lease import SessionLease, store_errors
 from orchestrator.prompting import Message, Prompter
 from orchestrator.delta import ContextWire
-from orchestrator.overlap import AheadCosts, PreDraft, discard, hit_probability, worth_overlapping
+from orchestrator.overlap import AheadCosts, PreDraft, discard, hit_probability, ready_block, worth_overlapping
 from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner
 from orchestrator.session_store import Session, SessionBusy, SessionStore
 from orchestrator.stats import StatsCollector, count_emitted
@@ -269,6 +269,9 @@ class Generation:
         proposer = self.deps.runner.proposer(self.params.draft_kind, state.ids)
         if not self.params.adaptive_k:
             return cap, proposer
+        ready = ready_block(self.ahead, state.ids, cap) if proposer == MODEL else 0
+        if ready:   # a block drafted ahead is usable: free to draft, accepted given its guess was right
+            return choose_k_drafted(self.deps.costs, self._tracker(proposer), ready, proposer), proposer
         return choose_k(self.deps.costs, self._tracker(proposer), cap, proposer), proposer
 
     def _tracker(self, proposer: str) -> AcceptanceTracker:
@@ -280,7 +283,7 @@ class Generation:
         """Feed adaptive k: acceptance per session and proposer; costs only from rounds without a prefill."""
         proposed = len(outcome.draft_ids)
         self.deps.costs.observe_batch(outcome.target_batch)
-        if proposed:
+        if proposed and not outcome.predrafted:   # a used pre-draft's positions are shifted by its guess
             self._tracker(outcome.proposer).observe(proposed, outcome.num_accepted)
         if outcome.target_computed <= proposed + 1 and not outcome.degraded and not outcome.predrafted:
             self.deps.costs.observe(proposed, proposed + 1, outcome.draft_ms, outcome.target_ms, outcome.overhead_ms,
@@ -325,8 +328,9 @@ class Generation:
     def _ahead_k(self, state: State, k: int, proposer: str) -> int:
         """Overlap: how many tokens to draft ahead for the next round while this one verifies (0 = none).
         The next round's k cap if this round accepts all k and the bonus; off under load (the target's
-        passes carry other sessions); with adaptive k only when worth it (overlap.worth_overlapping)."""
-        if not self.overlap or k <= 0 or proposer != MODEL:
+        passes carry other sessions); with adaptive k only when worth it (overlap.worth_overlapping),
+        and then also behind a k = 0 round (the draft guesses the target's next token: docs/overlap.md)."""
+        if not self.overlap or proposer != MODEL or (k == 0 and not self.params.adaptive_k):
             return 0
         after = k + 1
         k_ahead = max(0, min(self.params.k, self.params.max_new_tokens - len(state.completion) - after - 1,

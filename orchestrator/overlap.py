@@ -116,6 +116,15 @@ def start_predraft(base: Sequence[int], kind: str,
     return ahead
 
 
+def ready_block(ahead: PreDraft | None, context: Sequence[int], k: int) -> int:
+    """Tokens of a pre-draft that has already answered which a round from `context` could use (0: none,
+    or not answered yet). Lets adaptive k choose knowing the block is free (adaptive.choose_k_drafted)."""
+    if ahead is None or not ahead.task.done() or ahead.task.cancelled() or ahead.task.exception() is not None:
+        return 0
+    response, _ = ahead.task.result()
+    return usable_block(ahead.base, response.draft_ids, context, k)
+
+
 @dataclass
 class Taken:
     """A pre-drafted block a round uses (ProposeResponse sliced to the round's k)."""

@@ -291,13 +291,15 @@ class RoundRunner:
     def _start_ahead(self, req: RoundRequest, proposal: draft_pb2.ProposeResponse,
                      out: RoundOutcome) -> PreDraft | None:
         """Overlap: start drafting the next round's block (req.ahead_k tokens after a guess of the bonus)
-        from this round's context + its draft block, while the verify runs. None when the round's
-        draft was not the pool's model, it proposed fewer than k tokens, or the draft replica has
-        other work queued (OverlapConfig.max_draft_in_flight)."""
-        if (req.ahead_k <= 0 or self.draft is None or out.degraded or out.draft_kind != MODEL
-                or len(proposal.draft_ids) != req.k or not self.remote_model(req)):
+        from this round's context + its draft block (none in a k = 0 round), while the verify runs. None
+        when the round's draft was not the pool's model, it proposed fewer than k tokens, or the draft
+        replica has other work queued (OverlapConfig.max_draft_in_flight)."""
+        drafted = out.draft_kind == MODEL and len(proposal.draft_ids) == req.k    # k = 0: the guess alone
+        if (req.ahead_k <= 0 or self.draft is None or out.degraded or not self.remote_model(req)
+                or not (req.k == 0 or drafted)):
             return None
-        if self.draft.set.in_flight(out.draft_replica) > self.overlap.max_draft_in_flight:
+        address = out.draft_replica or self.draft.set.pick(req.session_id)
+        if not address or self.draft.set.in_flight(address) > self.overlap.max_draft_in_flight:
             return None
         k = req.ahead_k + 1
         try:

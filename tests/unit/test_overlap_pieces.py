@@ -134,3 +134,16 @@ def test_hop_delay_delays_both_hops():
         return result, time.perf_counter() - start
     result, took = asyncio.run(scenario())
     assert result == "ok" and took >= 0.030
+
+
+def test_a_usable_block_drafted_ahead_is_free_and_accepted_from_position_two():
+    from orchestrator.adaptive import AcceptanceTracker, CostModel, choose_k, choose_k_drafted
+
+    costs = CostModel(verify_ms={1: 26.0, 5: 33.0}, draft_step_ms={"model": 2.75},
+                      overhead_ms={"": 2.0, "model": 5.0})
+    tracker = AcceptanceTracker(k_max=4)
+    for _ in range(40):                 # position 1 accepted 1 in 5 rounds; past it, 3 in 5
+        for accepted in (0, 0, 0, 0, 3):
+            tracker.observe(4, accepted)
+    assert choose_k(costs, tracker, 4, "model") == 0          # drafting and verifying 4 tokens does not pay
+    assert choose_k_drafted(costs, tracker, 4, "model") >= 3  # a free block accepted ~0.6 a position does
