@@ -8,10 +8,13 @@ synchronous here: overlapping in time does not change what is computed, only whe
 
 The third generated token is where a block drafted ahead decides (round 1 accepted d1 and the bonus
 was the draft's guess e1; round 2 verifies e2): its marginal and its joint with the second token are
-compared with the exact distributions (enumerated) at significance ALPHA. A block used without its q'
-rows (a slicing bug: the target then takes the block as a point mass, like an n-gram draft's) must be
-rejected by the same test, and at fixed seed the overlapped rounds give the sequential rounds' tokens.
-(Rows off by one are refused outright by the accept rule: a drafted token outside its reported support.)
+compared with the exact distributions (enumerated) at significance ALPHA. Blocks drafted ahead whose
+q' rows lie (uniform over their support, test_sampling_engines' lying draft, on the pre-drafted blocks
+only) must be rejected by the same test: it has power on the overlapped path itself. At fixed seed the
+overlapped rounds give the sequential rounds' tokens. (Not every slicing bug shows in a distribution:
+rows off by one are refused by the accept rule, a drafted token outside its reported support; rows
+dropped make the block a point mass, which is lossless, like an n-gram draft; the identity test
+catches both.)
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from orchestrator.overlap import usable_block
 from specdec.core.sampling import SamplingConfig, logits_to_probs
 from specdec.engine.draft import ModelDraft
 from specdec.engine.target import TargetEngine
-from specdec.engine.types import ProposeInput, VerifyInput
+from specdec.engine.types import ProposeInput, SparseDist, VerifyInput
 from tests.integration.test_sampling_engines import ALPHA, CFG, CONTEXT, DRAFT_NOISE, VOCAB, pvalue, runner, tiny
 
 pytestmark = pytest.mark.integration
@@ -47,9 +50,9 @@ def aligned(rows: Sequence, n: int) -> list:
     return list(rows[1:n + 1])
 
 
-def dropped(rows: Sequence, n: int) -> list:
-    """A broken variant: the block's q' rows not passed on."""
-    return []
+def lying(rows: Sequence, n: int) -> list:
+    """A broken variant: the block's q' rows reported uniform over their support."""
+    return [SparseDist(list(r.token_ids), [1.0 / len(r.token_ids)] * len(r.token_ids)) for r in rows[1:n + 1]]
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +114,10 @@ def test_overlapped_rounds_preserve_the_target_distribution(engines):
     assert min(pv) > ALPHA
 
 
-def test_a_block_without_its_draft_rows_is_detected(engines):
+def test_blocks_drafted_ahead_with_lying_draft_rows_are_detected(engines):
     target, draft, model = engines
     joint = exact_joint(model, SamplingConfig(seed=0, **CFG))
-    counts = sample_counts(target, draft, dropped, {"used": 0})
+    counts = sample_counts(target, draft, lying, {"used": 0})
     assert min(pvalue(counts.sum((0, 1)), joint.sum((0, 1))), pvalue(counts.sum(0), joint.sum(0))) < ALPHA
 
 
