@@ -67,6 +67,7 @@ class CostModel:
     draft_step_ms: dict[str, float] = field(default_factory=dict)  # proposer -> ms per draft token
     overhead_ms: dict[str, float] = field(default_factory=dict)    # proposer or NO_DRAFT -> non-forward ms a round
     batch: float = 1.0                                             # sessions per target pass of recent rounds
+    overlap_extra_ms: float | None = None     # how much longer a verify runs beside a pre-draft (shared CPU)
 
     def observe_batch(self, size: int) -> None:
         """Account for the number of sessions the target verified in one round's forward pass (0: unknown)."""
@@ -81,6 +82,12 @@ class CostModel:
         if k > 0:
             self.draft_step_ms[key] = _ema(self.draft_step_ms.get(key), draft_ms / k)
         self.overhead_ms[key] = _ema(self.overhead_ms.get(key), overhead_ms)
+
+    def observe_overlapped(self, verified: int, target_ms: float) -> None:
+        """A round whose verify ran beside a pre-draft (orchestrator/overlap.py): its time over v(n) is what
+        drafting ahead costs the target (cores, memory bandwidth); v(n) itself is left to plain rounds."""
+        if verified in self.verify_ms:
+            self.overlap_extra_ms = _ema(self.overlap_extra_ms, target_ms - self.verify_ms[verified])
 
     def verify(self, n: int) -> float:
         """v(n): measured, or interpolated/extrapolated linearly from the measured points."""

@@ -285,7 +285,9 @@ class Generation:
         self.deps.costs.observe_batch(outcome.target_batch)
         if proposed and not outcome.predrafted:   # a used pre-draft's positions are shifted by its guess
             self._tracker(outcome.proposer).observe(proposed, outcome.num_accepted)
-        if outcome.target_computed <= proposed + 1 and not outcome.degraded and not outcome.predrafted:
+        if outcome.ahead is not None and outcome.target_computed <= proposed + 1:
+            self.deps.costs.observe_overlapped(proposed + 1, outcome.target_ms)
+        elif outcome.target_computed <= proposed + 1 and not outcome.degraded and not outcome.predrafted:
             self.deps.costs.observe(proposed, proposed + 1, outcome.draft_ms, outcome.target_ms, outcome.overhead_ms,
                                     outcome.proposer)
 
@@ -328,8 +330,9 @@ class Generation:
     def _ahead_k(self, state: State, k: int, proposer: str) -> int:
         """Overlap: how many tokens to draft ahead for the next round while this one verifies (0 = none).
         The next round's k cap if this round accepts all k and the bonus; off under load (the target's
-        passes carry other sessions); with adaptive k only when worth it (overlap.worth_overlapping),
-        and then also behind a k = 0 round (the draft guesses the target's next token: docs/overlap.md)."""
+        passes carry other sessions); only when worth it (overlap.worth_overlapping: the chance the block
+        is used from this session's acceptance, against what a pre-draft measurably costs the verify);
+        with adaptive k also behind a k = 0 round (the draft guesses the target's next token: docs/overlap.md)."""
         if not self.overlap or proposer != MODEL or (k == 0 and not self.params.adaptive_k):
             return 0
         after = k + 1
@@ -338,10 +341,9 @@ class Generation:
         costs, cfg = self.deps.costs, self.deps.cfg.overlap
         if k_ahead == 0 or costs.batch > cfg.max_target_batch:
             return 0
-        if not self.params.adaptive_k:
-            return k_ahead
         hop = max(0.0, costs.overhead_ms.get(MODEL, 0.0) - costs.overhead_ms.get(NO_DRAFT, 0.0))
-        weights = AheadCosts(costs.draft_step_ms.get(MODEL, 0.0), hop, costs.verify_share(k + 1), cfg.miss_cost_ms)
+        contention = max(cfg.miss_cost_ms, costs.overlap_extra_ms or 0.0)    # measured once pre-drafts ran
+        weights = AheadCosts(costs.draft_step_ms.get(MODEL, 0.0), hop, costs.verify_share(k + 1), contention)
         hit = hit_probability(self._tracker(proposer).rates(), k)
         return k_ahead if worth_overlapping(hit, k_ahead, weights) else 0
 

@@ -67,18 +67,18 @@ class AheadCosts:
     draft_step_ms: float       # one draft token
     draft_hop_ms: float        # the draft call's overhead (hop, serialisation)
     verify_ms: float           # the round's own verify, which the pre-draft hides behind
-    miss_cost_ms: float        # what a discarded pre-draft costs the round it overlaps
+    miss_cost_ms: float        # what a pre-draft costs the verify beside it (used or not): shared cores
 
 
 def worth_overlapping(hit: float, k_ahead: int, costs: AheadCosts) -> bool:
-    """Adaptive k's per-round decision: expected saving P(hit) x (draft time + hop of the next block)
-    against (1 - P(hit)) x miss cost plus the wait when the pre-draft outlasts the verify."""
+    """The per-round decision: expected saving P(hit) x (draft time + hop of the next block) against
+    what the pre-draft costs the verify beside it plus the wait when it outlasts the verify."""
     if k_ahead <= 0:
         return False
     ahead_ms = (k_ahead + 1) * costs.draft_step_ms + costs.draft_hop_ms
     wait_ms = max(0.0, ahead_ms - costs.verify_ms)
     saved_ms = k_ahead * costs.draft_step_ms + costs.draft_hop_ms
-    return hit * saved_ms > (1.0 - hit) * costs.miss_cost_ms + wait_ms
+    return hit * saved_ms > costs.miss_cost_ms + wait_ms
 
 
 @dataclass

@@ -282,10 +282,11 @@ class OverlapConfig:
 
     # The default of GenerateRequest.overlap (a request's own value wins).
     enabled: bool = field(default_factory=lambda: env_bool("SPECDEC_OVERLAP", False))
-    # Adaptive k: overlap a round only when the block drafted ahead is expected to save more than it
-    # costs: P(used) x (draft time it hides) > (1 - P(used)) x miss_cost_ms + the expected wait past
-    # the verify. miss_cost_ms: what a discarded pre-draft costs the round it overlaps (the draft and
-    # the target share CPU cores or a host's memory bandwidth; measured ~1 ms on the 2-core box).
+    # Overlap a round only when the block drafted ahead is expected to save more than it costs:
+    # P(used) x (draft time it hides) > what the pre-draft costs the verify beside it + the expected
+    # wait past the verify. That cost is measured (CostModel.overlap_extra_ms: verify time beside a
+    # pre-draft over v(n)); miss_cost_ms is its floor and its value until measured (the draft and the
+    # target may share CPU cores or a host's memory bandwidth).
     miss_cost_ms: float = field(default_factory=lambda: env_float("SPECDEC_OVERLAP_MISS_COST_MS", 1.0))
     # Under load overlap is off: when the target's passes carry more than this many sessions on
     # average (CostModel.batch) or the draft replica has other calls in flight, a pre-draft would

@@ -47,6 +47,13 @@ def stack(tiny, redis_server):
     s.stop()
 
 
+@pytest.fixture(autouse=True)
+def always_worth_it(monkeypatch):
+    """Every eligible round drafts ahead: these tests are about what a pre-draft may change (nothing),
+    not about when it pays (overlap.worth_overlapping, measured contention: unit-tested)."""
+    monkeypatch.setattr("orchestrator.generation.worth_overlapping", lambda hit, k_ahead, costs: k_ahead > 0)
+
+
 def generate(stub, prompt, k, max_new, **extra):
     req = pb.GenerateRequest(prompt=prompt, k=k, max_new_tokens=max_new, trace=True, **extra)
     return stub.Generate(req, timeout=120)

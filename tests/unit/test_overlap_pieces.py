@@ -49,11 +49,13 @@ def test_hit_probability_is_all_accepted_times_the_guess():
 
 def test_worth_overlapping_weighs_saving_against_misses_and_waiting():
     cpu = AheadCosts(draft_step_ms=2.75, draft_hop_ms=3.0, verify_ms=33.0, miss_cost_ms=1.0)
-    assert worth_overlapping(0.3, 4, cpu)            # 0.3 x 14 ms saved > 0.7 x 1 ms
+    assert worth_overlapping(0.3, 4, cpu)            # 0.3 x 14 ms saved > 1 ms
     assert not worth_overlapping(0.01, 4, cpu)       # open prompts at k = 4: ~never used
     slow_draft = AheadCosts(draft_step_ms=20.0, draft_hop_ms=3.0, verify_ms=33.0, miss_cost_ms=1.0)
     assert not worth_overlapping(0.1, 4, slow_draft)  # 103 ms of pre-draft behind a 33 ms verify: the wait dominates
     assert not worth_overlapping(1.0, 0, cpu)
+    contended = AheadCosts(draft_step_ms=2.75, draft_hop_ms=3.0, verify_ms=33.0, miss_cost_ms=24.0)
+    assert not worth_overlapping(0.3, 4, contended)  # a verify 24 ms slower beside a pre-draft (measured under load)
 
 
 def _response(ids, rows=True):
