@@ -93,7 +93,8 @@ class RunRecord:
                 "ttft_ms": round(self.arrivals[0][0] * 1000, 2) if self.arrivals else None,
                 **({"rounds": len(self.rounds)} if self.rounds else {}),
                 **({k: self.stats[k] for k in ("draft_ms", "target_ms", "overhead_ms", "accepted_tokens",
-                                                "draft_tokens") if k in self.stats})}
+                                                "draft_tokens", "predrafts", "predrafts_used", "draft_hidden_ms")
+                    if k in self.stats})}
 
 
 def load_prompts(names: list[str], per_set: int, prompts_dir: Path = PROMPTS_DIR) -> list[Prompt]:
