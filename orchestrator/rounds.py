@@ -201,17 +201,7 @@ class RoundRunner:
             verify.return_hidden_states, verify.hidden_from = True, hidden_from
         timeout = self._deadline(len(req.context_ids) + len(proposal.draft_ids), req.deadline)
         send = context_send(req, "target")
-        verifying = asyncio.ensure_future(self._call(self.target, req, "Verify", verify, timeout, send))
-        out.ahead = self._start_ahead(req, proposal, out)
-        try:
-            verdict, out.target_replica, retries = await verifying
-        except BaseException:
-            verifying.cancel()
-            if out.ahead is not None:
-                out.ahead.task.cancel()
-            raise
-        if out.ahead is not None:
-            out.ahead.verified = time.perf_counter()
+        verdict, out.target_replica, retries = await self._verify_and_ahead(req, proposal, out, verify, timeout, send)
         out.context_resends += send.resends
         if hidden_from is not None:
             relay.after_verify(verdict.hidden)
@@ -313,3 +303,22 @@ class RoundRunner:
                 else ContextSend(None, "draft", list(req.context_ids) + block))
         return start_predraft(list(req.context_ids) + block, MODEL,
                               lambda: self._call(self.draft, req, "Propose", propose, timeout, send))
+
+    async def _verify_and_ahead(self, req: RoundRequest, proposal: draft_pb2.ProposeResponse, out: RoundOutcome,
+                                verify: target_pb2.VerifyRequest, timeout: float, send: ContextSend) -> tuple:
+        """The round's Verify; with overlap, the next round's pre-draft runs beside it (out.ahead)."""
+        if req.ahead_k <= 0:
+            return await self._call(self.target, req, "Verify", verify, timeout, send)
+        verifying = asyncio.ensure_future(self._call(self.target, req, "Verify", verify, timeout, send))
+        out.ahead = self._start_ahead(req, proposal, out)
+        try:
+            result = await verifying
+        except BaseException:
+            running = {verifying} | ({out.ahead.task} if out.ahead is not None else set())
+            for task in running:
+                task.cancel()
+            await asyncio.wait(running)      # both calls have stopped when the round has
+            raise
+        if out.ahead is not None:
+            out.ahead.verified = time.perf_counter()
+        return result
