@@ -75,8 +75,12 @@ class CostModel:
             self.batch = (1 - EMA_WEIGHT) * self.batch + EMA_WEIGHT * size
 
     def observe(self, k: int, verified: int, draft_ms: float, target_ms: float, overhead_ms: float,
-                proposer: str = ANY_DRAFT) -> None:
-        """Account for one round (k proposed tokens by `proposer`, `verified` = k + 1 scored by the target)."""
+                proposer: str = ANY_DRAFT, overlapped: bool = False) -> None:
+        """Account for one round (k proposed tokens by `proposer`, `verified` = k + 1 scored by the target);
+        a round whose verify ran beside a pre-draft (`overlapped`) only measures overlap_extra_ms."""
+        if overlapped:
+            self.observe_overlapped(verified, target_ms)
+            return
         self.verify_ms[verified] = _ema(self.verify_ms.get(verified), target_ms)
         key = proposer if k > 0 else NO_DRAFT
         if k > 0:

@@ -10,8 +10,7 @@
   6. stream the text delta (and the round, with trace).
 Rounds are pipelined: round r+1 starts (1-2) as soon as round r's tokens are known
 (3-4) and runs while round r's tokens are stored (5) and streamed (6); a chunk never
-leaves before its tokens are in Redis. With overlap (GenerateRequest.overlap, docs/overlap.md)
-the draft also drafts round r+1's block while round r verifies (orchestrator/overlap.py).
+leaves before its tokens are in Redis.
 
 Reliability (see docs/reliability.md):
   * Lease: the orchestrator holds the session's lease (LeaseConfig.seconds, default 6 s)
@@ -58,14 +57,14 @@ from specdec.metrics import OrchestratorMetrics
 from specdec.params import MODEL, GenerationParams, field_or_default, resolve_generation
 from specdec.v1 import orchestrator_pb2 as pb
 
-from orchestrator.adaptive import NO_DRAFT, AcceptanceTracker, CostModel, choose_k, choose_k_drafted
+from orchestrator.adaptive import AcceptanceTracker, CostModel, choose_k, choose_k_drafted
 from orchestrator.detokenize import IncrementalDetokenizer
 from orchestrator.features import HiddenRelay
 from orchestrator.idempotency import RunningRequests, check_reuse, request_fingerprint
 from orchestrator.lease import SessionLease, store_errors
 from orchestrator.prompting import Message, Prompter
 from orchestrator.delta import ContextWire
-from orchestrator.overlap import AheadCosts, PreDraft, discard, hit_probability, ready_block, worth_overlapping
+from orchestrator.overlap import PreDraft, discard, plan_ahead, ready_block
 from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner
 from orchestrator.session_store import Session, SessionBusy, SessionStore
 from orchestrator.stats import StatsCollector, count_emitted
@@ -269,10 +268,9 @@ class Generation:
         proposer = self.deps.runner.proposer(self.params.draft_kind, state.ids)
         if not self.params.adaptive_k:
             return cap, proposer
-        ready = ready_block(self.ahead, state.ids, cap) if proposer == MODEL else 0
-        if ready:   # a block drafted ahead is usable: free to draft, accepted given its guess was right
-            return choose_k_drafted(self.deps.costs, self._tracker(proposer), ready, proposer), proposer
-        return choose_k(self.deps.costs, self._tracker(proposer), cap, proposer), proposer
+        ready = ready_block(self.ahead, state.ids, cap) if proposer == MODEL else 0   # drafted ahead: free
+        choose = choose_k_drafted if ready else choose_k
+        return choose(self.deps.costs, self._tracker(proposer), ready or cap, proposer), proposer
 
     def _tracker(self, proposer: str) -> AcceptanceTracker:
         if proposer not in self.acceptance:
@@ -285,11 +283,9 @@ class Generation:
         self.deps.costs.observe_batch(outcome.target_batch)
         if proposed and not outcome.predrafted:   # a used pre-draft's positions are shifted by its guess
             self._tracker(outcome.proposer).observe(proposed, outcome.num_accepted)
-        if outcome.ahead is not None and outcome.target_computed <= proposed + 1:
-            self.deps.costs.observe_overlapped(proposed + 1, outcome.target_ms)
-        elif outcome.target_computed <= proposed + 1 and not outcome.degraded and not outcome.predrafted:
+        if outcome.target_computed <= proposed + 1 and not outcome.degraded and not outcome.predrafted:
             self.deps.costs.observe(proposed, proposed + 1, outcome.draft_ms, outcome.target_ms, outcome.overhead_ms,
-                                    outcome.proposer)
+                                    outcome.proposer, overlapped=outcome.ahead is not None)
 
     async def _rounds(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher
                       ) -> AsyncIterator[pb.GenerateChunk]:
@@ -321,31 +317,18 @@ class Generation:
         """Steps 1-2 (draft proposes, target verifies) for the context so far, as a task."""
         self.lease.check()
         k, proposer = self._round_k(state)
-        ahead, self.ahead = self.ahead, None
+        ahead, self.ahead = self.ahead, None     # the round uses the block drafted ahead or discards it
         return asyncio.create_task(self.deps.runner.run(RoundRequest(
             self.session_id, self.request_id, list(state.ids), k, self.params.sampling, self.params.draft_kind,
-            self.params.logprobs, self.deadline, self.relay, proposer, self.wire, ahead,
-            self._ahead_k(state, k, proposer))))
+            self.params.logprobs, self.deadline, self.relay, proposer, self.wire, ahead, self._ahead_k(state, k, proposer))))
 
     def _ahead_k(self, state: State, k: int, proposer: str) -> int:
-        """Overlap: how many tokens to draft ahead for the next round while this one verifies (0 = none).
-        The next round's k cap if this round accepts all k and the bonus; off under load (the target's
-        passes carry other sessions); only when worth it (overlap.worth_overlapping: the chance the block
-        is used from this session's acceptance, against what a pre-draft measurably costs the verify);
-        with adaptive k also behind a k = 0 round (the draft guesses the target's next token: docs/overlap.md)."""
+        """Overlap (docs/overlap.md): tokens to draft ahead while this round verifies (overlap.plan_ahead)."""
         if not self.overlap or proposer != MODEL or (k == 0 and not self.params.adaptive_k):
             return 0
-        after = k + 1
-        k_ahead = max(0, min(self.params.k, self.params.max_new_tokens - len(state.completion) - after - 1,
-                             self.deps.max_context - len(state.ids) - after - 1))
-        costs, cfg = self.deps.costs, self.deps.cfg.overlap
-        if k_ahead == 0 or costs.batch > cfg.max_target_batch:
-            return 0
-        hop = max(0.0, costs.overhead_ms.get(MODEL, 0.0) - costs.overhead_ms.get(NO_DRAFT, 0.0))
-        contention = max(cfg.miss_cost_ms, costs.overlap_extra_ms or 0.0)    # measured once pre-drafts ran
-        weights = AheadCosts(costs.draft_step_ms.get(MODEL, 0.0), hop, costs.verify_share(k + 1), contention)
-        hit = hit_probability(self._tracker(proposer).rates(), k)
-        return k_ahead if worth_overlapping(hit, k_ahead, weights) else 0
+        cap = min(self.params.k, self.params.max_new_tokens - len(state.completion) - k - 2,
+                  self.deps.max_context - len(state.ids) - k - 2)
+        return plan_ahead(cap, k, self.deps.costs, self.deps.cfg.overlap, self._tracker(proposer).rates())
 
     async def _settle(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher,
                       outcome: RoundOutcome, start_len: int) -> tuple[list[int], str]:

@@ -26,8 +26,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
+from specdec.config import OverlapConfig
 from specdec.errors import SpecDecError
+from specdec.params import MODEL
 from specdec.v1 import draft_pb2
+
+from orchestrator.adaptive import NO_DRAFT, CostModel
 
 log = logging.getLogger("specdec.orchestrator")
 MS_PER_S = 1000.0
@@ -79,6 +83,18 @@ def worth_overlapping(hit: float, k_ahead: int, costs: AheadCosts) -> bool:
     wait_ms = max(0.0, ahead_ms - costs.verify_ms)
     saved_ms = k_ahead * costs.draft_step_ms + costs.draft_hop_ms
     return hit * saved_ms > costs.miss_cost_ms + wait_ms
+
+
+def plan_ahead(cap: int, k: int, costs: CostModel, cfg: OverlapConfig, rates: Sequence[float]) -> int:
+    """Tokens to draft ahead behind a k-token round: `cap` (the next round's k cap), or 0 under load (the
+    target's passes carry other sessions) or when not worth it, the pre-draft's cost to the verify beside
+    it being measured (CostModel.overlap_extra_ms) with OverlapConfig.miss_cost_ms as its floor."""
+    if cap <= 0 or costs.batch > cfg.max_target_batch:
+        return 0
+    hop = max(0.0, costs.overhead_ms.get(MODEL, 0.0) - costs.overhead_ms.get(NO_DRAFT, 0.0))
+    contention = max(cfg.miss_cost_ms, costs.overlap_extra_ms or 0.0)
+    weights = AheadCosts(costs.draft_step_ms.get(MODEL, 0.0), hop, costs.verify_share(k + 1), contention)
+    return cap if worth_overlapping(hit_probability(rates, k), cap, weights) else 0
 
 
 @dataclass

@@ -51,7 +51,7 @@ def stack(tiny, redis_server):
 def always_worth_it(monkeypatch):
     """Every eligible round drafts ahead: these tests are about what a pre-draft may change (nothing),
     not about when it pays (overlap.worth_overlapping, measured contention: unit-tested)."""
-    monkeypatch.setattr("orchestrator.generation.worth_overlapping", lambda hit, k_ahead, costs: k_ahead > 0)
+    monkeypatch.setattr("orchestrator.overlap.worth_overlapping", lambda hit, k_ahead, costs: k_ahead > 0)
 
 
 def generate(stub, prompt, k, max_new, **extra):
