@@ -11,7 +11,7 @@ LOAD_STAMP    := $(LOAD_VENV)/.installed
 GUIDELLM_PIN  := guidellm==0.8.1
 LOAD_PIP      := $(LOAD_VENV)/bin/python -m pip -q --disable-pip-version-check
 
-.PHONY: install demo test test-fast protos bench bench-concurrency bench-load load-venv constraints up clean \
+.PHONY: install demo test test-fast protos bench bench-concurrency bench-load bench-load-long load-venv constraints up clean \
         deploy-tools base-image images deploy-test
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
@@ -58,6 +58,10 @@ load-venv: $(LOAD_STAMP)
 ## Latency/throughput vs load through the OpenAI endpoint, measured by guidellm: k = 0, k = 4, adaptive, A/A (see bench/README.md).
 bench-load: $(STAMP) $(LOAD_STAMP)
 	$(BIN)/specdec bench-load --guidellm $(LOAD_VENV)/bin/guidellm --out bench/results/load.json --plot bench/results/load.png $(ARGS)
+
+## 16 concurrent sessions, 4 with prompts of 5k-6.7k tokens, vs the 12 short ones alone: KV budget, short TTFT, failures.
+bench-load-long: $(STAMP) $(LOAD_STAMP)
+	$(BIN)/specdec bench-load --long-mix --guidellm $(LOAD_VENV)/bin/guidellm --out bench/results/load_longmix.json $(ARGS)
 
 up: $(STAMP)
 	$(BIN)/specdec up

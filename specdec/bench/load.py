@@ -13,6 +13,7 @@ What the figures mean: specdec/bench/load_results.py; how to run: bench/README.m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -22,19 +23,22 @@ import time
 import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from specdec.bench.load_plan import (CONCURRENCY, DATA_PROMPTS, DATASETS, DEFAULT_MODE, FULL_MODE, GUIDELLM_VERSION,
                                      K0, QUICK_MODE, RATE, LoadConfig, Mode, ScenarioInputs, configurations,
                                      rate_list, scenario, write_chat_jsonl)
-from specdec.bench.load_results import (add_ratios, goals, noise_band, parse_report, saturation_rps, server_delta,
-                                        server_samples)
+from specdec.bench.load_results import (SERVER_SAMPLES, add_ratios, goals, noise_band, parse_report, saturation_rps,
+                                        server_delta, server_samples)
 
 log = logging.getLogger("specdec.bench.load")
 
 DEFAULT_GUIDELLM = ".venv-load/bin/guidellm"
 DEFAULT_WORK_DIR = "bench/out/load"
 DEFAULT_ADAPTIVE_CAP = 8
+DEFAULT_OUT = "bench/results/load.json"
+LONG_MIX_OUT = "bench/results/load_longmix.json"
+MIB = 1024 * 1024
 WARMUP_TOKENS = 8
 WARMUP_TIMEOUT_S = 300.0
 SCRAPE_TIMEOUT_S = 10.0
@@ -50,6 +54,7 @@ class LoadArgs:
     threads: int = 1
     max_batch: int = 0
     max_seconds_per_point: float = 0.0
+    cache_budget_bytes: int = 0             # 0: the target service's default
     target_model: str = "embedded"
     guidellm: str = DEFAULT_GUIDELLM
     work_dir: str = DEFAULT_WORK_DIR
@@ -78,9 +83,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target-model", default="embedded")
     p.add_argument("--guidellm", default=DEFAULT_GUIDELLM, help="the guidellm executable (make bench-load installs it)")
     p.add_argument("--work-dir", default=DEFAULT_WORK_DIR, help="scenarios, guidellm reports and logs")
-    p.add_argument("--out", default="bench/results/load.json")
+    p.add_argument("--out", default=None, help=f"the JSON (default {DEFAULT_OUT}; --long-mix: {LONG_MIX_OUT})")
     p.add_argument("--plot", default="bench/results/load.png")
     p.add_argument("--note", default="", help="a note stored in the JSON (e.g. why a run is small)")
+    p.add_argument("--long-mix", action="store_true",
+                   help="instead of the curves: 16 sessions, 4 with long prompts, vs the short ones alone "
+                        "(KV budget, short TTFT, failures; specdec/bench/load_longmix.py)")
+    p.add_argument("--long-mix-seconds", type=float, default=0.0, help="each long-mix phase's length (0: default)")
+    p.add_argument("--cache-budget-mib", type=int, default=0,
+                   help="the target's KV budget in MiB (0: the service default; --long-mix: its own default)")
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
@@ -116,7 +127,9 @@ def args_from_cli(ns: argparse.Namespace) -> LoadArgs:
         raise SystemExit("specdec bench-load: --requests and --max-tokens must be >= 1, --concurrency not empty")
     return LoadArgs(mode=mode, mode_name=name, adaptive_cap=ns.adaptive_cap, threads=ns.threads,
                     max_batch=ns.max_batch, max_seconds_per_point=ns.max_seconds_per_point,
-                    target_model=ns.target_model, guidellm=str(Path(ns.guidellm).absolute()), work_dir=ns.work_dir, out=ns.out,
+                    cache_budget_bytes=max(0, ns.cache_budget_mib) * MIB,
+                    target_model=ns.target_model, guidellm=str(Path(ns.guidellm).absolute()), work_dir=ns.work_dir,
+                    out=ns.out or (LONG_MIX_OUT if ns.long_mix else DEFAULT_OUT),
                     plot=ns.plot, note=ns.note, configs=configurations(mode.fixed_ks, ns.adaptive_cap))
 
 
@@ -159,14 +172,47 @@ def warm_up(url: str, configs: list[LoadConfig]) -> None:
             resp.read()
 
 
-def scrape(metrics_urls: list[str]) -> dict[str, float]:
-    """The batch-fill and k samples of the target's and the orchestrator's /metrics pages, added up."""
+def scrape(metrics_urls: list[str], names: tuple[str, ...] = SERVER_SAMPLES) -> dict[str, float]:
+    """The samples `names` (default: batch fill and k) of the target's and the orchestrator's /metrics
+    pages, added up."""
     total: dict[str, float] = {}
     for url in metrics_urls:
         with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as resp:  # noqa: S310 - loopback only
-            for name, value in server_samples(resp.read().decode()).items():
+            for name, value in server_samples(resp.read().decode(), names).items():
                 total[name] = total.get(name, 0.0) + value
     return total
+
+
+def uptime() -> str:
+    """`uptime`'s line (load averages over 1, 5 and 15 minutes), recorded before and after a run."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"uptime unavailable: {exc}"
+
+
+@contextlib.contextmanager
+def serving(args: LoadArgs, max_concurrent: int) -> Iterator[tuple[Any, Any]]:
+    """The local stack (embedded Redis, target, n-gram draft, orchestrator) and the HTTP gateway, running;
+    sets args.metrics_urls (target and orchestrator /metrics). Yields (stack, gateway); stops both."""
+    from http_gateway.process import GatewayProcess
+    from specdec.launcher import LocalStack, StackConfig
+
+    work = Path(args.work_dir).resolve()
+    stack = LocalStack(StackConfig(target_model=args.target_model, threads=args.threads, max_batch=args.max_batch,
+                                   cache_budget_bytes=args.cache_budget_bytes, max_concurrent=max_concurrent,
+                                   log_dir=str(work / "logs"), metrics=True))
+    gateway = None
+    try:
+        stack.start()
+        args.metrics_urls = [f"http://127.0.0.1:{p.metrics_port}/metrics" for p in stack.procs
+                             if p.role in ("target", "orchestrator") and p.metrics_port]
+        gateway = GatewayProcess(stack.orchestrator_address, log_dir=str(work / "logs")).start()
+        yield stack, gateway
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        stack.stop()
 
 
 def _children_cpu_s() -> float:
@@ -247,35 +293,27 @@ def _settings(args: LoadArgs) -> dict[str, Any]:
             "synthetic_prompt_tokens": m.synthetic_prompt_tokens,
             "configs": {c.name: c.extension() for c in args.configs},
             "threads": {"target": args.threads, "draft": "n-gram (no torch)", "cores": os.cpu_count()},
-            "max_batch": args.max_batch or "service default", "max_seconds_per_point": args.max_seconds_per_point,
+            "max_batch": args.max_batch or "service default",
+            "cache_budget_bytes": args.cache_budget_bytes or "service default", "max_seconds_per_point": args.max_seconds_per_point,
             "target_model": args.target_model, "endpoint": "/v1/chat/completions (stream)",
             "sampling": "greedy (temperature 0), ignore_eos"}
 
 
 def run(args: LoadArgs) -> dict[str, Any]:
     """Start the stack and the gateway, run every data set, return the JSON result."""
-    from http_gateway.process import GatewayProcess
     from specdec.bench.machine import machine_info
-    from specdec.launcher import LocalStack, StackConfig
 
     version = check_guidellm(args.guidellm)
     work = Path(args.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     processor = export_processor(args.target_model, work / "processor")
     chat_file = work / "prompts.chat.jsonl"
-    write_chat_jsonl(chat_file)
     top_c = max(args.mode.concurrency)
-    stack = LocalStack(StackConfig(target_model=args.target_model, threads=args.threads, max_batch=args.max_batch,
-                                   max_concurrent=max(64, 4 * top_c), log_dir=str(work / "logs"), metrics=True))
-    record: dict[str, Any] = {"note": args.note, "settings": _settings(args), "machine": machine_info(), "guidellm_version": version,
-                              "invocations": [], "datasets": {}}
+    write_chat_jsonl(chat_file, min_rows=args.mode.requests_per_point + 2 * top_c)
+    record: dict[str, Any] = {"note": args.note, "settings": _settings(args), "machine": machine_info(),
+                              "uptime_before": uptime(), "guidellm_version": version, "invocations": [], "datasets": {}}
     started = time.monotonic()
-    gateway = None
-    try:
-        stack.start()
-        args.metrics_urls = [f"http://127.0.0.1:{p.metrics_port}/metrics" for p in stack.procs
-                             if p.role in ("target", "orchestrator") and p.metrics_port]
-        gateway = GatewayProcess(stack.orchestrator_address, log_dir=str(work / "logs")).start()
+    with serving(args, max(64, 4 * top_c)) as (_, gateway):
         warm_up(gateway.url, args.configs)
         for dataset in args.mode.datasets:
             inp = ScenarioInputs(target_url=gateway.url, processor_dir=str(processor),
@@ -284,14 +322,11 @@ def run(args: LoadArgs) -> dict[str, Any]:
                                  synthetic_prompt_tokens=args.mode.synthetic_prompt_tokens,
                                  max_seconds_per_point=args.max_seconds_per_point)
             record["datasets"][dataset] = run_dataset(args, dataset, inp, record)
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        stack.stop()
     invs = record["invocations"]
     record["guidellm_cpu_s"] = round(sum(i["cpu_s"] for i in invs), 2)
     record["guidellm_wall_s"] = round(sum(i["wall_s"] for i in invs), 2)
     record["machine"]["load_avg_at_end"] = list(os.getloadavg())
+    record["uptime_after"] = uptime()
     record["runtime_s"] = round(time.monotonic() - started, 1)
     return record
 
@@ -300,6 +335,10 @@ def cmd_bench_load(ns: argparse.Namespace) -> int:
     from specdec.bench.load_results import plot, summary_lines
 
     args = args_from_cli(ns)
+    if ns.long_mix:
+        from specdec.bench.load_longmix import cmd_long_mix
+
+        return cmd_long_mix(args, ns.long_mix_seconds)
     record = run(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")

@@ -165,9 +165,27 @@ def chat_rows(prompts_dir: str | Path = PROMPTS_DIR) -> list[dict[str, Any]]:
     return rows
 
 
-def write_chat_jsonl(path: str | Path, prompts_dir: str | Path = PROMPTS_DIR) -> int:
-    """Write chat_rows() as JSONL for guidellm's json_file data; return the row count."""
-    rows = chat_rows(prompts_dir)
+def cycle_rows(rows: list[dict[str, Any]], min_rows: int) -> list[dict[str, Any]]:
+    """`rows` repeated in order until there are at least `min_rows` (and whole passes only).
+
+    guidellm ends a benchmark when its data runs out (its `requests_exhausted` constraint), so a
+    point of N requests needs a file of at least N rows; the bench's 20 prompts are cycled.
+    """
+    if not rows:
+        raise ValueError("no rows to cycle")
+    passes = max(1, -(-min_rows // len(rows)))
+    return rows * passes
+
+
+def write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> int:
+    """Write rows as JSONL for guidellm's json_file data; return the row count."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     return len(rows)
+
+
+def write_chat_jsonl(path: str | Path, prompts_dir: str | Path = PROMPTS_DIR, min_rows: int = 0) -> int:
+    """Write chat_rows(), cycled to at least `min_rows` rows, as JSONL; return the row count."""
+    return write_jsonl(path, cycle_rows(chat_rows(prompts_dir), min_rows))
+
+

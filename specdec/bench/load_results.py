@@ -242,14 +242,14 @@ SERVER_SAMPLES = ("specdec_batch_size_sum", "specdec_batch_size_count", "specdec
                   "specdec_round_target_batch_size_count")
 
 
-def server_samples(text: str) -> dict[str, float]:
-    """The SERVER_SAMPLES of one /metrics page, summed over their labels (k: over fixed and adaptive)."""
+def server_samples(text: str, names: tuple[str, ...] = SERVER_SAMPLES) -> dict[str, float]:
+    """The samples `names` of one /metrics page, summed over their labels (k: over fixed and adaptive)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in SERVER_SAMPLES:
+            if sample.name in names:
                 out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
     return out
 
