@@ -52,6 +52,11 @@ class ModelServiceCollector:
                        state.batched_calls, labels)
         yield _counter("prefill_chunks", "passes that prefilled one chunk of a long prompt (target, chunked prefill)",
                        state.prefill_chunks, labels)
+        for name, ms, doc in (("model_busy_seconds", state.busy_ms, "time the model ran calls"),
+                              ("prefill_pass_seconds", state.prefill_ms, "model time in passes that prefilled (target)"),
+                              ("batch_wait_seconds", state.batch_wait_ms,
+                               "time a batch waited for the previous batch's sessions to come back (target)")):
+            yield _counter(name, doc, ms / 1000.0, labels)
         if state.max_batch:
             yield _gauge("max_batch", "sessions one forward pass may carry (target)", state.max_batch, labels)
             yield _gauge("batch_fill", "recent sessions per forward pass / max_batch, exponentially weighted",

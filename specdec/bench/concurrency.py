@@ -13,6 +13,14 @@ with the same prompt run alone at k = 0.
 Reported per configuration: aggregate tokens/s (all sessions' tokens / the summed wall
 time of the waves, prefill included), median over repeats with min/max, and the mean
 number of sessions the target verified per forward pass (from the per-round trace).
+
+And where the wall time goes (`split`, from the target's /metrics read around each run and the
+per-round trace; time_split): the target's model thread prefilling (passes that ran a prompt),
+decoding (every other pass), holding a batch back for the previous batch's sessions
+(SPECDEC_BATCH_WAIT_MS), and idle: the rest of the wall time, when the target had nothing to run
+because every session was between rounds (orchestrator round trip: gRPC, the orchestrator's own work,
+Redis) or the wave's last sessions were still finishing. `tokens_per_decode_s` is the throughput if
+only the decode passes took time: its 8-vs-1 ratio is what the runner alone gives.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.load import scrape
 from specdec.bench.machine import machine_info
 from specdec.bench.plan import PROMPTS_DIR, Prompt, load_prompts
 
@@ -41,6 +50,9 @@ DEFAULT_MAX_NEW_TOKENS = 48
 DEFAULT_REPEATS = 2
 RPC_TIMEOUT_S = 600.0
 STACKS = ("batched", "unbatched")
+#: target /metrics counters read around each run (specdec/metrics.py, WorkerState in specdec/engine/worker.py).
+SPLIT_SAMPLES = ("specdec_model_busy_seconds_total", "specdec_prefill_pass_seconds_total",
+                 "specdec_batch_wait_seconds_total")
 
 
 @dataclass
@@ -71,6 +83,7 @@ class Sample:
     wall_s: float
     mean_batch: float
     outputs: dict[str, list[int]]
+    split: dict[str, float] = field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> float:
@@ -84,19 +97,21 @@ class Stacks:
         from specdec.launcher import LocalStack, StackConfig
 
         cfg = StackConfig(target_model=args.target_model, threads=args.threads, max_batch=args.max_batch, dtype=args.dtype,
-                          max_concurrent=max(args.concurrency) * 2)
+                          max_concurrent=max(args.concurrency) * 2, metrics=True)
         self.stack = LocalStack(cfg)
         self.max_batch = args.max_batch
 
-    def start(self) -> dict[str, str]:
-        """Start everything; return the orchestrator address of each stack."""
+    def start(self) -> dict[str, tuple[str, str]]:
+        """Start everything; return (orchestrator address, target /metrics URL) of each stack."""
         s = self.stack
         s.start()                                   # Redis, the batched target, its orchestrator
         plain = s.start_target(max_batch=1)
         orch = s.start_orchestrator(targets=[plain])
         for proc in (plain, orch):
             s.wait_ready(proc)
-        return {"batched": s.orchestrator_address, "unbatched": orch.address}
+        url = "http://127.0.0.1:{}/metrics".format
+        return {"batched": (s.orchestrator_address, url(s.targets[0].metrics_port)),
+                "unbatched": (orch.address, url(plain.metrics_port))}
 
     def stop(self) -> None:
         self.stack.stop()
@@ -105,17 +120,18 @@ class Stacks:
 class Sessions:
     """Runs c sessions at once against one orchestrator (a thread per session, unary Generate)."""
 
-    def __init__(self, address: str, max_new_tokens: int) -> None:
+    def __init__(self, address: str, max_new_tokens: int, metrics_url: str = "") -> None:
         import grpc
 
         from specdec.v1 import orchestrator_pb2_grpc
 
+        self.metrics_url = metrics_url
         self.channel = grpc.insecure_channel(address)
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
         self.max_new_tokens = max_new_tokens
 
-    def one(self, prompt: Prompt, k: int) -> tuple[list[int], list[int]]:
-        """(completion tokens, the target batch size of every round)."""
+    def one(self, prompt: Prompt, k: int) -> tuple[list[int], list[tuple[int, float]]]:
+        """(completion tokens, (target batch size, overhead ms) of every round)."""
         from specdec.v1 import orchestrator_pb2 as pb
 
         req = pb.GenerateRequest(max_new_tokens=self.max_new_tokens, ignore_eos=True, trace=True, k=k,
@@ -124,10 +140,11 @@ class Sessions:
         req.sampling.temperature = 0.0
         res = self.stub.Generate(req, timeout=RPC_TIMEOUT_S)
         self.stub.DeleteSession(pb.SessionRequest(session_id=res.session_id), timeout=RPC_TIMEOUT_S)
-        return list(res.token_ids), [r.target_batch_size for r in res.trace]
+        return list(res.token_ids), [(r.target_batch_size, r.overhead_ms) for r in res.trace]
 
-    def run(self, prompts: list[Prompt], k: int, c: int) -> tuple[float, list[list[int]], list[int]]:
-        """The prompts in waves of c at once; (summed wall seconds, tokens per prompt, batch sizes of all rounds)."""
+    def run(self, prompts: list[Prompt], k: int, c: int) -> tuple[float, list[list[int]], list[tuple[int, float]]]:
+        """The prompts in waves of c at once; (summed wall seconds, tokens per prompt, (batch size, overhead ms)
+        of all rounds)."""
         wall, results = 0.0, []
         with ThreadPoolExecutor(max_workers=c) as pool:
             for first in range(0, len(prompts), c):
@@ -152,12 +169,34 @@ def measure(args: ConcurrencyArgs, clients: dict[str, Sessions], prompts: list[P
                 for k in args.ks:
                     for name in STACKS:
                         bar.set_postfix_str(f"rep {rep + 1} c={c} k={k} {name}", refresh=False)
-                        wall, outputs, sizes = clients[name].run(prompts, k, c)
-                        samples.append(Sample(name, c, k, rep, sum(len(o) for o in outputs), wall,
-                                              statistics.fmean(sizes) if sizes else 0.0,
-                                              {p.id: o for p, o in zip(prompts, outputs)}))
+                        before = scrape([clients[name].metrics_url], SPLIT_SAMPLES)
+                        wall, outputs, rounds = clients[name].run(prompts, k, c)
+                        after = scrape([clients[name].metrics_url], SPLIT_SAMPLES)
+                        tokens = sum(len(o) for o in outputs)
+                        sizes = [b for b, _ in rounds]
+                        samples.append(Sample(name, c, k, rep, tokens, wall, statistics.fmean(sizes) if sizes else 0.0,
+                                              {p.id: o for p, o in zip(prompts, outputs)},
+                                              time_split(wall, tokens, before, after, [o for _, o in rounds])))
                         bar.update()
     return samples
+
+
+def time_split(wall_s: float, tokens: int, before: dict[str, float], after: dict[str, float],
+               round_overhead_ms: list[float]) -> dict[str, float]:
+    """Where one run's wall time went, from the target's counters before and after it (module docstring):
+    seconds and shares of prefill, decode, batch wait and idle, the tokens/s of the decode passes alone,
+    and the p50 of the rounds' overhead (round wall at the orchestrator minus draft and target forwards)."""
+    def grew(name: str) -> float:
+        return max(0.0, after.get(name, 0.0) - before.get(name, 0.0))
+    busy, prefill, wait = (grew(n) for n in SPLIT_SAMPLES)
+    decode = max(0.0, busy - prefill)
+    parts = {"prefill_s": prefill, "decode_s": decode, "batch_wait_s": wait,
+             "idle_s": max(0.0, wall_s - busy - wait)}
+    out = {name: round(v, 3) for name, v in parts.items()}
+    out.update({name[:-2] + "_share": round(v / wall_s, 3) if wall_s > 0 else 0.0 for name, v in parts.items()})
+    out["tokens_per_decode_s"] = round(tokens / decode, 2) if decode > 0 else 0.0
+    out["round_overhead_ms_p50"] = round(statistics.median(round_overhead_ms), 2) if round_overhead_ms else 0.0
+    return out
 
 
 def summarise(samples: list[Sample], args: ConcurrencyArgs, reference: dict[str, list[int]]) -> dict[str, Any]:
@@ -168,14 +207,21 @@ def summarise(samples: list[Sample], args: ConcurrencyArgs, reference: dict[str,
         cell["runs"].append(round(s.tokens_per_s, 2))
         cell.setdefault("mean_batch", []).append(round(s.mean_batch, 2))
         cell.setdefault("mismatched_sessions", 0)
+        cell.setdefault("splits", []).append(s.split)
         cell["mismatched_sessions"] += sum(tokens != reference[pid] for pid, tokens in s.outputs.items())
     for per_k in table.values():
         for per_stack in per_k.values():
             for cell in per_stack.values():
                 runs = cell["runs"]
                 cell.update(tokens_per_s=statistics.median(runs), min=min(runs), max=max(runs),
-                            mean_batch=statistics.fmean(cell["mean_batch"]))
+                            mean_batch=statistics.fmean(cell["mean_batch"]), split=mean_split(cell.pop("splits")))
     return {"throughput": table, "ratios": ratios(table, args)}
+
+
+def mean_split(splits: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure of the runs' splits, averaged over the repeats."""
+    splits = [s for s in splits if s]
+    return {name: round(statistics.fmean(s[name] for s in splits), 3) for name in splits[0]} if splits else {}
 
 
 def ratios(table: dict[str, Any], args: ConcurrencyArgs) -> dict[str, Any]:
@@ -189,6 +235,9 @@ def ratios(table: dict[str, Any], args: ConcurrencyArgs) -> dict[str, Any]:
             f"unbatched_{hi}_vs_{lo}": round(u[hi]["tokens_per_s"] / u[lo]["tokens_per_s"], 2),
             "batched_vs_unbatched": {c: round(b[c]["tokens_per_s"] / u[c]["tokens_per_s"], 2) for c in b},
         }
+        decode = [b[c].get("split", {}).get("tokens_per_decode_s") for c in (lo, hi)]
+        if all(decode):
+            out[k_name][f"batched_{hi}_vs_{lo}_decode_passes"] = round(decode[1] / decode[0], 2)
     return out
 
 
@@ -201,7 +250,7 @@ def run(args: ConcurrencyArgs) -> dict[str, Any]:
     clients: dict[str, Sessions] = {}
     try:
         addresses = stacks.start()
-        clients = {name: Sessions(addresses[name], args.max_new_tokens) for name in STACKS}
+        clients = {name: Sessions(*addresses[name][:1], args.max_new_tokens, addresses[name][1]) for name in STACKS}
         reference = {p.id: clients["unbatched"].one(p, 0)[0] for p in prompts}   # also the warm-up
         samples = measure(args, clients, prompts)
     finally:
@@ -243,6 +292,17 @@ def table(result: dict[str, Any]) -> str:
             row = " ".join(f"{cells[c]['tokens_per_s']:7.1f} tok/s b={cells[c]['mean_batch']:3.1f}"
                            for c in cs)
             lines.append(f"{k_name[1:]:>3} {stack:<10} {row}")
+    lines.append("where the wall time goes (batched target; s per run: prefill / decode / batch wait / idle, "
+                 "tok/s of the decode passes alone, round overhead p50):")
+    for k_name, per_k in result["throughput"].items():
+        for c, cell in per_k.get("batched", {}).items():
+            sp = cell.get("split") or {}
+            if sp:
+                lines.append(f"  k={k_name[1:]} c={c}: {sp['prefill_s']:.2f} / {sp['decode_s']:.2f} / "
+                             f"{sp['batch_wait_s']:.2f} / {sp['idle_s']:.2f} s ({sp['prefill_share']:.0%} / "
+                             f"{sp['decode_share']:.0%} / {sp['batch_wait_share']:.0%} / {sp['idle_share']:.0%}); "
+                             f"{sp['tokens_per_decode_s']:.1f} tok/s decode-only; overhead p50 "
+                             f"{sp['round_overhead_ms_p50']:.1f} ms")
     lines.append("ratios: " + json.dumps(result["ratios"]))
     return "\n".join(lines)
 

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Generic, TypeVar
 
+from specdec.config import Limits
 from specdec.errors import SpecDecError
 
 T = TypeVar("T")
@@ -29,6 +30,8 @@ I = TypeVar("I")
 MS_PER_S = 1000.0
 #: weight of the newest pass in WorkerState.recent_fill (~ the last 1 / FILL_WEIGHT passes count).
 FILL_WEIGHT = 0.1
+#: a call computing more tokens than the largest verify (k = Limits.max_k, plus the bonus row) is a prefill.
+PREFILL_MIN_TOKENS = Limits.max_k + 2
 
 
 @dataclass
@@ -48,6 +51,12 @@ class WorkerState:
     max_batch: int = 0               # the BatchQueue's max_batch (0: no batch queue)
     batch_sizes: dict[int, int] = field(default_factory=dict)   # sessions per forward pass -> passes
     recent_fill: float = 0.0         # sessions per pass / max_batch, exponentially weighted over recent passes
+    # Where the model thread's time goes (bench-concurrency's split): model work of every call, the part of
+    # it in passes that prefilled (a prompt or a chunk of one), and the time a BatchQueue held calls back
+    # waiting for the previous batch's sessions (max_wait_s) while the model had nothing else to run.
+    busy_ms: float = 0.0
+    prefill_ms: float = 0.0
+    batch_wait_ms: float = 0.0
 
     def observe_batch(self, size: int, weight: float) -> None:
         """Count one batched pass of `size` sessions; `weight` of it goes into recent_fill (0 < weight <= 1)."""
@@ -131,6 +140,7 @@ class ModelWorker:
     def _call(self, fn: Callable[[], T]) -> T:
         self.state.calls += 1
         self.state.busy_since = time.monotonic()
+        started = time.perf_counter()
         try:
             if self.fault_file and os.path.exists(self.fault_file):
                 raise RuntimeError(f"injected fault ({self.fault_file} exists)")
@@ -144,6 +154,7 @@ class ModelWorker:
             raise
         finally:
             self.state.busy_since = 0.0
+            self.state.busy_ms += (time.perf_counter() - started) * MS_PER_S
         self.state.last_ok = True
         return result
 
@@ -227,11 +238,14 @@ class BatchQueue(Generic[I, T]):
         """One chunk of a long prefill on the model thread; a failure fails that call alone."""
         _, item, future, _ = entry
         self.worker.state.prefill_chunks += 1
+        started = time.perf_counter()
         try:
             await self.worker.run_on_thread(lambda: self.prefill(item, self.chunk_tokens))
         except Exception as exc:  # noqa: BLE001 - handed to the caller
             if not future.done():
                 future.set_exception(exc)
+        finally:
+            self.worker.state.prefill_ms += (time.perf_counter() - started) * MS_PER_S
 
     async def _run_batch(self, batch: list[Entry]) -> None:
         """One batch_fn call on the model thread; each caller gets its result."""
@@ -243,6 +257,8 @@ class BatchQueue(Generic[I, T]):
                                                       self._small(batch))
         except Exception as exc:  # noqa: BLE001 - the whole forward failed: every caller gets it
             results = [exc] * len(batch)
+        if self._prefills(batch):
+            self.worker.state.prefill_ms += (time.perf_counter() - started) * MS_PER_S
         for (_, _, future, queued), result in zip(batch, results):
             if future.done():
                 continue  # the caller went away (cancelled)
@@ -255,7 +271,13 @@ class BatchQueue(Generic[I, T]):
         """Wait (at most max_wait_s) until the previous batch's sessions are queued again."""
         if self.max_wait_s <= 0 or len(self._last) <= 1:
             return
-        deadline = time.perf_counter() + self.max_wait_s
+        started = time.perf_counter()
+        try:
+            await self._wait_until(started + self.max_wait_s)
+        finally:
+            self.worker.state.batch_wait_ms += (time.perf_counter() - started) * MS_PER_S
+
+    async def _wait_until(self, deadline: float) -> None:
         while len(self._pending) < self.max_batch and not self._last <= {e[0] for e in self._pending}:
             left = deadline - time.perf_counter()
             if left <= 0:
@@ -265,6 +287,11 @@ class BatchQueue(Generic[I, T]):
                 await asyncio.wait_for(self._arrived.wait(), timeout=left)
             except asyncio.TimeoutError:
                 return
+
+    def _prefills(self, batch: list[Entry]) -> bool:
+        """Whether a call of the batch prefilled (computed more tokens than any verify does)."""
+        return self.work_tokens is not None and any(self.work_tokens(item) >= PREFILL_MIN_TOKENS
+                                                    for _, item, _, _ in batch)
 
     def _small(self, batch: list[Entry]) -> bool:
         if self.work_tokens is None or self.inline_max_tokens <= 0:  # skip sizing what cannot run inline

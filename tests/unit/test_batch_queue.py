@@ -299,3 +299,27 @@ def test_a_failed_chunk_fails_that_call_alone_and_short_calls_never_chunk():
     log, (bad, short) = run(scenario())
     assert isinstance(bad, InvalidArgument) and short[0] == "short done"
     assert log == [("batch", ("short",))]
+
+
+def test_the_worker_accounts_busy_prefill_and_batch_wait_time():
+    # bench-concurrency's split reads these: model time, the part of it in passes that prefilled, and the
+    # time a batch was held back for the previous batch's sessions (max_wait_s)
+    work_of = {"p": 40, "d0": 1, "d1": 1}
+
+    async def staggered(queue: BatchQueue, sid: str, delay_s: float) -> None:
+        for r in range(3):
+            await queue.submit(sid, (sid, r))
+            await asyncio.sleep(delay_s)
+
+    async def scenario():
+        queue = BatchQueue(ModelWorker("t"), Recorder(), max_batch=8, max_wait_s=0.03,
+                           work_tokens=lambda item: work_of[item[0]])
+        await queue.submit("p", ("p", 0))                                    # one prefill pass
+        await asyncio.gather(staggered(queue, "d0", 0.0), staggered(queue, "d1", 0.01))
+        return queue.worker.state
+
+    state = run(scenario())
+    assert state.batches == 4                                             # the prefill, then 3 batches of 2
+    assert state.busy_ms == pytest.approx(4 * STEP_S * 1000, rel=0.5)
+    assert state.prefill_ms == pytest.approx(STEP_S * 1000, rel=0.5) and state.prefill_ms < state.busy_ms / 2
+    assert 5 <= state.batch_wait_ms <= 2 * 30 + 20                        # d1 came back ~10 ms after d0, twice

@@ -109,3 +109,16 @@ def test_mix_scenarios_are_time_bound_closed_loops():
     assert spec["profile"] == {"kind": "concurrent", "streams": [4]}
     assert {"kind": "max_duration", "seconds": 165.0} in spec["constraints"]
     assert PLAN.short_streams + PLAN.long_streams == 16 and PLAN.min_long_prompt_tokens >= 3000
+
+
+def test_bench_concurrency_time_split_adds_up_to_the_wall_time():
+    from specdec.bench.concurrency import SPLIT_SAMPLES, mean_split, time_split
+
+    busy, prefill, wait = SPLIT_SAMPLES
+    before = {busy: 100.0, prefill: 10.0, wait: 1.0}
+    after = {busy: 107.0, prefill: 12.0, wait: 1.5}                       # 7 s busy, 2 of them prefill
+    split = time_split(10.0, 400, before, after, [4.0, 6.0, 5.0])
+    assert (split["prefill_s"], split["decode_s"], split["batch_wait_s"], split["idle_s"]) == (2.0, 5.0, 0.5, 2.5)
+    assert split["prefill_share"] + split["decode_share"] + split["batch_wait_share"] + split["idle_share"] == 1.0
+    assert split["tokens_per_decode_s"] == 80.0 and split["round_overhead_ms_p50"] == 5.0
+    assert mean_split([split, {**split, "idle_s": 4.5}])["idle_s"] == 3.5 and mean_split([]) == {}
