@@ -57,6 +57,8 @@ class ModelServiceCollector:
                               ("batch_wait_seconds", state.batch_wait_ms,
                                "time a batch waited for the previous batch's sessions to come back (target)")):
             yield _counter(name, doc, ms / 1000.0, labels)
+        yield _counter("shed_calls", "prefills refused (RESOURCE_EXHAUSTED) because the queued work would outlast "
+                       "their deadline (target)", state.shed_calls, labels)
         if state.max_batch:
             yield _gauge("max_batch", "sessions one forward pass may carry (target)", state.max_batch, labels)
             yield _gauge("batch_fill", "recent sessions per forward pass / max_batch, exponentially weighted",

@@ -48,7 +48,7 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
             position_base=position_base, checked_ids=len(context), prefix_hashes=hashes,
             hidden_from=hidden_from(request, position_base),
         )
-        out, queue_ms = await batches.submit(request.session_id, inp)
+        out, queue_ms = await batches.submit(request.session_id, inp, context.time_remaining())
         out.stats.queue_ms = queue_ms
         r = out.result
         kind = target_pb2.NEXT_KIND_BONUS if r.next_kind == BONUS else target_pb2.NEXT_KIND_RECOVERED

@@ -51,7 +51,8 @@ LONG_TAIL_S = 15.0
 UNBOUNDED_REQUESTS = 100_000
 #: target /metrics samples read around and during the mix (summed over labels).
 TARGET_SAMPLES = ("specdec_cache_used_bytes", "specdec_cache_budget_bytes", "specdec_cache_evictions_total",
-                  "specdec_call_failures_total", "specdec_prefill_chunks_total", "specdec_calls_total")
+                  "specdec_call_failures_total", "specdec_prefill_chunks_total", "specdec_calls_total",
+                  "specdec_shed_calls_total")
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def long_mix_verdict(baseline_short: dict[str, Any], mix_short: dict[str, Any], 
     return {"requests": requests,
             "kv_inside_budget": inside, "kv_max_used_bytes": used, "kv_budget_bytes": budget,
             "kv_evictions": server.get("evictions"), "target_call_failures": server.get("call_failures"),
-            "prefill_chunks": server.get("prefill_chunks"),
+            "prefill_chunks": server.get("prefill_chunks"), "target_shed_calls": server.get("shed_calls"),
             "short_ttft_p90_ms": {"baseline": baseline_short.get("ttft_ms_p90"), "mix": mix_short.get("ttft_ms_p90")},
             "short_ttft_p90_ratio": ttft_ratio,
             "short_ttft_ok": ttft_ratio is not None and ttft_ratio <= TTFT_GOAL_RATIO,
@@ -194,7 +195,8 @@ class TargetSampler:
         return {"budget_bytes": int(self.last.get("specdec_cache_budget_bytes", 0)) or None,
                 "max_used_bytes": int(self.max_used), "samples": self.samples, "sample_every_s": SAMPLE_S,
                 "evictions": grew("specdec_cache_evictions_total"), "call_failures": grew("specdec_call_failures_total"),
-                "prefill_chunks": grew("specdec_prefill_chunks_total"), "calls": grew("specdec_calls_total")}
+                "prefill_chunks": grew("specdec_prefill_chunks_total"), "calls": grew("specdec_calls_total"),
+                "shed_calls": grew("specdec_shed_calls_total")}
 
 
 @dataclass

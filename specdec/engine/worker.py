@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Generic, TypeVar
 
 from specdec.config import Limits
-from specdec.errors import SpecDecError
+from specdec.errors import ResourceExhausted, SpecDecError
 
 T = TypeVar("T")
 I = TypeVar("I")
@@ -32,6 +32,9 @@ MS_PER_S = 1000.0
 FILL_WEIGHT = 0.1
 #: a call computing more tokens than the largest verify (k = Limits.max_k, plus the bonus row) is a prefill.
 PREFILL_MIN_TOKENS = Limits.max_k + 2
+#: a new prefill is refused (RESOURCE_EXHAUSTED) when the work queued ahead of it would take more than this
+#: share of the time its caller still waits (its gRPC deadline): shed at the door, not time out inside.
+ADMIT_DEADLINE_SHARE = 0.5
 
 
 @dataclass
@@ -57,6 +60,7 @@ class WorkerState:
     busy_ms: float = 0.0
     prefill_ms: float = 0.0
     batch_wait_ms: float = 0.0
+    shed_calls: int = 0              # prefills refused because the queued work would outlast their deadline
 
     def observe_batch(self, size: int, weight: float) -> None:
         """Count one batched pass of `size` sessions; `weight` of it goes into recent_fill (0 < weight <= 1)."""
@@ -205,9 +209,18 @@ class BatchQueue(Generic[I, T]):
         self._drainer: asyncio.Task | None = None
         self._arrived = asyncio.Event()
         self._last: set[str] = set()            # sessions of the previous batch
+        self.ms_per_token = 0.0                 # model ms per prefilled token, recent passes (0: not measured)
 
-    async def submit(self, session_id: str, item: I) -> tuple[T, float]:
-        """Queue one session's call; returns (its result, queue_ms until its batch started)."""
+    async def submit(self, session_id: str, item: I, deadline_s: float | None = None) -> tuple[T, float]:
+        """Queue one session's call; returns (its result, queue_ms until its batch started).
+
+        deadline_s: how long the caller still waits (None: no deadline). A prefill that the work queued
+        ahead of it would keep waiting past ADMIT_DEADLINE_SHARE of that is refused at once with
+        ResourceExhausted (load shedding: the client sees 429 and retries later, instead of every call
+        in an overloaded queue running into its deadline). Decode rounds of running generations are
+        never refused."""
+        if deadline_s is not None:
+            self._admit(item, deadline_s)
         async with self.worker.session_slot(session_id):
             future = asyncio.get_running_loop().create_future()
             self._pending.append((session_id, item, future, time.perf_counter()))
@@ -215,6 +228,26 @@ class BatchQueue(Generic[I, T]):
             if self._drainer is None or self._drainer.done():
                 self._drainer = asyncio.create_task(self._drain())
             return await future
+
+    def _admit(self, item: I, deadline_s: float) -> None:
+        if self.work_tokens is None or self.ms_per_token <= 0:
+            return
+        own = self.work_tokens(item)
+        if own < PREFILL_MIN_TOKENS:
+            return
+        queued = own + sum(self.work_tokens(entry[1]) for entry in self._pending)
+        wait_s = queued * self.ms_per_token / MS_PER_S
+        if wait_s > ADMIT_DEADLINE_SHARE * deadline_s:
+            self.worker.state.shed_calls += 1
+            raise ResourceExhausted(f"target overloaded: about {wait_s:.1f} s of queued work ({queued} tokens) "
+                                    f"and the call waits at most {deadline_s:.1f} s; retry later")
+
+    def _learn_speed(self, tokens: int, elapsed_s: float) -> None:
+        """Model ms per token of a pass that prefilled `tokens` tokens (exponentially weighted)."""
+        if tokens >= PREFILL_MIN_TOKENS and elapsed_s > 0:
+            now = elapsed_s * MS_PER_S / tokens
+            self.ms_per_token = now if self.ms_per_token <= 0 else self.ms_per_token + FILL_WEIGHT * (
+                now - self.ms_per_token)
 
     async def _drain(self) -> None:
         while self._pending:
@@ -246,19 +279,22 @@ class BatchQueue(Generic[I, T]):
                 future.set_exception(exc)
         finally:
             self.worker.state.prefill_ms += (time.perf_counter() - started) * MS_PER_S
+            self._learn_speed(self.chunk_tokens, time.perf_counter() - started)
 
     async def _run_batch(self, batch: list[Entry]) -> None:
         """One batch_fn call on the model thread; each caller gets its result."""
         self._last = {sid for sid, _, _, _ in batch}
         self.worker.state.observe_batch(len(batch), FILL_WEIGHT)
+        prefill_tokens = self._prefill_tokens(batch)
         started = time.perf_counter()
         try:
             results = await self.worker.run_on_thread(lambda: self.batch_fn([item for _, item, _, _ in batch]),
                                                       self._small(batch))
         except Exception as exc:  # noqa: BLE001 - the whole forward failed: every caller gets it
             results = [exc] * len(batch)
-        if self._prefills(batch):
+        if prefill_tokens:
             self.worker.state.prefill_ms += (time.perf_counter() - started) * MS_PER_S
+            self._learn_speed(prefill_tokens, time.perf_counter() - started)
         for (_, _, future, queued), result in zip(batch, results):
             if future.done():
                 continue  # the caller went away (cancelled)
@@ -288,10 +324,12 @@ class BatchQueue(Generic[I, T]):
             except asyncio.TimeoutError:
                 return
 
-    def _prefills(self, batch: list[Entry]) -> bool:
-        """Whether a call of the batch prefilled (computed more tokens than any verify does)."""
-        return self.work_tokens is not None and any(self.work_tokens(item) >= PREFILL_MIN_TOKENS
-                                                    for _, item, _, _ in batch)
+    def _prefill_tokens(self, batch: list[Entry]) -> int:
+        """The batch's tokens when a call of it prefills (computes more tokens than any verify does), else 0."""
+        if self.work_tokens is None:
+            return 0
+        work = [self.work_tokens(item) for _, item, _, _ in batch]
+        return sum(work) if max(work, default=0) >= PREFILL_MIN_TOKENS else 0
 
     def _small(self, batch: list[Entry]) -> bool:
         if self.work_tokens is None or self.inline_max_tokens <= 0:  # skip sizing what cannot run inline

@@ -323,3 +323,26 @@ def test_the_worker_accounts_busy_prefill_and_batch_wait_time():
     assert state.busy_ms == pytest.approx(4 * STEP_S * 1000, rel=0.5)
     assert state.prefill_ms == pytest.approx(STEP_S * 1000, rel=0.5) and state.prefill_ms < state.busy_ms / 2
     assert 5 <= state.batch_wait_ms <= 2 * 30 + 20                        # d1 came back ~10 ms after d0, twice
+
+
+def test_a_prefill_that_would_outlast_its_deadline_is_refused_and_decode_rounds_never_are():
+    from specdec.errors import ResourceExhausted
+
+    work_of = {"a": 100, "b": 100, "late": 100, "dec": 1}
+
+    async def scenario():
+        queue = BatchQueue(ModelWorker("t"), Recorder(), max_batch=1, work_tokens=lambda item: work_of[item[0]])
+        await queue.submit("a", ("a", 1), deadline_s=10.0)               # learns ~STEP_S per 100 tokens
+        first = asyncio.create_task(queue.submit("a", ("a", 2)))
+        queued = asyncio.create_task(queue.submit("b", ("b", 3)))       # 200 tokens ahead of the next one
+        await asyncio.sleep(0.01)
+        with pytest.raises(ResourceExhausted, match="overloaded"):
+            await queue.submit("late", ("late", 4), deadline_s=0.1)     # ~0.15 s of work > half of 0.1 s
+        decode = await queue.submit("dec", ("dec", 5), deadline_s=0.001)  # a decode round is never shed
+        roomy = await queue.submit("late", ("late", 6), deadline_s=30.0)
+        await asyncio.gather(first, queued)
+        return queue, decode, roomy
+
+    queue, decode, roomy = run(scenario())
+    assert decode[0] == 50 and roomy[0] == 60 and queue.worker.state.shed_calls == 1
+    assert queue.ms_per_token == pytest.approx(STEP_S * 1000 / 100, rel=0.6)
