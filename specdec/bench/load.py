@@ -44,6 +44,9 @@ WARMUP_TIMEOUT_S = 300.0
 SCRAPE_TIMEOUT_S = 10.0
 #: a guidellm run that takes longer than this is stuck (the default run takes ~30 min in all).
 GUIDELLM_TIMEOUT_S = 4 * 3600.0
+#: guidellm's worker processes (its default: one per stream up to 10, each a Python with its own imports,
+#: on the cores the stack needs); the streams are async inside each worker, so 2 carry 16 streams.
+GUIDELLM_WORKERS = 2
 
 
 @dataclass
@@ -134,9 +137,9 @@ def args_from_cli(ns: argparse.Namespace) -> LoadArgs:
 
 
 def guidellm_env() -> dict[str, str]:
-    """guidellm's environment: offline (no hub), its progress UI off."""
+    """guidellm's environment: offline (no hub), its progress UI off, at most GUIDELLM_WORKERS processes."""
     return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-            "PYTHONUNBUFFERED": "1"}
+            "PYTHONUNBUFFERED": "1", "GUIDELLM__MAX_WORKER_PROCESSES": str(GUIDELLM_WORKERS)}
 
 
 def check_guidellm(path: str) -> str:
@@ -296,7 +299,7 @@ def _settings(args: LoadArgs) -> dict[str, Any]:
             "max_batch": args.max_batch or "service default",
             "cache_budget_bytes": args.cache_budget_bytes or "service default", "max_seconds_per_point": args.max_seconds_per_point,
             "target_model": args.target_model, "endpoint": "/v1/chat/completions (stream)",
-            "sampling": "greedy (temperature 0), ignore_eos"}
+            "sampling": "greedy (temperature 0), ignore_eos", "guidellm_workers": GUIDELLM_WORKERS}
 
 
 def run(args: LoadArgs) -> dict[str, Any]:

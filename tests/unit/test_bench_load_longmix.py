@@ -122,3 +122,11 @@ def test_bench_concurrency_time_split_adds_up_to_the_wall_time():
     assert split["prefill_share"] + split["decode_share"] + split["batch_wait_share"] + split["idle_share"] == 1.0
     assert split["tokens_per_decode_s"] == 80.0 and split["round_overhead_ms_p50"] == 5.0
     assert mean_split([split, {**split, "idle_s": 4.5}])["idle_s"] == 3.5 and mean_split([]) == {}
+
+
+def test_guidellm_runs_offline_with_few_worker_processes():
+    from specdec.bench.load import GUIDELLM_WORKERS, guidellm_env
+
+    env = guidellm_env()
+    assert env["HF_HUB_OFFLINE"] == "1" and env["GUIDELLM__MAX_WORKER_PROCESSES"] == str(GUIDELLM_WORKERS)
+    assert 1 <= GUIDELLM_WORKERS <= 2          # the stack shares the cores with it
