@@ -38,6 +38,7 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
 
     async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext) -> Any:
         batches = self.batches()
+        deadline_s = context.time_remaining()            # before `context` names the token ids below
         context, position_base, hashes = resolve_context(self.context_store(), request)
         hashes.extend(request.draft_ids)                 # VerifyInput.prefix_hashes covers context + draft
         inp = VerifyInput(
@@ -48,7 +49,7 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
             position_base=position_base, checked_ids=len(context), prefix_hashes=hashes,
             hidden_from=hidden_from(request, position_base),
         )
-        out, queue_ms = await batches.submit(request.session_id, inp, context.time_remaining())
+        out, queue_ms = await batches.submit(request.session_id, inp, deadline_s)
         out.stats.queue_ms = queue_ms
         r = out.result
         kind = target_pb2.NEXT_KIND_BONUS if r.next_kind == BONUS else target_pb2.NEXT_KIND_RECOVERED
