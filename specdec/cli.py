@@ -290,6 +290,17 @@ def _print_stream(chunks, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_load(ns: argparse.Namespace) -> int:
+    """`specdec bench-load`: the rate/concurrency matrix, or with --long-mix the long-prompt mix (which
+    builds on the matrix's pieces, so the dependency runs one way: load_longmix -> load)."""
+    from specdec.bench.load import args_from_cli, cmd_bench_load
+    from specdec.bench.load_longmix import cmd_long_mix
+
+    if ns.long_mix:
+        return cmd_long_mix(args_from_cli(ns), ns.long_mix_seconds)
+    return cmd_bench_load(ns)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `specdec` console script."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -305,14 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     _bench_parser(sub)
     _concurrency_parser(sub)
     from specdec.bench.load import add_parser as _load_parser
-    from specdec.bench.load import cmd_bench_load
     _load_parser(sub)
     from specdec.distill.cli import add_parser as _distill_parser
     from specdec.distill.cli import run as cmd_distill
     _distill_parser(sub)
     args = parser.parse_args(argv)
     handlers = {"serve": cmd_serve, "up": cmd_up, "generate": cmd_generate, "bench": cmd_bench, "bench-concurrency": cmd_bench_concurrency,
-                "bench-load": cmd_bench_load,
+                "bench-load": _cmd_bench_load,
                 "distill": cmd_distill}
     try:
         code = handlers[args.command](args)

@@ -338,10 +338,6 @@ def cmd_bench_load(ns: argparse.Namespace) -> int:
     from specdec.bench.load_results import plot, summary_lines
 
     args = args_from_cli(ns)
-    if ns.long_mix:
-        from specdec.bench.load_longmix import cmd_long_mix
-
-        return cmd_long_mix(args, ns.long_mix_seconds)
     record = run(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
