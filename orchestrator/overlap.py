@@ -35,9 +35,10 @@ from orchestrator.adaptive import NO_DRAFT, CostModel
 
 log = logging.getLogger("specdec.orchestrator")
 MS_PER_S = 1000.0
+PREFIX_CHECK_TOKENS = 8     # round r's last context tokens a BlockBase re-checks (a guard, not the proof)
 
 
-def usable_block(base: Sequence[int], drafted: Sequence[int], context: Sequence[int], k: int) -> int:
+def usable_block(base: BlockBase, drafted: Sequence[int], context: Sequence[int], k: int) -> int:
     """How many tokens of a pre-drafted block a round from `context` asking for k draft tokens can use.
 
     The pre-draft continued `base` (round r's context + its draft block) with `drafted` = e1..en: e1 is
@@ -45,9 +46,7 @@ def usable_block(base: Sequence[int], drafted: Sequence[int], context: Sequence[
     context is exactly base + [e1]; then the round takes e2..e(1 + min(k, n - 1)) (draws are keyed by
     position, so the first j tokens of a longer block are the block a j-token round drafts). 0 = none.
     """
-    if k <= 0 or len(drafted) < 2 or len(context) != len(base) + 1:
-        return 0
-    if context[-1] != drafted[0] or list(context[:-1]) != list(base):
+    if k <= 0 or len(drafted) < 2 or not base.continued_by_one(context) or context[-1] != drafted[0]:
         return 0
     return min(k, len(drafted) - 1)
 
@@ -97,11 +96,38 @@ def plan_ahead(cap: int, k: int, costs: CostModel, cfg: OverlapConfig, rates: Se
     return cap if worth_overlapping(hit_probability(rates, k), cap, weights) else 0
 
 
+@dataclass(frozen=True)
+class BlockBase:
+    """What a pre-draft continued: round r's context + its draft block, kept so that comparing a later
+    context costs O(block), never O(context). Round r's context is the first `prefix_len` tokens of every
+    later context of the generation (the orchestrator only appends accepted tokens), so a context equals
+    base + [one token] iff it has that length and the block at the block's positions; the last few
+    prefix tokens are checked too, as a cheap guard."""
+
+    prefix_len: int
+    prefix_tail: tuple[int, ...]            # the last PREFIX_CHECK_TOKENS tokens of round r's context
+    block: tuple[int, ...]                  # round r's draft block d1..dk (empty in a k = 0 round)
+
+    @classmethod
+    def of(cls, context: Sequence[int], block: Sequence[int]) -> "BlockBase":
+        return cls(len(context), tuple(context[max(0, len(context) - PREFIX_CHECK_TOKENS):]), tuple(block))
+
+    def __len__(self) -> int:
+        return self.prefix_len + len(self.block)
+
+    def continued_by_one(self, context: Sequence[int]) -> bool:
+        """Whether `context` is this base + exactly one more token."""
+        end = self.prefix_len
+        return (len(context) == end + len(self.block) + 1
+                and tuple(context[end:end + len(self.block)]) == self.block
+                and tuple(context[end - len(self.prefix_tail):end]) == self.prefix_tail)
+
+
 @dataclass
 class PreDraft:
     """A block being drafted ahead from `base` (round r's context + its draft block)."""
 
-    base: list[int]
+    base: BlockBase
     kind: str                               # the remote draft kind asked ("model")
     task: asyncio.Task                      # -> (ProposeResponse, replica address)
     started: float = field(default_factory=time.perf_counter)
@@ -115,7 +141,7 @@ class PreDraft:
         return max(0.0, min(self.finished, self.verified) - self.started) * MS_PER_S
 
 
-def start_predraft(base: Sequence[int], kind: str,
+def start_predraft(base: BlockBase, kind: str,
                    call: Callable[[], Awaitable[tuple[draft_pb2.ProposeResponse, str, int]]]) -> PreDraft:
     """Start the pre-draft's Propose (`call`) as a task; it records when its answer came."""
     holder: list[PreDraft] = []
@@ -127,7 +153,7 @@ def start_predraft(base: Sequence[int], kind: str,
         finally:
             holder[0].finished = time.perf_counter()
 
-    ahead = PreDraft(list(base), kind, asyncio.create_task(run()))
+    ahead = PreDraft(base, kind, asyncio.create_task(run()))
     holder.append(ahead)
     return ahead
 
@@ -157,7 +183,7 @@ async def take(ahead: PreDraft | None, context: Sequence[int], k: int, kind: str
     used is cancelled if still running, so it never holds the draft replica past this point."""
     if ahead is None:
         return None
-    if k <= 0 or kind != ahead.kind or len(context) != len(ahead.base) + 1 or list(context[:-1]) != ahead.base:
+    if k <= 0 or kind != ahead.kind or not ahead.base.continued_by_one(context):
         await discard(ahead)
         return None
     await asyncio.wait({ahead.task})

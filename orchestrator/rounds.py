@@ -40,7 +40,7 @@ from specdec.v1 import draft_pb2, target_pb2
 
 from orchestrator.delta import ContextSend, ContextWire
 from orchestrator.features import HiddenRelay
-from orchestrator.overlap import PreDraft, Taken, start_predraft, take, with_hop_delay
+from orchestrator.overlap import BlockBase, PreDraft, Taken, start_predraft, take, with_hop_delay
 from orchestrator.replicas import ReplicaPool
 
 log = logging.getLogger("specdec.orchestrator")
@@ -301,7 +301,7 @@ class RoundRunner:
         block = list(proposal.draft_ids)
         send = (req.wire.send_ahead("draft", req.context_ids, block) if req.wire is not None
                 else ContextSend(None, "draft", list(req.context_ids) + block))
-        return start_predraft(list(req.context_ids) + block, MODEL,
+        return start_predraft(BlockBase.of(req.context_ids, block), MODEL,
                               lambda: self._call(self.draft, req, "Propose", propose, timeout, send))
 
     async def _verify_and_ahead(self, req: RoundRequest, proposal: draft_pb2.ProposeResponse, out: RoundOutcome,

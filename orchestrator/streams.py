@@ -10,7 +10,9 @@ A stream is not tied to a session: every request names its session.
 Semantics are the unary call's (ReplicaPool.call retries, fails over and resends on a context miss
 exactly as before):
   * deadline: each call's own, enforced here; a call past it cancels its stream (the service stops
-    the work, as for a unary deadline) and fails with DEADLINE_EXCEEDED;
+    the work, as for a unary deadline) and fails with DEADLINE_EXCEEDED. The request carries what is
+    left of it (timeout_ms) so that the service sheds work it cannot finish in time, as it does with
+    a unary call's gRPC deadline;
   * cancellation: a caller cancelled mid-call cancels the stream;
   * a call's error ends its stream with that call's status and trailing metadata (a context miss
     reads the same as on a unary call);
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any, Callable
 
 import grpc
@@ -31,6 +34,7 @@ import grpc
 log = logging.getLogger("specdec.orchestrator")
 
 STREAM_METHODS = {"Propose": "ProposeStream", "Verify": "VerifyStream"}
+MS_PER_S = 1000
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -100,6 +104,8 @@ class RoundStreams:
         """Write the request, read its response; the stream goes back to the pool only after a whole call."""
         try:
             async with asyncio.timeout_at(deadline):
+                # the service's load shedding reads the call's wait here (a stream has no per-call deadline)
+                request.timeout_ms = max(1, math.ceil((deadline - asyncio.get_running_loop().time()) * MS_PER_S))
                 try:
                     await call.write(request)
                 except asyncio.InvalidStateError:    # the replica ended the stream (OK) before this call

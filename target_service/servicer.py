@@ -14,6 +14,7 @@ from specdec.protocol import (
     hidden_to_proto, logprobs_to_proto, resolve_context, sampling_from_proto, sparse_from_proto, stats_to_proto,
 )
 from specdec.server.model_service import ModelServiceBase
+from specdec.server.streams import call_timeout_s
 from specdec.v1 import target_pb2, target_pb2_grpc
 
 SERVICE_NAME = target_pb2.DESCRIPTOR.services_by_name["Target"].full_name
@@ -38,7 +39,7 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
 
     async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext) -> Any:
         batches = self.batches()
-        deadline_s = context.time_remaining()            # before `context` names the token ids below
+        deadline_s = call_timeout_s(request, context)    # before `context` names the token ids below
         context, position_base, hashes = resolve_context(self.context_store(), request)
         hashes.extend(request.draft_ids)                 # VerifyInput.prefix_hashes covers context + draft
         inp = VerifyInput(

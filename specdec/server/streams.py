@@ -19,6 +19,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator, Awaitable, Callable
 
+MS_PER_S = 1000.0
+
+
+def call_timeout_s(request: Any, context: Any) -> float | None:
+    """How long the caller still waits for this call, in seconds (None: no deadline): the gRPC deadline
+    of a unary call; on a round stream, the request's own timeout_ms (the stream's deadline, if any,
+    covers the whole stream). The smaller of the two when both are set."""
+    remaining = context.time_remaining()
+    if request.HasField("timeout_ms"):
+        own = request.timeout_ms / MS_PER_S
+        remaining = own if remaining is None else min(remaining, own)
+    return remaining
+
 
 async def serve_round_stream(requests: AsyncIterator[Any], handle: Callable[[Any], Awaitable[Any]],
                              draining: asyncio.Event) -> AsyncIterator[Any]:
@@ -26,6 +39,7 @@ async def serve_round_stream(requests: AsyncIterator[Any], handle: Callable[[Any
     stream or the service drains (see the module docstring)."""
     iterator = requests.__aiter__()
     drained = asyncio.ensure_future(draining.wait())
+    read: asyncio.Future | None = None
     try:
         while not draining.is_set():
             read = asyncio.ensure_future(iterator.__anext__())
@@ -40,3 +54,14 @@ async def serve_round_stream(requests: AsyncIterator[Any], handle: Callable[[Any
             yield await handle(request)
     finally:
         drained.cancel()
+        if read is not None:
+            discard(read)
+
+
+def discard(task: asyncio.Future) -> None:
+    """Cancel a read still pending (the stream was cancelled while idle), or retrieve the outcome of one
+    that ended unread, so that asyncio never reports it as "never retrieved"."""
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled():
+        task.exception()

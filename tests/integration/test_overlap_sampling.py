@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.overlap import usable_block
+from orchestrator.overlap import BlockBase, usable_block
 from specdec.core.sampling import SamplingConfig, logits_to_probs
 from specdec.engine.draft import ModelDraft
 from specdec.engine.target import TargetEngine
@@ -78,7 +78,7 @@ def generate(target, draft, cfg: SamplingConfig, overlap: bool, q_rows: Slicer =
         if not ids:
             prop = draft.propose(ProposeInput("s", list(context), K, cfg))
             ids, probs = list(prop.draft_ids), list(prop.draft_probs)
-        ahead = (context + ids, draft.propose(ProposeInput("s", context + ids, K + 1, cfg))) if overlap else None
+        ahead = (BlockBase.of(context, ids), draft.propose(ProposeInput("s", context + ids, K + 1, cfg))) if overlap else None
         r = target.verify(VerifyInput("s", list(context), ids, cfg, probs)).result
         emitted = ids[: r.num_accepted] + [r.next_token]
         context, out = context + emitted, out + emitted

@@ -22,7 +22,7 @@ import pytest
 from specdec.config import ServerConfig
 from specdec.errors import ContextMiss
 from specdec.server.app import GrpcApp
-from specdec.server.streams import serve_round_stream
+from specdec.server.streams import call_timeout_s, serve_round_stream
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import target_pb2, target_pb2_grpc
 from orchestrator.streams import RoundStreams
@@ -112,9 +112,11 @@ class Scripted(target_pb2_grpc.TargetServicer):
     def __init__(self) -> None:
         self.draining = asyncio.Event()
         self.started = self.finished = self.cancelled = 0
+        self.timeouts: list[float | None] = []        # call_timeout_s as each call saw it
 
     async def Verify(self, request, context):
         self.started += 1
+        self.timeouts.append(call_timeout_s(request, context))
         try:
             await asyncio.sleep(request.draft_ids[0] / 1000 if request.draft_ids else 0)
         except asyncio.CancelledError:
@@ -170,6 +172,32 @@ def test_calls_share_a_stream_and_errors_end_it_with_their_status(scripted):
         assert (await streams.call("Verify", verify(n=7), 5.0)).next_token == 7
         assert streams.opened == 2                          # the failed call's stream was not reused
     run(stack, port, body)
+
+
+def test_each_stream_call_carries_what_is_left_of_its_deadline(scripted):
+    """A stream has no per-call gRPC deadline; the request's timeout_ms says the call's own, so the
+    target's load shedding (BatchQueue._admit) sees the same wait on a stream as on a unary call."""
+    stack, servicer, _, port = scripted
+
+    async def body(streams):
+        await streams.call("Verify", verify(), 5.0)
+        await streams.call("Verify", verify(), 0.8)           # same stream, a shorter call
+        return streams.opened
+    opened_streams = run(stack, port, body)
+    assert opened_streams == 1
+    first, second = servicer.timeouts
+    assert 4.0 < first <= 5.0 and 0.3 < second <= 0.8
+
+    async def unary():
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            request = verify()
+            await target_pb2_grpc.TargetStub(channel).Verify(request, timeout=3.0)
+            return request.HasField("timeout_ms")
+        finally:
+            await channel.close()
+    assert stack.call(unary()) is False                       # unary: the gRPC deadline alone
+    assert 2.0 < servicer.timeouts[-1] <= 3.0
 
 
 def test_a_deadline_cancels_the_stream_and_the_work_behind_it(scripted):

@@ -11,32 +11,33 @@ import pytest
 
 from orchestrator.delta import ContextWire
 from orchestrator.overlap import (
-    AheadCosts, discard, hit_probability, start_predraft, take, usable_block, with_hop_delay, worth_overlapping,
+    AheadCosts, BlockBase, discard, hit_probability, start_predraft, take, usable_block, with_hop_delay, worth_overlapping,
 )
 from specdec.errors import Unavailable
 from specdec.v1 import common_pb2, draft_pb2
 
-BASE = [5, 6, 7, 1, 2]          # round r's context [5, 6, 7] + its block d1 d2 = [1, 2]
+BASE_IDS = [5, 6, 7, 1, 2]      # round r's context [5, 6, 7] + its block d1 d2 = [1, 2]
+BASE = BlockBase.of([5, 6, 7], [1, 2])
 DRAFTED = [9, 10, 11, 12]       # e1 (the guess of the bonus), then the next block e2 e3 e4
 
 
 @pytest.mark.parametrize("context,k,want", [
-    (BASE + [9], 3, 3),          # all accepted, bonus = the guess: the whole block
-    (BASE + [9], 2, 2),          # the next round asks fewer: the first tokens (position-keyed draws)
-    (BASE + [9], 5, 3),          # asks more than drafted: what there is
-    (BASE + [8], 3, 0),          # the bonus was not the guess
+    (BASE_IDS + [9], 3, 3),          # all accepted, bonus = the guess: the whole block
+    (BASE_IDS + [9], 2, 2),          # the next round asks fewer: the first tokens (position-keyed draws)
+    (BASE_IDS + [9], 5, 3),          # asks more than drafted: what there is
+    (BASE_IDS + [8], 3, 0),          # the bonus was not the guess
     ([5, 6, 7, 1, 4], 3, 0),     # d2 rejected, recovered 4
     ([5, 6, 7, 3], 3, 0),        # d1 rejected: a shorter context
-    (BASE + [9, 10], 3, 0),      # a longer context
+    (BASE_IDS + [9, 10], 3, 0),      # a longer context
     ([5, 6, 0, 1, 2, 9], 3, 0),  # same length and tail, another prefix
-    (BASE + [9], 0, 0),          # the next round drafts nothing
+    (BASE_IDS + [9], 0, 0),          # the next round drafts nothing
 ])
 def test_usable_block(context, k, want):
     assert usable_block(BASE, DRAFTED, context, k) == want
 
 
 def test_a_pre_draft_of_the_guess_alone_is_never_usable():
-    assert usable_block(BASE, [9], BASE + [9], 3) == 0
+    assert usable_block(BASE, [9], BASE_IDS + [9], 3) == 0
 
 
 def test_hit_probability_is_all_accepted_times_the_guess():
@@ -77,7 +78,7 @@ def test_take_slices_the_block_after_the_guess_and_reports_hidden_time():
         ahead = start_predraft(BASE, "model", lambda: _answer(_response(DRAFTED)))
         await asyncio.sleep(0.01)
         ahead.verified = time.perf_counter()
-        return await take(ahead, BASE + [9], 2, "model")
+        return await take(ahead, BASE_IDS + [9], 2, "model")
     taken = asyncio.run(scenario())
     assert list(taken.response.draft_ids) == [10, 11]
     assert [list(r.token_ids) for r in taken.response.draft_probs] == [[10], [11]]
@@ -89,8 +90,8 @@ def test_take_discards_another_context_or_kind_and_cancels_a_running_pre_draft()
         ahead = start_predraft(BASE, "model", lambda: _answer(_response(DRAFTED), delay_s=10))
         got = await take(ahead, context, 3, kind)
         return got, ahead.task.cancelled()
-    assert asyncio.run(scenario(BASE[:-1] + [4], "model")) == (None, True)
-    assert asyncio.run(scenario(BASE + [9], "")) == (None, True)   # the next round's draft is not the model
+    assert asyncio.run(scenario(BASE_IDS[:-1] + [4], "model")) == (None, True)
+    assert asyncio.run(scenario(BASE_IDS + [9], "")) == (None, True)   # the next round's draft is not the model
 
 
 def test_a_failed_pre_draft_costs_time_never_a_token():
@@ -99,7 +100,7 @@ def test_a_failed_pre_draft_costs_time_never_a_token():
 
     async def scenario():
         ahead = start_predraft(BASE, "model", failing)
-        return await take(ahead, BASE + [9], 3, "model")
+        return await take(ahead, BASE_IDS + [9], 3, "model")
     assert asyncio.run(scenario()) is None
 
 
@@ -149,3 +150,14 @@ def test_a_usable_block_drafted_ahead_is_free_and_accepted_from_position_two():
             tracker.observe(4, accepted)
     assert choose_k(costs, tracker, 4, "model") == 0          # drafting and verifying 4 tokens does not pay
     assert choose_k_drafted(costs, tracker, 4, "model") >= 3  # a free block accepted ~0.6 a position does
+
+
+def test_a_block_base_compares_the_block_and_a_few_prefix_tokens_not_the_whole_context():
+    long_context = list(range(10_000))
+    base = BlockBase.of(long_context, [7, 8])
+    assert len(base) == 10_002 and base.prefix_tail == tuple(range(9_992, 10_000))
+    assert base.continued_by_one(long_context + [7, 8, 1])
+    assert not base.continued_by_one(long_context + [7, 9, 1])          # another block
+    assert not base.continued_by_one(long_context + [7, 8])             # one short
+    assert not base.continued_by_one(long_context[:-1] + [0, 7, 8, 1])  # the guard: round r's last token differs
+    assert BlockBase.of([], [3]).continued_by_one([3, 4])               # an empty prefix
