@@ -81,3 +81,4 @@ async def serve(cfg: OrchestratorConfig) -> None:
     await target.close()
     if draft is not None:
         await draft.close()
+    await store.close()

@@ -142,6 +142,10 @@ class SessionStore:
         self.ttl_seconds = int(ttl_seconds)
         self._scripts = {name: redis.register_script(src) for name, src in SCRIPTS.items()}
 
+    async def close(self) -> None:
+        """Close the Redis client's connections (the orchestrator's shutdown)."""
+        await self._redis.aclose()
+
     def key(self, session_id: str) -> str:
         """Redis key of a session's hash (the session id is the Cluster hash tag)."""
         if not session_id:

@@ -8,6 +8,7 @@ import torch
 from specdec.redis_server import EmbeddedRedis
 
 TEST_THREADS = 1
+pytest_plugins = ["tests.stall_monitor"]
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -151,12 +151,25 @@ class InProcessStack:
         return channel, orchestrator_pb2_grpc.OrchestratorStub(channel)
 
     def stop(self) -> None:
+        """Stop the servers, close the orchestrator's channels and Redis client, cancel what is left on
+        the loop and close it (a stopped loop left open keeps its gRPC calls alive in the process)."""
         async def _stop() -> None:
             for app in (self.app, self.draft_app, self.target_app):
                 await app.server.stop(grace=None)
+            runner = self.deps.runner
+            for pool in (runner.draft, runner.target):
+                if pool is not None:
+                    await pool.close()
+            await self.deps.store.close()
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
         self.call(_stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            self.loop.close()
 
 
 @contextlib.contextmanager

