@@ -176,11 +176,27 @@ class InProcessStack:
 def tiny_stack(directory: Path, prompts: list[str], redis_url: str) -> Iterator[InProcessStack]:
     """A tiny draft/target pair (make_tiny_pair) served in process, with a real orchestrator and Redis."""
     target_dir, draft_dir = make_tiny_pair(directory, prompts)
+    with served_pair(target_dir, draft_dir, redis_url) as stack:
+        yield stack
+
+
+@contextlib.contextmanager
+def served_pair(target_dir: Path, draft_dir: Path, redis_url: str) -> Iterator[InProcessStack]:
+    """An InProcessStack serving this target/draft pair, stopped on exit."""
     stack = InProcessStack(target_model=str(target_dir), draft_model=str(draft_dir), redis_url=redis_url).start()
     try:
         yield stack
     finally:
         stack.stop()
+
+
+def tiny_pair_and_reference(directory: Path, prompts: list[str], noise: float = TINY_NOISE) -> tuple[Path, Path, Any]:
+    """make_tiny_pair, plus the target loaded with transformers: the reference identity tests compare with."""
+    from transformers import AutoModelForCausalLM
+
+    target_dir, draft_dir = make_tiny_pair(directory, prompts, noise=noise)
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    return target_dir, draft_dir, model
 
 
 def target_greedy(model: Any, ids: list[int], max_new_tokens: int, eos_ids: list[int]) -> list[int]:
@@ -198,11 +214,18 @@ def divergence(model: Any, prompt_ids: list[int], got: list[int], want: list[int
     j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
     if j is None:
         return "" if len(got) == len(want) else f"lengths differ: {len(got)} vs {len(want)}"
-    with torch.inference_mode():
-        top = torch.topk(model(torch.tensor([prompt_ids + want[:j]])).logits[0, -1], 2).values
-    if float(top[0] - top[1]) < tie_epsilon:
+    if j >= min(len(got), len(want)):
+        return f"lengths differ: {len(got)} vs {len(want)}"
+    if top2_gap(model, prompt_ids + want[:j]) < tie_epsilon:
         return "tie"
     return f"diverged at {j}: got {got[j:j + 5]} want {want[j:j + 5]}"
+
+
+def top2_gap(model: Any, ids: list[int]) -> float:
+    """Gap between the two largest next-token logits of `model` after `ids`."""
+    with torch.inference_mode():
+        top = torch.topk(model(torch.tensor([ids])).logits[0, -1], 2).values
+    return float(top[0] - top[1])
 
 
 def wait_for_status(address: str, want_serving: bool, wait_s: float = 60.0) -> str:

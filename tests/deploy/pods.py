@@ -11,6 +11,7 @@ is the container's readiness probe (grpc -> specdec.healthcheck, httpGet, exec).
 from __future__ import annotations
 
 import math
+import socket
 import subprocess
 import tempfile
 import time
@@ -119,16 +120,29 @@ class PodRunner:
         self.started.append(cid)
         return cid
 
-    def probe_command(self, c: dict) -> list[str]:
-        """The readiness probe as a command run inside the container."""
-        probe = c["readinessProbe"]
+    def probe_command(self, c: dict, kind: str = "readinessProbe") -> list[str]:
+        """A probe of the container (`kind`: readinessProbe / livenessProbe) as a command run inside it."""
+        probe = c[kind]
         if "grpc" in probe:
-            return ["python", "-m", "specdec.healthcheck", "--port", str(probe["grpc"]["port"])]
+            service = probe["grpc"].get("service", "")
+            return ["python", "-m", "specdec.healthcheck", "--port", str(probe["grpc"]["port"])] + (
+                ["--service", service] if service else [])
         if "httpGet" in probe:
-            port = probe["httpGet"]["port"]
-            number = next(p["containerPort"] for p in c["ports"] if p["name"] == port) if isinstance(port, str) else port
-            return ["python", "-m", "specdec.healthcheck", "--http", "--port", str(number)]
+            return ["python", "-m", "specdec.healthcheck", "--http", "--port", str(port_number(c, probe["httpGet"]["port"]))]
         return probe["exec"]["command"]
+
+    def probe_passes(self, cid: str, workload: dict, kind: str) -> bool:
+        """Whether the container's `kind` probe passes now: a TCP probe connects from here to the
+        container's address (as the kubelet does from the node), the others run inside it."""
+        c = workload["spec"]["template"]["spec"]["containers"][0]
+        if "tcpSocket" in c[kind]:
+            ip = docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", cid).stdout.strip()
+            try:
+                socket.create_connection((ip, port_number(c, c[kind]["tcpSocket"]["port"])), timeout=5).close()
+            except OSError:
+                return False
+            return True
+        return docker("exec", cid, *self.probe_command(c, kind), check=False).returncode == 0
 
     def wait_ready(self, cid: str, workload: dict, deadline_s: float) -> float:
         """Seconds until the readiness probe passes inside the container (bounded)."""
@@ -147,3 +161,10 @@ class PodRunner:
         for cid in self.started:
             docker("rm", "-f", "-v", cid, check=False)
         docker("network", "rm", self.network, check=False)
+
+
+def port_number(container: dict, port: int | str) -> int:
+    """A probe's port: a number, or the name of one of the container's ports."""
+    if isinstance(port, str):
+        return next(p["containerPort"] for p in container["ports"] if p["name"] == port)
+    return port

@@ -88,6 +88,7 @@ def test_cpu_dev_workload_reaches_serving(cpu_dev_pods, name):
     runner, workloads, ids = cpu_dev_pods
     # All five start together on shared cores: the deadline bounds the wait, the time is reported.
     record(f"cpu-dev {name} ready", runner.wait_ready(ids[name], workloads[name], START_DEADLINE_S))
+    assert runner.probe_passes(ids[name], workloads[name], "livenessProbe")   # the k8s liveness probe as rendered
     uid = docker("exec", ids[name], "id", "-u").stdout.strip()
     assert uid != "0"
     assert docker("exec", ids[name], "sh", "-c", "touch /probe", check=False).returncode != 0

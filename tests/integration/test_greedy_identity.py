@@ -13,15 +13,13 @@ position is below TIE_EPSILON; the test reports how often that happened.
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
 from specdec.core.ngram import NgramProposer
 from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import target_pb2
 from tests.prompts import IDENTITY_PROMPTS
-from tests.support import InProcessStack, make_tiny_pair, target_greedy
+from tests.support import divergence, served_pair, target_greedy, tiny_pair_and_reference
 
 pytestmark = pytest.mark.integration
 
@@ -33,35 +31,13 @@ MAX_TIE_FRACTION = 0.02
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    target_dir, draft_dir = make_tiny_pair(tmp_path_factory.mktemp("tiny"), IDENTITY_PROMPTS)
-    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
-    return target_dir, draft_dir, model
+    return tiny_pair_and_reference(tmp_path_factory.mktemp("tiny"), IDENTITY_PROMPTS)
 
 
 @pytest.fixture(scope="module")
 def stack(tiny, redis_server):
-    target_dir, draft_dir, _ = tiny
-    s = InProcessStack(target_model=str(target_dir), draft_model=str(draft_dir), redis_url=redis_server.url).start()
-    yield s
-    s.stop()
-
-
-def top2_gap(model, ids: list[int]) -> float:
-    """Gap between the two largest next-token logits after `ids`."""
-    with torch.inference_mode():
-        logits = model(torch.tensor([ids])).logits[0, -1]
-    top = torch.topk(logits, 2).values
-    return float(top[0] - top[1])
-
-
-def compare(model, prompt_ids, got, want) -> str:
-    """'' when equal; 'tie' when they diverge only at a near-tie; else a description."""
-    if got == want:
-        return ""
-    j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    if j < min(len(got), len(want)) and top2_gap(model, prompt_ids + want[:j]) < TIE_EPSILON:
-        return "tie"
-    return f"diverged at {j}: got {got[j:j + 5]} want {want[j:j + 5]}"
+    with served_pair(tiny[0], tiny[1], redis_server.url) as s:
+        yield s
 
 
 def generate(stub, prompt, k, max_new, **extra):
@@ -81,7 +57,7 @@ def test_greedy_identity_and_branches(stack, tiny):
             max_new = 12 + (pi * 7 + k) % 29
             resp = generate(stub, prompt, k, max_new)
             want = target_greedy(model, prompt_ids, max_new, eos)
-            verdict = compare(model, prompt_ids, list(resp.token_ids), want)
+            verdict = divergence(model, prompt_ids, list(resp.token_ids), want, tie_epsilon=TIE_EPSILON)
             runs += 1
             ties += verdict == "tie"
             if verdict not in ("", "tie"):
@@ -123,7 +99,7 @@ def test_multi_turn_continuation_matches_target(stack, tiny):
     ids = tok.encode("Once upon a time") + list(first.token_ids) + tok.encode(" And then", add_special_tokens=False)
     want = target_greedy(model, ids, 12, eos)
     channel.close()
-    assert compare(model, ids, list(second.token_ids), want) in ("", "tie")
+    assert divergence(model, ids, list(second.token_ids), want, tie_epsilon=TIE_EPSILON) in ("", "tie")
     assert second.usage.prompt_tokens == len(ids)
     assert second.usage.cached_prompt_tokens == len(ids) - 2
 
@@ -155,7 +131,7 @@ def test_combined_draft_mixes_lookup_and_model_rounds_and_matches_target(stack, 
             kinds: dict[str, int] = {}
             for prompt in IDENTITY_PROMPTS + repeated:
                 resp = generate(stub, prompt, 4, 40, draft_kind="combined")
-                verdict = compare(model, prompt_ids[prompt], list(resp.token_ids), want[prompt])
+                verdict = divergence(model, prompt_ids[prompt], list(resp.token_ids), want[prompt], tie_epsilon=TIE_EPSILON)
                 assert verdict in ("", "tie"), f"{prompt!r}: {verdict}"
                 for r in resp.trace:
                     kinds[r.draft_kind] = kinds.get(r.draft_kind, 0) + 1

@@ -13,14 +13,12 @@ perturbed copy of the target (acceptance is high, so blocks drafted ahead get us
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
 from specdec.config import OverlapConfig
 from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from tests.prompts import IDENTITY_PROMPTS
-from tests.support import TINY_NOISE, InProcessStack, make_tiny_pair, target_greedy
+from tests.support import TINY_NOISE, served_pair, target_greedy, tiny_pair_and_reference, top2_gap
 
 pytestmark = pytest.mark.integration
 
@@ -34,17 +32,13 @@ OVERLAP_NOISE = TINY_NOISE / 5
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    target_dir, draft_dir = make_tiny_pair(tmp_path_factory.mktemp("tiny_overlap"), IDENTITY_PROMPTS, noise=OVERLAP_NOISE)
-    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
-    return target_dir, draft_dir, model
+    return tiny_pair_and_reference(tmp_path_factory.mktemp("tiny_overlap"), IDENTITY_PROMPTS, noise=OVERLAP_NOISE)
 
 
 @pytest.fixture(scope="module")
 def stack(tiny, redis_server):
-    target_dir, draft_dir, _ = tiny
-    s = InProcessStack(target_model=str(target_dir), draft_model=str(draft_dir), redis_url=redis_server.url).start()
-    yield s
-    s.stop()
+    with served_pair(tiny[0], tiny[1], redis_server.url) as s:
+        yield s
 
 
 @pytest.fixture(autouse=True)
@@ -57,13 +51,6 @@ def always_worth_it(monkeypatch):
 def generate(stub, prompt, k, max_new, **extra):
     req = pb.GenerateRequest(prompt=prompt, k=k, max_new_tokens=max_new, trace=True, **extra)
     return stub.Generate(req, timeout=120)
-
-
-def top2_gap(model, ids: list[int]) -> float:
-    with torch.inference_mode():
-        logits = model(torch.tensor([ids])).logits[0, -1]
-    top = torch.topk(logits, 2).values
-    return float(top[0] - top[1])
 
 
 def check_trace(resp) -> None:

@@ -32,7 +32,7 @@ from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 from tests.grounded_prompts import CLI_PROMPT, GROUNDED_PROMPTS
-from tests.support import target_greedy
+from tests.support import divergence, target_greedy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -128,23 +128,6 @@ def chat_prompt_ids(tokenizer, content: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def top2_gap(model, ids: list[int]) -> float:
-    with torch.inference_mode():
-        logits = model(torch.tensor([ids])).logits[0, -1]
-    top = torch.topk(logits, 2).values
-    return float(top[0] - top[1])
-
-
-def compare(model, prompt_ids: list[int], got: list[int], want: list[int]) -> str:
-    """'' when equal; 'tie' when they diverge only at a near-tie; else a description."""
-    if got == want:
-        return ""
-    j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    if j < min(len(got), len(want)) and top2_gap(model, prompt_ids + want[:j]) < TIE_EPSILON:
-        return "tie"
-    return f"diverged at {j}: got {got[j:j + 5]} want {want[j:j + 5]}"
-
-
 def collect_stream(stub, req: pb.GenerateRequest) -> list[pb.GenerateChunk]:
     return list(stub.GenerateStream(req, timeout=RPC_TIMEOUT_S))
 
@@ -167,7 +150,7 @@ def test_grounded_prompts_identity_and_acceptance(grounded_runs, reference, eos)
         ids = chat_prompt_ids(tok, prompt)
         assert resp.usage.prompt_tokens == len(ids), f"prompt ids differ for {prompt[:40]!r}"
         want = target_greedy(model, ids, MAX_NEW, eos)
-        verdict = compare(model, ids, list(resp.token_ids), want)
+        verdict = divergence(model, ids, list(resp.token_ids), want, tie_epsilon=TIE_EPSILON)
         ties += verdict == "tie"
         if verdict not in ("", "tie"):
             failures.append(f"{prompt[:50]!r}: {verdict}")
@@ -310,7 +293,7 @@ def test_cli_generate_json(stack, reference, eos):
     ids = chat_prompt_ids(reference.tokenizer, CLI_PROMPT)
     assert out["usage"]["prompt_tokens"] == len(ids)
     want = target_greedy(reference.model, ids, CLI_MAX_NEW, eos)
-    assert compare(reference.model, ids, got, want) in ("", "tie")
+    assert divergence(reference.model, ids, got, want, tie_epsilon=TIE_EPSILON) in ("", "tie")
     assert out["text"] == reference.tokenizer.decode(got, skip_special_tokens=True)
     assert out["finish_reason"] in ("FINISH_REASON_EOS", "FINISH_REASON_LENGTH")
     for counter in ("wire_bytes", "target_computed_tokens", "rounds"):   # numbers, as the HTTP API prints them
