@@ -43,7 +43,7 @@ KERNEL_SOURCE_KEY = "specdec-linear-kernels-source"
 def worker_metadata(state: WorkerState) -> tuple[tuple[str, str], ...]:
     """The worker's counters as gRPC metadata pairs."""
     values = {"calls": state.calls, "failures": state.failures, "in-flight": state.in_flight,
-              "last-ok": int(state.last_ok)}
+              "last-ok": int(state.last_ok), "batches": state.batches, "batched-calls": state.batched_calls}
     return tuple((WORKER_METADATA_PREFIX + name, str(value)) for name, value in values.items())
 
 
