@@ -14,6 +14,7 @@ used by the reliability tests to drive health to NOT_SERVING and back.
 from __future__ import annotations
 
 import asyncio
+import math
 import contextlib
 import os
 import time
@@ -237,12 +238,24 @@ class BatchQueue(Generic[I, T]):
         own = self.work_tokens(item)
         if own < PREFILL_MIN_TOKENS:
             return
-        queued = own + sum(self.work_tokens(entry[1]) for entry in self._pending)
+        queued = self.tokens_until_done(own)
         wait_s = queued * self.ms_per_token / MS_PER_S
         if wait_s > ADMIT_DEADLINE_SHARE * deadline_s:
             self.worker.state.shed_calls += 1
             raise ResourceExhausted(f"target overloaded: about {wait_s:.1f} s of queued work ({queued} tokens) "
                                     f"and the call waits at most {deadline_s:.1f} s; retry later")
+
+    def tokens_until_done(self, own: int) -> int:
+        """Tokens the model runs before a new call computing `own` tokens is done (an upper estimate).
+        Without chunked prefill the queue runs first-come: all the work queued ahead, then its own. With
+        it the queued calls take turns, a long prefill advancing one chunk per turn, so a call that needs
+        `turns` chunks of its own waits for at most `turns` chunks of each long call ahead, not for the
+        whole of every long prompt (counting that refused every short prompt queued behind long ones)."""
+        ahead = [self.work_tokens(entry[1]) for entry in self._pending]
+        if not self.chunk_tokens:
+            return own + sum(ahead)
+        per_call = math.ceil(own / self.chunk_tokens) * self.chunk_tokens
+        return own + sum(min(work, per_call) for work in ahead)
 
     def _learn_speed(self, tokens: int, elapsed_s: float) -> None:
         """Model ms per token of a pass that prefilled `tokens` tokens (exponentially weighted)."""

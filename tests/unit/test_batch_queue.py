@@ -346,3 +346,25 @@ def test_a_prefill_that_would_outlast_its_deadline_is_refused_and_decode_rounds_
     queue, decode, roomy = run(scenario())
     assert decode[0] == 50 and roomy[0] == 60 and queue.worker.state.shed_calls == 1
     assert queue.ms_per_token == pytest.approx(STEP_S * 1000 / 100, rel=0.6)
+
+
+def test_with_chunked_prefill_a_short_prefill_waits_for_a_chunk_of_each_long_one_not_its_whole():
+    from specdec.errors import ResourceExhausted
+
+    def queue_with(chunk_tokens: int) -> BatchQueue:
+        queue = BatchQueue(ModelWorker("t"), Recorder(), max_batch=4, work_tokens=lambda item: item[1],
+                           prefill=lambda item, budget: item[1] - budget, chunk_tokens=chunk_tokens)
+        queue.ms_per_token = 1.0                                   # 1 ms per prefilled token
+        for sid, tokens in (("long-a", 10_000), ("long-b", 10_000), ("short", 300)):
+            queue._pending.append((sid, (sid, tokens), None, 0.0))
+        return queue
+
+    chunked, whole = queue_with(512), queue_with(0)
+    assert chunked.tokens_until_done(300) == 300 + 512 + 512 + 300          # a turn of each call ahead
+    assert chunked.tokens_until_done(2000) == 2000 + 2048 + 2048 + 300      # 4 turns of its own
+    assert whole.tokens_until_done(300) == 300 + 20_300                     # first come, first served
+    chunked._admit(("new", 300), deadline_s=5.0)                            # ~1.6 s: admitted
+    with pytest.raises(ResourceExhausted):
+        whole._admit(("new", 300), deadline_s=5.0)                          # ~20.6 s without chunking
+    with pytest.raises(ResourceExhausted):
+        chunked._admit(("new", 300), deadline_s=1.0)                        # ~1.6 s > 1 s: still refused
