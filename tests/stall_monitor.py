@@ -87,6 +87,7 @@ def describe(stall: Stall) -> str:
 
 
 _monitor = StallMonitor()
+_started = pytest.StashKey[float]()     # when each test began (time.time), for its report's stalls
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -104,9 +105,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     item.stash[_started] = time.time()
     yield
     _monitor.current = "(between tests)"
-
-
-_started = pytest.StashKey[float]()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -14,8 +14,8 @@ used by the reliability tests to drive health to NOT_SERVING and back.
 from __future__ import annotations
 
 import asyncio
-import math
 import contextlib
+import math
 import os
 import time
 from collections import deque
@@ -249,8 +249,8 @@ class BatchQueue(Generic[I, T]):
         """Tokens the model runs before a new call computing `own` tokens is done (an upper estimate).
         Without chunked prefill the queue runs first-come: all the work queued ahead, then its own. With
         it the queued calls take turns, a long prefill advancing one chunk per turn, so a call that needs
-        `turns` chunks of its own waits for at most `turns` chunks of each long call ahead, not for the
-        whole of every long prompt (counting that refused every short prompt queued behind long ones)."""
+        n chunks of its own waits for at most n chunks of each call ahead, not for the whole of every
+        long prompt (counting that refused every short prompt queued behind long ones)."""
         ahead = [self.work_tokens(entry[1]) for entry in self._pending]
         if not self.chunk_tokens:
             return own + sum(ahead)
