@@ -74,6 +74,11 @@ class ModelServiceCollector:
                                  ("cache_rollbacks", c.rollbacks, "calls that dropped rejected tokens"),
                                  ("cache_rolled_back_tokens", c.rolled_back_tokens, "tokens dropped"),
                                  ("cache_evictions", c.evictions, "sessions evicted to stay in budget"),
+                                 ("cache_evicted_tokens", c.evicted_tokens, "positions those evictions dropped"),
+                                 ("cache_reprefills", c.reprefills,
+                                  "calls of an evicted session, which prefill it again"),
+                                 ("cache_reprefill_tokens", c.reprefill_tokens,
+                                  "positions those sessions held when evicted (recomputed)"),
                                  ("computed_tokens", c.computed_tokens, "tokens run through the model"),
                                  ("reused_tokens", c.reused_tokens, "tokens served from the KV cache")):
             yield _counter(name, doc, value, labels)

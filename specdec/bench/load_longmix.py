@@ -52,7 +52,7 @@ UNBOUNDED_REQUESTS = 100_000
 #: target /metrics samples read around and during the mix (summed over labels).
 TARGET_SAMPLES = ("specdec_cache_used_bytes", "specdec_cache_budget_bytes", "specdec_cache_evictions_total",
                   "specdec_call_failures_total", "specdec_prefill_chunks_total", "specdec_calls_total",
-                  "specdec_shed_calls_total")
+                  "specdec_shed_calls_total", "specdec_cache_reprefills_total", "specdec_cache_reprefill_tokens_total")
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,8 @@ def long_mix_verdict(baseline_short: dict[str, Any], mix_short: dict[str, Any], 
     long_done = requests["mix_long"]["successful"] > 0
     return {"requests": requests,
             "kv_inside_budget": inside, "kv_max_used_bytes": used, "kv_budget_bytes": budget,
-            "kv_evictions": server.get("evictions"), "target_call_failures": server.get("call_failures"),
+            "kv_evictions": server.get("evictions"), "kv_reprefills": server.get("reprefills"),
+            "kv_reprefill_tokens": server.get("reprefill_tokens"), "target_call_failures": server.get("call_failures"),
             "prefill_chunks": server.get("prefill_chunks"), "target_shed_calls": server.get("shed_calls"),
             "short_ttft_p90_ms": {"baseline": baseline_short.get("ttft_ms_p90"), "mix": mix_short.get("ttft_ms_p90")},
             "short_ttft_p90_ratio": ttft_ratio,
@@ -196,7 +197,8 @@ class TargetSampler:
                 "max_used_bytes": int(self.max_used), "samples": self.samples, "sample_every_s": SAMPLE_S,
                 "evictions": grew("specdec_cache_evictions_total"), "call_failures": grew("specdec_call_failures_total"),
                 "prefill_chunks": grew("specdec_prefill_chunks_total"), "calls": grew("specdec_calls_total"),
-                "shed_calls": grew("specdec_shed_calls_total")}
+                "shed_calls": grew("specdec_shed_calls_total"), "reprefills": grew("specdec_cache_reprefills_total"),
+                "reprefill_tokens": grew("specdec_cache_reprefill_tokens_total")}
 
 
 @dataclass
@@ -276,6 +278,14 @@ def _gateway_stream_failures(log_path: Path) -> int:
         return -1
 
 
+def target_scheduling() -> dict[str, Any]:
+    """The target's chunked-prefill settings the stack starts with (its environment is this process's)."""
+    from specdec.config import ModelServiceConfig
+
+    cfg = ModelServiceConfig(role="target")
+    return {"prefill_chunk_tokens": cfg.prefill_chunk_tokens, "prefill_turn_ms": cfg.prefill_turn_ms}
+
+
 def run_long_mix(args: Any, plan: LongMixPlan) -> dict[str, Any]:
     """Baseline, then the mix, on one stack with the plan's KV budget; the JSON record with the verdict."""
     from specdec.bench.load import check_guidellm, export_processor, serving, uptime, warm_up
@@ -295,7 +305,8 @@ def run_long_mix(args: Any, plan: LongMixPlan) -> dict[str, Any]:
     args.cache_budget_bytes = plan.cache_budget_bytes
     record: dict[str, Any] = {"note": args.note, "settings": {**asdict(plan), "target_model": args.target_model,
                               "threads": args.threads, "max_batch": args.max_batch or "service default",
-                              "long_prompt_tokens": tokens, "sampling": "greedy (temperature 0), ignore_eos"},
+                              "long_prompt_tokens": tokens, "sampling": "greedy (temperature 0), ignore_eos",
+                              "target_scheduling": target_scheduling()},
                               "machine": machine_info(), "uptime_before": uptime(), "guidellm_version": version}
     started = time.monotonic()
     with serving(args, max(64, 4 * (plan.short_streams + plan.long_streams))) as (stack, gateway):
@@ -318,7 +329,8 @@ def summary(record: dict[str, Any]) -> list[str]:
     req = v["requests"]
     return [f"{record['uptime_before']}  ->  {record['uptime_after']}",
             f"long prompts {record['settings']['long_prompt_tokens']} tokens; KV max used {v['kv_max_used_bytes']} of "
-            f"budget {v['kv_budget_bytes']} bytes, evictions {v['kv_evictions']}, target call failures "
+            f"budget {v['kv_budget_bytes']} bytes, evictions {v['kv_evictions']} (re-prefilled {v['kv_reprefills']}: "
+            f"{v['kv_reprefill_tokens']} tokens), target call failures "
             f"{v['target_call_failures']}, prefill chunks {v['prefill_chunks']}: inside budget {v['kv_inside_budget']}",
             f"short TTFT p90 {v['short_ttft_p90_ms']} ms: x{v['short_ttft_p90_ratio']} (goal <= {TTFT_GOAL_RATIO}) "
             f"ok={v['short_ttft_ok']}; short ITL p50 {v['short_itl_p50_ms']} ms",

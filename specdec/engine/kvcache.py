@@ -40,6 +40,7 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 HIDDEN_MIN_ROWS = 64  # first allocation of a session's hidden-row buffer
+EVICTED_IDS_KEPT = 4096  # evicted session ids remembered, to count those that come back (re-prefills)
 
 
 @dataclass
@@ -141,6 +142,11 @@ class CacheCounters:
     rollbacks: int = 0       # calls that dropped cached tokens
     rolled_back_tokens: int = 0
     evictions: int = 0
+    evicted_tokens: int = 0  # positions those evictions dropped
+    # Evictions that cost work: a call of a session evicted earlier, which prefills it again (vLLM counts
+    # the like as preemptions); an evicted session that never comes back (a finished one) costs nothing.
+    reprefills: int = 0
+    reprefill_tokens: int = 0  # positions those sessions held when they were evicted
     computed_tokens: int = 0
     reused_tokens: int = 0
 
@@ -159,6 +165,7 @@ class KVCachePool:
         self.bytes_per_token = max(1, bytes_per_token)
         self._config = model_config
         self._sessions: OrderedDict[str, SessionKV] = OrderedDict()
+        self._evicted: OrderedDict[str, int] = OrderedDict()  # evicted session -> positions it held
         self._lock = threading.Lock()
         self.counters = CacheCounters()
 
@@ -194,6 +201,7 @@ class KVCachePool:
         with self._lock:
             kv = self._sessions.pop(session_id, None)
             if kv is None:
+                self._count_return(session_id)
                 kv = SessionKV(cache=DynamicCache(config=self._config) if self._config else DynamicCache())
             self._make_room(total_tokens)
             kv.reserved = total_tokens
@@ -204,18 +212,31 @@ class KVCachePool:
         """Evict least recently used sessions until the others plus `needed_tokens` fit the budget."""
         held = sum(s.held() for s in self._sessions.values())  # the acquiring session is not among them
         while self._sessions and (held + needed_tokens) > self.max_tokens:
-            _, victim = self._sessions.popitem(last=False)
+            victim_id, victim = self._sessions.popitem(last=False)
             held -= victim.held()
             self.counters.evictions += 1
+            self.counters.evicted_tokens += len(victim)
+            self._evicted[victim_id] = len(victim)
+            if len(self._evicted) > EVICTED_IDS_KEPT:
+                self._evicted.popitem(last=False)
+
+    def _count_return(self, session_id: str) -> None:
+        """A session comes back after its eviction: it prefills again (counted as a re-prefill)."""
+        held = self._evicted.pop(session_id, None)
+        if held is not None:
+            self.counters.reprefills += 1
+            self.counters.reprefill_tokens += held
 
     def release(self, session_id: str) -> bool:
         """Drop a session's cache; True when there was one."""
         with self._lock:
+            self._evicted.pop(session_id, None)
             return self._sessions.pop(session_id, None) is not None
 
     def clear(self) -> None:
         with self._lock:
             self._sessions.clear()
+            self._evicted.clear()
 
 
 def kv_bytes_per_token(model_config: Any, dtype_bytes: int) -> int:

@@ -42,6 +42,7 @@ class ModelBundle:
     batch_wait_s: float = 0.0               # target: how long a batch waits for its group (BatchQueue)
     inline_max_tokens: int = 0              # calls this small run on the event loop (ModelWorker.run_on_thread)
     prefill_chunk_tokens: int = 0           # target: longer prefills run in chunks of this size (BatchQueue)
+    prefill_turn_ms: float = 0.0            # target: a long prefill's turn while others decode (BatchQueue)
     kernels: KernelPlan | None = None       # the CPU linear kernels chosen at load (Info metadata, metrics)
 
 
@@ -145,7 +146,8 @@ def load_target(cfg: ModelServiceConfig) -> ModelBundle:
     info["keeps_hidden"] = runner.keep_hidden
     return ModelBundle("target", cfg.model, {"target": engine}, "target", info, runner.pool, seconds,
                        batch_wait_s=cfg.batch_wait_ms / 1000.0, inline_max_tokens=inline_limit(cfg.inline_max_tokens),
-                       prefill_chunk_tokens=cfg.prefill_chunk_tokens, kernels=plan)
+                       prefill_chunk_tokens=cfg.prefill_chunk_tokens, prefill_turn_ms=cfg.prefill_turn_ms,
+                       kernels=plan)
 
 
 def load_draft(cfg: ModelServiceConfig) -> ModelBundle:

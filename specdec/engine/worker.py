@@ -38,6 +38,8 @@ PREFILL_MIN_TOKENS = Limits.max_k + 2
 #: inside. 1: only calls the estimate says cannot finish in time (0.5 refused a second stream at a time
 #: on the loaded development machine).
 ADMIT_DEADLINE_SHARE = 1.0
+#: the fewest tokens a long prefill's turn computes while other sessions decode (BatchQueue.turn_tokens).
+MIN_TURN_TOKENS = 32
 
 
 @dataclass
@@ -76,6 +78,11 @@ class WorkerState:
     def busy_for(self) -> float:
         """Seconds the current call has been running (0 when idle)."""
         return time.monotonic() - self.busy_since if self.busy_since else 0.0
+
+
+def ewma(mean: float, now: float) -> float:
+    """`now` folded into an exponentially weighted `mean` (FILL_WEIGHT; a mean of 0 is unset: `now`)."""
+    return now if mean <= 0 else mean + FILL_WEIGHT * (now - mean)
 
 
 def fits_inline(work_tokens: int | None, limit: int) -> bool:
@@ -201,7 +208,7 @@ class BatchQueue(Generic[I, T]):
     def __init__(self, worker: ModelWorker, batch_fn: Callable[[list[I]], list[T | Exception]],
                  max_batch: int, max_wait_s: float = 0.0, work_tokens: Callable[[I], int] | None = None,
                  inline_max_tokens: int = 0, prefill: Callable[[I, int], int] | None = None,
-                 chunk_tokens: int = 0) -> None:
+                 chunk_tokens: int = 0, prefill_turn_ms: float = 0.0) -> None:
         self.worker, self.batch_fn, self.max_batch = worker, batch_fn, max(1, max_batch)
         worker.state.max_batch = self.max_batch
         self.max_wait_s = max_wait_s
@@ -213,6 +220,9 @@ class BatchQueue(Generic[I, T]):
         self._arrived = asyncio.Event()
         self._last: set[str] = set()            # sessions of the previous batch
         self.ms_per_token = 0.0                 # model ms per prefilled token, recent passes (0: not measured)
+        self.chunk_ms_per_token = 0.0           # the same, of chunked-prefill passes only (long contexts)
+        self.prefill_turn_ms = prefill_turn_ms
+        self._batch_ended = 0.0                 # time.perf_counter() when the last batch ended
 
     async def submit(self, session_id: str, item: I, deadline_s: float | None = None) -> tuple[T, float]:
         """Queue one session's call; returns (its result, queue_ms until its batch started).
@@ -257,12 +267,21 @@ class BatchQueue(Generic[I, T]):
         per_call = math.ceil(own / self.chunk_tokens) * self.chunk_tokens
         return own + sum(min(work, per_call) for work in ahead)
 
-    def _learn_speed(self, tokens: int, elapsed_s: float) -> None:
-        """Model ms per token of a pass that prefilled `tokens` tokens (exponentially weighted)."""
-        if tokens >= PREFILL_MIN_TOKENS and elapsed_s > 0:
-            now = elapsed_s * MS_PER_S / tokens
-            self.ms_per_token = now if self.ms_per_token <= 0 else self.ms_per_token + FILL_WEIGHT * (
-                now - self.ms_per_token)
+    def _learn_speed(self, tokens: int, elapsed_s: float) -> float:
+        """Model ms per token of a pass that prefilled `tokens` tokens (exponentially weighted); returns
+        this pass's figure (0 when it prefilled too few tokens to say)."""
+        if tokens < PREFILL_MIN_TOKENS or elapsed_s <= 0:
+            return 0.0
+        now = elapsed_s * MS_PER_S / tokens
+        self.ms_per_token = ewma(self.ms_per_token, now)
+        return now
+
+    def turn_tokens(self, others_decoding: bool) -> int:
+        """Tokens a long prefill computes in its next turn (see prefill_turn_ms)."""
+        if not others_decoding or self.prefill_turn_ms <= 0 or self.chunk_ms_per_token <= 0:
+            return self.chunk_tokens
+        fit = int(self.prefill_turn_ms / self.chunk_ms_per_token)
+        return min(self.chunk_tokens, max(MIN_TURN_TOKENS, fit))
 
     async def _drain(self) -> None:
         while self._pending:
@@ -271,7 +290,8 @@ class BatchQueue(Generic[I, T]):
             if batch:
                 await self._run_batch(batch)
             if long:
-                await self._prefill_one(long[0])
+                since_batch_ms = (time.perf_counter() - self._batch_ended) * MS_PER_S
+                await self._prefill_one(long[0], self.turn_tokens(bool(batch) or since_batch_ms < self.prefill_turn_ms))
                 self._pending.extend(long)  # behind the calls that came meanwhile (max_batch 1 interleaves too)
 
     def _split(self, batch: list[Entry]) -> tuple[list[Entry], list[Entry]]:
@@ -282,19 +302,21 @@ class BatchQueue(Generic[I, T]):
         held = {id(entry) for entry in long}
         return [entry for entry in batch if id(entry) not in held], long
 
-    async def _prefill_one(self, entry: Entry) -> None:
-        """One chunk of a long prefill on the model thread; a failure fails that call alone."""
+    async def _prefill_one(self, entry: Entry, tokens: int) -> None:
+        """One chunk (`tokens` tokens) of a long prefill on the model thread; a failure fails that call alone."""
         _, item, future, _ = entry
         self.worker.state.prefill_chunks += 1
         started = time.perf_counter()
         try:
-            await self.worker.run_on_thread(lambda: self.prefill(item, self.chunk_tokens))
+            await self.worker.run_on_thread(lambda: self.prefill(item, tokens))
         except Exception as exc:  # noqa: BLE001 - handed to the caller
             if not future.done():
                 future.set_exception(exc)
         finally:
             self.worker.state.prefill_ms += (time.perf_counter() - started) * MS_PER_S
-            self._learn_speed(self.chunk_tokens, time.perf_counter() - started)
+            now = self._learn_speed(tokens, time.perf_counter() - started)
+            if now:
+                self.chunk_ms_per_token = ewma(self.chunk_ms_per_token, now)
 
     async def _run_batch(self, batch: list[Entry]) -> None:
         """One batch_fn call on the model thread; each caller gets its result."""
@@ -310,6 +332,7 @@ class BatchQueue(Generic[I, T]):
         if prefill_tokens:
             self.worker.state.prefill_ms += (time.perf_counter() - started) * MS_PER_S
             self._learn_speed(prefill_tokens, time.perf_counter() - started)
+        self._batch_ended = time.perf_counter()
         for (_, _, future, queued), result in zip(batch, results):
             if future.done():
                 continue  # the caller went away (cancelled)

@@ -368,3 +368,54 @@ def test_with_chunked_prefill_a_short_prefill_waits_for_a_chunk_of_each_long_one
         whole._admit(("new", 300), deadline_s=5.0)                          # ~20.6 s without chunking
     with pytest.raises(ResourceExhausted):
         chunked._admit(("new", 300), deadline_s=1.0)                        # ~1.6 s > 1 s: still refused
+
+
+def test_a_long_prefill_takes_short_turns_while_others_decode_and_whole_chunks_alone():
+    """Decode-first: between decode rounds a long prompt's turn is sized to prefill_turn_ms at the measured
+    chunk speed (here ~1 ms a token: a 64 ms turn is ~64 tokens), alone it runs whole chunks."""
+    class Timed(ChunkedWork):
+        def prefill(self, sid: str, budget: int) -> int:
+            self.log.append(("chunk", budget))
+            self.left[sid] -= budget
+            time.sleep(budget / 1000)
+            return self.left[sid]
+
+    async def decode(queue: BatchQueue, rounds: int) -> None:
+        for _ in range(rounds):
+            await queue.submit("a", "a")
+
+    async def scenario():
+        work = Timed({"a": 1, "long": 2000})
+        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, work_tokens=work.work,
+                           prefill=work.prefill, chunk_tokens=256, prefill_turn_ms=64)
+        assert queue.turn_tokens(others_decoding=True) == 256           # speed not measured yet: whole chunks
+        running = asyncio.create_task(decode(queue, 8))
+        await asyncio.sleep(0)
+        await asyncio.gather(queue.submit("long", "long"), running)
+        return work.log, queue
+
+    log, queue = run(scenario())
+    last_round = len(log) - 1 - [kind for kind, _ in log][::-1].index("batch")   # the long one's own last batch
+    a_done = max(i for i, (kind, sids) in enumerate(log) if kind == "batch" and sids == ("a",))
+    first = log.index(("chunk", 256))                                     # speed not measured yet
+    beside = [budget for kind, budget in log[first + 1:a_done] if kind == "chunk"]
+    alone = [budget for kind, budget in log[a_done + 1:last_round] if kind == "chunk"]
+    assert first < a_done and beside and alone, log
+    assert all(32 <= budget <= 128 for budget in beside), log             # ~64 tokens: short turns
+    assert alone[-1] == 256, log                                          # alone again: whole chunks
+    assert 0.5 < queue.chunk_ms_per_token < 3
+
+
+def test_turn_tokens_fit_the_turn_at_the_chunk_speed_within_bounds():
+    queue = BatchQueue(ModelWorker("t"), lambda items: items, max_batch=8, work_tokens=len,
+                       prefill=lambda item, budget: 0, chunk_tokens=512, prefill_turn_ms=200)
+    queue.chunk_ms_per_token = 4.0
+    assert queue.turn_tokens(others_decoding=True) == 50 and queue.turn_tokens(others_decoding=False) == 512
+    queue.chunk_ms_per_token = 0.1                                        # a fast machine: whole chunks
+    assert queue.turn_tokens(others_decoding=True) == 512
+    queue.chunk_ms_per_token = 50.0                                       # a slow one: never below the floor
+    assert queue.turn_tokens(others_decoding=True) == 32
+    queue.prefill_turn_ms = 0
+    assert queue.turn_tokens(others_decoding=True) == 512
+    queue.prefill_turn_ms, queue.chunk_tokens = 200, 8                    # chunks below the floor: whole chunks
+    assert queue.turn_tokens(others_decoding=True) == 8

@@ -88,6 +88,19 @@ def test_lru_eviction_keeps_the_budget(model):
     assert runner.pool.session_count() <= 2
 
 
+def test_an_evicted_session_that_comes_back_counts_as_a_reprefill_and_one_that_does_not_costs_nothing():
+    pool = KVCachePool(budget_bytes=50, bytes_per_token=1)
+    for sid, tokens in (("a", 20), ("b", 20)):
+        pool.acquire(sid, tokens).tokens.extend(range(tokens))
+    pool.acquire("c", 20)                                     # a is least recently used: evicted
+    assert (pool.counters.evictions, pool.counters.evicted_tokens, pool.counters.reprefills) == (1, 20, 0)
+    pool.acquire("a", 25)                                     # a comes back: it prefills again; b goes
+    assert (pool.counters.reprefills, pool.counters.reprefill_tokens) == (1, 20)
+    pool.release("b")                                         # b was evicted, then deleted: no return to count
+    pool.acquire("b", 5)
+    assert (pool.counters.evictions, pool.counters.reprefills) == (2, 1)
+
+
 def test_a_growing_session_counts_its_whole_length_against_the_budget(model):
     runner = runner_for(model, budget_tokens=50)
     runner.extend("a", list(range(1, 21)), first=19)       # 20 tokens held by a
