@@ -21,12 +21,18 @@ the model on others (~2.5 ms a token plus a network hop, accepted shallow), so o
 mixed estimate would pick too long a draft for the model and too short a one for
 the lookup. The orchestrator knows before each round which one will propose.
 Under load the target verifies many sessions in one forward pass (its batch queue): a pass costs a
-fixed part t0 (reading the weights, launching the pass) that the batch shares, plus about m per token
-it scores. Alone, a round's verify costs v(k+1) = t0 + (k+1)·m; in a batch of B sessions the
-session's share is t0/B + (k+1)·m. Speculation pays by spreading t0 over more tokens, so as batches
-fill that gain shrinks and choose_k backs off towards k = 0 by itself; where scoring more tokens is
-nearly free (m ≈ 0: a memory-bound GPU) it keeps speculating. B is the batch the rounds rode in
-(`target_batch` of each round, averaged across the orchestrator's sessions: `CostModel.batch`).
+fixed part t0 (reading the weights, launching the pass) plus about m per token it scores, so v is
+measured per pass, keyed by the tokens the whole pass computed (`ComputeStats.batch_tokens`). In a
+batch of B sessions each drafting k, every round waits for a pass of B·(k+1) tokens:
+v(B·(k+1)) + draft + overhead, for E[tokens](k) each. That is the cost a session's k puts on every
+session of its pass, not only its own share of the pass (counting only t0/B + (k+1)·m, and the
+whole overhead, kept long drafts going under load: each one's extra tokens slow every round of the
+others). Speculation pays by spreading t0 over more tokens, so as batches fill that gain shrinks and
+choose_k backs off towards k = 0 by itself; where scoring more tokens is nearly free (m ≈ 0: a
+memory-bound GPU) it keeps speculating. B is the batch the rounds rode in (`target_batch` of each
+round, averaged across the orchestrator's sessions: `CostModel.batch`). The overhead counts what a
+round costs outside the forwards whatever the load: time queued at the target (waiting for the pass
+before) is left out, since it grows with the same passes that v(B·(k+1)) already prices.
 Acceptance starts from an optimistic prior at position 1 (decayed with the data, so
 it fades). A deeper position leans on the rate of the position before it until it has
 data of its own: a draft rejected at position 1 says nothing about position 5, and
@@ -63,7 +69,7 @@ class CostModel:
     the overhead of rounds without a draft under NO_DRAFT.
     """
 
-    verify_ms: dict[int, float] = field(default_factory=dict)      # n tokens verified -> ms
+    verify_ms: dict[float, float] = field(default_factory=dict)    # tokens one target pass computed -> ms
     draft_step_ms: dict[str, float] = field(default_factory=dict)  # proposer -> ms per draft token
     overhead_ms: dict[str, float] = field(default_factory=dict)    # proposer or NO_DRAFT -> non-forward ms a round
     batch: float = 1.0                                             # sessions per target pass of recent rounds
@@ -74,27 +80,30 @@ class CostModel:
         if size > 0:
             self.batch = (1 - EMA_WEIGHT) * self.batch + EMA_WEIGHT * size
 
-    def observe(self, k: int, verified: int, draft_ms: float, target_ms: float, overhead_ms: float,
+    def observe(self, k: int, pass_tokens: int, draft_ms: float, target_ms: float, overhead_ms: float,
                 proposer: str = ANY_DRAFT, overlapped: bool = False) -> None:
-        """Account for one round (k proposed tokens by `proposer`, `verified` = k + 1 scored by the target);
-        a round whose verify ran beside a pre-draft (`overlapped`) only measures overlap_extra_ms."""
+        """Account for one round: k tokens proposed by `proposer`, verified in a target pass that computed
+        `pass_tokens` tokens (k + 1 alone; with the other sessions' tokens in a batch) in `target_ms`;
+        `overhead_ms`: the round's time outside the forwards and the target's queue. A round whose verify
+        ran beside a pre-draft (`overlapped`) only measures overlap_extra_ms."""
         if overlapped:
-            self.observe_overlapped(verified, target_ms)
+            self.observe_overlapped(pass_tokens, target_ms)
             return
-        self.verify_ms[verified] = _ema(self.verify_ms.get(verified), target_ms)
+        self.verify_ms[pass_tokens] = _ema(self.verify_ms.get(pass_tokens), target_ms)
         key = proposer if k > 0 else NO_DRAFT
         if k > 0:
             self.draft_step_ms[key] = _ema(self.draft_step_ms.get(key), draft_ms / k)
         self.overhead_ms[key] = _ema(self.overhead_ms.get(key), overhead_ms)
 
-    def observe_overlapped(self, verified: int, target_ms: float) -> None:
+    def observe_overlapped(self, pass_tokens: int, target_ms: float) -> None:
         """A round whose verify ran beside a pre-draft (orchestrator/overlap.py): its time over v(n) is what
         drafting ahead costs the target (cores, memory bandwidth); v(n) itself is left to plain rounds."""
-        if verified in self.verify_ms:
-            self.overlap_extra_ms = _ema(self.overlap_extra_ms, target_ms - self.verify_ms[verified])
+        if pass_tokens in self.verify_ms:
+            self.overlap_extra_ms = _ema(self.overlap_extra_ms, target_ms - self.verify_ms[pass_tokens])
 
-    def verify(self, n: int) -> float:
-        """v(n): measured, or interpolated/extrapolated linearly from the measured points."""
+    def verify(self, n: float) -> float:
+        """v(n), a pass computing n tokens: measured, or interpolated/extrapolated linearly from the measured
+        points."""
         if n in self.verify_ms:
             return self.verify_ms[n]
         known = sorted(self.verify_ms)
@@ -115,17 +124,12 @@ class CostModel:
         key = proposer if k > 0 else NO_DRAFT
         base = self.overhead_ms.get(key, self.overhead_ms.get(NO_DRAFT, next(iter(self.overhead_ms.values()), 0.0)))
         draft = k * self.draft_step_ms.get(key, 0.0) if k > 0 else 0.0
-        return self.verify_share(k + 1) + draft + base
+        return self.pass_ms(k + 1) + draft + base
 
-    def verify_share(self, n: int) -> float:
-        """This session's share of a target pass scoring n of its tokens in a batch of `batch` sessions:
-        t0 / batch + n·m, with m = v(2) − v(1) per token and t0 = v(1) − m (module docstring).
-        Alone (batch <= 1) it is v(n)."""
-        if self.batch <= 1.0:
-            return self.verify(n)
-        per_token = max(0.0, self.verify(2) - self.verify(1))
-        fixed = max(0.0, self.verify(1) - per_token)
-        return fixed / self.batch + (self.verify(n) - fixed)
+    def pass_ms(self, n: int) -> float:
+        """The target pass a round scoring n tokens of this session waits for, when `batch` sessions share
+        it each with about as many: v(batch·n) (module docstring). Alone (batch <= 1) it is v(n)."""
+        return self.verify(n * max(1.0, self.batch))
 
 
 @dataclass
@@ -193,12 +197,12 @@ def choose_k_drafted(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int
     position j is the tracker's position j + 1 (accepted given the position before it was)."""
     rates = acceptance.rates()
     shifted = rates[1:] + rates[-1:] * (k_cap + 1)
-    base = costs.round_ms(0, proposer) - costs.verify_share(1)       # a round's overhead without a draft hop
+    base = costs.round_ms(0, proposer) - costs.pass_ms(1)            # a round's overhead without a draft hop
 
     def per_ms(k: int) -> float:
         total, survive = 1.0, 1.0
         for rate in shifted[:k]:
             survive *= rate
             total += survive
-        return total / max(costs.verify_share(k + 1) + base, 1e-6)
+        return total / max(costs.pass_ms(k + 1) + base, 1e-6)
     return max(range(k_cap + 1), key=per_ms)

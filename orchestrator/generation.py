@@ -284,8 +284,8 @@ class Generation:
         if proposed and not outcome.predrafted:   # a used pre-draft's positions are shifted by its guess
             self._tracker(outcome.proposer).observe(proposed, outcome.num_accepted)
         if outcome.target_computed <= proposed + 1 and not outcome.degraded and not outcome.predrafted:
-            self.deps.costs.observe(proposed, proposed + 1, outcome.draft_ms, outcome.target_ms, outcome.overhead_ms,
-                                    outcome.proposer, overlapped=outcome.ahead is not None)
+            self.deps.costs.observe(proposed, outcome.pass_tokens, outcome.draft_ms, outcome.target_ms,
+                                    outcome.fixed_overhead_ms, outcome.proposer, overlapped=outcome.ahead is not None)
 
     async def _rounds(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher
                       ) -> AsyncIterator[pb.GenerateChunk]:

@@ -92,7 +92,7 @@ def plan_ahead(cap: int, k: int, costs: CostModel, cfg: OverlapConfig, rates: Se
         return 0
     hop = max(0.0, costs.overhead_ms.get(MODEL, 0.0) - costs.overhead_ms.get(NO_DRAFT, 0.0))
     contention = max(cfg.miss_cost_ms, costs.overlap_extra_ms or 0.0)
-    weights = AheadCosts(costs.draft_step_ms.get(MODEL, 0.0), hop, costs.verify_share(k + 1), contention)
+    weights = AheadCosts(costs.draft_step_ms.get(MODEL, 0.0), hop, costs.pass_ms(k + 1), contention)
     return cap if worth_overlapping(hit_probability(rates, k), cap, weights) else 0
 
 

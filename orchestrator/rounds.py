@@ -69,6 +69,8 @@ class RoundOutcome:
     target_cached: int = 0          # context tokens the target reused from its KV cache
     target_computed: int = 0        # tokens the target ran through its model
     target_batch: int = 0           # sessions the target verified in the same forward pass
+    target_batch_tokens: int = 0    # tokens that pass computed over all its sessions (0 = not reported)
+    target_queue_ms: float = 0.0    # time the verify waited at the target (session lock, the pass before)
     draft_computed: int = 0
     wall_ms: float = 0.0
     wire_bytes: int = 0
@@ -89,6 +91,17 @@ class RoundOutcome:
         """Everything that is not a model forward (hops, serialisation, queueing) on the round's path:
         draft time hidden behind the previous round's verify is off it."""
         return max(0.0, self.wall_ms - max(0.0, self.draft_ms - self.draft_hidden_ms) - self.target_ms)
+
+    @property
+    def fixed_overhead_ms(self) -> float:
+        """overhead_ms less the time queued at the target: what the round costs outside the forwards at any load."""
+        return max(0.0, self.overhead_ms - self.target_queue_ms)
+
+    @property
+    def pass_tokens(self) -> int:
+        """Tokens the target pass of this round computed over all its sessions (estimated as every session
+        of the pass computing as many as this one where the target does not report it)."""
+        return self.target_batch_tokens or self.target_computed * max(1, self.target_batch)
 
 
 @dataclass
@@ -213,6 +226,7 @@ class RoundRunner:
         out.target_ms = verdict.stats.forward_ms
         out.target_cached, out.target_computed = verdict.stats.cached_tokens, verdict.stats.computed_tokens
         out.target_batch = verdict.stats.batch_size
+        out.target_batch_tokens, out.target_queue_ms = verdict.stats.batch_tokens, verdict.stats.queue_ms
         out.wire_bytes += verify.ByteSize() + verdict.ByteSize()
         out.retries += retries
         out.wall_ms = (time.perf_counter() - start) * MS_PER_S

@@ -47,7 +47,7 @@ def sparse_from_proto(rows: Iterable[Any]) -> list[SparseDist]:
 def stats_to_proto(s: ComputeStatsData) -> common_pb2.ComputeStats:
     return common_pb2.ComputeStats(cached_tokens=s.cached_tokens, computed_tokens=s.computed_tokens,
                                    rolled_back=s.rolled_back, forward_ms=s.forward_ms, queue_ms=s.queue_ms,
-                                   batch_size=s.batch_size)
+                                   batch_size=s.batch_size, batch_tokens=s.batch_tokens)
 
 
 def logprobs_to_proto(items: Iterable[TokenLogprobData]) -> list[common_pb2.TokenLogprob]:

@@ -29,6 +29,7 @@ class ForwardResult:
     rolled_back: int
     forward_ms: float
     batch_size: int = 1             # sessions in the same forward pass
+    batch_tokens: int = 0           # tokens that pass computed over all its sessions
     hidden: Any = None              # [len(ids), H] the session's final hidden states (keep_hidden only)
 
 
@@ -127,12 +128,12 @@ class CausalLMRunner:
             for item in items:
                 self.pool.release(item.session_id)
             raise
-        results = []
+        results, pass_tokens = [], sum(len(plan.new_ids) for plan in plans)
         for plan, rows in zip(plans, logits):
             plan.kv.extend_tokens(plan.item.ids, plan.item.hashes)
             self._count(plan.reuse, len(plan.new_ids), plan.rolled_back)
             results.append(ForwardResult(rows, plan.reuse, len(plan.new_ids), plan.rolled_back, elapsed, len(items),
-                                         plan.kv.hidden))
+                                         pass_tokens, plan.kv.hidden))
         return results
 
     def _store_hidden(self, plans: list["_Plan"]) -> None:

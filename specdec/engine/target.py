@@ -114,7 +114,7 @@ class TargetEngine:
         emitted = inp.draft_ids[: result.num_accepted] + [result.next_token]
         logprobs = token_logprobs(fwd.logits, emitted, inp.logprobs)
         stats = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms,
-                                 batch_size=fwd.batch_size)
+                                 batch_size=fwd.batch_size, batch_tokens=fwd.batch_tokens)
         if inp.prefilled is not None:  # chunks run before this pass
             stats.follow(inp.prefilled)
         hidden = self._hidden(inp, fwd, len(inp.context_ids) + result.num_accepted)

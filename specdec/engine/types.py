@@ -34,6 +34,7 @@ class ComputeStatsData:
     forward_ms: float = 0.0
     queue_ms: float = 0.0
     batch_size: int = 1             # sessions scored in the same forward pass
+    batch_tokens: int = 0           # tokens that pass computed over all its sessions (0 = not known)
 
     def add(self, other: "ComputeStatsData") -> None:
         """Accumulate another call's stats into this one."""

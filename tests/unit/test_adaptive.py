@@ -10,7 +10,7 @@ from orchestrator.adaptive import (
 def cpu_like_costs() -> CostModel:
     costs = CostModel()
     for n, ms in ((1, 60.0), (3, 66.0), (5, 72.0), (9, 85.0)):  # verifying more tokens costs a little more
-        costs.observe(k=n - 1, verified=n, draft_ms=0.0, target_ms=ms, overhead_ms=2.0)
+        costs.observe(k=n - 1, pass_tokens=n, draft_ms=0.0, target_ms=ms, overhead_ms=2.0)
     return costs
 
 
@@ -63,7 +63,7 @@ def test_expensive_draft_steps_shorten_the_draft():
     for accepted in [0, 1, 2, 3, 5, 8] * 5:  # each further position is less likely to be accepted
         acc.observe(proposed=8, accepted=accepted)
     cheap, dear = cpu_like_costs(), cpu_like_costs()
-    dear.observe(k=4, verified=5, draft_ms=4 * 40.0, target_ms=72.0, overhead_ms=2.0)
+    dear.observe(k=4, pass_tokens=5, draft_ms=4 * 40.0, target_ms=72.0, overhead_ms=2.0)
     assert choose_k(dear, acc, 8) < choose_k(cheap, acc, 8)
 
 
@@ -77,7 +77,7 @@ def measured_fp32_costs() -> CostModel:
     """v(n) of SmolLM2 in fp32 on the 2-core CPU (input-major, 1 thread): a 2-token verify costs 1.7 steps."""
     costs = CostModel()
     for n, ms in ((1, 30.0), (2, 51.0), (3, 62.0), (5, 63.0), (9, 74.0), (13, 85.0)):
-        costs.observe(k=n - 1, verified=n, draft_ms=0.0, target_ms=ms, overhead_ms=2.5)
+        costs.observe(k=n - 1, pass_tokens=n, draft_ms=0.0, target_ms=ms, overhead_ms=2.5)
     return costs
 
 
@@ -105,8 +105,8 @@ def test_costs_are_kept_per_proposer_and_pick_each_its_own_k():
     """A combined draft: prompt lookup (cheap, no hop) on some rounds, the model (dear, a hop) on others."""
     costs = measured_fp32_costs()
     for _ in range(5):
-        costs.observe(k=4, verified=5, draft_ms=4 * 0.02, target_ms=63.0, overhead_ms=2.5, proposer="ngram")
-        costs.observe(k=2, verified=3, draft_ms=2 * 6.0, target_ms=62.0, overhead_ms=4.0, proposer="model")
+        costs.observe(k=4, pass_tokens=5, draft_ms=4 * 0.02, target_ms=63.0, overhead_ms=2.5, proposer="ngram")
+        costs.observe(k=2, pass_tokens=3, draft_ms=2 * 6.0, target_ms=62.0, overhead_ms=4.0, proposer="model")
     assert costs.draft_step_ms["ngram"] < 0.1 and abs(costs.draft_step_ms["model"] - 6.0) < 1e-6
     assert costs.overhead_ms["model"] > costs.overhead_ms["ngram"] and costs.overhead_ms[NO_DRAFT] == 2.5
     assert costs.round_ms(4, "model") - costs.round_ms(4, "ngram") > 4 * 5.9
@@ -127,7 +127,7 @@ def compute_bound_costs() -> CostModel:
     """v(n) = 10 + 8 n ms: most of a pass is per-token work, the part batching cannot share."""
     costs = CostModel()
     for n in (1, 2, 3, 5):
-        costs.observe(k=n - 1, verified=n, draft_ms=0.0, target_ms=10.0 + 8.0 * n, overhead_ms=2.0)
+        costs.observe(k=n - 1, pass_tokens=n, draft_ms=0.0, target_ms=10.0 + 8.0 * n, overhead_ms=2.0)
     return costs
 
 
@@ -138,10 +138,10 @@ def accepting(rate_accepts: int, of: int, k_max: int = 4) -> AcceptanceTracker:
     return acc
 
 
-def test_alone_the_batch_share_is_the_measured_verify_cost():
+def test_alone_a_round_waits_for_the_measured_verify_cost():
     costs = compute_bound_costs()
     assert costs.batch == 1.0
-    assert [costs.verify_share(n) for n in (1, 3, 5)] == [costs.verify(n) for n in (1, 3, 5)]
+    assert [costs.pass_ms(n) for n in (1, 3, 5)] == [costs.verify(n) for n in (1, 3, 5)]
     costs.observe_batch(0)                      # a round without a reported batch changes nothing
     assert costs.batch == 1.0
 
@@ -152,8 +152,8 @@ def test_full_batches_back_speculation_off_when_verify_work_is_per_token():
     for _ in range(30):
         costs.observe_batch(8)
     assert 7.5 < costs.batch <= 8.0
-    # share of a pass: t0 / 8 + n * m (t0 = 10, m = 8)
-    assert abs(costs.verify_share(1) - (10.0 / costs.batch + 8.0)) < 1e-9
+    # a round waits for a pass of every session's tokens: t0 + B * n * m (t0 = 10, m = 8)
+    assert abs(costs.pass_ms(1) - (10.0 + 8.0 * costs.batch)) < 1e-9
     assert choose_k(costs, acc, 4) == 0                    # batches full: plain decoding
     for _ in range(30):
         costs.observe_batch(1)
@@ -163,7 +163,37 @@ def test_full_batches_back_speculation_off_when_verify_work_is_per_token():
 def test_full_batches_keep_speculating_when_scoring_more_tokens_is_nearly_free():
     costs, acc = CostModel(), accepting(3, 5)
     for n in (1, 2, 3, 5):                                  # memory-bound: v(n) flat
-        costs.observe(k=n - 1, verified=n, draft_ms=0.0, target_ms=30.0, overhead_ms=2.0)
+        costs.observe(k=n - 1, pass_tokens=n, draft_ms=0.0, target_ms=30.0, overhead_ms=2.0)
     for _ in range(30):
         costs.observe_batch(16)
     assert choose_k(costs, acc, 4) >= 2
+
+
+def test_under_load_a_weak_draft_backs_off_because_its_tokens_slow_every_session_of_the_pass():
+    """v(n) = 23 + 2 n ms per pass (a CPU target), 5 ms outside the forwards. Four sessions share each pass:
+    a draft accepted ~30 % per position pays alone but not in the batch, where each round waits for the
+    pass of all four sessions' drafts; one accepted ~85 % keeps paying."""
+    costs = CostModel()
+    for n in (1, 2, 5, 9, 20):
+        costs.observe(k=0, pass_tokens=n, draft_ms=0.0, target_ms=23.0 + 2.0 * n, overhead_ms=5.0)
+    weak, strong = AcceptanceTracker(k_max=4), AcceptanceTracker(k_max=4)
+    for i in range(60):
+        weak.observe(proposed=4, accepted=1 if i % 10 < 3 else 0)
+        strong.observe(proposed=4, accepted=4 if i % 20 < 17 else 1)
+    assert choose_k(costs, weak, 4) >= 1 and choose_k(costs, strong, 4) >= 1   # alone both pay
+    for _ in range(40):
+        costs.observe_batch(4)
+    assert choose_k(costs, weak, 4) == 0
+    assert choose_k(costs, strong, 4) >= 2
+
+
+def test_a_round_learns_its_pass_and_leaves_queueing_out_of_its_overhead():
+    from orchestrator.rounds import RoundOutcome
+
+    out = RoundOutcome(k=4, draft_ids=[1, 2, 3, 4], matches=[], target_ids=[], num_accepted=0, next_token=5,
+                       next_kind=0, emitted=[5], draft_ms=4.0, target_ms=60.0, wall_ms=130.0, target_computed=5,
+                       target_batch=4, target_queue_ms=50.0)
+    assert out.overhead_ms == 66.0 and out.fixed_overhead_ms == 16.0
+    assert out.pass_tokens == 20                          # not reported: 4 sessions of 5 tokens
+    out.target_batch_tokens = 11                          # reported by the target: the others computed 6
+    assert out.pass_tokens == 11
