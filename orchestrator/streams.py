@@ -17,7 +17,8 @@ exactly as before):
   * a call's error ends its stream with that call's status and trailing metadata (a context miss
     reads the same as on a unary call);
   * a stream the replica ended between calls (it drains, or restarted) fails the call with
-    UNAVAILABLE before the request was read; a call that found its stream idle in the pool is then
+    UNAVAILABLE before the request was read (also when the write races the stream's end and gRPC
+    fails the send with INTERNAL: the request was not sent); a call that found its stream idle in the pool is then
     tried once more on a new stream before the pool sees the failure.
 Only services that say so in ModelInfo.round_streams get streams; the others keep the unary call.
 """
@@ -110,6 +111,12 @@ class RoundStreams:
                     await call.write(request)
                 except asyncio.InvalidStateError:    # the replica ended the stream (OK) before this call
                     raise StreamEnded(f"the replica ended its {method} stream") from None
+                except grpc.aio.AioRpcError as exc:
+                    # the write raced the replica's end of the stream: gRPC fails the send ("Internal error
+                    # from Core", INTERNAL) instead of reporting the stream's OK end; nothing was sent
+                    if exc.code() != grpc.StatusCode.INTERNAL:
+                        raise
+                    raise StreamEnded(f"the {method} stream ended as the request was written") from None
                 response = await call.read()
         except TimeoutError:
             call.cancel()
