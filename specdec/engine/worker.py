@@ -258,14 +258,16 @@ class BatchQueue(Generic[I, T]):
     def tokens_until_done(self, own: int) -> int:
         """Tokens the model runs before a new call computing `own` tokens is done (an upper estimate).
         Without chunked prefill the queue runs first-come: all the work queued ahead, then its own. With
-        it the queued calls take turns, a long prefill advancing one chunk per turn, so a call that needs
-        n chunks of its own waits for at most n chunks of each call ahead, not for the whole of every
-        long prompt (counting that refused every short prompt queued behind long ones)."""
+        it, calls that fit a batch run in the next batch, behind at most one turn of the oldest long
+        prefill (decode first, see prefill_turn_ms), so a short prompt is not priced at the whole of the
+        long ones ahead (that refused every short prompt queued behind long ones); a long prefill takes
+        its turns after the long ones queued before it (first come, first served among them)."""
         ahead = [self.work_tokens(entry[1]) for entry in self._pending]
-        if not self.chunk_tokens:
+        if not self.chunk_tokens or own > self.chunk_tokens:
             return own + sum(ahead)
-        per_call = math.ceil(own / self.chunk_tokens) * self.chunk_tokens
-        return own + sum(min(work, per_call) for work in ahead)
+        longs = [work for work in ahead if work > self.chunk_tokens]
+        turn = min(min(longs), self.turn_tokens(others_decoding=True)) if longs else 0
+        return own + sum(work for work in ahead if work <= self.chunk_tokens) + turn
 
     def _learn_speed(self, tokens: int, elapsed_s: float) -> float:
         """Model ms per token of a pass that prefilled `tokens` tokens (exponentially weighted); returns
@@ -290,6 +292,7 @@ class BatchQueue(Generic[I, T]):
             if batch:
                 await self._run_batch(batch)
             if long:
+                long.sort(key=lambda entry: entry[3])   # the oldest long prefill takes the turn
                 since_batch_ms = (time.perf_counter() - self._batch_ended) * MS_PER_S
                 await self._prefill_one(long[0], self.turn_tokens(bool(batch) or since_batch_ms < self.prefill_turn_ms))
                 self._pending.extend(long)  # behind the calls that came meanwhile (max_batch 1 interleaves too)

@@ -348,26 +348,44 @@ def test_a_prefill_that_would_outlast_its_deadline_is_refused_and_decode_rounds_
     assert queue.ms_per_token == pytest.approx(STEP_S * 1000 / 100, rel=0.6)
 
 
-def test_with_chunked_prefill_a_short_prefill_waits_for_a_chunk_of_each_long_one_not_its_whole():
+def test_with_chunked_prefill_a_short_prefill_waits_for_one_turn_of_the_long_ones_not_their_whole():
     from specdec.errors import ResourceExhausted
 
     def queue_with(chunk_tokens: int) -> BatchQueue:
         queue = BatchQueue(ModelWorker("t"), Recorder(), max_batch=4, work_tokens=lambda item: item[1],
-                           prefill=lambda item, budget: item[1] - budget, chunk_tokens=chunk_tokens)
+                           prefill=lambda item, budget: item[1] - budget, chunk_tokens=chunk_tokens,
+                           prefill_turn_ms=200)
         queue.ms_per_token = 1.0                                   # 1 ms per prefilled token
         for sid, tokens in (("long-a", 10_000), ("long-b", 10_000), ("short", 300)):
             queue._pending.append((sid, (sid, tokens), None, 0.0))
         return queue
 
     chunked, whole = queue_with(512), queue_with(0)
-    assert chunked.tokens_until_done(300) == 300 + 512 + 512 + 300          # a turn of each call ahead
-    assert chunked.tokens_until_done(2000) == 2000 + 2048 + 2048 + 300      # 4 turns of its own
+    assert chunked.tokens_until_done(300) == 300 + 300 + 512               # the next batch, after one whole chunk
+    chunked.chunk_ms_per_token = 2.0                                        # turns measured: 200 ms = 100 tokens
+    assert chunked.tokens_until_done(300) == 300 + 300 + 100               # ... after one turn
+    assert chunked.tokens_until_done(2000) == 2000 + 20_300                 # a long one: behind the long ones
     assert whole.tokens_until_done(300) == 300 + 20_300                     # first come, first served
-    chunked._admit(("new", 300), deadline_s=5.0)                            # ~1.6 s: admitted
+    chunked._admit(("new", 300), deadline_s=5.0)                            # ~0.7 s: admitted
     with pytest.raises(ResourceExhausted):
         whole._admit(("new", 300), deadline_s=5.0)                          # ~20.6 s without chunking
     with pytest.raises(ResourceExhausted):
-        chunked._admit(("new", 300), deadline_s=1.0)                        # ~1.6 s > 1 s: still refused
+        chunked._admit(("new", 300), deadline_s=0.5)                        # ~0.7 s > 0.5 s: still refused
+    with pytest.raises(ResourceExhausted):
+        chunked._admit(("new", 2000), deadline_s=5.0)                       # ~22 s behind the long ones
+
+
+def test_the_oldest_long_prefill_takes_the_turns():
+    async def scenario():
+        work = ChunkedWork({"old": 12, "new": 12})
+        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, work_tokens=work.work,
+                           prefill=work.prefill, chunk_tokens=4)
+        old = asyncio.create_task(queue.submit("old", "old"))
+        await asyncio.sleep(0.001)                                          # old is queued (and running) first
+        await asyncio.gather(old, queue.submit("new", "new"))
+        return [sid for kind, sid in work.log if kind == "chunk"]
+
+    assert run(scenario()) == ["old", "old", "new", "new"]                  # 12 -> 8 -> 4 each, old first
 
 
 def test_a_long_prefill_takes_short_turns_while_others_decode_and_whole_chunks_alone():
