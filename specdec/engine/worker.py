@@ -219,8 +219,8 @@ class BatchQueue(Generic[I, T]):
         self._drainer: asyncio.Task | None = None
         self._arrived = asyncio.Event()
         self._last: set[str] = set()            # sessions of the previous batch
-        self.ms_per_token = 0.0                 # model ms per prefilled token, recent passes (0: not measured)
-        self.chunk_ms_per_token = 0.0           # the same, of chunked-prefill passes only (long contexts)
+        self.ms_per_token = 0.0                 # model ms per token of recent batches that prefilled (0: not measured)
+        self.chunk_ms_per_token = 0.0           # the same, of chunked-prefill turns (long contexts, small passes)
         self.prefill_turn_ms = prefill_turn_ms
         self._batch_ended = 0.0                 # time.perf_counter() when the last batch ended
 
@@ -248,35 +248,37 @@ class BatchQueue(Generic[I, T]):
         own = self.work_tokens(item)
         if own < PREFILL_MIN_TOKENS:
             return
-        queued = self.tokens_until_done(own)
-        wait_s = queued * self.ms_per_token / MS_PER_S
+        wait_s = self.wait_ms(own) / MS_PER_S
         if wait_s > ADMIT_DEADLINE_SHARE * deadline_s:
             self.worker.state.shed_calls += 1
-            raise ResourceExhausted(f"target overloaded: about {wait_s:.1f} s of queued work ({queued} tokens) "
-                                    f"and the call waits at most {deadline_s:.1f} s; retry later")
+            raise ResourceExhausted(f"target overloaded: about {wait_s:.1f} s of queued work for a {own}-token "
+                                    f"prefill and the call waits at most {deadline_s:.1f} s; retry later")
 
-    def tokens_until_done(self, own: int) -> int:
-        """Tokens the model runs before a new call computing `own` tokens is done (an upper estimate).
-        Without chunked prefill the queue runs first-come: all the work queued ahead, then its own. With
-        it, calls that fit a batch run in the next batch, behind at most one turn of the oldest long
-        prefill (decode first, see prefill_turn_ms), so a short prompt is not priced at the whole of the
-        long ones ahead (that refused every short prompt queued behind long ones); a long prefill takes
-        its turns after the long ones queued before it (first come, first served among them)."""
+    def wait_ms(self, own: int) -> float:
+        """About how long a new call computing `own` tokens takes to be done (an upper estimate), at the
+        measured speeds: batches at ms_per_token, long prefills' turns at chunk_ms_per_token (a turn at a
+        long context costs several times a short prompt's token; one speed for both refused short prompts).
+        Without chunked prefill the queue runs first come: all the work queued ahead, then its own. With
+        it, a call that fits a batch runs in the next batch, behind at most one turn of the oldest long
+        prefill (decode first, see prefill_turn_ms): not behind the whole of the long ones; a long prefill
+        takes its turns after the long ones queued before it (first come, first served among them)."""
         ahead = [self.work_tokens(entry[1]) for entry in self._pending]
-        if not self.chunk_tokens or own > self.chunk_tokens:
-            return own + sum(ahead)
+        batch_ms, chunk_ms = self.ms_per_token, self.chunk_ms_per_token or self.ms_per_token
+        if not self.chunk_tokens:
+            return (own + sum(ahead)) * batch_ms
+        fits = sum(work for work in ahead if work <= self.chunk_tokens)
         longs = [work for work in ahead if work > self.chunk_tokens]
+        if own > self.chunk_tokens:
+            return fits * batch_ms + (own + sum(longs)) * chunk_ms
         turn = min(min(longs), self.turn_tokens(others_decoding=True)) if longs else 0
-        return own + sum(work for work in ahead if work <= self.chunk_tokens) + turn
+        return (own + fits) * batch_ms + turn * chunk_ms
 
     def _learn_speed(self, tokens: int, elapsed_s: float) -> float:
-        """Model ms per token of a pass that prefilled `tokens` tokens (exponentially weighted); returns
-        this pass's figure (0 when it prefilled too few tokens to say)."""
+        """Model ms per token of a pass that prefilled `tokens` tokens; returns it (0 when the pass
+        prefilled too few tokens to say)."""
         if tokens < PREFILL_MIN_TOKENS or elapsed_s <= 0:
             return 0.0
-        now = elapsed_s * MS_PER_S / tokens
-        self.ms_per_token = ewma(self.ms_per_token, now)
-        return now
+        return elapsed_s * MS_PER_S / tokens
 
     def turn_tokens(self, others_decoding: bool) -> int:
         """Tokens a long prefill computes in its next turn (see prefill_turn_ms)."""
@@ -320,6 +322,7 @@ class BatchQueue(Generic[I, T]):
             now = self._learn_speed(tokens, time.perf_counter() - started)
             if now:
                 self.chunk_ms_per_token = ewma(self.chunk_ms_per_token, now)
+                self.ms_per_token = self.ms_per_token or now   # no batch has prefilled yet: a first figure
 
     async def _run_batch(self, batch: list[Entry]) -> None:
         """One batch_fn call on the model thread; each caller gets its result."""
@@ -334,7 +337,9 @@ class BatchQueue(Generic[I, T]):
             results = [exc] * len(batch)
         if prefill_tokens:
             self.worker.state.prefill_ms += (time.perf_counter() - started) * MS_PER_S
-            self._learn_speed(prefill_tokens, time.perf_counter() - started)
+            now = self._learn_speed(prefill_tokens, time.perf_counter() - started)
+            if now:
+                self.ms_per_token = ewma(self.ms_per_token, now)
         self._batch_ended = time.perf_counter()
         for (_, _, future, queued), result in zip(batch, results):
             if future.done():

@@ -355,24 +355,36 @@ def test_with_chunked_prefill_a_short_prefill_waits_for_one_turn_of_the_long_one
         queue = BatchQueue(ModelWorker("t"), Recorder(), max_batch=4, work_tokens=lambda item: item[1],
                            prefill=lambda item, budget: item[1] - budget, chunk_tokens=chunk_tokens,
                            prefill_turn_ms=200)
-        queue.ms_per_token = 1.0                                   # 1 ms per prefilled token
+        queue.ms_per_token = 1.0                                   # batches: 1 ms per prefilled token
         for sid, tokens in (("long-a", 10_000), ("long-b", 10_000), ("short", 300)):
             queue._pending.append((sid, (sid, tokens), None, 0.0))
         return queue
 
     chunked, whole = queue_with(512), queue_with(0)
-    assert chunked.tokens_until_done(300) == 300 + 300 + 512               # the next batch, after one whole chunk
-    chunked.chunk_ms_per_token = 2.0                                        # turns measured: 200 ms = 100 tokens
-    assert chunked.tokens_until_done(300) == 300 + 300 + 100               # ... after one turn
-    assert chunked.tokens_until_done(2000) == 2000 + 20_300                 # a long one: behind the long ones
-    assert whole.tokens_until_done(300) == 300 + 20_300                     # first come, first served
-    chunked._admit(("new", 300), deadline_s=5.0)                            # ~0.7 s: admitted
+    assert chunked.wait_ms(300) == 300 + 300 + 512                  # the next batch, after one whole chunk
+    chunked.chunk_ms_per_token = 4.0                                # turns measured: 200 ms buy 50 tokens
+    assert chunked.wait_ms(300) == 300 + 300 + 50 * 4.0             # ... one turn, at the turns' own speed
+    assert chunked.wait_ms(2000) == 300 + (2000 + 20_000) * 4.0     # a long one: behind the long ones
+    assert whole.wait_ms(300) == 300 + 20_300                       # first come, first served
+    chunked._admit(("new", 300), deadline_s=5.0)                    # ~0.8 s: admitted
     with pytest.raises(ResourceExhausted):
-        whole._admit(("new", 300), deadline_s=5.0)                          # ~20.6 s without chunking
+        whole._admit(("new", 300), deadline_s=5.0)                  # ~20.6 s without chunking
     with pytest.raises(ResourceExhausted):
-        chunked._admit(("new", 300), deadline_s=0.5)                        # ~0.7 s > 0.5 s: still refused
+        chunked._admit(("new", 300), deadline_s=0.5)                # ~0.8 s > 0.5 s: still refused
     with pytest.raises(ResourceExhausted):
-        chunked._admit(("new", 2000), deadline_s=5.0)                       # ~22 s behind the long ones
+        chunked._admit(("new", 2000), deadline_s=30.0)              # ~88 s behind the long ones
+
+
+def test_the_speed_of_long_prefill_turns_does_not_price_short_prompts():
+    """Turns at a long context cost several times a short prompt's token (attention over thousands of
+    positions, small passes): each kind of pass keeps its own measured speed."""
+    queue = BatchQueue(ModelWorker("t"), Recorder(), max_batch=4, work_tokens=lambda item: item,
+                       prefill=lambda item, budget: item - budget, chunk_tokens=512, prefill_turn_ms=200)
+    queue._learn_speed(300, 0.3)                                   # nothing learned: _run_batch / _prefill_one do
+    assert queue.ms_per_token == 0.0
+    queue.ms_per_token, queue.chunk_ms_per_token = 1.0, 10.0
+    queue._pending.extend([("long", 6000, None, 0.0), ("short", 300, None, 0.0)])
+    assert queue.wait_ms(300) == 600 + 32 * 10.0                   # a turn of 32 tokens (the floor), not 600 at 10 ms
 
 
 def test_the_oldest_long_prefill_takes_the_turns():
