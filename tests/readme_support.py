@@ -29,6 +29,7 @@ MEASURE_COLUMNS = {"tok/s": "tokens_per_s", "× our k=0": "speedup", "× HF prom
 TEXT_COLUMNS = ("prompts", "configuration", "JSON", "command", "CPU")
 NOT_APPLICABLE = "–"
 LLAMACPP = "llamacpp"   # the bench's llama.cpp anchor (result["llamacpp"]["tok_s"][set])
+LOAD_KEY = "datasets"   # a `make bench-load` JSON (result["datasets"]["prompts"]["configs"][config][point])
 
 
 @dataclass
@@ -195,5 +196,44 @@ def performance_errors(readme_text: str, root: Path = ROOT) -> list[str]:
             errors.append(f"{where}: {path} is not a committed file")
             continue
         result = json.loads((root / path).read_text())
+        if LOAD_KEY in result:
+            errors += load_row_errors(row, path, result, where)
+            continue
         errors += _number_errors(row, result, where) + _setting_errors(row, path, result, where)
+    return errors
+
+
+def load_point(row: dict[str, str], result: dict[str, Any]) -> dict[str, Any] | None:
+    """The bench-load point a row shows: prompts "mixed, N streams" -> concurrency@N of its configuration."""
+    streams = re.search(r"(\d+) streams", row["prompts"])
+    (config,) = backticked(row["configuration"]) or [""]
+    points = result[LOAD_KEY].get("prompts", {}).get("configs", {}).get(config, {})
+    return points.get(f"concurrency@{streams[1]}") if streams else None
+
+
+def load_row_errors(row: dict[str, str], path: str, result: dict[str, Any], where: str) -> list[str]:
+    """A row from `make bench-load`'s JSON: output tok/s and its ratio to k = 0 at that point, the
+    command's flags against the recorded settings, the CPU; the bench's other columns are –."""
+    point = load_point(row, result)
+    if point is None:
+        return [f"{where}: no such point in {path} (prompts must read 'mixed, N streams')"]
+    errors = []
+    for column, value in (("tok/s", point["output_tokens_per_s"]), ("× our k=0", point["vs_k0"]["output_tokens_per_s"])):
+        shown = row[column]
+        decimals = len(shown.split(".")[1]) if "." in shown else 0
+        if f"{value:.{decimals}f}" != shown:
+            errors.append(f"{where}: {column} = {shown}, the JSON says {value:.{decimals}f} ({value})")
+    errors += [f"{where}: {column} should be {NOT_APPLICABLE}" for column in ("× HF prompt lookup", "tokens / round")
+               if row[column] != NOT_APPLICABLE]
+    (command,) = backticked(row["command"]) or [row["command"]]
+    words, settings = shlex.split(command), result["settings"]
+    if words[:2] != ["make", "bench-load"] or "--out" in command:
+        errors.append(f"{where}: command {command!r} is not `make bench-load ...` writing {path}")
+    for flag, key in (("--max-tokens", "max_tokens"), ("--max-seconds-per-point", "max_seconds_per_point")):
+        given = re.search(rf"{flag} (\S+)", command)
+        if given and float(given[1].strip('"')) != float(settings[key]):
+            errors.append(f"{where}: command {flag} {given[1]}, the JSON recorded {settings[key]}")
+    machine = result["machine"]
+    if row["CPU"] != f"{machine['cpu_model']}, {machine['cores']} cores":
+        errors.append(f"{where}: CPU {row['CPU']!r}, the JSON recorded {machine['cpu_model']!r}")
     return errors

@@ -31,6 +31,7 @@ from specdec.v1 import common_pb2
 # 10,000 rounds per test (~30 s on 2 cores): the lying draft below is still rejected with p < 1e-300
 # (measured), far past ALPHA; 20,000 took 66 s, over the suite's 60 s budget for one test.
 VOCAB, K, SAMPLES, ALPHA, MIN_EXPECTED = 32, 2, 10_000, 1e-3, 5.0
+LIE_SAMPLES = 4_000   # a lie this size is rejected far below ALPHA with fewer samples (p printed by the test)
 WEIGHT_SCALE, DRAFT_NOISE = 5.0, 0.015
 CONTEXT = [3, 7, 1, 9]
 CFG = dict(temperature=0.9, top_k=0, top_p=0.95, draft_top_n=8)
@@ -93,9 +94,9 @@ def pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
     return float(stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
 
 
-def sample_pairs(target, draft, q_override=None) -> np.ndarray:
+def sample_pairs(target, draft, q_override=None, samples: int = SAMPLES) -> np.ndarray:
     out = np.zeros((VOCAB, VOCAB), dtype=np.int64)
-    for seed in range(SAMPLES):
+    for seed in range(samples):
         cfg = SamplingConfig(seed=seed, **CFG)
         toks = speculative_round(target, draft, cfg, q_override=q_override)
         if len(toks) < 2:  # first token rejected: the second comes from the next round
@@ -121,8 +122,10 @@ def test_a_lying_draft_report_is_detected(engines):
     target, draft, model = engines
     p1, joint = exact_target(model, SamplingConfig(seed=0, **CFG))
     uniform = lambda rows: [SparseDist(r.token_ids, [1.0 / len(r.token_ids)] * len(r.token_ids)) for r in rows]  # noqa: E731
-    counts = sample_pairs(target, draft, q_override=uniform)
-    assert min(pvalue(counts.sum(1), p1), pvalue(counts, joint)) < ALPHA
+    counts = sample_pairs(target, draft, q_override=uniform, samples=LIE_SAMPLES)
+    pv = min(pvalue(counts.sum(1), p1), pvalue(counts, joint))
+    print(f"\nlying draft: p-value {pv:.3g} from {LIE_SAMPLES} samples")
+    assert pv < ALPHA
 
 
 def test_same_seed_same_tokens_different_seeds_differ(engines):
