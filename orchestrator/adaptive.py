@@ -69,7 +69,7 @@ class CostModel:
     the overhead of rounds without a draft under NO_DRAFT.
     """
 
-    verify_ms: dict[float, float] = field(default_factory=dict)    # tokens one target pass computed -> ms
+    verify_ms: dict[int, float] = field(default_factory=dict)      # tokens one target pass computed -> ms
     draft_step_ms: dict[str, float] = field(default_factory=dict)  # proposer -> ms per draft token
     overhead_ms: dict[str, float] = field(default_factory=dict)    # proposer or NO_DRAFT -> non-forward ms a round
     batch: float = 1.0                                             # sessions per target pass of recent rounds

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import time
 from collections import deque
@@ -273,9 +272,10 @@ class BatchQueue(Generic[I, T]):
         turn = min(min(longs), self.turn_tokens(others_decoding=True)) if longs else 0
         return (own + fits) * batch_ms + turn * chunk_ms
 
-    def _learn_speed(self, tokens: int, elapsed_s: float) -> float:
-        """Model ms per token of a pass that prefilled `tokens` tokens; returns it (0 when the pass
-        prefilled too few tokens to say)."""
+    @staticmethod
+    def _pass_ms_per_token(tokens: int, elapsed_s: float) -> float:
+        """Model ms per token of a pass that prefilled `tokens` tokens in `elapsed_s` (0 when it prefilled
+        too few to say); the callers fold it into the speed of their kind of pass."""
         if tokens < PREFILL_MIN_TOKENS or elapsed_s <= 0:
             return 0.0
         return elapsed_s * MS_PER_S / tokens
@@ -296,7 +296,8 @@ class BatchQueue(Generic[I, T]):
             if long:
                 long.sort(key=lambda entry: entry[3])   # the oldest long prefill takes the turn
                 since_batch_ms = (time.perf_counter() - self._batch_ended) * MS_PER_S
-                await self._prefill_one(long[0], self.turn_tokens(bool(batch) or since_batch_ms < self.prefill_turn_ms))
+                others_decoding = bool(batch) or since_batch_ms < self.prefill_turn_ms
+                await self._prefill_one(long[0], self.turn_tokens(others_decoding))
                 self._pending.extend(long)  # behind the calls that came meanwhile (max_batch 1 interleaves too)
 
     def _split(self, batch: list[Entry]) -> tuple[list[Entry], list[Entry]]:
@@ -319,7 +320,7 @@ class BatchQueue(Generic[I, T]):
                 future.set_exception(exc)
         finally:
             self.worker.state.prefill_ms += (time.perf_counter() - started) * MS_PER_S
-            now = self._learn_speed(tokens, time.perf_counter() - started)
+            now = self._pass_ms_per_token(tokens, time.perf_counter() - started)
             if now:
                 self.chunk_ms_per_token = ewma(self.chunk_ms_per_token, now)
                 self.ms_per_token = self.ms_per_token or now   # no batch has prefilled yet: a first figure
@@ -337,7 +338,7 @@ class BatchQueue(Generic[I, T]):
             results = [exc] * len(batch)
         if prefill_tokens:
             self.worker.state.prefill_ms += (time.perf_counter() - started) * MS_PER_S
-            now = self._learn_speed(prefill_tokens, time.perf_counter() - started)
+            now = self._pass_ms_per_token(prefill_tokens, time.perf_counter() - started)
             if now:
                 self.ms_per_token = ewma(self.ms_per_token, now)
         self._batch_ended = time.perf_counter()

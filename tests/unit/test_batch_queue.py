@@ -380,7 +380,7 @@ def test_the_speed_of_long_prefill_turns_does_not_price_short_prompts():
     positions, small passes): each kind of pass keeps its own measured speed."""
     queue = BatchQueue(ModelWorker("t"), Recorder(), max_batch=4, work_tokens=lambda item: item,
                        prefill=lambda item, budget: item - budget, chunk_tokens=512, prefill_turn_ms=200)
-    queue._learn_speed(300, 0.3)                                   # nothing learned: _run_batch / _prefill_one do
+    queue._pass_ms_per_token(300, 0.3)                             # nothing learned: _run_batch / _prefill_one do
     assert queue.ms_per_token == 0.0
     queue.ms_per_token, queue.chunk_ms_per_token = 1.0, 10.0
     queue._pending.extend([("long", 6000, None, 0.0), ("short", 300, None, 0.0)])
