@@ -33,6 +33,13 @@ memory-bound GPU) it keeps speculating. B is the batch the rounds rode in (`targ
 round, averaged across the orchestrator's sessions: `CostModel.batch`). The overhead counts what a
 round costs outside the forwards whatever the load: time queued at the target (waiting for the pass
 before) is left out, since it grows with the same passes that v(B·(k+1)) already prices.
+That price is throughput first: a session's long draft can still pay for itself while it lengthens the
+rounds of the sessions it shares a pass with, and those (open-ended prompts, short drafts) then get
+their tokens more slowly than with no speculation at all. `latency_cap` puts latency first: with B
+sessions a pass, each drafting alike, a session sees the drafts of the B - 1 others lengthen its
+pass by (B-1)/B · (v(B·(k+1)) - v(B)); k is capped where that exceeds `slack` of a round without
+drafts (round_ms(0)), so no session's inter-token latency grows past 1 + slack of plain decoding's
+for the sake of another's. Alone (B = 1) nothing is capped.
 Acceptance starts from an optimistic prior at position 1 (decayed with the data, so
 it fades). A deeper position leans on the rate of the position before it until it has
 data of its own: a draft rejected at position 1 says nothing about position 5, and
@@ -174,6 +181,20 @@ class AcceptanceTracker:
             survive *= rate
             total += survive
         return total
+
+
+def latency_cap(costs: CostModel, k_cap: int, slack: float) -> int:
+    """The largest k <= k_cap whose draft tokens, every session of the target's pass drafting alike
+    (costs.batch of them), lengthen the pass the other sessions wait for by at most `slack` of a round
+    without drafts (module docstring). slack < 0: no cap (throughput first)."""
+    others = max(0.0, costs.batch - 1.0) / max(costs.batch, 1.0)   # (B-1)/B: the others' part of the drafts
+    if slack < 0 or others == 0.0:
+        return k_cap
+    allowed = slack * costs.round_ms(0)
+    k = k_cap
+    while k > 0 and others * (costs.pass_ms(k + 1) - costs.pass_ms(1)) > allowed:
+        k -= 1
+    return k
 
 
 def choose_k(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int, proposer: str = ANY_DRAFT) -> int:

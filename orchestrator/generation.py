@@ -57,7 +57,7 @@ from specdec.metrics import OrchestratorMetrics
 from specdec.params import MODEL, GenerationParams, field_or_default, resolve_generation
 from specdec.v1 import orchestrator_pb2 as pb
 
-from orchestrator.adaptive import AcceptanceTracker, CostModel, choose_k, choose_k_drafted
+from orchestrator.adaptive import AcceptanceTracker, CostModel, choose_k, choose_k_drafted, latency_cap
 from orchestrator.detokenize import IncrementalDetokenizer
 from orchestrator.features import HiddenRelay
 from orchestrator.idempotency import RunningRequests, check_reuse, request_fingerprint
@@ -259,7 +259,7 @@ class Generation:
 
     def _round_k(self, state: State) -> tuple[int, str]:
         """(k, the draft expected to propose): k clipped to the tokens and context left, chosen by
-        adaptive k from that proposer's acceptance and costs when it is on."""
+        adaptive k from that proposer's acceptance and costs when it is on, within the latency cap."""
         left_tokens = self.params.max_new_tokens - len(state.completion)
         left_context = self.deps.max_context - len(state.ids)
         cap = max(0, min(self.params.k, left_tokens - 1, left_context - 1))
@@ -269,13 +269,13 @@ class Generation:
         if not self.params.adaptive_k:
             return cap, proposer
         ready = ready_block(self.ahead, state.ids, cap) if proposer == MODEL else 0   # drafted ahead: free
+        capped = latency_cap(self.deps.costs, ready or cap, self.deps.cfg.latency_slack)   # shared passes
+        self.deps.metrics.latency_capped.inc(capped < (ready or cap))
         choose = choose_k_drafted if ready else choose_k
-        return choose(self.deps.costs, self._tracker(proposer), ready or cap, proposer), proposer
+        return choose(self.deps.costs, self._tracker(proposer), capped, proposer), proposer
 
     def _tracker(self, proposer: str) -> AcceptanceTracker:
-        if proposer not in self.acceptance:
-            self.acceptance[proposer] = AcceptanceTracker(k_max=max(self.params.k, 1))
-        return self.acceptance[proposer]
+        return self.acceptance.setdefault(proposer, AcceptanceTracker(k_max=max(self.params.k, 1)))
 
     def _learn(self, outcome: RoundOutcome) -> None:
         """Feed adaptive k: acceptance per session and proposer; costs only from rounds without a prefill."""

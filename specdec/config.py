@@ -237,6 +237,7 @@ class ModelServiceConfig:
     # Propose/Verify can carry only new tokens; least recently used sessions are dropped first (their
     # next call gets the whole context resent). 0 = keep none: Info does not offer the delta form.
     context_store_tokens: int = field(default_factory=lambda: env_int("SPECDEC_CONTEXT_STORE_TOKENS", DEFAULT_CONTEXT_STORE_TOKENS))
+    # The shortest context tail the n-gram draft matches (see NGRAM_MIN_N) and the longest it tries.
     ngram_min_n: int = field(default_factory=lambda: env_int("SPECDEC_NGRAM_MIN_N", NGRAM_MIN_N))
     ngram_max_n: int = field(default_factory=lambda: env_int("SPECDEC_NGRAM_MAX_N", NGRAM_MAX_N))
     # Which earlier occurrence of the context's tail the n-gram draft continues: earliest | recent.
@@ -347,16 +348,21 @@ class OrchestratorConfig:
     # The n-gram draft needs only the context, which the orchestrator holds: run it here and
     # skip a network hop per round (a draft pool is then needed only for model drafts).
     local_ngram: bool = field(default_factory=lambda: env_bool("SPECDEC_LOCAL_NGRAM", True))
-    # The shortest context tail the n-gram draft matches (see NGRAM_MIN_N) and the longest it tries.
     # Delta rounds: the most context tokens kept over all sessions (about 50 bytes each) so that
     # Propose/Verify can carry only new tokens; least recently used sessions are dropped first (their
     # next call gets the whole context resent). 0 = keep none: Info does not offer the delta form.
     context_store_tokens: int = field(default_factory=lambda: env_int("SPECDEC_CONTEXT_STORE_TOKENS", DEFAULT_CONTEXT_STORE_TOKENS))
+    # The shortest context tail the n-gram draft matches (see NGRAM_MIN_N) and the longest it tries.
     ngram_min_n: int = field(default_factory=lambda: env_int("SPECDEC_NGRAM_MIN_N", NGRAM_MIN_N))
     ngram_max_n: int = field(default_factory=lambda: env_int("SPECDEC_NGRAM_MAX_N", NGRAM_MAX_N))
     # Which earlier occurrence of the context's tail the n-gram draft continues: earliest | recent.
     ngram_prefer: str = field(default_factory=lambda: env_str("SPECDEC_NGRAM_PREFER", "earliest"))
     target_addresses: str = field(default_factory=lambda: env_str("SPECDEC_TARGET_ADDRESSES"))
+    # Adaptive k under load (orchestrator/adaptive.py, latency_cap): how much the drafts of the sessions
+    # sharing a target pass may lengthen the others' rounds, as a fraction of a round without drafts.
+    # 0.05: no session's inter-token latency grows past 1.05x plain decoding's for another's draft.
+    # Negative: no cap (throughput first: each session's k maximises its own tokens per ms).
+    latency_slack: float = field(default_factory=lambda: env_float("SPECDEC_LATENCY_SLACK", 0.05))
     redis_url: str = field(default_factory=redis_url_from_env)
     redis_prefix: str = field(default_factory=lambda: env_str("SPECDEC_REDIS_PREFIX", "specdec:"))
     session_ttl_s: int = field(default_factory=lambda: env_int("SPECDEC_SESSION_TTL", 24 * 3600))

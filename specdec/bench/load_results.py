@@ -239,7 +239,7 @@ def plot(record: dict[str, Any], path: str) -> None:
 #: Prometheus samples bench-load reads around each guidellm run (target and orchestrator /metrics).
 SERVER_SAMPLES = ("specdec_batch_size_sum", "specdec_batch_size_count", "specdec_spec_decode_k_sum",
                   "specdec_spec_decode_k_count", "specdec_round_target_batch_size_sum",
-                  "specdec_round_target_batch_size_count")
+                  "specdec_round_target_batch_size_count", "specdec_spec_decode_latency_capped_rounds_total")
 
 
 def server_samples(text: str, names: tuple[str, ...] = SERVER_SAMPLES) -> dict[str, float]:
@@ -255,11 +255,13 @@ def server_samples(text: str, names: tuple[str, ...] = SERVER_SAMPLES) -> dict[s
 
 
 def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
-    """What the servers saw during one guidellm run: mean sessions per target pass, mean k per round."""
+    """What the servers saw during one guidellm run: mean sessions per target pass, mean k per round, and
+    the rounds whose adaptive k the latency cap lowered."""
     d = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in SERVER_SAMPLES}
     def mean(prefix: str) -> float | None:
         count = d[f"{prefix}_count"]
         return round(d[f"{prefix}_sum"] / count, 3) if count > 0 else None
     return {"target_passes": d["specdec_batch_size_count"], "mean_target_batch": mean("specdec_batch_size"),
             "rounds": d["specdec_spec_decode_k_count"], "mean_k": mean("specdec_spec_decode_k"),
-            "mean_round_target_batch": mean("specdec_round_target_batch_size")}
+            "mean_round_target_batch": mean("specdec_round_target_batch_size"),
+            "latency_capped_rounds": d["specdec_spec_decode_latency_capped_rounds_total"]}

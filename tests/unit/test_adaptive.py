@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.adaptive import (
-    ANY_DRAFT, NO_DRAFT, PROBE_EVERY, PROBE_EVERY_MAX, PROBE_K, AcceptanceTracker, CostModel, choose_k,
+    ANY_DRAFT, NO_DRAFT, PROBE_EVERY, PROBE_EVERY_MAX, PROBE_K, AcceptanceTracker, CostModel, choose_k, latency_cap,
 )
 
 
@@ -197,3 +197,47 @@ def test_a_round_learns_its_pass_and_leaves_queueing_out_of_its_overhead():
     assert out.pass_tokens == 20                          # not reported: 4 sessions of 5 tokens
     out.target_batch_tokens = 11                          # reported by the target: the others computed 6
     assert out.pass_tokens == 11
+
+
+def cpu_pass_costs(batch: float) -> CostModel:
+    """v(n) = 23 + 2 n ms per pass, 5 ms a round outside the forwards, `batch` sessions per pass."""
+    costs = CostModel()
+    for n in (1, 2, 5, 9, 20, 36):
+        costs.observe(k=0, pass_tokens=n, draft_ms=0.0, target_ms=23.0 + 2.0 * n, overhead_ms=5.0)
+    costs.batch = batch
+    return costs
+
+
+def test_the_latency_cap_keeps_the_others_rounds_within_the_slack():
+    """With B sessions a pass each drafting k, the others' drafts lengthen a session's pass by
+    (B-1)/B · (v(B(k+1)) - v(B)) = (B-1) · 2k ms here; a round without drafts takes v(B) + 5 ms."""
+    alone, pair, four = cpu_pass_costs(1.0), cpu_pass_costs(2.0), cpu_pass_costs(4.0)
+    assert latency_cap(alone, 8, 0.05) == 8                  # nobody else waits for the pass
+    assert latency_cap(pair, 8, 0.05) == 0                   # 2 ms a token > 5 % of 32 ms
+    assert latency_cap(pair, 8, 0.25) == 4                   # 2k <= 8 ms
+    assert latency_cap(four, 8, 0.25) == 1                   # 6k <= 9 ms
+    assert latency_cap(four, 8, -1.0) == 8                   # off: throughput first
+    for costs in (pair, four):
+        for slack in (0.05, 0.1, 0.25, 0.5):
+            k = latency_cap(costs, 8, slack)
+            share = (costs.batch - 1) / costs.batch
+            grow = share * (costs.pass_ms(k + 1) - costs.pass_ms(1))
+            assert grow <= slack * costs.round_ms(0)
+            if k < 8:                                          # the largest such k
+                assert share * (costs.pass_ms(k + 2) - costs.pass_ms(1)) > slack * costs.round_ms(0)
+
+
+def test_under_shared_passes_a_strong_draft_is_held_to_the_cap_and_free_again_alone():
+    """Throughput first, a draft accepted ~85 % per position keeps k >= 2 at 4 sessions a pass
+    (test above); latency first it drafts only what the cap allows, and when the load goes the
+    cap lifts and its acceptance data is still there."""
+    strong = AcceptanceTracker(k_max=8)
+    for i in range(60):
+        strong.observe(proposed=8, accepted=8 if i % 20 < 17 else 1)
+    shared = cpu_pass_costs(4.0)
+    assert choose_k(shared, strong, 8) >= 2
+    assert choose_k(shared, strong, latency_cap(shared, 8, 0.05)) == 0
+    assert choose_k(shared, strong, latency_cap(shared, 8, 0.5)) <= latency_cap(shared, 8, 0.5) < 8
+    for _ in range(40):
+        shared.observe_batch(1)
+    assert latency_cap(shared, 8, 0.05) == 8 and choose_k(shared, strong, 8) >= 6
