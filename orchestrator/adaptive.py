@@ -39,7 +39,9 @@ their tokens more slowly than with no speculation at all. `latency_cap` puts lat
 sessions a pass, each drafting alike, a session sees the drafts of the B - 1 others lengthen its
 pass by (B-1)/B · (v(B·(k+1)) - v(B)); k is capped where that exceeds `slack` of a round without
 drafts (round_ms(0)), so no session's inter-token latency grows past 1 + slack of plain decoding's
-for the sake of another's. Alone (B = 1) nothing is capped.
+for the sake of another's. B here is the pass the session's latest round rode in, not the
+orchestrator's average: at a low request rate a session is often alone, and the average, which
+lags by a few rounds, would cap it for the passes it shared a moment ago. Alone nothing is capped.
 Acceptance starts from an optimistic prior at position 1 (decayed with the data, so
 it fades). A deeper position leans on the rate of the position before it until it has
 data of its own: a draft rejected at position 1 says nothing about position 5, and
@@ -133,10 +135,10 @@ class CostModel:
         draft = k * self.draft_step_ms.get(key, 0.0) if k > 0 else 0.0
         return self.pass_ms(k + 1) + draft + base
 
-    def pass_ms(self, n: int) -> float:
-        """The target pass a round scoring n tokens of this session waits for, when `batch` sessions share
-        it each with about as many: v(batch·n) (module docstring). Alone (batch <= 1) it is v(n)."""
-        return self.verify(n * max(1.0, self.batch))
+    def pass_ms(self, n: int, batch: float | None = None) -> float:
+        """The target pass a round scoring n tokens of this session waits for, when `batch` sessions (default
+        self.batch) share it each with about as many: v(batch·n) (module docstring). Alone it is v(n)."""
+        return self.verify(n * max(1.0, self.batch if batch is None else batch))
 
 
 @dataclass
@@ -183,16 +185,18 @@ class AcceptanceTracker:
         return total
 
 
-def latency_cap(costs: CostModel, k_cap: int, slack: float) -> int:
-    """The largest k <= k_cap whose draft tokens, every session of the target's pass drafting alike
-    (costs.batch of them), lengthen the pass the other sessions wait for by at most `slack` of a round
-    without drafts (module docstring). slack < 0: no cap (throughput first)."""
-    others = max(0.0, costs.batch - 1.0) / max(costs.batch, 1.0)   # (B-1)/B: the others' part of the drafts
+def latency_cap(costs: CostModel, k_cap: int, slack: float, batch: int = 0) -> int:
+    """The largest k <= k_cap whose draft tokens, every session of the target's pass drafting alike,
+    lengthen the pass the other sessions wait for by at most `slack` of a round without drafts (module
+    docstring). batch: the sessions of the pass this session's latest round rode in (0: not known, the
+    orchestrator's average costs.batch). slack < 0: no cap (throughput first)."""
+    sessions = float(batch) if batch > 0 else costs.batch
+    others = max(0.0, sessions - 1.0) / max(sessions, 1.0)   # (B-1)/B: the others' part of the drafts
     if slack < 0 or others == 0.0:
         return k_cap
-    allowed = slack * costs.round_ms(0)
+    allowed = slack * (costs.round_ms(0) - costs.pass_ms(1) + costs.pass_ms(1, sessions))
     k = k_cap
-    while k > 0 and others * (costs.pass_ms(k + 1) - costs.pass_ms(1)) > allowed:
+    while k > 0 and others * (costs.pass_ms(k + 1, sessions) - costs.pass_ms(1, sessions)) > allowed:
         k -= 1
     return k
 

@@ -269,7 +269,7 @@ class Generation:
         if not self.params.adaptive_k:
             return cap, proposer
         ready = ready_block(self.ahead, state.ids, cap) if proposer == MODEL else 0   # drafted ahead: free
-        capped = latency_cap(self.deps.costs, ready or cap, self.deps.cfg.latency_slack)   # shared passes
+        capped = latency_cap(self.deps.costs, ready or cap, self.deps.cfg.latency_slack, self.stats.last_target_batch)
         self.deps.metrics.latency_capped.inc(capped < (ready or cap))
         choose = choose_k_drafted if ready else choose_k
         return choose(self.deps.costs, self._tracker(proposer), capped, proposer), proposer

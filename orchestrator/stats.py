@@ -63,6 +63,7 @@ class StatsCollector:
     predrafts_used: int = 0
     target_computed: int = 0
     draft_computed: int = 0
+    last_target_batch: int = 0       # sessions of the pass the latest round rode in (0: not reported)
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
 
@@ -89,6 +90,7 @@ class StatsCollector:
         self.predrafts_used += o.predrafted
         self.target_computed += o.target_computed
         self.draft_computed += o.draft_computed
+        self.last_target_batch = o.target_batch
         for i in range(e.drafted):
             if i >= len(self.drafted_per_position):
                 self.drafted_per_position.append(0)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from specdec.bench.load_plan import (CONCURRENCY, DATA_PROMPTS, DATASETS, DEFAULT_MODE, FULL_MODE, GUIDELLM_VERSION,
+from specdec.bench.load_plan import (CHAT_SETS, CONCURRENCY, DATASETS, DEFAULT_MODE, FULL_MODE, GUIDELLM_VERSION,
                                      K0, QUICK_MODE, RATE, LoadConfig, Mode, ScenarioInputs, configurations,
                                      rate_list, scenario, write_chat_jsonl)
 from specdec.bench.load_results import (SERVER_SAMPLES, add_ratios, goals, noise_band, parse_report, saturation_rps,
@@ -79,7 +79,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, help="output tokens per request (ignore_eos)")
     p.add_argument("--k", help="fixed k configurations besides k = 0, e.g. 4 or 2,4,8")
     p.add_argument("--adaptive-cap", type=int, default=DEFAULT_ADAPTIVE_CAP, help="k cap of adaptive k (0: none)")
-    p.add_argument("--data", help=f"data sets: {','.join(DATASETS)}")
+    p.add_argument("--data", help=f"data sets: {','.join(DATASETS)} (prompts: the bench's grounded and open "
+                                  "prompts mixed; grounded: those alone)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the target service")
     p.add_argument("--max-batch", type=int, default=0, help="target sessions per forward pass (0: its default)")
     p.add_argument("--max-seconds-per-point", type=float, default=0.0, help="also stop a point after N s (0: off)")
@@ -310,9 +311,10 @@ def run(args: LoadArgs) -> dict[str, Any]:
     work = Path(args.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     processor = export_processor(args.target_model, work / "processor")
-    chat_file = work / "prompts.chat.jsonl"
     top_c = max(args.mode.concurrency)
-    write_chat_jsonl(chat_file, min_rows=args.mode.requests_per_point + 2 * top_c)
+    chat_files = {name: work / f"{name}.chat.jsonl" for name in args.mode.datasets if name in CHAT_SETS}
+    for name, path in chat_files.items():
+        write_chat_jsonl(path, min_rows=args.mode.requests_per_point + 2 * top_c, sets=CHAT_SETS[name])
     record: dict[str, Any] = {"note": args.note, "settings": _settings(args), "machine": machine_info(),
                               "uptime_before": uptime(), "guidellm_version": version, "invocations": [], "datasets": {}}
     started = time.monotonic()
@@ -320,7 +322,7 @@ def run(args: LoadArgs) -> dict[str, Any]:
         warm_up(gateway.url, args.configs)
         for dataset in args.mode.datasets:
             inp = ScenarioInputs(target_url=gateway.url, processor_dir=str(processor),
-                                 data_file=str(chat_file) if dataset == DATA_PROMPTS else "", out_json="",
+                                 data_file=str(chat_files.get(dataset, "")), out_json="",
                                  requests_per_point=args.mode.requests_per_point, max_tokens=args.mode.max_tokens,
                                  synthetic_prompt_tokens=args.mode.synthetic_prompt_tokens,
                                  max_seconds_per_point=args.max_seconds_per_point)

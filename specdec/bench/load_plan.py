@@ -22,8 +22,9 @@ from specdec.bench.plan import PROMPTS_DIR, load_prompts
 #: guidellm is pinned: its scenario schema and JSON report change between minor versions.
 GUIDELLM_VERSION = "0.8.1"
 K0, K0_AA = "k0", "k0_aa"
-DATA_PROMPTS, DATA_SYNTHETIC = "prompts", "synthetic"
-DATASETS = (DATA_PROMPTS, DATA_SYNTHETIC)
+DATA_PROMPTS, DATA_GROUNDED, DATA_SYNTHETIC = "prompts", "grounded", "synthetic"
+DATASETS = (DATA_PROMPTS, DATA_GROUNDED, DATA_SYNTHETIC)
+CHAT_SETS = {DATA_PROMPTS: ("grounded", "open"), DATA_GROUNDED: ("grounded",)}   # bench prompt sets per data set
 CONCURRENCY, RATE = "concurrency", "rate"
 #: significant digits of a derived rate (requests/s): the same list is written to every scenario.
 RATE_DIGITS = 3
@@ -154,14 +155,15 @@ def scenario(config: LoadConfig, phase: str, values: list[float] | list[int], in
     }}
 
 
-def chat_rows(prompts_dir: str | Path = PROMPTS_DIR) -> list[dict[str, Any]]:
-    """The bench's grounded and open prompts, alternating (g1, o1, g2, o2, ...), as chat messages."""
-    grounded = load_prompts(["grounded"], 0, Path(prompts_dir))
-    open_ = load_prompts(["open"], 0, Path(prompts_dir))
+def chat_rows(prompts_dir: str | Path = PROMPTS_DIR, sets: tuple[str, ...] = CHAT_SETS[DATA_PROMPTS]
+              ) -> list[dict[str, Any]]:
+    """The bench's prompts of `sets` (default grounded and open), alternating (g1, o1, g2, o2, ...), as
+    chat messages."""
+    per_set = [load_prompts([name], 0, Path(prompts_dir)) for name in sets]
     rows: list[dict[str, Any]] = []
-    for i in range(max(len(grounded), len(open_))):
-        for p in (grounded[i:i + 1] + open_[i:i + 1]):
-            rows.append({"messages": [{"role": "user", "content": p.user}]})
+    for i in range(max(len(prompts) for prompts in per_set)):
+        for prompts in per_set:
+            rows += [{"messages": [{"role": "user", "content": p.user}]} for p in prompts[i:i + 1]]
     return rows
 
 
@@ -184,8 +186,7 @@ def write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> int:
     return len(rows)
 
 
-def write_chat_jsonl(path: str | Path, prompts_dir: str | Path = PROMPTS_DIR, min_rows: int = 0) -> int:
-    """Write chat_rows(), cycled to at least `min_rows` rows, as JSONL; return the row count."""
-    return write_jsonl(path, cycle_rows(chat_rows(prompts_dir), min_rows))
-
-
+def write_chat_jsonl(path: str | Path, prompts_dir: str | Path = PROMPTS_DIR, min_rows: int = 0,
+                     sets: tuple[str, ...] = CHAT_SETS[DATA_PROMPTS]) -> int:
+    """Write chat_rows() of `sets`, cycled to at least `min_rows` rows, as JSONL; return the row count."""
+    return write_jsonl(path, cycle_rows(chat_rows(prompts_dir, sets), min_rows))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench.load_plan import (CONCURRENCY, GUIDELLM_VERSION, K0, K0_AA, RATE, LoadConfig, ScenarioInputs,
-                                     chat_rows, configurations, rate_list, scenario)
+from specdec.bench.load_plan import (CHAT_SETS, CONCURRENCY, DATA_GROUNDED, GUIDELLM_VERSION, K0, K0_AA, RATE,
+                                     LoadConfig, ScenarioInputs, chat_rows, configurations, rate_list, scenario)
 from specdec.bench.load_results import (add_ratios, goals, noise_band, parse_benchmark, parse_report, point_key,
                                         saturation_rps, summary_lines)
 
@@ -77,6 +77,8 @@ def test_chat_rows_alternate_grounded_and_open_prompts():
     assert len(rows) == len(grounded) + len(open_)
     assert rows[0]["messages"] == [{"role": "user", "content": grounded[0]}]
     assert rows[1]["messages"] == [{"role": "user", "content": open_[0]}]
+    alone = chat_rows(sets=CHAT_SETS[DATA_GROUNDED])          # --data grounded: the low-rate goal's prompts
+    assert [r["messages"][0]["content"] for r in alone] == grounded
 
 
 def test_parse_benchmark_computes_throughput_from_totals_and_gates_p99():
