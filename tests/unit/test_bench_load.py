@@ -26,10 +26,12 @@ def _metric(values: list[float]) -> dict:
 
 
 def _bench(strategy: dict, n: int, tokens: int, duration: float, ttft: float, itl: float,
-           errors: list[str] = ()) -> dict:
+           errors: list[str] = (), cut_tokens: tuple[int, ...] = ()) -> dict:
+    """cut_tokens: the tokens each request cut at the point's time cap (incomplete) had streamed."""
+    counts = {**_metric([tokens] * n), "incomplete": {"count": len(cut_tokens), "total_sum": sum(cut_tokens)}}
     return {"config": {"strategy": strategy}, "duration": duration,
-            "metrics": {"request_totals": {"successful": n, "errored": len(errors), "incomplete": 0},
-                        "output_token_count": _metric([tokens] * n),
+            "metrics": {"request_totals": {"successful": n, "errored": len(errors), "incomplete": len(cut_tokens)},
+                        "output_token_count": counts,
                         "time_to_first_token_ms": _metric([ttft + i for i in range(n)]),
                         "inter_token_latency_ms": _metric([itl] * n)},
             "requests": {"successful": [], "errored": [{"info": {"error": e}} for e in errors], "incomplete": []}}
@@ -98,6 +100,10 @@ def test_parse_report_reads_the_version_and_rejects_unknown_strategies():
               "benchmarks": [_bench({"type_": "concurrent", "streams": 1}, 5, 10, 10.0, 100.0, 50.0)]}
     rows, version = parse_report(report)
     assert version == GUIDELLM_VERSION and rows[0]["output_tokens_per_s"] == 5.0
+    assert rows[0]["streamed_tokens_per_s"] == 5.0
+    cut = parse_benchmark(_bench({"type_": "concurrent", "streams": 16}, 32, 32, 45.0, 1.0, 1.0, cut_tokens=(9,) * 16))
+    assert cut["output_tokens_per_s"] == round(32 * 32 / 45, 3)          # whole waves of successful requests
+    assert cut["streamed_tokens_per_s"] == round((32 * 32 + 16 * 9) / 45, 3) and cut["errors"] == 16
     with pytest.raises(ValueError):
         parse_benchmark(_bench({"type_": "throughput"}, 1, 1, 1.0, 1.0, 1.0))
 
@@ -107,6 +113,7 @@ def _results(k0_tok: float, aa_tok: float, ad_tok: float, ad_itl: float) -> dict
         out = {}
         for kind, value in ((CONCURRENCY, 16), (RATE, 0.2)):
             out[point_key(kind, value)] = {"kind": kind, "value": value, "output_tokens_per_s": tok,
+                                           "streamed_tokens_per_s": tok,
                                            "requests_per_s": tok / 64, "ttft_ms_p50": 100.0, "ttft_ms_p90": 150.0,
                                            "itl_ms_p50": itl, "itl_ms_p90": itl * 1.5, "errors": 0}
         return out
@@ -181,3 +188,15 @@ def test_the_gateway_maps_every_field_bench_load_sends():
         req = parse_request(body, chat=True).request
         assert (req.k, req.ignore_eos, req.max_new_tokens, req.adaptive_k) == (cfg.k, True, 12, cfg.adaptive)
         assert req.HasField("adaptive_k") == cfg.adaptive
+
+
+def test_the_saturation_goal_counts_tokens_streamed_by_requests_cut_at_the_time_cap():
+    """Run D: at 16 streams both adaptive and the A/A repeat finished 32 requests to k = 0's 48 (a wave of
+    16 cut at 45 s): 0.67x in successful tokens, while the tokens streamed differ far less."""
+    res = _results(k0_tok=34.1, aa_tok=22.8, ad_tok=22.8, ad_itl=25.0)
+    for name, streamed in ((K0, 35.4), (K0_AA, 27.4), ("adaptive", 34.8)):
+        res[name]["concurrency@16"]["streamed_tokens_per_s"] = streamed
+    add_ratios(res)
+    g = goals(res, "adaptive", noise_band(res))
+    assert res["adaptive"]["concurrency@16"]["vs_k0"]["output_tokens_per_s"] < 0.7
+    assert g["saturation_tokens_ratio"] == round(34.8 / 35.4, 4) and g["saturation_ok"]
