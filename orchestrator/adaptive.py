@@ -39,9 +39,13 @@ their tokens more slowly than with no speculation at all. `latency_cap` puts lat
 sessions a pass, each drafting alike, a session sees the drafts of the B - 1 others lengthen its
 pass by (B-1)/B · (v(B·(k+1)) - v(B)); k is capped where that exceeds `slack` of a round without
 drafts (round_ms(0)), so no session's inter-token latency grows past 1 + slack of plain decoding's
-for the sake of another's. B here is the pass the session's latest round rode in, not the
-orchestrator's average: at a low request rate a session is often alone, and the average, which
-lags by a few rounds, would cap it for the passes it shared a moment ago. Alone nothing is capped.
+for the sake of another's. B here counts the sessions that wait for the target, not the
+orchestrator's average pass (which lags by rounds: at a low request rate it capped sessions that
+were alone by then): the generations running in this orchestrator per healthy target replica, or
+the pass the session's latest round rode in when that held more (other orchestrators' sessions).
+A target runs one pass at a time, so a draft delays every session queued behind its pass, not only
+those inside it: counting the pass alone (run D in docs/performance.md) let sessions of a ragged
+closed loop draft whenever their last pass happened to be small. Alone nothing is capped.
 Acceptance starts from an optimistic prior at position 1 (decayed with the data, so
 it fades). A deeper position leans on the rate of the position before it until it has
 data of its own: a draft rejected at position 1 says nothing about position 5, and
@@ -185,12 +189,12 @@ class AcceptanceTracker:
         return total
 
 
-def latency_cap(costs: CostModel, k_cap: int, slack: float, batch: int = 0) -> int:
-    """The largest k <= k_cap whose draft tokens, every session of the target's pass drafting alike,
-    lengthen the pass the other sessions wait for by at most `slack` of a round without drafts (module
-    docstring). batch: the sessions of the pass this session's latest round rode in (0: not known, the
-    orchestrator's average costs.batch). slack < 0: no cap (throughput first)."""
-    sessions = float(batch) if batch > 0 else costs.batch
+def latency_cap(costs: CostModel, k_cap: int, slack: float, sessions: float = 0.0) -> int:
+    """The largest k <= k_cap whose draft tokens, every session drafting alike, lengthen the passes the
+    other sessions wait for by at most `slack` of a round without drafts (module docstring). sessions:
+    those waiting for the target's passes, this one included (0: not known, the orchestrator's average
+    pass costs.batch). slack < 0: no cap (throughput first)."""
+    sessions = sessions if sessions > 0 else costs.batch
     others = max(0.0, sessions - 1.0) / max(sessions, 1.0)   # (B-1)/B: the others' part of the drafts
     if slack < 0 or others == 0.0:
         return k_cap

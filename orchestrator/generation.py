@@ -234,9 +234,8 @@ class Generation:
         if prompt_len > limits.max_prompt_tokens:
             raise InvalidArgument(f"the prompt has {prompt_len} tokens, over the limit of {limits.max_prompt_tokens}")
         if prompt_len + p.max_new_tokens > self.deps.max_context:
-            raise InvalidArgument(
-                f"prompt ({prompt_len} tokens) + max_new_tokens ({p.max_new_tokens}) exceeds the model's "
-                f"context of {self.deps.max_context} tokens")
+            raise InvalidArgument(f"prompt ({prompt_len} tokens) + max_new_tokens ({p.max_new_tokens}) exceeds "
+                                  f"the model's context of {self.deps.max_context} tokens")
 
     # -- text ------------------------------------------------------------------------------
 
@@ -269,7 +268,8 @@ class Generation:
         if not self.params.adaptive_k:
             return cap, proposer
         ready = ready_block(self.ahead, state.ids, cap) if proposer == MODEL else 0   # drafted ahead: free
-        capped = latency_cap(self.deps.costs, ready or cap, self.deps.cfg.latency_slack, self.stats.last_target_batch)
+        waiting = max(self.stats.last_target_batch, len(self.deps.running) / self.deps.runner.target_replicas())
+        capped = latency_cap(self.deps.costs, ready or cap, self.deps.cfg.latency_slack, waiting)
         self.deps.metrics.latency_capped.inc(capped < (ready or cap))
         choose = choose_k_drafted if ready else choose_k
         return choose(self.deps.costs, self._tracker(proposer), capped, proposer), proposer

@@ -92,6 +92,10 @@ class RunningRequests:
     def leave(self, session_id: str, request_id: str) -> None:
         self.keys.pop((session_id, request_id), None)
 
+    def __len__(self) -> int:
+        """Generations running here (adaptive k's latency cap counts the sessions waiting for the target)."""
+        return len(self.keys)
+
 
 @dataclass
 class _Latest:

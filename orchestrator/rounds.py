@@ -145,6 +145,10 @@ class RoundRunner:
         return await with_hop_delay(self.overlap.hop_delay_ms,
                                     lambda: pool.call(req.session_id, method, request, timeout, send))
 
+    def target_replicas(self) -> int:
+        """Healthy target replicas (at least 1): the generations of this orchestrator spread over them."""
+        return max(1, len(self.target.set.healthy()))
+
     def remote_model(self, req: RoundRequest) -> bool:
         """Whether this round's draft is the draft pool's model (not a feature draft): the only draft
         worth drafting ahead (a local n-gram lookup is free, a feature draft needs the verify's hidden states)."""

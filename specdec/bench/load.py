@@ -30,6 +30,7 @@ from specdec.bench.load_plan import (CHAT_SETS, CONCURRENCY, DATASETS, DEFAULT_M
                                      rate_list, scenario, write_chat_jsonl)
 from specdec.bench.load_results import (SERVER_SAMPLES, add_ratios, goals, noise_band, parse_report, saturation_rps,
                                         server_delta, server_samples)
+from specdec.config import OrchestratorConfig
 
 log = logging.getLogger("specdec.bench.load")
 
@@ -298,6 +299,7 @@ def _settings(args: LoadArgs) -> dict[str, Any]:
             "configs": {c.name: c.extension() for c in args.configs},
             "threads": {"target": args.threads, "draft": "n-gram (no torch)", "cores": os.cpu_count()},
             "max_batch": args.max_batch or "service default",
+            "latency_slack": OrchestratorConfig().latency_slack,   # adaptive k's latency cap (< 0: off)
             "cache_budget_bytes": args.cache_budget_bytes or "service default", "max_seconds_per_point": args.max_seconds_per_point,
             "target_model": args.target_model, "endpoint": "/v1/chat/completions (stream)",
             "sampling": "greedy (temperature 0), ignore_eos", "guidellm_workers": GUIDELLM_WORKERS}

@@ -243,11 +243,11 @@ def test_under_shared_passes_a_strong_draft_is_held_to_the_cap_and_free_again_al
     assert latency_cap(shared, 8, 0.05) == 8 and choose_k(shared, strong, 8) >= 6
 
 
-def test_the_cap_follows_the_pass_the_session_rode_in_not_the_orchestrator_average():
+def test_the_cap_follows_the_sessions_waiting_now_not_the_orchestrator_average():
     """At a low request rate a session is often alone while the orchestrator's average still counts
-    the passes it shared a moment ago: its own latest pass decides."""
+    the passes it shared a moment ago: the sessions waiting for the target now decide."""
     lagging = cpu_pass_costs(4.0)
     assert latency_cap(lagging, 8, 0.25) == 1
-    assert latency_cap(lagging, 8, 0.25, batch=1) == 8              # alone now
-    assert latency_cap(cpu_pass_costs(1.0), 8, 0.25, batch=4) == 1   # shared now, the average lags
-    assert latency_cap(cpu_pass_costs(1.0), 8, 0.25, batch=2) == 4
+    assert latency_cap(lagging, 8, 0.25, sessions=1) == 8              # alone now
+    assert latency_cap(cpu_pass_costs(1.0), 8, 0.25, sessions=4) == 1   # shared now, the average lags
+    assert latency_cap(cpu_pass_costs(1.0), 8, 0.25, sessions=2) == 4

@@ -76,7 +76,9 @@ def test_running_requests():
     with pytest.raises(SpecDecError) as err:
         running.enter("s", "r", "f2")
     assert err.value.code == grpc.StatusCode.ALREADY_EXISTS
+    assert len(running) == 2                                             # what adaptive k's latency cap counts
     running.leave("s", "r")
+    assert len(running) == 1
     running.enter("s", "r", "f2")
 
 
