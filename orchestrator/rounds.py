@@ -147,7 +147,7 @@ class RoundRunner:
 
     def target_replicas(self) -> int:
         """Healthy target replicas (at least 1): the generations of this orchestrator spread over them."""
-        return max(1, len(self.target.set.healthy()))
+        return max(1, len(self.target.set.healthy))
 
     def remote_model(self, req: RoundRequest) -> bool:
         """Whether this round's draft is the draft pool's model (not a feature draft): the only draft

@@ -33,7 +33,8 @@ def _bench(strategy: dict, n: int, tokens: int, duration: float, ttft: float, it
             "metrics": {"request_totals": {"successful": n, "errored": len(errors), "incomplete": len(cut_tokens)},
                         "output_token_count": counts,
                         "time_to_first_token_ms": _metric([ttft + i for i in range(n)]),
-                        "inter_token_latency_ms": _metric([itl] * n)},
+                        "inter_token_latency_ms": _metric([itl] * n),
+                        "request_latency": _metric([(ttft + itl * (tokens - 1)) / 1000] * n)},
             "requests": {"successful": [], "errored": [{"info": {"error": e}} for e in errors], "incomplete": []}}
 
 
@@ -101,6 +102,7 @@ def test_parse_report_reads_the_version_and_rejects_unknown_strategies():
     rows, version = parse_report(report)
     assert version == GUIDELLM_VERSION and rows[0]["output_tokens_per_s"] == 5.0
     assert rows[0]["streamed_tokens_per_s"] == 5.0
+    assert rows[0]["latency_s_p50"] == 0.55                     # the whole request, seconds: 100 ms + 9 x 50 ms
     cut = parse_benchmark(_bench({"type_": "concurrent", "streams": 16}, 32, 32, 45.0, 1.0, 1.0, cut_tokens=(9,) * 16))
     assert cut["output_tokens_per_s"] == round(32 * 32 / 45, 3)          # whole waves of successful requests
     assert cut["streamed_tokens_per_s"] == round((32 * 32 + 16 * 9) / 45, 3) and cut["errors"] == 16
