@@ -122,3 +122,33 @@ def test_a_resumed_request_keeps_its_server_chosen_seed(stack):
                              timeout=120)
     channel.close()
     assert list(resumed.token_ids) == list(explicit.token_ids)
+
+
+def test_concurrent_adaptive_sessions_under_the_latency_cap_keep_greedy_identity(stack, monkeypatch):
+    """Four adaptive sessions at once produce the tokens of k = 0, and each round's k is capped for the
+    sessions waiting for the target (orchestrator/adaptive.py latency_cap): the rounds see the others."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from orchestrator import adaptive, generation
+
+    seen: list[float] = []
+    def spy(costs, k_cap, slack, sessions=0.0):
+        seen.append(sessions)
+        return adaptive.latency_cap(costs, k_cap, slack, sessions)
+    monkeypatch.setattr(generation, "latency_cap", spy)
+    prompts = IDENTITY_PROMPTS[:4]
+    plain = [list(gen(stack, prompt=p, k=0).token_ids) for p in prompts]
+    assert not seen                                                   # fixed k: no cap
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        adaptive_out = list(pool.map(lambda p: gen_adaptive(stack, p), prompts))
+    assert [list(r.token_ids) for r in adaptive_out] == plain
+    assert len(seen) >= len(prompts) and max(seen) >= 2               # rounds that counted the other sessions
+
+
+def gen_adaptive(stack, prompt: str):
+    channel, stub = stack.stub()
+    req = pb.GenerateRequest(prompt=prompt, max_new_tokens=MAX_NEW, ignore_eos=True, k=6, adaptive_k=True)
+    try:
+        return stub.Generate(req, timeout=60)
+    finally:
+        channel.close()
