@@ -40,10 +40,10 @@ sessions a pass, each drafting alike, a session sees the drafts of the B - 1 oth
 pass by (B-1)/B · (v(B·(k+1)) - v(B)); k is capped where that exceeds `slack` of a round without
 drafts (round_ms(0)), so no session's inter-token latency grows past 1 + slack of plain decoding's
 for the sake of another's (opt-in: SPECDEC_LATENCY_SLACK; off by default, see the config).
-B here counts the sessions that wait for the target, not the
-orchestrator's average pass (which lags by rounds: at a low request rate it capped sessions that
-were alone by then): the generations running in this orchestrator per healthy target replica, or
-the pass the session's latest round rode in when that held more (other orchestrators' sessions).
+B here counts the sessions that wait for the target, not the orchestrator's average pass (which
+lags by rounds: at a low request rate it capped sessions that were alone by then): the generations
+running in this orchestrator per healthy target replica, or the pass the session's latest round
+rode in when that held more (other orchestrators' sessions).
 A target runs one pass at a time, so a draft delays every session queued behind its pass, not only
 those inside it: counting the pass alone (run D in docs/performance.md) let sessions of a ragged
 closed loop draft whenever their last pass happened to be small. Alone nothing is capped.
