@@ -4,8 +4,10 @@ Starts the local stack (embedded Redis, target, n-gram draft, orchestrator) and 
 runs guidellm (the vLLM project's load generator, installed by `make bench-load` in its own virtual
 environment, .venv-load) against /v1/chat/completions for every configuration (k = 0, fixed k,
 adaptive k, and k = 0 again as the A/A repeat) at the same points: closed-loop concurrency levels,
-then Poisson rates derived once from k = 0's saturation throughput. Configurations run one after
-the other at each phase (k0, k4, adaptive, k0_aa), so drift of the machine shows in the A/A band.
+then Poisson rates derived once from k = 0's saturation throughput. Each point is run by every
+configuration in turn before the next point (one guidellm run each), in the listed order at one
+point and reversed at the next (`point_order`): whatever drifts over a ~30-minute run (the stack's
+state, the machine's other load) falls on all configurations alike instead of on the last one.
 guidellm gets the target's tokenizer as a local directory exported from the model (never a hub id).
 What the figures mean: specdec/bench/load_results.py; how to run: bench/README.md.
 """
@@ -245,7 +247,7 @@ def run_guidellm(args: LoadArgs, cfg: LoadConfig, dataset: str, phase: str, valu
                  inp: ScenarioInputs) -> tuple[list[dict[str, Any]], str, Invocation]:
     """Write the scenario, run guidellm on it, parse its report: (rows, guidellm version, invocation)."""
     work = Path(args.work_dir).resolve()
-    tag = f"{dataset}-{phase}-{cfg.name}"
+    tag = f"{dataset}-{phase}-{'_'.join(str(v) for v in values)}-{cfg.name}"
     report_path = work / f"{tag}.guidellm.json"
     report_path.unlink(missing_ok=True)
     inp = replace(inp, out_json=str(report_path))
@@ -268,22 +270,35 @@ def run_guidellm(args: LoadArgs, cfg: LoadConfig, dataset: str, phase: str, valu
     return rows, version, inv
 
 
+def point_order(configs: list[LoadConfig], index: int) -> list[LoadConfig]:
+    """The order the configurations run the index-th point in: as listed at even points, reversed at odd ones.
+
+    Run one after another over a whole phase, the configuration run last drifted: session 12's A/A
+    repeat of k = 0, always last, read 0.67-0.84x k = 0 at some points. Interleaved per point, every
+    configuration of a point runs within a few minutes of the others, and the reversal keeps any one
+    from always being first or last."""
+    return list(configs) if index % 2 == 0 else list(reversed(configs))
+
+
 def run_dataset(args: LoadArgs, dataset: str, inp: ScenarioInputs, record: dict[str, Any]) -> dict[str, Any]:
-    """Every configuration at every point of one data set: concurrency phase, then the Poisson rates."""
+    """Every configuration at every point of one data set: the concurrency points, then the Poisson rates
+    derived from k = 0's saturation; each point run by every configuration (`point_order`) before the next."""
     results: dict[str, dict[str, dict[str, Any]]] = {c.name: {} for c in args.configs}
     rates: list[float] = []
+    n_point = 0
     for phase in (CONCURRENCY, RATE):
-        for cfg in args.configs:
-            values: list[Any] = list(args.mode.concurrency) if phase == CONCURRENCY else rates
-            if not values:
-                continue
-            rows, version, inv = run_guidellm(args, cfg, dataset, phase, values, inp)
-            record["guidellm_version"] = version
-            record["invocations"].append(inv.__dict__)
-            results[cfg.name].update({r["point"]: r for r in rows})
-            if phase == CONCURRENCY and cfg.name == K0 and args.mode.rate_fractions:
-                rates = rate_list(saturation_rps(rows), args.mode.rate_fractions)
-                log.info("%s: k = 0 saturation %.3f requests/s -> rates %s", dataset, saturation_rps(rows), rates)
+        values: list[Any] = list(args.mode.concurrency) if phase == CONCURRENCY else rates
+        for value in values:
+            for cfg in point_order(args.configs, n_point):
+                rows, version, inv = run_guidellm(args, cfg, dataset, phase, [value], inp)
+                record["guidellm_version"] = version
+                record["invocations"].append(inv.__dict__)
+                results[cfg.name].update({r["point"]: r for r in rows})
+            n_point += 1
+        if phase == CONCURRENCY and args.mode.rate_fractions:
+            sat = saturation_rps(list(results[K0].values()))
+            rates = rate_list(sat, args.mode.rate_fractions)
+            log.info("%s: k = 0 saturation %.3f requests/s -> rates %s", dataset, sat, rates)
     add_ratios(results)
     band = noise_band(results)
     sat = saturation_rps(list(results[K0].values()))
@@ -297,6 +312,7 @@ def _settings(args: LoadArgs) -> dict[str, Any]:
             "requests_per_point": m.requests_per_point, "max_tokens": m.max_tokens, "datasets": list(m.datasets),
             "synthetic_prompt_tokens": m.synthetic_prompt_tokens,
             "configs": {c.name: c.extension() for c in args.configs},
+            "config_order": "interleaved: each point run by every configuration, reversed at every other point",
             "threads": {"target": args.threads, "draft": "n-gram (no torch)", "cores": os.cpu_count()},
             "max_batch": args.max_batch or "service default",
             "latency_slack": OrchestratorConfig().latency_slack,   # adaptive k's latency cap (< 0: off)

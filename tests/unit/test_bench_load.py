@@ -202,3 +202,35 @@ def test_the_saturation_goal_counts_tokens_streamed_by_requests_cut_at_the_time_
     g = goals(res, "adaptive", noise_band(res))
     assert res["adaptive"]["concurrency@16"]["vs_k0"]["output_tokens_per_s"] < 0.7
     assert g["saturation_tokens_ratio"] == round(34.8 / 35.4, 4) and g["saturation_ok"]
+
+
+def test_each_point_is_run_by_every_configuration_in_alternating_order(monkeypatch, tmp_path):
+    """run_dataset interleaves: every configuration runs a point before the next point starts, in the
+    listed order at one point and reversed at the next, and the rates come from k = 0's saturation."""
+    from specdec.bench import load
+    from specdec.bench.load_plan import Mode
+
+    calls: list[tuple[str, str, list]] = []
+    tok = {K0: 32.0, "k4": 40.0, "adaptive": 44.0, K0_AA: 30.0}
+
+    def fake_guidellm(args, cfg, dataset, phase, values, inp):
+        calls.append((cfg.name, phase, list(values)))
+        (value,) = values
+        strategy = {"type_": "concurrent", "streams": value} if phase == CONCURRENCY else {"type_": "poisson", "rate": value}
+        row = parse_benchmark(_bench(strategy, n=10, tokens=16, duration=160.0 / tok[cfg.name] * 3, ttft=100.0, itl=40.0))
+        return [row], GUIDELLM_VERSION, load.Invocation(cfg.name, dataset, phase, list(values), 1.0, 0.1, [], [], "")
+
+    monkeypatch.setattr(load, "run_guidellm", fake_guidellm)
+    mode = Mode(concurrency=(1, 4), rate_fractions=(0.5, 1.0), requests_per_point=10, max_tokens=16,
+                fixed_ks=(4,), datasets=("prompts",))
+    args = load.LoadArgs(mode=mode, mode_name="test", work_dir=str(tmp_path), configs=configurations((4,), 8))
+    record = {"invocations": []}
+    out = load.run_dataset(args, "prompts", None, record)
+    names = [K0, "k4", "adaptive", K0_AA]
+    assert [c[0] for c in calls] == names + names[::-1] + names + names[::-1]
+    points = [(c[1], c[2][0]) for c in calls]
+    assert points[:8] == [(CONCURRENCY, 1)] * 4 + [(CONCURRENCY, 4)] * 4       # one point at a time
+    sat = 10 / (160.0 / 32.0 * 3)                                                 # k = 0 at 4 streams, requests/s
+    assert out["rates"] == rate_list(sat, (0.5, 1.0)) and [p[1] for p in points[8:]] == [out["rates"][0]] * 4 + [out["rates"][1]] * 4
+    assert set(out["configs"]["adaptive"]) == {"concurrency@1", "concurrency@4"} | {point_key(RATE, r) for r in out["rates"]}
+    assert len(record["invocations"]) == 16 and out["goals"].keys() == {"k4", "adaptive", K0_AA}
