@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 from specdec.bench.load_plan import (CHAT_SETS, CONCURRENCY, DATASETS, DEFAULT_MODE, FULL_MODE, GUIDELLM_VERSION,
                                      K0, QUICK_MODE, RATE, LoadConfig, Mode, ScenarioInputs, configurations,
-                                     rate_list, scenario, write_chat_jsonl)
+                                     rate_list, scenario, sets_by_content, write_chat_jsonl)
 from specdec.bench.load_results import (SERVER_SAMPLES, add_ratios, goals, noise_band, parse_report, saturation_rps,
                                         server_delta, server_samples)
 from specdec.config import OrchestratorConfig
@@ -93,6 +93,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help=f"the JSON (default {DEFAULT_OUT}; --long-mix: {LONG_MIX_OUT})")
     p.add_argument("--plot", default="bench/results/load.png")
     p.add_argument("--note", default="", help="a note stored in the JSON (e.g. why a run is small)")
+    p.add_argument("--reparse", metavar="JSON", help="run nothing: rebuild this bench-load JSON from the guidellm "
+                                                      "reports it names (kept in the work dir); --out defaults to it")
     p.add_argument("--long-mix", action="store_true",
                    help="instead of the curves: 16 sessions, 4 with long prompts, vs the short ones alone "
                         "(KV budget, short TTFT, failures; specdec/bench/load_longmix.py)")
@@ -244,8 +246,10 @@ class Invocation:
 
 
 def run_guidellm(args: LoadArgs, cfg: LoadConfig, dataset: str, phase: str, values: list[Any],
-                 inp: ScenarioInputs) -> tuple[list[dict[str, Any]], str, Invocation]:
-    """Write the scenario, run guidellm on it, parse its report: (rows, guidellm version, invocation)."""
+                 inp: ScenarioInputs, sets: dict[str, str] | None = None
+                 ) -> tuple[list[dict[str, Any]], str, Invocation]:
+    """Write the scenario, run guidellm on it, parse its report (split by prompt set with `sets`,
+    content -> set): (rows, guidellm version, invocation)."""
     work = Path(args.work_dir).resolve()
     tag = f"{dataset}-{phase}-{'_'.join(str(v) for v in values)}-{cfg.name}"
     report_path = work / f"{tag}.guidellm.json"
@@ -266,7 +270,7 @@ def run_guidellm(args: LoadArgs, cfg: LoadConfig, dataset: str, phase: str, valu
     if proc.returncode != 0 or not report_path.is_file():
         tail = (work / f"{tag}.guidellm.log").read_text(errors="replace").splitlines()[-30:]
         raise RuntimeError(f"guidellm failed ({proc.returncode}) for {tag}:\n" + "\n".join(tail))
-    rows, version = parse_report(json.loads(report_path.read_text()))
+    rows, version = parse_report(json.loads(report_path.read_text()), sets)
     return rows, version, inv
 
 
@@ -284,13 +288,14 @@ def run_dataset(args: LoadArgs, dataset: str, inp: ScenarioInputs, record: dict[
     """Every configuration at every point of one data set: the concurrency points, then the Poisson rates
     derived from k = 0's saturation; each point run by every configuration (`point_order`) before the next."""
     results: dict[str, dict[str, dict[str, Any]]] = {c.name: {} for c in args.configs}
+    sets = sets_by_content(CHAT_SETS[dataset]) if dataset in CHAT_SETS else None
     rates: list[float] = []
     n_point = 0
     for phase in (CONCURRENCY, RATE):
         values: list[Any] = list(args.mode.concurrency) if phase == CONCURRENCY else rates
         for value in values:
             for cfg in point_order(args.configs, n_point):
-                rows, version, inv = run_guidellm(args, cfg, dataset, phase, [value], inp)
+                rows, version, inv = run_guidellm(args, cfg, dataset, phase, [value], inp, sets)
                 record["guidellm_version"] = version
                 record["invocations"].append(inv.__dict__)
                 results[cfg.name].update({r["point"]: r for r in rows})
@@ -299,11 +304,33 @@ def run_dataset(args: LoadArgs, dataset: str, inp: ScenarioInputs, record: dict[
             sat = saturation_rps(list(results[K0].values()))
             rates = rate_list(sat, args.mode.rate_fractions)
             log.info("%s: k = 0 saturation %.3f requests/s -> rates %s", dataset, sat, rates)
+    return summarize(results, rates, [c.name for c in args.configs])
+
+
+def summarize(results: dict[str, dict[str, dict[str, Any]]], rates: list[float], configs: list[str]
+              ) -> dict[str, Any]:
+    """One data set's entry of the JSON: rows with ratios to k = 0, the A/A band, the goals per configuration."""
     add_ratios(results)
     band = noise_band(results)
     sat = saturation_rps(list(results[K0].values()))
     return {"saturation_rps_k0": sat, "rates": rates, "configs": results, "noise_band": band,
-            "goals": {c.name: goals(results, c.name, band) for c in args.configs if c.name != K0}}
+            "goals": {name: goals(results, name, band) for name in configs if name != K0}}
+
+
+def reparse(record: dict[str, Any]) -> dict[str, Any]:
+    """Rebuild every data set of a bench-load JSON from the guidellm reports its invocations name (they
+    must still be in the work dir): what a newer parser reads from a run already made, such as ``by_set``."""
+    for dataset, entry in record["datasets"].items():
+        sets = sets_by_content(CHAT_SETS[dataset]) if dataset in CHAT_SETS else None
+        configs = list(entry["configs"])
+        results: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in configs}
+        for inv in record["invocations"]:
+            if inv["dataset"] == dataset:
+                rows, _ = parse_report(json.loads(Path(inv["report"]).read_text()), sets)
+                results[inv["config"]].update({r["point"]: r for r in rows})
+        record["datasets"][dataset] = summarize(results, entry["rates"], configs)
+    record["reparsed"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    return record
 
 
 def _settings(args: LoadArgs) -> dict[str, Any]:
@@ -358,7 +385,12 @@ def cmd_bench_load(ns: argparse.Namespace) -> int:
     from specdec.bench.load_results import plot, summary_lines
 
     args = args_from_cli(ns)
-    record = run(args)
+    if ns.reparse:
+        record = reparse(json.loads(Path(ns.reparse).read_text()))
+        args.out = ns.out or ns.reparse
+        args.plot = str(Path(args.out).with_suffix(".png"))
+    else:
+        record = run(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     if args.plot:

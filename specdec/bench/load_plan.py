@@ -167,6 +167,11 @@ def chat_rows(prompts_dir: str | Path = PROMPTS_DIR, sets: tuple[str, ...] = CHA
     return rows
 
 
+def sets_by_content(sets: tuple[str, ...], prompts_dir: str | Path = PROMPTS_DIR) -> dict[str, str]:
+    """Every bench prompt of `sets` as its chat message's content -> its set's name (splits a report by set)."""
+    return {p.user: name for name in sets for p in load_prompts([name], 0, Path(prompts_dir))}
+
+
 def cycle_rows(rows: list[dict[str, Any]], min_rows: int) -> list[dict[str, Any]]:
     """`rows` repeated in order until there are at least `min_rows` (and whole passes only).
 

@@ -213,7 +213,8 @@ def test_each_point_is_run_by_every_configuration_in_alternating_order(monkeypat
     calls: list[tuple[str, str, list]] = []
     tok = {K0: 32.0, "k4": 40.0, "adaptive": 44.0, K0_AA: 30.0}
 
-    def fake_guidellm(args, cfg, dataset, phase, values, inp):
+    def fake_guidellm(args, cfg, dataset, phase, values, inp, sets=None):
+        assert set(sets.values()) == {"grounded", "open"}                       # reports are split by prompt set
         calls.append((cfg.name, phase, list(values)))
         (value,) = values
         strategy = {"type_": "concurrent", "streams": value} if phase == CONCURRENCY else {"type_": "poisson", "rate": value}
@@ -234,3 +235,68 @@ def test_each_point_is_run_by_every_configuration_in_alternating_order(monkeypat
     assert out["rates"] == rate_list(sat, (0.5, 1.0)) and [p[1] for p in points[8:]] == [out["rates"][0]] * 4 + [out["rates"][1]] * 4
     assert set(out["configs"]["adaptive"]) == {"concurrency@1", "concurrency@4"} | {point_key(RATE, r) for r in out["rates"]}
     assert len(record["invocations"]) == 16 and out["goals"].keys() == {"k4", "adaptive", K0_AA}
+
+
+def _request(content: str, ttft: float, itl: float, latency: float) -> dict:
+    args = {"body": {"messages": [{"role": "user", "content": content}]}}
+    return {"request_args": json.dumps(args) if content == "O" else args,    # guidellm 0.8 writes a JSON string
+            "time_to_first_token_ms": ttft, "inter_token_latency_ms": itl, "request_latency": latency}
+
+
+def _mixed_bench(streams: int, grounded_itl: float, open_itl: float, n_grounded: int, n_open: int) -> dict:
+    """A point of the mixed set: grounded requests (long prompts: slow TTFT) and open ones (fast TTFT)."""
+    reqs = [_request("G", 800.0 + i, grounded_itl, 3.0) for i in range(n_grounded)]
+    reqs += [_request("O", 200.0 + i, open_itl, 2.0) for i in range(n_open)]
+    bench = _bench({"type_": "concurrent", "streams": streams}, len(reqs), 32, 60.0,
+                   ttft=0.0, itl=0.0)
+    bench["metrics"]["time_to_first_token_ms"] = _metric([r["time_to_first_token_ms"] for r in reqs])
+    bench["metrics"]["inter_token_latency_ms"] = _metric([r["inter_token_latency_ms"] for r in reqs])
+    bench["requests"]["successful"] = reqs
+    return bench
+
+
+def test_by_set_splits_a_two_mode_point_and_the_goals_are_judged_per_set():
+    """The mixed p50 jumps between the modes with the count of each kind (10 grounded + 9 open: the
+    grounded mode; 9 + 10: the open one); per set it does not, and the goals read per set."""
+    sets = {"G": "grounded", "O": "open"}
+    row = parse_benchmark(_mixed_bench(4, 30.0, 60.0, 10, 9), sets)
+    assert row["ttft_ms_p50"] >= 800 and row["by_set"]["grounded"]["requests"] == 10
+    assert row["by_set"]["open"]["ttft_ms_p50"] == 204.0 and row["by_set"]["grounded"]["itl_ms_p90"] == 30.0
+    assert row["by_set"]["open"]["latency_s_p50"] == 2.0
+    flipped = parse_benchmark(_mixed_bench(4, 30.0, 60.0, 9, 10), sets)
+    assert flipped["ttft_ms_p50"] < 300                                       # the mixed p50 flipped modes
+    results = {K0: {"concurrency@4": parse_benchmark(_mixed_bench(4, 60.0, 60.0, 10, 9), sets),
+                    "rate@0.1": {**parse_benchmark(_mixed_bench(1, 60.0, 60.0, 9, 10), sets), "kind": RATE,
+                                 "value": 0.1, "point": "rate@0.1"}},
+               K0_AA: {"concurrency@4": parse_benchmark(_mixed_bench(4, 61.0, 61.0, 10, 9), sets)},
+               "adaptive": {"concurrency@4": parse_benchmark(_mixed_bench(4, 25.0, 70.0, 9, 10), sets),
+                            "rate@0.1": {**parse_benchmark(_mixed_bench(1, 30.0, 60.0, 10, 9), sets), "kind": RATE,
+                                         "value": 0.1, "point": "rate@0.1"}}}
+    add_ratios(results)
+    assert results["adaptive"]["concurrency@4"]["by_set"]["open"]["vs_k0"]["itl_ms_p50"] == round(70 / 60, 4)
+    g = goals(results, "adaptive", noise_band(results))
+    assert g["judged_on"] == "by_set" and g["set_noise_band"]["open"]["itl_ms_p50"] == round(61 / 60 - 1, 4)
+    assert {(v["set"], v["metric"]) for v in g["latency_violations"]} == {("open", "itl_ms_p50"), ("open", "itl_ms_p90")}
+    assert g["low_rate_set"] == "grounded" and g["low_rate_itl_p50_gain"] == 2.0 and g["low_rate_ok"]
+    assert "mixed_latency_violations" in g and g["mixed_low_rate_itl_p50_gain"] is not None
+
+
+def test_reparse_rebuilds_a_record_from_its_guidellm_reports(tmp_path):
+    from specdec.bench import load
+    from specdec.bench.load_plan import chat_rows
+
+    grounded, open_ = (r["messages"][0]["content"] for r in chat_rows()[:2])
+    record = {"invocations": [], "datasets": {"prompts": {"rates": [], "configs": {K0: {}, K0_AA: {}, "k4": {}}}}}
+    for name, itl in ((K0, 60.0), (K0_AA, 62.0), ("k4", 30.0)):
+        bench = _mixed_bench(4, itl, 60.0, 3, 3)
+        for req in bench["requests"]["successful"]:
+            args = req["request_args"] if isinstance(req["request_args"], dict) else json.loads(req["request_args"])
+            content = args["body"]["messages"][0]["content"]
+            args["body"]["messages"][0]["content"] = grounded if content == "G" else open_
+            req["request_args"] = json.dumps(args)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"metadata": {"guidellm_version": GUIDELLM_VERSION}, "benchmarks": [bench]}))
+        record["invocations"].append({"dataset": "prompts", "config": name, "report": str(path)})
+    out = load.reparse(record)["datasets"]["prompts"]
+    assert out["configs"]["k4"]["concurrency@4"]["by_set"]["grounded"]["vs_k0"]["itl_ms_p50"] == 0.5
+    assert out["goals"]["k4"]["judged_on"] == "by_set" and "reparsed" in record
