@@ -47,6 +47,12 @@ rode in when that held more (other orchestrators' sessions).
 A target runs one pass at a time, so a draft delays every session queued behind its pass, not only
 those inside it: counting the pass alone (run D in docs/performance.md) let sessions of a ragged
 closed loop draft whenever their last pass happened to be small. Alone nothing is capped.
+The cap does not assume that every session drafts alike when the orchestrator knows which ones want
+to (`DraftDemand`: the sessions whose best k without the cap is above 0): the passes' draft budget,
+the most draft tokens R with v(B + R) − v(B) ≤ slack · round_ms(0), is split among those D sessions.
+A session that does not draft then sees at most that growth, and a draft-friendly session (a
+grounded prompt) beside sessions that would not draft anyway (open prompts) keeps the budget they
+leave, instead of being held to 1/B of it (`latency_cap`'s `drafters`).
 Acceptance starts from an optimistic prior at position 1 (decayed with the data, so
 it fades). A deeper position leans on the rate of the position before it until it has
 data of its own: a draft rejected at position 1 says nothing about position 5, and
@@ -190,20 +196,56 @@ class AcceptanceTracker:
         return total
 
 
-def latency_cap(costs: CostModel, k_cap: int, slack: float, sessions: float = 0.0) -> int:
-    """The largest k <= k_cap whose draft tokens, every session drafting alike, lengthen the passes the
-    other sessions wait for by at most `slack` of a round without drafts (module docstring). sessions:
-    those waiting for the target's passes, this one included (0: not known, the orchestrator's average
-    pass costs.batch). slack < 0: no cap (throughput first)."""
+def latency_cap(costs: CostModel, k_cap: int, slack: float, sessions: float = 0.0, drafters: float = 0.0) -> int:
+    """The largest k <= k_cap whose draft tokens lengthen the passes the other sessions wait for by at
+    most `slack` of a round without drafts (module docstring). sessions: those waiting for the target's
+    passes, this one included (0: not known, the orchestrator's average pass costs.batch). drafters: how
+    many of them want drafts, this one included (0: not known, every session drafting alike); they
+    share the passes' draft budget (`draft_budget`). slack < 0: no cap (throughput first)."""
     sessions = sessions if sessions > 0 else costs.batch
     others = max(0.0, sessions - 1.0) / max(sessions, 1.0)   # (B-1)/B: the others' part of the drafts
     if slack < 0 or others == 0.0:
         return k_cap
     allowed = slack * (costs.round_ms(0) - costs.pass_ms(1) + costs.pass_ms(1, sessions))
+    if drafters > 0:
+        # a session that does not draft sees all D drafts; when every session drafts, each sees D - 1
+        share = max(min(max(drafters, 1.0), sessions - 1.0), 1e-9)
+        return min(k_cap, int(draft_budget(costs, allowed, sessions, k_cap * share) / share))
     k = k_cap
     while k > 0 and others * (costs.pass_ms(k + 1, sessions) - costs.pass_ms(1, sessions)) > allowed:
         k -= 1
     return k
+
+
+def draft_budget(costs: CostModel, allowed_ms: float, sessions: float, most: float) -> int:
+    """The most draft tokens R (<= most) that the passes of `sessions` sessions may carry in all while
+    growing by at most allowed_ms: v(B + R) - v(B) <= allowed_ms."""
+    base, budget = costs.verify(sessions), 0
+    while budget + 1 <= most and costs.verify(sessions + budget + 1) - base <= allowed_ms:
+        budget += 1
+    return budget
+
+
+@dataclass
+class DraftDemand:
+    """Which generations of this orchestrator want drafts now (their best k without the latency cap is
+    above 0): `latency_cap` splits the passes' draft budget among them."""
+
+    wants: dict[tuple[str, str], bool] = field(default_factory=dict)   # (session, request) -> wants drafts
+
+    def set(self, key: tuple[str, str], wants: bool) -> None:
+        self.wants[key] = wants
+
+    def drop(self, key: tuple[str, str]) -> None:
+        self.wants.pop(key, None)
+
+    def drafters(self) -> int:
+        return sum(self.wants.values())
+
+
+def best_k(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int, proposer: str = ANY_DRAFT) -> int:
+    """The k in [0, k_cap] with the most expected tokens per ms (no probing; changes no state)."""
+    return max(range(k_cap + 1), key=lambda k: acceptance.expected_tokens(k) / max(costs.round_ms(k, proposer), 1e-6))
 
 
 def choose_k(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int, proposer: str = ANY_DRAFT) -> int:
@@ -215,8 +257,7 @@ def choose_k(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int, propos
         acceptance.rounds_at_zero = 0
         acceptance.probing = True
         return min(PROBE_K, k_cap)
-    best = max(range(k_cap + 1),
-               key=lambda k: acceptance.expected_tokens(k) / max(costs.round_ms(k, proposer), 1e-6))
+    best = best_k(costs, acceptance, k_cap, proposer)
     acceptance.rounds_at_zero = acceptance.rounds_at_zero + 1 if best == 0 else 0
     return best
 

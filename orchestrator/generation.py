@@ -57,7 +57,8 @@ from specdec.metrics import OrchestratorMetrics
 from specdec.params import MODEL, GenerationParams, field_or_default, resolve_generation
 from specdec.v1 import orchestrator_pb2 as pb
 
-from orchestrator.adaptive import AcceptanceTracker, CostModel, choose_k, choose_k_drafted, latency_cap
+from orchestrator.adaptive import (AcceptanceTracker, CostModel, DraftDemand, best_k, choose_k, choose_k_drafted,
+                                   latency_cap)
 from orchestrator.detokenize import IncrementalDetokenizer
 from orchestrator.features import HiddenRelay
 from orchestrator.idempotency import RunningRequests, check_reuse, request_fingerprint
@@ -99,6 +100,7 @@ class Deps:
     metrics: OrchestratorMetrics = field(default_factory=OrchestratorMetrics)
     costs: CostModel = field(default_factory=CostModel)   # measured draft/verify costs, shared by sessions
     running: RunningRequests = field(default_factory=RunningRequests)  # requests generating in this process
+    demand: DraftDemand = field(default_factory=DraftDemand)  # which of them want drafts (the latency cap's share)
 
 
 @dataclass
@@ -130,6 +132,7 @@ class Generation:
         self.session_id = request.session_id if request.HasField("session_id") else uuid.uuid4().hex
         self.lease = SessionLease(deps.store, self.session_id, deps.owner, deps.cfg.lease)
         self.request_id = request.request_id if request.HasField("request_id") else uuid.uuid4().hex
+        self._key = (self.session_id, self.request_id)
         self.fingerprint = request_fingerprint(request, self.params)   # orchestrator/idempotency.py
         self.stats = StatsCollector()
         self.acceptance: dict[str, AcceptanceTracker] = {}   # per proposer (orchestrator/adaptive.py)
@@ -268,11 +271,24 @@ class Generation:
         if not self.params.adaptive_k:
             return cap, proposer
         ready = ready_block(self.ahead, state.ids, cap) if proposer == MODEL else 0   # drafted ahead: free
-        waiting = max(self.stats.last_target_batch, len(self.deps.running) / self.deps.runner.target_replicas())
-        capped = latency_cap(self.deps.costs, ready or cap, self.deps.cfg.latency_slack, waiting)
+        capped = self._latency_cap(ready or cap, proposer, bool(ready))
         self.deps.metrics.latency_capped.inc(capped < (ready or cap))
         choose = choose_k_drafted if ready else choose_k
         return choose(self.deps.costs, self._tracker(proposer), capped, proposer), proposer
+
+    def _latency_cap(self, cap: int, proposer: str, ready: bool) -> int:
+        """adaptive.latency_cap for this round: B = the sessions waiting for the target (this orchestrator's
+        generations per healthy replica, or the latest pass when it held more); D = those wanting drafts
+        (sessions of other orchestrators, seen only in the pass, count as drafters)."""
+        if self.deps.cfg.latency_slack < 0:
+            return cap
+        best = choose_k_drafted if ready else best_k
+        self.deps.demand.set(self._key, best(self.deps.costs, self._tracker(proposer), cap, proposer) > 0)
+        replicas = self.deps.runner.target_replicas()
+        local = len(self.deps.running) / replicas
+        waiting = max(self.stats.last_target_batch, local)
+        drafters = self.deps.demand.drafters() / replicas + (waiting - local)
+        return latency_cap(self.deps.costs, cap, self.deps.cfg.latency_slack, waiting, drafters)
 
     def _tracker(self, proposer: str) -> AcceptanceTracker:
         return self.acceptance.setdefault(proposer, AcceptanceTracker(k_max=max(self.params.k, 1)))
@@ -310,6 +326,7 @@ class Generation:
                 if chunk is not None:
                     yield chunk
         finally:
+            self.deps.demand.drop(self._key)
             await _cancelled(running)
             await discard(self.ahead)
 

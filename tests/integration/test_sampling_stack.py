@@ -125,24 +125,28 @@ def test_a_resumed_request_keeps_its_server_chosen_seed(stack):
 
 
 def test_concurrent_adaptive_sessions_under_the_latency_cap_keep_greedy_identity(stack, monkeypatch):
-    """Four adaptive sessions at once produce the tokens of k = 0, and each round's k is capped for the
-    sessions waiting for the target (orchestrator/adaptive.py latency_cap): the rounds see the others."""
+    """Four adaptive sessions at once, the latency cap on, produce the tokens of k = 0; each round's k
+    is capped for the sessions waiting for the target and shares the draft budget with the sessions
+    that want drafts (orchestrator/adaptive.py latency_cap, DraftDemand), which forgets each finished one."""
     from concurrent.futures import ThreadPoolExecutor
 
     from orchestrator import adaptive, generation
 
-    seen: list[float] = []
-    def spy(costs, k_cap, slack, sessions=0.0):
-        seen.append(sessions)
-        return adaptive.latency_cap(costs, k_cap, slack, sessions)
+    seen: list[tuple[float, float]] = []
+    def spy(costs, k_cap, slack, sessions=0.0, drafters=0.0):
+        seen.append((sessions, drafters))
+        return adaptive.latency_cap(costs, k_cap, slack, sessions, drafters)
     monkeypatch.setattr(generation, "latency_cap", spy)
+    monkeypatch.setattr(stack.deps.cfg, "latency_slack", 0.05)
     prompts = IDENTITY_PROMPTS[:4]
     plain = [list(gen(stack, prompt=p, k=0).token_ids) for p in prompts]
     assert not seen                                                   # fixed k: no cap
     with ThreadPoolExecutor(len(prompts)) as pool:
         adaptive_out = list(pool.map(lambda p: gen_adaptive(stack, p), prompts))
     assert [list(r.token_ids) for r in adaptive_out] == plain
-    assert len(seen) >= len(prompts) and max(seen) >= 2               # rounds that counted the other sessions
+    assert len(seen) >= len(prompts) and max(s for s, _ in seen) >= 2  # rounds that counted the other sessions
+    assert all(0 <= d <= s for s, d in seen) and max(d for _, d in seen) >= 1
+    assert stack.deps.demand.wants == {}                               # every finished generation dropped out
 
 
 def gen_adaptive(stack, prompt: str):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from orchestrator.adaptive import (
-    ANY_DRAFT, NO_DRAFT, PROBE_EVERY, PROBE_EVERY_MAX, PROBE_K, AcceptanceTracker, CostModel, choose_k, latency_cap,
+    ANY_DRAFT, NO_DRAFT, PROBE_EVERY, PROBE_EVERY_MAX, PROBE_K, AcceptanceTracker, CostModel, DraftDemand, best_k,
+    choose_k, draft_budget, latency_cap,
 )
 
 
@@ -251,3 +252,41 @@ def test_the_cap_follows_the_sessions_waiting_now_not_the_orchestrator_average()
     assert latency_cap(lagging, 8, 0.25, sessions=1) == 8              # alone now
     assert latency_cap(cpu_pass_costs(1.0), 8, 0.25, sessions=4) == 1   # shared now, the average lags
     assert latency_cap(cpu_pass_costs(1.0), 8, 0.25, sessions=2) == 4
+
+
+def test_the_sessions_that_want_drafts_share_the_passes_draft_budget():
+    """v(n) = 23 + 2n ms, 4 sessions a pass, slack 0.25: a round without drafts takes v(4) + 5 = 36 ms, so
+    the passes may grow by 9 ms: 4 draft tokens in all. A lone drafter beside three sessions that would
+    not draft keeps all 4; two split them; when all four want drafts each sees the other three's, as
+    in the alike rule. Whatever the split, a session that does not draft waits at most 9 ms longer."""
+    four = cpu_pass_costs(4.0)
+    allowed = 0.25 * four.round_ms(0)
+    assert draft_budget(four, allowed, 4.0, 32) == 4
+    assert [latency_cap(four, 8, 0.25, drafters=d) for d in (1, 2, 3, 4)] == [4, 2, 1, 1]
+    assert latency_cap(four, 8, 0.25, drafters=4) == latency_cap(four, 8, 0.25)   # all draft: the alike rule
+    assert latency_cap(four, 8, 0.25, sessions=1, drafters=1) == 8                  # alone: nothing to delay
+    assert latency_cap(four, 8, -1.0, drafters=1) == 8                               # off
+    for slack in (0.05, 0.1, 0.25, 0.5):
+        for sessions in (2.0, 4.0, 8.0):
+            for d in range(1, int(sessions) + 1):
+                k = latency_cap(four, 8, slack, sessions=sessions, drafters=d)
+                seen = d * k if d <= sessions - 1 else (d - 1) * k      # the drafts a session waits for
+                assert four.verify(sessions + seen) - four.verify(sessions) <= slack * (
+                    four.round_ms(0) - four.pass_ms(1) + four.pass_ms(1, sessions)) + 1e-9
+
+
+def test_draft_demand_counts_the_generations_that_want_drafts_and_best_k_changes_nothing():
+    demand = DraftDemand()
+    demand.set(("s1", "r1"), True)
+    demand.set(("s2", "r2"), False)
+    demand.set(("s1", "r1"), True)
+    assert demand.drafters() == 1
+    demand.drop(("s1", "r1"))
+    demand.drop(("nobody", "r"))
+    assert demand.drafters() == 0 and list(demand.wants) == [("s2", "r2")]
+    costs, acc = cpu_like_costs(), AcceptanceTracker(k_max=8)
+    for _ in range(30):
+        acc.observe(proposed=8, accepted=0)
+    before = (acc.rounds_at_zero, acc.probe_every, acc.probing)
+    assert [best_k(costs, acc, 8) for _ in range(3 * PROBE_EVERY)] == [0] * (3 * PROBE_EVERY)
+    assert (acc.rounds_at_zero, acc.probe_every, acc.probing) == before       # no probing state moved
