@@ -340,22 +340,28 @@ def _set_lines(ds: dict[str, Any], points: list[str]) -> list[str]:
 
 
 def plot(record: dict[str, Any], path: str) -> None:
-    """PNG: per data set, output tok/s and ITL p50 vs Poisson rate and vs concurrency, a line per configuration."""
+    """PNG: per data set, streamed tok/s and ITL p50 vs Poisson rate and vs concurrency, and each prompt set's
+    ITL p50 vs concurrency, a line per configuration."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     datasets = record.get("datasets", {})
-    panels = [(RATE, "output_tokens_per_s", "output tokens/s"), (RATE, "itl_ms_p50", "ITL p50 (ms)"),
-              (CONCURRENCY, "output_tokens_per_s", "output tokens/s"), (CONCURRENCY, "itl_ms_p50", "ITL p50 (ms)")]
+    tokens = ("streamed_tokens_per_s", "streamed tokens/s")   # with the cut requests' tokens: no whole waves
+    panels = [(RATE, *tokens), (RATE, "itl_ms_p50", "ITL p50 (ms)"),
+              (CONCURRENCY, *tokens), (CONCURRENCY, "itl_ms_p50", "ITL p50 (ms)")]
+    sets = sorted({n for ds in datasets.values() for rows in ds["configs"].values() for r in rows.values()
+                   for n in (r.get("by_set") or {})})
+    panels += [(CONCURRENCY, f"{name}:itl_ms_p50", f"{name} prompts: ITL p50 (ms)") for name in sets]
     fig, axes = plt.subplots(len(datasets), len(panels), figsize=(4.2 * len(panels), 3.6 * len(datasets)),
                              squeeze=False)
     for row, (name, ds) in enumerate(datasets.items()):
         for col, (kind, metric, label) in enumerate(panels):
             ax = axes[row][col]
             for config, rows in ds["configs"].items():
-                pts = sorted((r["value"], r[metric]) for r in rows.values() if r["kind"] == kind and r[metric] is not None)
+                pts = sorted((r["value"], _plotted(r, metric)) for r in rows.values()
+                             if r["kind"] == kind and _plotted(r, metric) is not None)
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=config,
                             linestyle="--" if config == K0_AA else "-")
@@ -372,6 +378,14 @@ def plot(record: dict[str, Any], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plotted(row: dict[str, Any], metric: str) -> float | None:
+    """A row's metric, or with 'set:metric' that prompt set's (by_set)."""
+    if ":" not in metric:
+        return row.get(metric)
+    name, inner = metric.split(":", 1)
+    return ((row.get("by_set") or {}).get(name) or {}).get(inner)
 
 
 #: Prometheus samples bench-load reads around each guidellm run (target and orchestrator /metrics).
