@@ -212,13 +212,14 @@ def load_point(row: dict[str, str], result: dict[str, Any]) -> dict[str, Any] | 
 
 
 def load_row_errors(row: dict[str, str], path: str, result: dict[str, Any], where: str) -> list[str]:
-    """A row from `make bench-load`'s JSON: output tok/s and its ratio to k = 0 at that point, the
+    """A row from `make bench-load`'s JSON: streamed tok/s (output tok/s in runs before it) and its ratio to k = 0 at that point, the
     command's flags against the recorded settings, the CPU; the bench's other columns are –."""
     point = load_point(row, result)
     if point is None:
         return [f"{where}: no such point in {path} (prompts must read 'mixed, N streams')"]
     errors = []
-    for column, value in (("tok/s", point["output_tokens_per_s"]), ("× our k=0", point["vs_k0"]["output_tokens_per_s"])):
+    measure = "streamed_tokens_per_s" if "streamed_tokens_per_s" in point else "output_tokens_per_s"  # runs before it
+    for column, value in (("tok/s", point[measure]), ("× our k=0", point["vs_k0"][measure])):
         shown = row[column]
         decimals = len(shown.split(".")[1]) if "." in shown else 0
         if f"{value:.{decimals}f}" != shown:
