@@ -61,12 +61,12 @@ from orchestrator.adaptive import (AcceptanceTracker, CostModel, DraftDemand, be
                                    latency_cap)
 from orchestrator.detokenize import IncrementalDetokenizer
 from orchestrator.features import HiddenRelay
-from orchestrator.idempotency import RunningRequests, check_reuse, request_fingerprint
+from orchestrator.idempotency import RunningRequests, check_id, check_reuse, request_fingerprint
 from orchestrator.lease import SessionLease, store_errors
 from orchestrator.prompting import Message, Prompter
 from orchestrator.delta import ContextWire
 from orchestrator.overlap import PreDraft, discard, plan_ahead, ready_block
-from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner
+from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner, cancel_round
 from orchestrator.session_store import Session, SessionBusy, SessionStore
 from orchestrator.stats import StatsCollector, count_emitted
 from orchestrator.stops import StopMatcher, tokens_before_stop
@@ -75,14 +75,6 @@ FINISH_NAMES = {pb.FINISH_REASON_EOS: "eos", pb.FINISH_REASON_LENGTH: "length", 
                 pb.FINISH_REASON_CONTEXT: "context", pb.FINISH_REASON_CANCELLED: "cancelled"}
 FINISH_BY_NAME = {v: k for k, v in FINISH_NAMES.items()}
 log = logging.getLogger("specdec.orchestrator")
-
-
-def check_id(name: str, value: str, max_chars: int) -> None:
-    """Session and request ids: non-empty, at most max_chars characters (INVALID_ARGUMENT)."""
-    if not value:
-        raise InvalidArgument(f"{name} must not be empty (leave it unset for a new one)")
-    if len(value) > max_chars:
-        raise InvalidArgument(f"{name} is longer than {max_chars} characters")
 
 
 @dataclass
@@ -327,7 +319,7 @@ class Generation:
                     yield chunk
         finally:
             self.deps.demand.drop(self._key)
-            await _cancelled(running)
+            await cancel_round(running)
             await discard(self.ahead)
 
     def _start_round(self, state: State) -> asyncio.Task:
@@ -455,13 +447,3 @@ class Generation:
             session_id=self.session_id, request_id=self.request_id, text=s.text, token_ids=s.completion,
             finish_reason=s.finish, usage=self.usage(), stats=self.stats.proto(), trace=s.trace,
             logprobs=s.logprobs, model=self.deps.model_name)
-
-
-async def _cancelled(task: asyncio.Task | None) -> None:
-    """Cancel a round still in flight and wait until it has stopped (its outcome is not needed)."""
-    if task is None:
-        return
-    task.cancel()
-    await asyncio.wait({task})
-    if not task.cancelled():
-        task.exception()  # retrieved: a failure of an abandoned round is not worth a warning

@@ -26,7 +26,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec.errors import IDEMPOTENCY_KEY_REUSED, REQUEST_IN_PROGRESS, Aborted, AlreadyExists
+from specdec.errors import IDEMPOTENCY_KEY_REUSED, REQUEST_IN_PROGRESS, Aborted, AlreadyExists, InvalidArgument
 from specdec.params import GenerationParams
 
 FINGERPRINT_HEX = 32          # 128 bits of SHA-256
@@ -103,3 +103,11 @@ class _Latest:
 
     request_id: str
     fingerprint: str
+
+
+def check_id(name: str, value: str, max_chars: int) -> None:
+    """Session and request ids: non-empty, at most max_chars characters (INVALID_ARGUMENT)."""
+    if not value:
+        raise InvalidArgument(f"{name} must not be empty (leave it unset for a new one)")
+    if len(value) > max_chars:
+        raise InvalidArgument(f"{name} is longer than {max_chars} characters")

@@ -340,3 +340,13 @@ class RoundRunner:
         if out.ahead is not None:
             out.ahead.verified = time.perf_counter()
         return result
+
+
+async def cancel_round(task: asyncio.Task | None) -> None:
+    """Cancel a round still in flight and wait until it has stopped (its outcome is not needed)."""
+    if task is None:
+        return
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # retrieved: a failure of an abandoned round is not worth a warning

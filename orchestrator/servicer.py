@@ -26,7 +26,8 @@ from specdec.protocol import PROTOCOL_VERSION
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 
-from orchestrator.generation import Deps, Generation, check_id, store_errors
+from orchestrator.generation import Deps, Generation, store_errors
+from orchestrator.idempotency import check_id
 from orchestrator.pair import PairMonitor
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Orchestrator"].full_name
