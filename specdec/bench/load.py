@@ -274,6 +274,11 @@ def run_guidellm(args: LoadArgs, cfg: LoadConfig, dataset: str, phase: str, valu
     return rows, version, inv
 
 
+def prompt_sets(dataset: str) -> dict[str, str] | None:
+    """Content -> prompt set for a data set of bench prompts (to split its reports by set); None otherwise."""
+    return sets_by_content(CHAT_SETS[dataset]) if dataset in CHAT_SETS else None
+
+
 def point_order(configs: list[LoadConfig], index: int) -> list[LoadConfig]:
     """The order the configurations run the index-th point in: as listed at even points, reversed at odd ones.
 
@@ -288,7 +293,7 @@ def run_dataset(args: LoadArgs, dataset: str, inp: ScenarioInputs, record: dict[
     """Every configuration at every point of one data set: the concurrency points, then the Poisson rates
     derived from k = 0's saturation; each point run by every configuration (`point_order`) before the next."""
     results: dict[str, dict[str, dict[str, Any]]] = {c.name: {} for c in args.configs}
-    sets = sets_by_content(CHAT_SETS[dataset]) if dataset in CHAT_SETS else None
+    sets = prompt_sets(dataset)
     rates: list[float] = []
     n_point = 0
     for phase in (CONCURRENCY, RATE):
@@ -321,7 +326,7 @@ def reparse(record: dict[str, Any]) -> dict[str, Any]:
     """Rebuild every data set of a bench-load JSON from the guidellm reports its invocations name (they
     must still be in the work dir): what a newer parser reads from a run already made, such as ``by_set``."""
     for dataset, entry in record["datasets"].items():
-        sets = sets_by_content(CHAT_SETS[dataset]) if dataset in CHAT_SETS else None
+        sets = prompt_sets(dataset)
         configs = list(entry["configs"])
         results: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in configs}
         for inv in record["invocations"]:

@@ -181,28 +181,31 @@ def add_ratios(results: dict[str, dict[str, dict[str, Any]]], base: str = K0) ->
                     part["vs_k0"] = {m: _ratio(part.get(m), ref_part.get(m)) for m in SET_METRICS}
 
 
-def noise_band(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, float | None]:
-    """Per metric, the largest |k0_aa ÷ k0 − 1| over the points both ran: the A/A noise band."""
-    aa = results.get(K0_AA, {})
+def _largest_deviation(ratios: list[dict[str, Any]], metrics: Any) -> dict[str, float | None]:
+    """Per metric, the largest |ratio − 1| over the ratio dicts that have it (None: none has it)."""
     band: dict[str, float | None] = {}
-    for metric in HIGHER_IS_BETTER:
-        devs = [abs(r["vs_k0"][metric] - 1) for r in aa.values() if (r.get("vs_k0") or {}).get(metric) is not None]
+    for metric in metrics:
+        devs = [abs(v[metric] - 1) for v in ratios if v.get(metric) is not None]
         band[metric] = round(max(devs), RATIO_DIGITS) if devs else None
     return band
+
+
+def noise_band(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, float | None]:
+    """Per metric, the largest |k0_aa ÷ k0 − 1| over the points both ran: the A/A noise band."""
+    return _largest_deviation([r.get("vs_k0") or {} for r in results.get(K0_AA, {}).values()], HIGHER_IS_BETTER)
+
+
+def set_names(configs: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """The prompt sets the rows of `configs` (config -> point -> row) split their requests by (``by_set``)."""
+    return sorted({name for rows in configs.values() for r in rows.values() for name in (r.get("by_set") or {})})
 
 
 def set_noise_band(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, float | None]]:
     """Per prompt set and metric, the largest |k0_aa ÷ k0 − 1| over the points both ran."""
     aa = results.get(K0_AA, {})
-    names = sorted({name for r in aa.values() for name in (r.get("by_set") or {})})
-    band: dict[str, dict[str, float | None]] = {}
-    for name in names:
-        parts = [r["by_set"][name].get("vs_k0") or {} for r in aa.values() if name in (r.get("by_set") or {})]
-        band[name] = {}
-        for metric in SET_METRICS:
-            devs = [abs(v[metric] - 1) for v in parts if v.get(metric) is not None]
-            band[name][metric] = round(max(devs), RATIO_DIGITS) if devs else None
-    return band
+    return {name: _largest_deviation([r["by_set"][name].get("vs_k0") or {} for r in aa.values()
+                                      if name in (r.get("by_set") or {})], SET_METRICS)
+            for name in set_names({K0_AA: aa})}
 
 
 def _worse_by(metric: str, ratio: float) -> float:
@@ -320,7 +323,7 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
 
 def _set_lines(ds: dict[str, Any], points: list[str]) -> list[str]:
     """Per prompt set (rows with ``by_set``): TTFT and ITL p50/p90 per configuration and point, x k = 0."""
-    names = sorted({n for rows in ds["configs"].values() for r in rows.values() for n in (r.get("by_set") or {})})
+    names = set_names(ds["configs"])
     if not names:
         return []
     lines = [f"per prompt set: {'point':<16}{'set':<10}{'config':<10}{'n':>4}{'TTFT p50':>10}{'x k0':>7}"
@@ -351,8 +354,7 @@ def plot(record: dict[str, Any], path: str) -> None:
     tokens = ("streamed_tokens_per_s", "streamed tokens/s")   # with the cut requests' tokens: no whole waves
     panels = [(RATE, *tokens), (RATE, "itl_ms_p50", "ITL p50 (ms)"),
               (CONCURRENCY, *tokens), (CONCURRENCY, "itl_ms_p50", "ITL p50 (ms)")]
-    sets = sorted({n for ds in datasets.values() for rows in ds["configs"].values() for r in rows.values()
-                   for n in (r.get("by_set") or {})})
+    sets = sorted({name for ds in datasets.values() for name in set_names(ds["configs"])})
     panels += [(CONCURRENCY, f"{name}:itl_ms_p50", f"{name} prompts: ITL p50 (ms)") for name in sets]
     fig, axes = plt.subplots(len(datasets), len(panels), figsize=(4.2 * len(panels), 3.6 * len(datasets)),
                              squeeze=False)
@@ -360,8 +362,8 @@ def plot(record: dict[str, Any], path: str) -> None:
         for col, (kind, metric, label) in enumerate(panels):
             ax = axes[row][col]
             for config, rows in ds["configs"].items():
-                pts = sorted((r["value"], _plotted(r, metric)) for r in rows.values()
-                             if r["kind"] == kind and _plotted(r, metric) is not None)
+                pts = sorted((r["value"], v) for r in rows.values()
+                             if r["kind"] == kind and (v := _plotted(r, metric)) is not None)
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=config,
                             linestyle="--" if config == K0_AA else "-")
