@@ -174,6 +174,10 @@ class KernelConfig:
         relative to the largest value beyond 1, in float32 (fp32 kernels differ by summation order:
         6e-5 measured on SmolLM2's logits); lower precisions get check_atol_low.
     allow_input_major: whether the input-major candidates are timed (SPECDEC_INPUT_MAJOR=0: no).
+    int4_max_rows: --dtype int4: calls of up to this many rows run the weight-only int4 GEMM (each
+        row computed on its own, its time growing with the rows); wider calls (prefill chunks, wide
+        batches) a bfloat16 GEMM over the same dequantized weights. Verify passes of up to this many
+        rows, batched ones included, are what stays token-identical to decoding alone.
     layout_slack: where the per-band winners need both weight layouts (a second copy of every
         weight: +538 MB for SmolLM2-135M in fp32), one layout is kept instead when its own winners
         are at most this much slower on average over the bands.
@@ -188,6 +192,7 @@ class KernelConfig:
     layout_slack: float = 0.1
     allow_input_major: bool = field(default_factory=lambda: env_bool("SPECDEC_INPUT_MAJOR", True))
     band_rows: tuple[int, ...] = KERNEL_BAND_ROWS
+    int4_max_rows: int = field(default_factory=lambda: env_int("SPECDEC_INT4_MAX_ROWS", 32))
 
     def atol(self, dtype: "torch.dtype") -> float:  # noqa: F821 - torch is not imported by config
         """The check tolerance for weights of `dtype`."""
@@ -247,8 +252,8 @@ class ModelServiceConfig:
     keep_hidden: bool = field(default_factory=lambda: env_bool("SPECDEC_KEEP_HIDDEN", True))
     # Row-invariant attention (specdec/engine/ragged.py): every row whose logits a pass returns is
     # computed bitwise as a 1-row step computes it, so greedy speculation is token-identical to k = 0.
-    # auto: on for --dtype int8 (whose linears are row-invariant; its activation rounding amplifies
-    # attention's last-bit differences into other tokens), off otherwise (fp32's MKL linears are not
+    # auto: on for --dtype int8 and int4 (whose linears are row-invariant; their activation rounding
+    # amplifies attention's last-bit differences into other tokens), off otherwise (fp32's MKL linears are not
     # row-invariant, so it would not buy identity there); on | off force it.
     row_invariant: str = field(default_factory=lambda: env_str("SPECDEC_ROW_INVARIANT", "auto"))
     # Target: the most hidden-state bytes one Verify returns (fp16 on the wire); a feature draft

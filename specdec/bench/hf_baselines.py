@@ -89,17 +89,17 @@ class HFBaselines:
     """The target (and a draft model, if any) loaded in this process."""
 
     def __init__(self, target_model: str, threads: int, settings: HFSettings, dtype: str = "float32") -> None:
-        from specdec.models.int8 import quantize_linears, wants_int8
+        from specdec.engine.loading import quantize_for_hf, quantized_weights
         from specdec.models.loader import LoadConfig, load_causal_lm
 
         self.threads = threads
         self.settings = settings
-        int8 = wants_int8(dtype)   # the same int8 linears as the services (HF runs the int8 target too)
-        cfg = LoadConfig(device="cpu", dtype="float32" if int8 else dtype, threads=threads)
+        quant = quantized_weights(dtype)   # the same int8 / int4 linears as the services (HF runs that target too)
+        cfg = LoadConfig(device="cpu", dtype="float32" if quant else dtype, threads=threads)
         torch.set_num_threads(threads)
         loaded = load_causal_lm(target_model, cfg)
-        if int8:
-            quantize_linears(loaded.model)
+        if quant:
+            quantize_for_hf(loaded.model, quant)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.model_id = loaded.model_id
         self.assistant = None
@@ -121,7 +121,7 @@ class HFBaselines:
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
             if hasattr(self.gen_config, name):
                 setattr(self.gen_config, name, None)
-        self.dtype = "int8" if int8 else str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        self.dtype = quant or str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     def chat_ids(self, user: str) -> list[int]:
         """The ids the orchestrator sends for one user message (same Prompter)."""

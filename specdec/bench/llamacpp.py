@@ -3,13 +3,18 @@ own GGUF file, target alone, greedy, the same chat prompt ids and token count as
 
 llama-cpp-python is an optional extra (`pip install llama-cpp-python`, a C++ build from its sdist;
 not in requirements.txt or constraints.txt): without it the bench records why the column is missing
-and goes on. It runs after the stack stopped, in the bench process, with the bench's thread count.
+and goes on. It runs after the stack stopped, with the bench's thread count, in a child process of
+its own: a crash of the native library (seen: SIGSEGV in llama.cpp's AMX matmul on an Intel Xeon VM,
+when built with its default GGML_NATIVE) then costs the column, not the run.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -63,21 +68,36 @@ def anchor_lines(result: dict[str, Any]) -> list[str]:
 
 def llamacpp_anchor(target_model: str, prompts: Sequence[Any], max_new: int, repeats: int,
                     threads: int) -> dict[str, Any]:
-    """tok/s of llama.cpp on each prompt set (median over prompts x repeats), or why it was skipped."""
+    """tok/s of llama.cpp on each prompt set (median over prompts x repeats), or why it was skipped;
+    measured in a spawned child process (`_measure`)."""
     try:
-        import llama_cpp
+        import llama_cpp  # noqa: F401 - only whether it is there; the child imports it again
     except ImportError:
         return {"skipped": f"llama-cpp-python is not installed: {INSTALL_HINT}"}
     gguf = target_gguf(target_model)
     if gguf is None:
         return {"skipped": f"the target {target_model!r} is not a GGUF file: llama.cpp needs one"}
-    llm = llama_cpp.Llama(model_path=str(gguf), n_threads=threads, n_threads_batch=threads,
+    jobs = [(p.set, list(p.ids)) for p in prompts]
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            return pool.submit(_measure, str(gguf), jobs, max_new, repeats, threads).result()
+        except BrokenProcessPool as exc:
+            return {"skipped": f"llama.cpp crashed in its child process ({exc}); build llama-cpp-python "
+                               "with other CMAKE_ARGS (docs/performance.md, 'llama.cpp anchor')"}
+
+
+def _measure(gguf: str, jobs: list[tuple[str, list[int]]], max_new: int, repeats: int,
+             threads: int) -> dict[str, Any]:
+    """The child process of llamacpp_anchor: load the GGUF, warm up, time every (set, ids) job."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=gguf, n_threads=threads, n_threads_batch=threads,
                           n_ctx=LLAMACPP_N_CTX, verbose=False)
-    _generate(llm, prompts[0].ids, min(8, max_new))                        # warm-up
+    _generate(llm, jobs[0][1], min(8, max_new))                            # warm-up
     per_set: dict[str, list[float]] = {}
     for _ in range(repeats):
-        for p in prompts:
-            n, wall = _generate(llm, p.ids, max_new)
-            per_set.setdefault(p.set, []).append(n / wall)
-    return {"version": llama_cpp.__version__, "gguf": gguf.name, "threads": threads, "max_new_tokens": max_new,
+        for name, ids in jobs:
+            n, wall = _generate(llm, ids, max_new)
+            per_set.setdefault(name, []).append(n / wall)
+    return {"version": llama_cpp.__version__, "gguf": Path(gguf).name, "threads": threads, "max_new_tokens": max_new,
             "tok_s": {s: statistics.median(v) for s, v in per_set.items()}, "runs": per_set}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -12,6 +13,7 @@ from specdec.core.prefix_hash import PrefixHashes
 from specdec.engine.kvcache import KVCachePool, SessionKV
 from specdec.engine.ragged import RaggedCache, enable_ragged, packed_inputs
 from specdec.models.compat import cache_argument
+from specdec.models.row_groups import RowGroups, row_groups
 
 MS_PER_S = 1000.0
 
@@ -181,9 +183,11 @@ class CausalLMRunner:
         ids, positions, mask = packed_inputs([p.new_ids for p in plans], [p.reuse for p in plans], self.device)
         cache = RaggedCache([p.kv.cache for p in plans], [len(p.new_ids) for p in plans],
                             [p.keep for p in plans] if self.row_invariant else None)
-        keep = torch.cat([torch.arange(end - p.keep, end) for p, (_, end) in zip(plans, cache.spans)])
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
-                         logits_to_keep=keep.to(self.device), **{self._cache_arg: cache})
+        groups = RowGroups(tuple(s for s, _ in cache.spans), tuple(e for _, e in cache.spans),
+                           tuple(p.keep for p in plans))
+        with row_groups(groups) if self.row_invariant else contextlib.nullcontext():
+            out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                             logits_to_keep=groups.returned().to(self.device), **{self._cache_arg: cache})
         rows = out.logits[0].float().cpu()  # [sum of keep, V]
         return list(torch.split(rows, [p.keep for p in plans]))
 

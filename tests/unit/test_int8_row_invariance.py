@@ -1,6 +1,6 @@
-"""The int8 target is row-count invariant: every row whose logits a verify pass returns is bitwise what
+"""The int8 and int4 targets are row-count invariant: every row whose logits a verify pass returns is bitwise what
 the 1-row decode step computes at that position (attention included), so greedy speculation at any k
-is token-identical to the int8 target decoding alone. Before row-invariant attention, SDPA over k + 1
+is token-identical to the quantized target decoding alone. Before row-invariant attention, SDPA over k + 1
 query rows rounded differently from the 1-row call in the last bits (specdec/models/int8.py)."""
 
 from __future__ import annotations
@@ -11,23 +11,27 @@ import torch
 from specdec.config import ModelServiceConfig
 from specdec.engine.loading import load_target, wants_row_invariant
 from specdec.engine.runner import CausalLMRunner, ExtendItem
+from specdec.models.int4 import int4_available
 from specdec.models.int8 import int8_available
 from tests.support import make_tiny_pair
 from tests.tiny_llama import tiny_llama, tiny_runner
 
-pytestmark = pytest.mark.skipif(not int8_available(), reason="torch's fbgemm engine (x86) is not in this build")
+AVAILABLE = {"int8": int8_available(), "int4": int4_available()}
 
 PROMPT = [5, 9, 11, 3, 70, 2, 8, 5, 9, 11, 40, 41, 42, 43, 7, 7, 12, 90, 33, 1]
 STEPS = 24
 K_VALUES = (1, 4, 8)
 
 
-@pytest.fixture(scope="module")
-def int8_runner(tmp_path_factory) -> CausalLMRunner:
-    """The int8 target exactly as a target service loads it (--dtype int8, default options)."""
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def int8_runner(request, tmp_path_factory) -> CausalLMRunner:
+    """The int8 / int4 target exactly as a target service loads it (--dtype int8 / int4, default options)."""
+    if not AVAILABLE[request.param]:
+        pytest.skip(f"torch's {request.param} CPU kernels are not in this build")
     target, _ = make_tiny_pair(tmp_path_factory.mktemp("int8rows"), ["the cat sat on the mat"])
-    bundle = load_target(ModelServiceConfig(role="target", model=str(target), dtype="int8",
+    bundle = load_target(ModelServiceConfig(role="target", model=str(target), dtype=request.param,
                                             cache_dir=str(tmp_path_factory.mktemp("cache"))))
+    assert bundle.info["dtype"] == request.param
     return bundle.engines["target"].runner
 
 
@@ -101,11 +105,11 @@ def test_a_batched_pass_of_several_sessions_is_row_invariant_too(int8_runner):
             assert torch.equal(row, logits[step + j]), f"{item.session_id}: step {step + j} differs"
 
 
-def test_row_invariance_is_the_int8_default_and_can_be_forced():
-    assert wants_row_invariant("auto", int8=True) and not wants_row_invariant("auto", int8=False)
-    assert wants_row_invariant("ON", int8=False) and not wants_row_invariant("off", int8=True)
+def test_row_invariance_is_the_quantized_default_and_can_be_forced():
+    assert wants_row_invariant("auto", quantized=True) and not wants_row_invariant("auto", quantized=False)
+    assert wants_row_invariant("ON", quantized=False) and not wants_row_invariant("off", quantized=True)
     with pytest.raises(ValueError, match="row_invariant"):
-        wants_row_invariant("maybe", int8=True)
+        wants_row_invariant("maybe", quantized=True)
     model = tiny_llama()
     runner = CausalLMRunner(model, tiny_runner(model).pool, row_invariant=True)
     assert runner.row_invariant and model.config._attn_implementation == "specdec_row_invariant"
