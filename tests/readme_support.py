@@ -169,7 +169,7 @@ def _setting_errors(row: dict[str, str], path: str, result: dict[str, Any], wher
     if row["CPU"] != cpu:
         errors.append(f"{where}: CPU {row['CPU']!r}, the JSON recorded {cpu!r}")
     label = row["configuration"]
-    dtype = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}.get(label.split(",")[0])
+    dtype = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8", "int4": "int4"}.get(label.split(",")[0])
     if backticked(label) == [LLAMACPP]:
         anchor = result.get(LLAMACPP, {})
         if anchor.get("gguf", "") not in label:

@@ -99,5 +99,7 @@ def _measure(gguf: str, jobs: list[tuple[str, list[int]]], max_new: int, repeats
         for name, ids in jobs:
             n, wall = _generate(llm, ids, max_new)
             per_set.setdefault(name, []).append(n / wall)
+    system_info = llama_cpp.llama_print_system_info() if hasattr(llama_cpp, "llama_print_system_info") else b""
     return {"version": llama_cpp.__version__, "gguf": Path(gguf).name, "threads": threads, "max_new_tokens": max_new,
+            "system_info": system_info.decode(errors="replace").strip(),    # the CPU features it was built with
             "tok_s": {s: statistics.median(v) for s, v in per_set.items()}, "runs": per_set}

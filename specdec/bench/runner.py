@@ -183,10 +183,13 @@ def _services_verify_costs(hf: Any, verify_hf: dict, n_max: int, args: argparse.
 
     from specdec.config import ModelServiceConfig
     from specdec.engine.kernel_select import plan_model
+    from specdec.engine.loading import QUANTIZED_KERNELS
     from specdec.models.load_config import load_config
 
     cfg = ModelServiceConfig(role="target")
-    if hf.dtype in ("int8", "int4") or hf.model.device.type != "cpu" or hf.model.dtype not in (torch.float32, torch.bfloat16):
+    if hf.dtype in QUANTIZED_KERNELS:
+        return verify_hf, f"{hf.dtype} weights ({QUANTIZED_KERNELS[hf.dtype]})"
+    if hf.model.device.type != "cpu" or hf.model.dtype not in (torch.float32, torch.bfloat16):
         return verify_hf, "nn.Linear ([out, in])"
     plan = plan_model(hf.model, hf.model, cfg.kernels, load_config(cache_dir=cfg.cache_dir).cache_root(), None)
     if set(plan.kernels) == {"linear"}:
@@ -212,7 +215,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-model", default="")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8", "int4"],
                    help="weights of the target (and a model draft), in the services and in HF alike "
-                        "(int8: torch's int8 linears, specdec/models/int8.py)")
+                        "(int8: torch's int8 linears, specdec/models/int8.py; int4: its weight-only int4 "
+                        "GEMM with bf16 activations, specdec/models/int4.py)")
     p.add_argument("--hf-lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
     p.add_argument("--hf-ngram-size", type=int, default=2, help="HF max_matching_ngram_size")
     p.add_argument("--no-llamacpp", action="store_true",
