@@ -27,9 +27,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "prompts"
 MAX_NEW_TOKENS = 64                             # the bench's length (the divergence was at token 61)
 CONFIGS = {"k4": {"k": 4}, "k8": {"k": 8}, "adaptive": {"k": 8, "adaptive_k": True}}
-# int8: g1 (the one that diverged), g2, o1, o2 at every config: ~50 s CPU, 1 thread. int4 (~2x faster
-# a token): g1 and o1 at every config.
-CASES = {"int8": ({"grounded": 2, "open": 2}, int8_available()), "int4": ({"grounded": 1, "open": 1}, int4_available())}
+# g1 (the prompt int8 once diverged on) and o1 at every config: ~20 s CPU for int8, ~12 s for int4.
+PER_SET = {"grounded": 1, "open": 1}
+CASES = {"int8": (PER_SET, int8_available()), "int4": (PER_SET, int4_available())}
 
 
 def bench_prompts(per_set: dict[str, int]) -> list[tuple[str, str]]:
@@ -77,4 +77,4 @@ def test_quantized_speculation_is_token_identical_to_its_k0_on_bench_prompts(sta
                     j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
                     failures.append(f"{prompt_id} {name}: differs at token {j}: {got[j:j + 4]} vs k=0 {want[j:j + 4]}")
     assert not failures, failures
-    assert accepted > MAX_NEW_TOKENS      # the drafts were really used (grounded prompts accept many)
+    assert accepted >= MAX_NEW_TOKENS // 2    # the drafts were really used (g1 accepts 16+ a config)
