@@ -121,6 +121,9 @@ def _up_parser(sub: argparse._SubParsersAction) -> None:
                         f"`specdec generate` looks by default)")
     p.add_argument("--http-port", type=int, default=0, help="port of the OpenAI-compatible HTTP API (0: a free one)")
     p.add_argument("--no-http", action="store_true", help="do not start the HTTP gateway")
+    p.add_argument("--dtype", default="",
+                   help="weights of the model services: auto (default), float32, bfloat16, int8, int4 (int4/int8: "
+                        "quantized on CPU; a trained draft that shares the target's tensors cannot take int4)")
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -136,7 +139,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     cfg = StackConfig(target_model=args.target_model, draft_model=draft_model, draft_kind=args.draft_kind,
                       draft_replicas=args.draft_replicas, target_replicas=args.target_replicas,
                       redis_url=args.redis_url, threads=args.threads or default_threads(args.draft_kind),
-                      orchestrator_port=args.port)
+                      orchestrator_port=args.port, dtype=args.dtype)
     stack = LocalStack(cfg)
     print("starting Redis, draft, target and orchestrator (the first model load converts the GGUF, ~1 min)...")
     try:
