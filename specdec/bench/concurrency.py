@@ -315,7 +315,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8", "int4"])
     p.add_argument("--target-model", default="embedded")
     p.add_argument("--prompts", default="grounded,open")
     p.add_argument("--prompts-dir", default=str(PROMPTS_DIR))
