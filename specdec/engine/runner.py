@@ -187,7 +187,7 @@ class CausalLMRunner:
                            tuple(p.keep for p in plans))
         with row_groups(groups) if self.row_invariant else contextlib.nullcontext():
             out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
-                             logits_to_keep=groups.returned().to(self.device), **{self._cache_arg: cache})
+                             logits_to_keep=groups.returned.to(self.device), **{self._cache_arg: cache})
         rows = out.logits[0].float().cpu()  # [sum of keep, V]
         return list(torch.split(rows, [p.keep for p in plans]))
 

@@ -100,11 +100,11 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         rows = x.reshape(-1, self.in_features).to(ACTIVATION_DTYPE)          # [n, in]
         groups = current_row_groups()
-        if groups is not None and groups.total == rows.shape[0] and not groups.all_returned():
+        if groups is not None and groups.total == rows.shape[0] and not groups.every_row_returned:
             y = rows.new_empty(rows.shape[0], self.out_features)
-            for start, end in groups.prefill_spans():                        # each session's prefill alone
+            for start, end in groups.prefill_spans:                        # each session's prefill alone
                 y[start:end] = F.linear(rows[start:end], self.dense, self.bias)
-            returned = groups.returned()
+            returned = groups.returned
             y[returned] = self._int4(rows[returned])
         elif groups is None and rows.shape[0] > self.max_rows:
             y = F.linear(rows, self.dense, self.bias)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterator
 
 import torch
@@ -27,19 +28,24 @@ class RowGroups:
     ends: tuple[int, ...]
     keeps: tuple[int, ...]
 
-    @property
+    # Computed once per pass (every linear layer of the forward asks): cached on the instance.
+
+    @cached_property
     def total(self) -> int:
         """Rows in the pass."""
         return self.ends[-1] if self.ends else 0
 
-    def all_returned(self) -> bool:
+    @cached_property
+    def every_row_returned(self) -> bool:
         """Whether every row of the pass is a returned row (a decode step, a verify on a warm cache)."""
         return all(end - start == keep for start, end, keep in zip(self.starts, self.ends, self.keeps))
 
+    @cached_property
     def returned(self) -> torch.Tensor:
         """Indices [R] of the returned rows, in packed order."""
         return torch.cat([torch.arange(end - keep, end) for end, keep in zip(self.ends, self.keeps)])
 
+    @cached_property
     def prefill_spans(self) -> list[tuple[int, int]]:
         """Each session's prefill rows [start, end - keep), where it has any."""
         return [(s, e - k) for s, e, k in zip(self.starts, self.ends, self.keeps) if e - k > s]

@@ -89,7 +89,7 @@ def test_a_pass_s_prefill_rows_run_per_session_and_its_returned_rows_on_int4():
     q = Int4Linear(linear(), max_rows=2)
     x = torch.randn(17, IN, generator=torch.Generator().manual_seed(4)).bfloat16()
     groups = RowGroups(starts=(0, 8, 11), ends=(8, 11, 17), keeps=(2, 3, 1))
-    assert groups.prefill_spans() == [(0, 6), (11, 16)] and not groups.all_returned()
+    assert groups.prefill_spans == [(0, 6), (11, 16)] and not groups.every_row_returned
     with torch.inference_mode():
         with row_groups(groups):
             assert current_row_groups() is groups
