@@ -89,17 +89,17 @@ class HFBaselines:
     """The target (and a draft model, if any) loaded in this process."""
 
     def __init__(self, target_model: str, threads: int, settings: HFSettings, dtype: str = "float32") -> None:
-        from specdec.engine.loading import quantize_for_hf, quantized_weights
+        from specdec.engine.loading import quantize_weights, weight_quantization
         from specdec.models.loader import LoadConfig, load_causal_lm
 
         self.threads = threads
         self.settings = settings
-        quant = quantized_weights(dtype)   # the same int8 / int4 linears as the services (HF runs that target too)
+        quant = weight_quantization(dtype)   # the same int8 / int4 linears as the services (HF runs that target too)
         cfg = LoadConfig(device="cpu", dtype="float32" if quant else dtype, threads=threads)
         torch.set_num_threads(threads)
         loaded = load_causal_lm(target_model, cfg)
         if quant:
-            quantize_for_hf(loaded.model, quant)
+            quantize_weights(loaded.model, quant)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.model_id = loaded.model_id
         self.assistant = None

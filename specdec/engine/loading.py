@@ -72,15 +72,16 @@ def _plan_kernels(cfg: ModelServiceConfig, model: Any, cache_root: Any) -> Kerne
 QUANTIZED_KERNELS = {"int8": "int8_fbgemm", "int4": "int4_weight_only"}
 
 
-def quantized_weights(dtype: str) -> str | None:
+def weight_quantization(dtype: str) -> str | None:
     """"int8" or "int4" where a service's dtype option asks for quantized weights, else None."""
     return "int8" if wants_int8(dtype) else "int4" if wants_int4(dtype) else None
 
 
-def quantize_for_hf(model: Any, quant: str, int4_max_rows: int | None = None) -> tuple[int, int, str]:
+def quantize_weights(model: Any, quant: str, int4_max_rows: int | None = None) -> tuple[int, int, str]:
     """Put the linears of the part of `model` a service owns on torch's int8 GEMM (float32
     activations) or its weight-only int4 GEMM (bfloat16 activations; the LM head stays bfloat16
-    dense, specdec/models/int4.py). The bench's in-process HF target takes the same call.
+    dense, specdec/models/int4.py): what a model service does at load, and what the bench does to its
+    in-process Hugging Face target so that both run the same weights.
     Returns (layers replaced, quantized weight bytes, the activations' dtype)."""
     if model.device.type != "cpu":
         raise ValueError(f"dtype {quant} runs on CPU only (the model is on {model.device})")
@@ -95,8 +96,8 @@ def quantize_for_hf(model: Any, quant: str, int4_max_rows: int | None = None) ->
 
 
 def _quantized_plan(cfg: ModelServiceConfig, model: Any, quant: str) -> KernelPlan:
-    """--dtype int8 / int4: the service's linears quantized (quantize_for_hf), as a fixed plan."""
-    replaced, nbytes, activations = quantize_for_hf(model, quant, cfg.kernels.int4_max_rows)
+    """--dtype int8 / int4: the service's linears quantized (quantize_weights), as a fixed plan."""
+    replaced, nbytes, activations = quantize_weights(model, quant, cfg.kernels.int4_max_rows)
     log.info("%s: %d linear layers with %s weights (%d bytes; activations %s)", cfg.model, replaced, quant,
              nbytes, activations)
     bands = default_plan().band_rows
@@ -118,7 +119,7 @@ def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = F
           ) -> tuple[Any, Any, CausalLMRunner, dict[str, Any], float, KernelPlan]:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    quant = quantized_weights(cfg.dtype)
+    quant = weight_quantization(cfg.dtype)
     load_cfg = load_config(cfg.device, "float32" if quant else cfg.dtype, cfg.cache_dir, cfg.offline)
     loaded = load_causal_lm(parse_model_spec(cfg.model), load_cfg)
     model, tokenizer = loaded.model, loaded.tokenizer

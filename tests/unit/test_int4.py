@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from specdec.config import ModelServiceConfig
 from specdec.engine.kvcache import kv_bytes_per_token
-from specdec.engine.loading import load_target, quantized_weights
+from specdec.engine.loading import load_target, weight_quantization
 from specdec.models.int4 import (GROUP_SIZE, LEVELS, ZERO_CODE, Int4Linear, int4_available, quantize_groups,
                                  quantize_linears_int4, wants_int4)
 from specdec.models.row_groups import RowGroups, current_row_groups, row_groups
@@ -35,8 +35,8 @@ def linear(seed: int = 3, bias: bool = True) -> nn.Linear:
 
 def test_the_dtype_option_names_int4():
     assert wants_int4("int4") and wants_int4(" INT4 ") and not wants_int4("int8")
-    assert quantized_weights("int4") == "int4" and quantized_weights("int8") == "int8"
-    assert quantized_weights("bfloat16") is None
+    assert weight_quantization("int4") == "int4" and weight_quantization("int8") == "int8"
+    assert weight_quantization("bfloat16") is None
 
 
 def test_q4_1_blocks_are_found_again():
