@@ -174,6 +174,9 @@ class KernelConfig:
         relative to the largest value beyond 1, in float32 (fp32 kernels differ by summation order:
         6e-5 measured on SmolLM2's logits); lower precisions get check_atol_low.
     allow_input_major: whether the input-major candidates are timed (SPECDEC_INPUT_MAJOR=0: no).
+    busy_load_per_core: a plan measured at or above this 1-minute load average per usable core is
+        cached as measured on a busy machine, and measured again at the next load that finds the
+        machine quieter (a plan measured quiet is kept whatever the load).
     int4_max_rows: --dtype int4: calls of up to this many rows run the weight-only int4 GEMM (each
         row computed on its own, its time growing with the rows); wider calls (prefill chunks, wide
         batches) a bfloat16 GEMM over the same dequantized weights. Verify passes of up to this many
@@ -192,6 +195,7 @@ class KernelConfig:
     layout_slack: float = 0.1
     allow_input_major: bool = field(default_factory=lambda: env_bool("SPECDEC_INPUT_MAJOR", True))
     band_rows: tuple[int, ...] = KERNEL_BAND_ROWS
+    busy_load_per_core: float = 1.0
     int4_max_rows: int = field(default_factory=lambda: env_int("SPECDEC_INT4_MAX_ROWS", 32))
 
     def atol(self, dtype: "torch.dtype") -> float:  # noqa: F821 - torch is not imported by config

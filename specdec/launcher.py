@@ -19,6 +19,7 @@ from pathlib import Path
 from specdec.config import TLSConfig
 from specdec.params import MODEL_DRAFT_KINDS
 from specdec.healthcheck import check
+from specdec.models.cpu_info import usable_cores
 from specdec.redis_server import EmbeddedRedis, free_port
 
 log = logging.getLogger("specdec.launcher")
@@ -51,13 +52,6 @@ def free_cores() -> int:
     if free < cores:
         log.info("load average %.1f on %d usable cores: sizing threads for %d free core(s)", load, cores, free)
     return free
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity where the OS tells it, else all of them)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 @dataclass

@@ -14,7 +14,7 @@ def machine_info() -> dict[str, Any]:
     import torch
     import transformers
 
-    from specdec.launcher import usable_cores
+    from specdec.models.cpu_info import usable_cores
     from specdec.models.cpu_info import cpu_summary
 
     usable = usable_cores()

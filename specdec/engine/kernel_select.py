@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from specdec.config import KERNEL_BAND_ROWS, KernelConfig
-from specdec.models.cpu_info import cpu_model_and_flags
+from specdec.models.cpu_info import cpu_model_and_flags, load_per_core
 from specdec.models.kernels import (AUTO, DEFAULT_KERNEL, KERNELS, INPUT_MAJOR, KernelPlan, PlanCache, apply_plan,
                                     available_kernels, choose_plan, forced_plan, linear_shapes, run_kernel)
 
@@ -107,7 +107,8 @@ def _measured(model: nn.Module, cfg: KernelConfig, dtype: torch.dtype) -> Kernel
 
 def select_plan(model: nn.Module, cfg: KernelConfig, cache_root: Path | None) -> KernelPlan:
     """The plan for `model`'s linears: forced by cfg.kernel (SPECDEC_LINEAR_KERNEL), else cached for
-    this CPU/torch/threads/shapes, else measured now (and cached where the filesystem allows)."""
+    this CPU/torch/threads/shapes, else measured now (and cached where the filesystem allows). A
+    cached plan measured on a busy machine is measured again when this load finds it quiet."""
     dtype = next(model.parameters()).dtype
     if cfg.kernel != AUTO:
         return forced_plan(cfg.kernel, cfg.band_rows)
@@ -116,9 +117,14 @@ def select_plan(model: nn.Module, cfg: KernelConfig, cache_root: Path | None) ->
     cache = PlanCache(cache_root / CACHE_SUBDIR if cache_root is not None else None)
     key = PlanCache.key(parts)
     plan = cache.load(key)
+    busy = load_per_core() >= cfg.busy_load_per_core
+    if plan is not None and plan.busy and not busy:
+        log.info("the cached kernel plan was measured on a busy machine: measuring again, now quieter")
+        plan = None
     if plan is None:
         with torch.inference_mode():
             plan = _measured(model, cfg, dtype)
+        plan.busy = busy
         cache.save(key, plan, parts)
     return plan
 

@@ -7,6 +7,7 @@ result (specdec/bench/machine.py).
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from pathlib import Path
 
@@ -31,6 +32,18 @@ def cpu_model_and_flags() -> tuple[str, tuple[str, ...]]:
     except OSError:
         pass
     return model, tuple(f for f in FLAGS_THAT_MATTER if f in flags)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the OS tells it, else all of them)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def load_per_core() -> float:
+    """The 1-minute load average per usable core (0.0 where the OS keeps no load average)."""
+    return (os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0) / usable_cores()
 
 
 def cpu_summary() -> dict[str, object]:

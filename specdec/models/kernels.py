@@ -79,13 +79,15 @@ def band_labels(band_rows: Sequence[int]) -> list[str]:
 class KernelPlan:
     """Which kernel runs each row-count band: `kernels[i]` runs calls of up to `band_rows[i]` rows
     (the last band also every larger call). `timings_ms[label][kernel]`: the estimated linear time of
-    one forward at the band's row count; `source`: measured | cache | env | default."""
+    one forward at the band's row count; `source`: measured | cache | env | default; `busy`: measured
+    while the machine was busy (KernelConfig.busy_load_per_core), so measured again once it is not."""
 
     band_rows: tuple[int, ...]
     kernels: tuple[str, ...]
     timings_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     source: str = "measured"
     seconds: float = 0.0
+    busy: bool = False
 
     def kernel_for(self, rows: int) -> str:
         """The kernel of the band `rows` falls in."""
@@ -109,7 +111,7 @@ class KernelPlan:
             times = self.timings_ms.get(label, {})
             shown = " ".join(f"{k}={ms:.2f}" for k, ms in sorted(times.items(), key=lambda kv: kv[1]))
             parts.append(f"{label} rows: {kernel}" + (f" ({shown} ms)" if shown else ""))
-        return f"[{self.source}] " + "; ".join(parts)
+        return f"[{self.source}{', on a busy machine' if self.busy else ''}] " + "; ".join(parts)
 
 
 def pick_fastest(band_rows: Sequence[int], timings_ms: dict[str, dict[str, float]],
@@ -203,7 +205,8 @@ class PlanCache:
             raw = json.loads(path.read_text()) if path is not None else None
             if raw is None:
                 return None
-            plan = KernelPlan(tuple(raw["band_rows"]), tuple(raw["kernels"]), raw.get("timings_ms", {}), "cache")
+            plan = KernelPlan(tuple(raw["band_rows"]), tuple(raw["kernels"]), raw.get("timings_ms", {}), "cache",
+                              busy=bool(raw.get("busy", False)))
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return plan if set(plan.kernels) <= set(available_kernels()) else None

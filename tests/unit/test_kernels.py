@@ -76,12 +76,32 @@ def test_the_cache_round_trips_and_a_read_only_directory_is_no_error(tmp_path):
 
 
 def test_a_restart_reads_the_cached_choice_instead_of_measuring(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel_select, "load_per_core", lambda: 0.0)
     model, cfg = tiny_llama(), KernelConfig(kernel="auto", budget_s=0.5, reps=1)
     first = select_plan(model, cfg, tmp_path)
     assert first.source == "measured" and set(first.kernels) <= set(available_kernels())
     monkeypatch.setattr(kernel_select, "_measured", lambda *a: pytest.fail("measured again"))
     second = select_plan(model, cfg, tmp_path)
     assert second.source == "cache" and second.kernels == first.kernels
+
+
+def test_a_plan_measured_busy_is_measured_again_once_the_machine_is_quiet(tmp_path, monkeypatch):
+    """Load 3 per core at the first start: measured and cached as busy; busy again: the cache serves;
+    quiet: measured again and cached as quiet; busy after that: the quiet plan is kept."""
+    model, cfg = tiny_llama(), KernelConfig(kernel="auto", budget_s=0.5, reps=1)
+    measured = []
+
+    def measure(*args):
+        measured.append(load)
+        return KernelPlan(BANDS, ("linear",) * len(BANDS), {}, "measured")
+    monkeypatch.setattr(kernel_select, "_measured", measure)
+    monkeypatch.setattr(kernel_select, "load_per_core", lambda: load)
+    sources = []
+    for load in (3.0, 3.0, 0.2, 3.0):
+        plan = select_plan(model, cfg, tmp_path)
+        sources.append((plan.source, plan.busy))
+    assert sources == [("measured", True), ("cache", True), ("measured", False), ("cache", False)]
+    assert measured == [3.0, 0.2]
 
 
 def test_the_environment_forces_a_choice_without_measuring(monkeypatch, tmp_path):
