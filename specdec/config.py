@@ -177,10 +177,10 @@ class KernelConfig:
     busy_load_per_core: a plan measured at or above this 1-minute load average per usable core is
         cached as measured on a busy machine, and measured again at the next load that finds the
         machine quieter (a plan measured quiet is kept whatever the load).
-    int4_max_rows: --dtype int4: calls of up to this many rows run the weight-only int4 GEMM (each
-        row computed on its own, its time growing with the rows); wider calls (prefill chunks, wide
-        batches) a bfloat16 GEMM over the same dequantized weights. Verify passes of up to this many
-        rows, batched ones included, are what stays token-identical to decoding alone.
+    int4_max_rows: --dtype int4, calls outside a row-invariant runner's pass (Hugging Face's generate
+        in the bench, SPECDEC_ROW_INVARIANT=off): up to this many rows run the weight-only int4 GEMM
+        (each row on its own, its time growing with the rows), wider calls a bfloat16 GEMM over the
+        same dequantized weights. A row-invariant pass splits its rows itself (specdec/models/int4.py).
     layout_slack: where the per-band winners need both weight layouts (a second copy of every
         weight: +538 MB for SmolLM2-135M in fp32), one layout is kept instead when its own winners
         are at most this much slower on average over the bands.

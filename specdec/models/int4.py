@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from specdec.models.kernels import plain_linears
 from specdec.models.row_groups import current_row_groups
 
 INT4_DTYPES = ("int4",)
@@ -71,6 +72,14 @@ def quantize_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     return codes.to(torch.int32).reshape(out_f, in_f), scale, low + ZERO_CODE * scale
 
 
+def dequantize_groups(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """codes [out, in], scale and zero [out, in/G] -> w [out, in] float32: (codes - ZERO_CODE) * scale + zero,
+    the kernel's own dequantization."""
+    out_f, in_f = codes.shape
+    groups = codes.reshape(out_f, in_f // GROUP_SIZE, GROUP_SIZE).float() - ZERO_CODE
+    return (groups * scale.float().unsqueeze(-1) + zero.float().unsqueeze(-1)).reshape(out_f, in_f)
+
+
 class Int4Linear(nn.Module):
     """A drop-in for an inference-only nn.Linear with group-wise int4 weights and bf16 activations."""
 
@@ -86,10 +95,8 @@ class Int4Linear(nn.Module):
                              persistent=False)
         self.register_buffer("scale_zero", scale_zero, persistent=False)
         # The same weights, dequantized with the bf16 scale and zero the kernel reads, for wide calls.
-        dense = (codes.reshape(self.out_features, -1, GROUP_SIZE).float() - ZERO_CODE) * scale_zero[..., 0].t(
-        ).float().unsqueeze(-1) + scale_zero[..., 1].t().float().unsqueeze(-1)
-        self.register_buffer("dense", dense.reshape(self.out_features, self.in_features).to(ACTIVATION_DTYPE),
-                             persistent=False)
+        dense = dequantize_groups(codes, scale_zero[..., 0].t(), scale_zero[..., 1].t())
+        self.register_buffer("dense", dense.to(ACTIVATION_DTYPE), persistent=False)
         self.bias = None if linear.bias is None else nn.Parameter(
             linear.bias.detach().to(ACTIVATION_DTYPE), requires_grad=False)
 
@@ -125,12 +132,11 @@ def quantize_linears_int4(root: nn.Module, max_rows: int, keep: tuple[nn.Module,
         raise ValueError("dtype int4 needs torch's CPU int4 GEMM (aten._weight_int4pack_mm_for_cpu); "
                          f"torch {torch.__version__} lacks it")
     replaced, nbytes = 0, 0
-    for parent in list(root.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and int4_supported(child) and not any(child is k for k in keep):
-                quantized = Int4Linear(child, max_rows)
-                setattr(parent, name, quantized)
-                replaced, nbytes = replaced + 1, nbytes + quantized.packed.numel() * quantized.packed.element_size()
+    for parent, name, child in plain_linears(root):
+        if int4_supported(child) and not any(child is k for k in keep):
+            quantized = Int4Linear(child, max_rows)
+            setattr(parent, name, quantized)
+            replaced, nbytes = replaced + 1, nbytes + quantized.packed.numel() * quantized.packed.element_size()
     for param in root.parameters():
         param.data = param.data.to(ACTIVATION_DTYPE)
     return replaced, nbytes

@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specdec.models.kernels import plain_linears
+
 INT8_DTYPES = ("int8", "qint8")
 # Rows scaled to this max |x| before quantization (and the pinning row's values).
 ROW_SCALE = 1.0
@@ -78,10 +80,7 @@ def quantize_linears(root: nn.Module) -> tuple[int, int]:
                          f"this build has {torch.backends.quantized.supported_engines}")
     torch.backends.quantized.engine = "fbgemm"
     replaced, nbytes = 0, 0
-    for parent in list(root.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
-                quantized = Int8Linear(child)
-                setattr(parent, name, quantized)
-                replaced, nbytes = replaced + 1, nbytes + child.weight.numel()
+    for parent, name, child in plain_linears(root):
+        setattr(parent, name, Int8Linear(child))
+        replaced, nbytes = replaced + 1, nbytes + child.weight.numel()
     return replaced, nbytes

@@ -172,6 +172,13 @@ def forced_plan(spec: str, band_rows: Sequence[int]) -> KernelPlan:
     return KernelPlan(tuple(band_rows), tuple(names), {}, "env")
 
 
+def plain_linears(root: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, attribute name, layer) of every plain nn.Linear under `root` (not a subclass, not one
+    already replaced), listed before any is replaced: what the layer-swapping loops walk."""
+    return [(parent, name, child) for parent in list(root.modules())
+            for name, child in list(parent.named_children()) if type(child) is nn.Linear]
+
+
 def linear_shapes(model: nn.Module) -> dict[tuple[int, int, bool], list[nn.Linear]]:
     """The model's plain nn.Linear layers grouped by (in, out, has bias), in model order."""
     groups: dict[tuple[int, int, bool], list[nn.Linear]] = {}
@@ -264,15 +271,12 @@ def apply_plan(model: nn.Module, plan: KernelPlan) -> tuple[int, int]:
     if set(plan.kernels) == {"linear"}:
         return 0, 0
     replaced, extra = 0, 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is not nn.Linear:
-                continue
-            planned = PlannedLinear(child, plan)
-            if planned.weight_t is not None and (planned.weight_std is not None or _tied(model, child)):
-                extra += planned.weight_t.numel() * planned.weight_t.element_size()
-            setattr(parent, name, planned)
-            replaced += 1
+    for parent, name, child in plain_linears(model):
+        planned = PlannedLinear(child, plan)
+        if planned.weight_t is not None and (planned.weight_std is not None or _tied(model, child)):
+            extra += planned.weight_t.numel() * planned.weight_t.element_size()
+        setattr(parent, name, planned)
+        replaced += 1
     return replaced, extra
 
 

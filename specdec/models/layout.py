@@ -35,6 +35,8 @@ import functools
 import torch
 from torch import nn
 
+from specdec.models.kernels import plain_linears
+
 # Rows (tokens) at or above which an input-major linear runs on oneDNN rather than MKL
 # (one thread; with more threads oneDNN runs every call): see the module docstring.
 ONEDNN_MIN_ROWS = 2
@@ -98,14 +100,11 @@ def use_input_major_linears(model: nn.Module) -> tuple[int, int]:
     """
     shared = _shared_weights(model)
     replaced, extra = 0, 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is not nn.Linear:
-                continue
-            if id(child.weight) in shared:
-                extra += child.weight.numel() * child.weight.element_size()
-            setattr(parent, name, InputMajorLinear(child))
-            replaced += 1
+    for parent, name, child in plain_linears(model):
+        if id(child.weight) in shared:
+            extra += child.weight.numel() * child.weight.element_size()
+        setattr(parent, name, InputMajorLinear(child))
+        replaced += 1
     return replaced, extra
 
 

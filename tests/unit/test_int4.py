@@ -13,8 +13,8 @@ from torch.nn import functional as F
 from specdec.config import ModelServiceConfig
 from specdec.engine.kvcache import kv_bytes_per_token
 from specdec.engine.loading import load_target, weight_quantization
-from specdec.models.int4 import (GROUP_SIZE, LEVELS, ZERO_CODE, Int4Linear, int4_available, quantize_groups,
-                                 quantize_linears_int4, wants_int4)
+from specdec.models.int4 import (GROUP_SIZE, LEVELS, Int4Linear, dequantize_groups, int4_available,
+                                 quantize_groups, quantize_linears_int4, wants_int4)
 from specdec.models.row_groups import RowGroups, current_row_groups, row_groups
 from tests.support import make_tiny_pair
 
@@ -50,8 +50,7 @@ def test_q4_1_blocks_are_found_again():
     w = (codes.reshape(OUT, -1, GROUP_SIZE) * d + m).reshape(OUT, IN)
     got, scale, zero = quantize_groups(w)
     assert torch.equal(got, codes.to(torch.int32))
-    back = (got.reshape(OUT, -1, GROUP_SIZE) - ZERO_CODE) * scale.unsqueeze(-1) + zero.unsqueeze(-1)
-    assert torch.allclose(back.reshape(OUT, IN), w, atol=1e-6)
+    assert torch.allclose(dequantize_groups(got, scale, zero), w, atol=1e-6)
     dense = Int4Linear(_with_weight(w), 8)
     assert float((dense.weight.float() - w).abs().max()) <= 2 ** -8 * float(w.abs().max()) * 2
 

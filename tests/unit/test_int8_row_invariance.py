@@ -24,7 +24,7 @@ K_VALUES = (1, 4, 8)
 
 
 @pytest.fixture(scope="module", params=["int8", "int4"])
-def int8_runner(request, tmp_path_factory) -> CausalLMRunner:
+def quantized_runner(request, tmp_path_factory) -> CausalLMRunner:
     """The int8 / int4 target exactly as a target service loads it (--dtype int8 / int4, default options)."""
     if not AVAILABLE[request.param]:
         pytest.skip(f"torch's {request.param} CPU kernels are not in this build")
@@ -81,23 +81,23 @@ def assert_rows_match_steps(runner: CausalLMRunner, capture: AttentionRows, sess
                 assert torch.equal(got, attention[t + j][n]), f"k={k}: layer {n} attention at {t + j} differs"
 
 
-def test_every_verify_row_is_bitwise_the_one_row_step(int8_runner):
-    capture = AttentionRows(int8_runner.model)
-    tokens, logits, attention = decode_alone(int8_runner, capture, "alone")
+def test_every_verify_row_is_bitwise_the_one_row_step(quantized_runner):
+    capture = AttentionRows(quantized_runner.model)
+    tokens, logits, attention = decode_alone(quantized_runner, capture, "alone")
     for k in K_VALUES:
-        assert_rows_match_steps(int8_runner, capture, f"verify{k}", k, tokens, logits, attention)
+        assert_rows_match_steps(quantized_runner, capture, f"verify{k}", k, tokens, logits, attention)
 
 
-def test_a_batched_pass_of_several_sessions_is_row_invariant_too(int8_runner):
-    assert int8_runner.batching and int8_runner.row_invariant
-    capture = AttentionRows(int8_runner.model)
-    tokens, logits, _ = decode_alone(int8_runner, capture, "ref")
+def test_a_batched_pass_of_several_sessions_is_row_invariant_too(quantized_runner):
+    assert quantized_runner.batching and quantized_runner.row_invariant
+    capture = AttentionRows(quantized_runner.model)
+    tokens, logits, _ = decode_alone(quantized_runner, capture, "ref")
     for s, t in enumerate((3, 7, 11)):       # three sessions decoded alone up to different points
         for i in range(t):
-            int8_runner.extend(f"b{s}", PROMPT + tokens[:i], len(PROMPT) + i - 1)
+            quantized_runner.extend(f"b{s}", PROMPT + tokens[:i], len(PROMPT) + i - 1)
     items = [ExtendItem(f"b{s}", PROMPT + tokens[:t + k], len(PROMPT) + t - 1)    # then k = 1, 4, 2 in one pass
              for s, (t, k) in enumerate(((3, 1), (7, 4), (11, 2)))]
-    results = int8_runner.extend_batch(items)
+    results = quantized_runner.extend_batch(items)
     assert results[0].batch_size == 3
     for item, got in zip(items, results):
         step = item.first + 1 - len(PROMPT)             # row j is the k = 0 step step + j
