@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from specdec.config import ModelServiceConfig
 from specdec.engine.kvcache import kv_bytes_per_token
-from specdec.engine.loading import load_target, weight_quantization
+from specdec.engine.loading import load_target, quantize_weights, weight_quantization
 from specdec.models.int4 import (GROUP_SIZE, LEVELS, Int4Linear, dequantize_groups, int4_available,
                                  quantize_groups, quantize_linears_int4, wants_int4)
 from specdec.models.row_groups import RowGroups, current_row_groups, row_groups
@@ -122,3 +122,14 @@ def test_a_target_service_loads_int4(tmp_path):
     assert layers and runner.model.get_output_embeddings().weight.dtype == torch.bfloat16
     kv_bf16 = kv_bytes_per_token(runner.model.config, 2)       # the KV is bfloat16: its budget counts 2 bytes
     assert kv_bf16 <= runner.pool.bytes_per_token < kv_bytes_per_token(runner.model.config, 4)
+
+
+def test_a_trained_draft_sharing_the_target_s_tensors_is_refused_with_a_clear_error():
+    class SharedDraft(nn.Module):          # what a trained draft looks like to the loader: its own root
+        device = torch.device("cpu")
+
+        def kernel_root(self) -> nn.Module:
+            return self
+
+    with pytest.raises(ValueError, match="int4 is for a whole causal LM"):
+        quantize_weights(SharedDraft(), "int4")
