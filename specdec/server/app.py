@@ -5,7 +5,9 @@ Life of a service:
   2. the caller loads its model (slow) and calls `set_serving(True)`,
   3. SIGTERM/SIGINT -> health NOT_SERVING, new RPCs refused (UNAVAILABLE: the
      orchestrator retries them on another replica, a client on another orchestrator),
-     in-flight RPCs get `drain_seconds` to finish (`stop()`), then the process exits.
+     in-flight RPCs get `drain_seconds` to finish, then the server stops and the process
+     exits. The server keeps running while it drains (DrainGate answers new calls):
+     grpc's own stop would cancel a call that arrives meanwhile (CANCELLED, not retried).
 
 Requests are parsed by StrictParseInterceptor, not by gRPC: a message that does not
 parse (e.g. a proto3 string field holding bad UTF-8) is INVALID_ARGUMENT with the
@@ -18,6 +20,7 @@ import asyncio
 import inspect
 import logging
 import signal
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -30,7 +33,7 @@ from grpc_reflection.v1alpha import reflection
 from specdec.config import ServerConfig
 from specdec.errors import InvalidArgument
 from specdec.server.tls import server_credentials
-from specdec.server.interceptors import ErrorMappingInterceptor, TokenAuthInterceptor
+from specdec.server.interceptors import DrainGate, ErrorMappingInterceptor, TokenAuthInterceptor
 
 # Health service name that answers SERVING while the process runs (Kubernetes liveness): readiness ("")
 # follows the model load and, in the orchestrator, its dependencies (replica pair, Redis); a
@@ -116,12 +119,15 @@ class GrpcApp:
     server: grpc.aio.Server = field(init=False)
     health: HealthServicer = field(init=False)
     port: int = field(init=False, default=0)
+    gate: DrainGate = field(init=False)
     _stopping: asyncio.Event = field(init=False)
 
     def __post_init__(self) -> None:
+        self.gate = DrainGate()
         interceptors = [ErrorMappingInterceptor(), StrictParseInterceptor()]
         if self.auth_tokens:
             interceptors.insert(0, TokenAuthInterceptor(self.auth_tokens))
+        interceptors.insert(0, self.gate)
         self.server = grpc.aio.server(interceptors=interceptors, options=grpc_options(self.cfg.max_message_bytes))
         self.health = HealthServicer()
         self._stopping = asyncio.Event()
@@ -159,10 +165,18 @@ class GrpcApp:
         """Block until a signal, then drain: NOT_SERVING, refuse new RPCs, wait for in-flight ones."""
         await self._stopping.wait()
         log.info("%s draining (up to %.0fs)", self.name, self.cfg.drain_seconds)
+        self.gate.close()
         await self.health.enter_graceful_shutdown()
         if on_drain is not None:
             on_drain()
-        await self.server.stop(grace=self.cfg.drain_seconds)
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(self.gate.wait_idle(), timeout=self.cfg.drain_seconds)
+        except asyncio.TimeoutError:
+            log.warning("%s: %d calls still in flight after %.0fs; cancelling them",
+                        self.name, self.gate.in_flight, self.cfg.drain_seconds)
+        left = max(0.0, self.cfg.drain_seconds - (time.monotonic() - started))
+        await self.server.stop(grace=left)
         log.info("%s stopped", self.name)
 
     def request_stop(self) -> None:

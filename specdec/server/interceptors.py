@@ -1,8 +1,10 @@
-"""The interceptors every service installs: error mapping and bearer-token auth."""
+"""The interceptors every service installs: drain gate, error mapping and bearer-token auth."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import inspect
 import logging
 from typing import Any, Awaitable, Callable, Iterable
 
@@ -66,9 +68,20 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         return handler
 
 
-def _deny(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that aborts every call with `code` and `message`."""
     async def abort(request: Any, context: grpc.aio.ServicerContext) -> None:
         await context.abort(code, message)
+
+    async def abort_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(code, message)
+        yield  # pragma: no cover - makes this an async generator
+    if handler.response_streaming:   # requests are left unparsed (raw bytes): a refusal never reads them
+        if handler.request_streaming:
+            return grpc.stream_stream_rpc_method_handler(abort_stream)
+        return grpc.unary_stream_rpc_method_handler(abort_stream)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(abort)
     return grpc.unary_unary_rpc_method_handler(abort)
 
 
@@ -94,11 +107,77 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         message = "missing or invalid bearer token (metadata 'authorization: Bearer <token>')"
-        if handler.response_streaming:
-            async def abort_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-                yield  # pragma: no cover - makes this an async generator
-            if handler.request_streaming:
-                return grpc.stream_stream_rpc_method_handler(abort_stream)
-            return grpc.unary_stream_rpc_method_handler(abort_stream)
-        return _deny(grpc.StatusCode.UNAUTHENTICATED, message)
+        return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED, message)
+
+
+DRAINING_MESSAGE = "this replica is draining (shutting down); retry on another replica"
+
+
+class DrainGate(grpc.aio.ServerInterceptor):
+    """Counts the RPCs in flight and, once `close()` is called, refuses new ones with UNAVAILABLE.
+
+    grpc's own `server.stop(grace)` cancels a call that arrives while it runs (the caller sees CANCELLED,
+    which no client retries), so the server keeps running while it drains: new calls are answered
+    UNAVAILABLE by this gate, and `stop` is called once `wait_idle()` returns. Health and reflection pass
+    untouched and uncounted (a probe must see NOT_SERVING; a Health.Watch stream must not hold the drain).
+    """
+
+    def __init__(self) -> None:
+        self.closed = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def close(self) -> None:
+        """Refuse every new call from now on."""
+        self.closed = True
+
+    async def wait_idle(self) -> None:
+        """Return once no counted call is in flight."""
+        await self._idle.wait()
+
+    def _enter(self) -> None:
+        self._in_flight += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+
+    def _counted(self, behavior: Callable[..., Any]) -> Callable[..., Any] | None:
+        if inspect.isasyncgenfunction(behavior):
+            async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                self._enter()
+                try:
+                    async for item in behavior(request, context):
+                        yield item
+                finally:
+                    self._leave()
+            return stream
+        if inspect.iscoroutinefunction(behavior):
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                self._enter()
+                try:
+                    return await behavior(request, context)
+                finally:
+                    self._leave()
+            return unary
+        return None
+
+    async def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(OPEN_METHOD_PREFIXES):
+            return handler
+        if self.closed:
+            return _refusal(handler, grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
+        for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+            behavior = getattr(handler, kind)
+            counted = self._counted(behavior) if behavior is not None else None
+            if counted is not None:
+                return handler._replace(**{kind: counted})
+        return handler

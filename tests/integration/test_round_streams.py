@@ -280,3 +280,45 @@ def test_a_stream_without_the_token_is_unauthenticated_and_a_malformed_message_i
             await channel.close()
             await app.server.stop(grace=None)
     stack.call(body())
+
+
+def test_a_draining_service_refuses_new_calls_unavailable_until_the_one_in_flight_ends(stack):
+    """While a call is in flight the drain keeps the server running: each new call, unary or stream, is
+    refused UNAVAILABLE (a status callers retry elsewhere; grpc's own stop would cancel it instead), health
+    answers NOT_SERVING, the call in flight finishes, and the server stops right after it, not after the
+    grace period."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    servicer = Scripted()
+
+    async def body():
+        app = GrpcApp("specdec.v1.Target", ServerConfig(host="127.0.0.1", port=0, drain_seconds=30.0))
+        port = await app.start(lambda s: target_pb2_grpc.add_TargetServicer_to_server(servicer, s))
+        await app.set_serving(True)
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            stub = target_pb2_grpc.TargetStub(channel)
+            in_flight = asyncio.ensure_future(stub.Verify(verify(ms=1500, n=5), timeout=10))
+            while app.gate.in_flight == 0:
+                await asyncio.sleep(0.01)
+            app.request_stop()
+            drain = asyncio.ensure_future(app.run_until_stopped(on_drain=servicer.draining.set))
+            while not app.gate.closed:
+                await asyncio.sleep(0.01)
+            with pytest.raises(grpc.aio.AioRpcError) as unary:
+                await stub.Verify(verify(n=2), timeout=5)
+            with pytest.raises(grpc.aio.AioRpcError) as streamed:
+                await RoundStreams(stub, lambda: (), 4).call("Verify", verify(n=3), 5.0)
+            health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert (await in_flight).next_token == 5
+            started = asyncio.get_running_loop().time()
+            await asyncio.wait_for(drain, timeout=10)
+            return unary.value, streamed.value, health.status, asyncio.get_running_loop().time() - started
+        finally:
+            await channel.close()
+            await app.server.stop(grace=None)
+    unary, streamed, health, stop_s = stack.call(body())
+    for err in (unary, streamed):
+        assert err.code() == grpc.StatusCode.UNAVAILABLE and "draining" in err.details(), err
+    assert health == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert servicer.finished == 1 and servicer.cancelled == 0
+    assert stop_s < 5.0, stop_s                              # not the 30 s grace
