@@ -12,6 +12,7 @@ from specdec.errors import FailedPrecondition
 from specdec.protocol import (
     hidden_from_proto, resolve_context, sampling_from_proto, sparse_to_proto, stats_to_proto,
 )
+from specdec.server.lane import PROPOSE, LaneMethod
 from specdec.server.model_service import ModelServiceBase
 from specdec.v1 import draft_pb2, draft_pb2_grpc
 
@@ -49,6 +50,8 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
             response.target_hidden_from = out.target_hidden_from
         return response
 
+    def lane_methods(self) -> dict[int, LaneMethod]:
+        return {PROPOSE: LaneMethod("Propose", draft_pb2.ProposeRequest.FromString, self.Propose)}
 
     async def ProposeStream(self, requests: Any, context: grpc.aio.ServicerContext) -> Any:
         """Propose calls one after another on one stream (specdec/server/streams.py)."""

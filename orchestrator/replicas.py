@@ -36,6 +36,7 @@ from specdec.server.tls import channel_credentials
 from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
 from orchestrator.delta import ContextSend, is_context_miss
+from orchestrator.lane import LaneUnreachable, RoundLane
 from orchestrator.streams import STREAM_METHODS, RoundStreams
 
 log = logging.getLogger("specdec.orchestrator")
@@ -69,6 +70,13 @@ class Replica:
     info: common_pb2.ModelInfo | None = None
     error: str = ""          # why it cannot be used (incompatible tokenizer, Info failed)
     incompatible: bool = False  # the error is a tokenizer mismatch (not transient)
+    lane: RoundLane | None = None  # its round lane, when it serves one (orchestrator/lane.py)
+
+
+def lane_host(address: str) -> str:
+    """The host part of a replica's gRPC address ("10.0.0.5:50052", "[::1]:50052" -> "::1")."""
+    host = address.rpartition(":")[0] if ":" in address else address
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
 @dataclass
@@ -114,6 +122,8 @@ class ReplicaPool:
             if address not in self.set.replicas:
                 gone = self.replicas.pop(address)
                 gone.streams.close_idle()
+                if gone.lane is not None:
+                    gone.lane.close_idle()
                 await gone.channel.close()
         stale = [r for r in self.replicas.values() if r.info is None or r.address in self.set.unhealthy]
         await asyncio.gather(*(self._fetch_info(r) for r in stale))
@@ -123,10 +133,24 @@ class ReplicaPool:
             replica.info = await replica.stub.Info(common_pb2.InfoRequest(), timeout=self.retry.connect_timeout_s,
                                                    metadata=self._metadata())
             replica.error = ""
+            self._attach_lane(replica)
             self.set.mark_healthy(replica.address)
         except grpc.aio.AioRpcError as exc:
             replica.error = f"{self.role} replica {replica.address}: {exc.code().name}: {exc.details()}"
             self.set.mark_unhealthy(replica.address)
+
+    def _attach_lane(self, replica: Replica) -> None:
+        """Use the replica's round lane when it serves one (a new port after a restart: a new lane)."""
+        tls = self.server_cfg.tls.enabled or bool(self.server_cfg.tls.ca)   # the lane is plain TCP
+        port = replica.info.round_lane_port if self.retry.round_lane and not tls else 0
+        if replica.lane is not None and replica.lane.port == port:
+            replica.lane.unreachable_until = 0.0   # Info answered again (a restart on the same port): try it
+            return
+        if replica.lane is not None:
+            replica.lane.close_idle()
+        replica.lane = RoundLane(lane_host(replica.address), port, self.server_cfg.service_token,
+                                 self.server_cfg.max_message_bytes, self.retry.idle_streams_max,
+                                 self.retry.lane_connect_timeout_s, self.retry.lane_retry_s) if port else None
 
     def usable(self) -> list[Replica]:
         """Replicas with Info and no compatibility error."""
@@ -194,13 +218,22 @@ class ReplicaPool:
             await asyncio.sleep(min(self.retry.backoff_s * (attempt + 1), max(0.0, deadline - time.monotonic())))
         raise Unavailable(f"no {self.role} replica could serve the call ({'; '.join(errors) or 'none available'})")
 
-    def _invoke(self, replica: Replica, method: str, request: Any, timeout: float) -> Awaitable[Any]:
-        """One Propose/Verify (or other) call: on a round stream where the replica serves them
-        (orchestrator/streams.py), else unary."""
+    async def _invoke(self, replica: Replica, method: str, request: Any, timeout: float) -> Any:
+        """One Propose/Verify (or other) call: on the replica's round lane where it serves one
+        (orchestrator/lane.py), else on a round stream where it serves them (orchestrator/streams.py),
+        else unary. A lane that cannot be reached sends the call the gRPC way."""
+        if method in STREAM_METHODS and replica.lane is not None and replica.lane.usable():
+            deadline = time.monotonic() + timeout
+            try:
+                return await replica.lane.call(method, request, timeout)
+            except LaneUnreachable as exc:
+                log.warning("%s replica %s: %s; calls go over gRPC for %.0f s", self.role, replica.address, exc,
+                            self.retry.lane_retry_s)
+                timeout = max(0.0, deadline - time.monotonic())
         if (self.retry.round_streams and method in STREAM_METHODS and replica.info is not None
                 and replica.info.round_streams):
-            return replica.streams.call(method, request, timeout)
-        return getattr(replica.stub, method)(request, timeout=timeout, metadata=self._metadata())
+            return await replica.streams.call(method, request, timeout)
+        return await getattr(replica.stub, method)(request, timeout=timeout, metadata=self._metadata())
 
     async def _send(self, replica: Replica, method: str, request: Any, timeout: float,
                     context: ContextSend | None) -> Any:
@@ -239,4 +272,6 @@ class ReplicaPool:
     async def close(self) -> None:
         for r in self.replicas.values():
             r.streams.close_idle()
+            if r.lane is not None:
+                r.lane.close_idle()
             await r.channel.close()

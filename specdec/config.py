@@ -138,6 +138,9 @@ class ServerConfig:
     max_message_bytes: int = field(default_factory=lambda: env_int("SPECDEC_MAX_MESSAGE_BYTES", 4 * MIB))
     service_token: str = field(default_factory=lambda: env_secret("SPECDEC_SERVICE_TOKEN"))
     tls: TLSConfig = field(default_factory=TLSConfig)
+    # Model services: the round lane's TCP port (specdec/server/lane.py): 0 = any free port (advertised in
+    # ModelInfo.round_lane_port), -1 = no lane. Never opened with TLS on (the lane is plain TCP).
+    round_lane_port: int = field(default_factory=lambda: env_int("SPECDEC_ROUND_LANE_PORT", 0))
 
 
 @dataclass
@@ -289,7 +292,12 @@ class RetryConfig:
     # Propose/Verify over long-lived bidirectional streams where the replica serves them (ModelInfo.round_streams;
     # orchestrator/streams.py); off: one unary call per round, as older orchestrators do.
     round_streams: bool = field(default_factory=lambda: env_bool("SPECDEC_ROUND_STREAMS", True))
-    idle_streams_max: int = 64             # idle round streams kept per replica and method (more are closed)
+    idle_streams_max: int = 64             # idle round streams (and lane connections) kept per replica and method
+    # Propose/Verify on the replica's round lane where it serves one (ModelInfo.round_lane_port; plain TCP,
+    # orchestrator/lane.py); off: round streams. A lane that cannot be reached is skipped for lane_retry_s.
+    round_lane: bool = field(default_factory=lambda: env_bool("SPECDEC_ROUND_LANE", True))
+    lane_connect_timeout_s: float = 1.0
+    lane_retry_s: float = 60.0
 
 
 @dataclass

@@ -13,6 +13,7 @@ from specdec.errors import InvalidArgument
 from specdec.protocol import (
     hidden_to_proto, logprobs_to_proto, resolve_context, sampling_from_proto, sparse_from_proto, stats_to_proto,
 )
+from specdec.server.lane import VERIFY, LaneMethod
 from specdec.server.model_service import ModelServiceBase
 from specdec.server.streams import call_timeout_s
 from specdec.v1 import target_pb2, target_pb2_grpc
@@ -62,6 +63,8 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
             response.hidden.CopyFrom(hidden_to_proto(out.hidden))
         return response
 
+    def lane_methods(self) -> dict[int, LaneMethod]:
+        return {VERIFY: LaneMethod("Verify", target_pb2.VerifyRequest.FromString, self.Verify)}
 
     async def VerifyStream(self, requests: Any, context: grpc.aio.ServicerContext) -> Any:
         """Verify calls one after another on one stream (specdec/server/streams.py)."""

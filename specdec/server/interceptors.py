@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import inspect
 import logging
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable, Iterator
 
 import grpc
 
@@ -18,15 +19,18 @@ log = logging.getLogger("specdec.server")
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
+def status_of(exc: Exception, method: str) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+    """(code, message, trailing metadata) a call that raised `exc` ends with: a SpecDecError's own status;
+    anything else is logged and becomes INTERNAL. Shared by gRPC calls and the round lane."""
+    if isinstance(exc, SpecDecError):
+        return exc.code, str(exc), exc.trailing_metadata()
+    log.error("unhandled error in %s", method, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}: {exc}", ()
+
+
 async def _abort_for(exc: Exception, context: grpc.aio.ServicerContext, method: str) -> None:
     """Abort with the status of a SpecDecError; anything else is logged and becomes INTERNAL."""
-    metadata: tuple[tuple[str, str], ...] = ()
-    if isinstance(exc, SpecDecError):
-        code, message, metadata = exc.code, str(exc), exc.trailing_metadata()
-    else:
-        log.exception("unhandled error in %s", method)
-        code, message = grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}: {exc}"
-    await context.abort(code, message, metadata)
+    await context.abort(*status_of(exc, method))
 
 
 def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Awaitable[Any]]:
@@ -139,6 +143,15 @@ class DrainGate(grpc.aio.ServerInterceptor):
     async def wait_idle(self) -> None:
         """Return once no counted call is in flight."""
         await self._idle.wait()
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator[None]:
+        """Count a call served outside gRPC (the round lane) as in flight while the block runs."""
+        self._enter()
+        try:
+            yield
+        finally:
+            self._leave()
 
     def _enter(self) -> None:
         self._in_flight += 1

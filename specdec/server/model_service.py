@@ -30,6 +30,7 @@ from specdec.errors import Unavailable
 from specdec.metrics import model_service_registry, serve_metrics
 from specdec.protocol import PROTOCOL_VERSION
 from specdec.server.app import GrpcApp
+from specdec.server.lane import LaneMethod, RoundLaneServer
 from specdec.server.streams import serve_round_stream
 from specdec.v1 import common_pb2
 
@@ -73,6 +74,7 @@ class ModelServiceBase:
         self.context_store_tokens = DEFAULT_CONTEXT_STORE_TOKENS
         self._contexts: ContextStore | None = None
         self.draining = asyncio.Event()   # set on SIGTERM: round streams end (specdec/server/streams.py)
+        self.lane: RoundLaneServer | None = None   # the round lane, once it listens (specdec/server/lane.py)
 
     def context_store(self) -> ContextStore:
         """The sessions' contexts held for delta rounds (created once the model is loaded)."""
@@ -92,7 +94,12 @@ class ModelServiceBase:
         context.set_trailing_metadata(worker_metadata(self.worker.state) + kernel_metadata(bundle.kernels))
         return common_pb2.ModelInfo(protocol_version=PROTOCOL_VERSION, role=self.role, **bundle.info,
                                     context_delta=self.context_store_tokens > 0,
-                                    context_store_tokens=self.context_store_tokens, round_streams=True)
+                                    context_store_tokens=self.context_store_tokens, round_streams=True,
+                                    round_lane_port=self.lane.port if self.lane is not None else 0)
+
+    def lane_methods(self) -> dict[int, LaneMethod]:
+        """The calls this service answers on its round lane (frame kind -> method)."""
+        raise NotImplementedError
 
     def round_stream(self, requests: Any, handle: Callable[[Any], Any]) -> Any:
         """A round stream's responses (ProposeStream / VerifyStream): `handle` answers each request."""
@@ -110,6 +117,8 @@ class ModelServiceBase:
                 cache_budget_bytes=pool.budget_bytes, cache_hits=c.hits, cache_misses=c.misses,
                 cache_rollbacks=c.rollbacks, rolled_back_tokens=c.rolled_back_tokens, cache_evictions=c.evictions,
                 computed_tokens=c.computed_tokens, reused_tokens=c.reused_tokens))
+        if self.lane is not None:
+            out.lane_calls = self.lane.calls
         if self._contexts is not None:
             c = self._contexts.counters
             out.MergeFrom(common_pb2.ServiceStats(context_hits=c.hits, context_misses=c.misses,
@@ -146,6 +155,7 @@ async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase,
     servicer.worker.fault_file = cfg.health.fault_file
     servicer.context_store_tokens = cfg.context_store_tokens
     port = await app.start(lambda server: add_to_server(servicer, server))
+    lane = await start_round_lane(cfg, servicer, app)
     app.install_signal_handlers()
     print(f"specdec {servicer.role} listening on {cfg.server.host}:{port}", file=sys.stderr, flush=True)
     try:
@@ -161,6 +171,18 @@ async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase,
     await app.set_serving(True)
     stop = asyncio.Event()
     watcher = asyncio.create_task(watch_health(app, servicer.worker, cfg.health, stop))
-    await app.run_until_stopped(on_drain=lambda: (stop.set(), servicer.draining.set()))
+    await app.run_until_stopped(on_drain=lambda: (stop.set(), servicer.draining.set(), lane and lane.close()))
     await watcher
     servicer.worker.shutdown()
+
+
+async def start_round_lane(cfg: ModelServiceConfig, servicer: ModelServiceBase, app: GrpcApp) -> RoundLaneServer | None:
+    """Open the round lane (specdec/server/lane.py) unless it is switched off (port -1) or TLS is on."""
+    server = cfg.server
+    if server.round_lane_port < 0 or server.tls.enabled:
+        return None
+    lane = RoundLaneServer(servicer.lane_methods(), app.gate, server.service_token, server.max_message_bytes)
+    await lane.start(server.host, server.round_lane_port)
+    servicer.lane = lane
+    log.info("%s round lane on %s:%d", servicer.role, server.host, lane.port)
+    return lane

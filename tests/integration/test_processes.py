@@ -28,7 +28,7 @@ import torch
 
 from specdec.launcher import LocalStack, StackConfig
 from specdec.models.loader import LoadConfig, load_causal_lm
-from specdec.v1 import common_pb2
+from specdec.v1 import common_pb2, target_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 from tests.grounded_prompts import CLI_PROMPT, GROUNDED_PROMPTS
@@ -364,3 +364,14 @@ def test_rejected_request_leaves_session_untouched(stub, reference):
     turn = reference.tokenizer.encode(" ok", add_special_tokens=False)
     assert nxt.usage.prompt_tokens == before.total_tokens + len(turn)
     assert nxt.usage.cached_prompt_tokens == before.total_tokens
+
+
+def test_rounds_ride_the_target_round_lane(stack, stub, target_info):
+    """The target advertises its round lane and the orchestrator's Verify calls take it (not gRPC)."""
+    assert target_info.round_lane_port > 0
+    with grpc.insecure_channel(stack.targets[0].address) as channel:
+        target = target_pb2_grpc.TargetStub(channel)
+        before = target.Stats(common_pb2.InfoRequest(), timeout=RPC_TIMEOUT_S)
+        reply = stub.Generate(chat_request(GROUNDED_PROMPTS[0], max_new=8, trace=True), timeout=RPC_TIMEOUT_S)
+        after = target.Stats(common_pb2.InfoRequest(), timeout=RPC_TIMEOUT_S)
+    assert after.lane_calls - before.lane_calls == len(reply.trace) == after.calls - before.calls

@@ -111,6 +111,7 @@ def test_target_requires_the_service_token(secured):
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         info = stub.Info(common_pb2.InfoRequest(), timeout=10, metadata=(("authorization", f"Bearer {SERVICE_TOKEN}"),))
         assert info.role == "target"
+        assert info.round_lane_port == 0        # with TLS on, no plain-TCP round lane is opened
 
 
 def test_healthcheck_speaks_tls_from_the_environment(secured):

@@ -1,0 +1,194 @@
+"""The round lane, the orchestrator's side: Propose/Verify over a plain TCP connection to a replica.
+
+The service's side and the wire format are in specdec/server/lane.py. Per replica, RoundLane keeps idle
+connections; a call takes one (or opens one: connect + HELLO), writes its request frame, reads the
+answer and puts the connection back, so a connection carries one call at a time, as a round stream does.
+
+Semantics are the round stream's (orchestrator/streams.py), so ReplicaPool retries, fails over and
+resends on a context miss exactly as before:
+  * deadline: each call's own; the request carries what is left of it (timeout_ms); a call past it
+    closes its connection (the service cancels the work) and fails with DEADLINE_EXCEEDED;
+  * cancellation: a caller cancelled mid-call closes the connection;
+  * an ERROR frame raises grpc.aio.AioRpcError with the status and trailing metadata the unary call
+    would have had (a context miss reads the same); the connection stays usable;
+  * a connection the replica closed before answering (it drains or restarted) fails the call with
+    UNAVAILABLE; a call that found it idle in the pool is tried once more on a new connection first.
+  * LaneUnreachable: no connection could be opened (refused, timed out: a firewall that only lets gRPC
+    through, a replica that stopped listening). ReplicaPool then makes the call on the round stream and
+    leaves the lane alone for `retry_s`, so a blocked lane costs one connect timeout, never an outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any
+
+import grpc
+
+from specdec.server.lane import ERROR, HELLO, METHOD_KINDS, OK, FrameBuffer, frame
+from specdec.v1 import common_pb2, draft_pb2, target_pb2
+
+from orchestrator.streams import StreamEnded, rpc_error
+
+MS_PER_S = 1000
+RESPONSES = {"Propose": draft_pb2.ProposeResponse, "Verify": target_pb2.VerifyResponse}
+CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class LaneUnreachable(Exception):
+    """No round-lane connection could be opened to the replica (the call may go over gRPC instead)."""
+
+
+def lane_error(status_bytes: bytes) -> grpc.aio.AioRpcError:
+    """An ERROR frame's payload as the AioRpcError the unary call would have raised."""
+    status = common_pb2.RoundLaneStatus.FromString(status_bytes)
+    trailing = grpc.aio.Metadata(*sorted(status.trailing.items()))
+    return grpc.aio.AioRpcError(CODES.get(status.code, grpc.StatusCode.UNKNOWN), grpc.aio.Metadata(), trailing,
+                                status.message)
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection: frames in, one awaited answer at a time."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.frames = FrameBuffer(max_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.answer: asyncio.Future | None = None
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self.answer is not None and not self.answer.done():
+            self.answer.set_exception(StreamEnded("the replica closed its round lane before answering (draining)"))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.frames.feed(data)
+        except ValueError as exc:
+            frames = []
+            if self.answer is not None and not self.answer.done():
+                self.answer.set_exception(rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)))
+            self.close()
+        for kind, payload in frames:
+            if self.answer is not None and not self.answer.done():
+                self.answer.set_result((kind, payload))
+
+    def send(self, kind: int, payload: bytes) -> asyncio.Future:
+        """Write one frame; the future resolves to the answering (kind, payload)."""
+        self.answer = asyncio.get_running_loop().create_future()
+        self.transport.write(frame(kind, payload))
+        return self.answer
+
+    def usable(self) -> bool:
+        return not self.lost and self.transport is not None and not self.transport.is_closing()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class RoundLane:
+    """Idle round-lane connections to one replica (see the module docstring).
+
+    Args:
+        host, port: the replica's lane (its gRPC host, ModelInfo.round_lane_port).
+        token: the bearer token ("" = none).
+        max_bytes: the largest answer accepted.
+        idle_max: idle connections kept; a call returning one more closes it.
+        connect_timeout_s: the most a connect + HELLO may take.
+        retry_s: after LaneUnreachable, how long calls skip the lane.
+    """
+
+    def __init__(self, host: str, port: int, token: str, max_bytes: int, idle_max: int,
+                 connect_timeout_s: float, retry_s: float) -> None:
+        self.host, self.port, self.token, self.max_bytes = host, port, token, max_bytes
+        self.idle_max, self.connect_timeout_s, self.retry_s = idle_max, connect_timeout_s, retry_s
+        self._idle: list[_Connection] = []
+        self.opened = 0                     # connections opened (tests read it: calls reuse connections)
+        self.unreachable_until = 0.0        # time.monotonic() before which calls skip the lane
+
+    def usable(self) -> bool:
+        """Whether calls should try the lane now (not after a failed connect, for retry_s)."""
+        return time.monotonic() >= self.unreachable_until
+
+    async def call(self, method: str, request: Any, timeout: float) -> Any:
+        """`method`(request) on the lane within `timeout` s (raises grpc.aio.AioRpcError as the unary call
+        would, or LaneUnreachable when no connection could be opened)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        conn, reused = await self._take(deadline)
+        try:
+            return await self._exchange(method, conn, request, deadline)
+        except StreamEnded as exc:
+            if not reused or loop.time() >= deadline:
+                raise rpc_error(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+        self.close_idle()                    # an idle connection the replica had closed: once more, on a new one
+        conn, _ = await self._take(deadline)
+        try:
+            return await self._exchange(method, conn, request, deadline)
+        except StreamEnded as exc:
+            raise rpc_error(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+
+    async def _take(self, deadline: float) -> tuple[_Connection, bool]:
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.usable():
+                return conn, True
+        return await self._open(deadline), False
+
+    async def _open(self, deadline: float) -> _Connection:
+        """Connect and say HELLO, within connect_timeout_s and the call's deadline."""
+        loop = asyncio.get_running_loop()
+        limit = min(self.connect_timeout_s, max(0.0, deadline - loop.time()))
+        conn = _Connection(self.max_bytes)
+        try:
+            async with asyncio.timeout(limit):
+                await loop.create_connection(lambda: conn, self.host, self.port)
+                kind, payload = await conn.send(HELLO, self.token.encode())
+        except (OSError, TimeoutError, StreamEnded) as exc:
+            conn.close()
+            self.unreachable_until = time.monotonic() + self.retry_s
+            raise LaneUnreachable(f"round lane {self.host}:{self.port}: {type(exc).__name__}: {exc}") from None
+        if kind != OK:
+            conn.close()
+            raise lane_error(payload)       # e.g. UNAUTHENTICATED: a wrong token is not a network problem
+        self.opened += 1
+        return conn
+
+    async def _exchange(self, method: str, conn: _Connection, request: Any, deadline: float) -> Any:
+        """Write the request, read its answer; the connection goes back to the pool after a whole call."""
+        loop = asyncio.get_running_loop()
+        request.timeout_ms = max(1, math.ceil((deadline - loop.time()) * MS_PER_S))
+        try:
+            async with asyncio.timeout_at(deadline):
+                kind, payload = await conn.send(METHOD_KINDS[method], request.SerializeToString())
+        except TimeoutError:
+            conn.close()
+            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method} deadline exceeded (round lane)") from None
+        except BaseException:
+            conn.close()
+            raise
+        self._put(conn)
+        if kind == OK:
+            return RESPONSES[method].FromString(payload)
+        if kind == ERROR:
+            raise lane_error(payload)
+        conn.close()
+        raise rpc_error(grpc.StatusCode.INTERNAL, f"round lane: unexpected frame kind {kind} answering {method}")
+
+    def _put(self, conn: _Connection) -> None:
+        if conn.usable() and len(self._idle) < self.idle_max:
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    def close_idle(self) -> None:
+        """Close the idle connections."""
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()

@@ -1,0 +1,214 @@
+"""The round lane, the service's side: Propose/Verify calls over a plain TCP connection, no gRPC.
+
+Why: a round is one call to the target (and one to the draft), and on a small CPU VM most of a call's
+cost outside the forward is gRPC's thread crossings, not bytes: each message passes gRPC's event-engine
+thread and the asyncio poller before it reaches the event loop, on both sides, and every thread that
+slept through the forward costs a wake-up (docs/performance.md, "Where the per-round overhead goes").
+The lane delivers a frame straight to the event loop that answers it (one wake-up), the way vLLM's
+engine core and SGLang's scheduler take requests over plain sockets rather than RPC. gRPC stays the
+service's API: Info, Release, Stats, health, reflection, and Propose/Verify for every caller that does
+not use the lane. The lane carries the same request and response messages as the round streams.
+
+Wire format (docs/protocol.md, "Round lane"): frames of HEADER (payload length, kind) + payload.
+  * A connection opens with HELLO (payload: the bearer token, empty without auth), answered OK, or
+    ERROR (UNAUTHENTICATED) and closed.
+  * Then one call at a time: PROPOSE or VERIFY with the serialized request (its timeout_ms set, as on a
+    round stream), answered OK with the serialized response or ERROR with a RoundLaneStatus (the status
+    and trailing metadata the unary call would have ended with). An error does not end the connection.
+  * The caller cancels a call (deadline, cancellation) by closing the connection: the handler is cancelled.
+  * Draining: no new connections; idle ones are closed at once, a call in flight is answered and then
+    its connection closed; a request that arrives meanwhile is answered UNAVAILABLE (never run). The
+    calls count in the service's DrainGate, so the process stops only once they are answered.
+TLS: the lane is plain TCP, so a service with TLS on does not open one (its callers use round streams).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import struct
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from specdec.errors import InvalidArgument
+from specdec.server.interceptors import DRAINING_MESSAGE, DrainGate, status_of
+from specdec.v1 import common_pb2
+
+log = logging.getLogger("specdec.server")
+
+HEADER = struct.Struct("<IB")     # payload length in bytes, frame kind
+HELLO, PROPOSE, VERIFY, OK, ERROR = 1, 2, 3, 4, 5
+METHOD_KINDS = {"Propose": PROPOSE, "Verify": VERIFY}
+
+
+def frame(kind: int, payload: bytes = b"") -> bytes:
+    """One frame: header + payload."""
+    return HEADER.pack(len(payload), kind) + payload
+
+
+def error_frame(code: grpc.StatusCode, message: str, trailing: tuple[tuple[str, str], ...] = ()) -> bytes:
+    """An ERROR frame carrying the status a failed call ends with."""
+    status = common_pb2.RoundLaneStatus(code=code.value[0], message=message, trailing=dict(trailing))
+    return frame(ERROR, status.SerializeToString())
+
+
+class FrameBuffer:
+    """Splits received bytes into (kind, payload) frames; a frame over `max_bytes` is refused."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._data = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """The whole frames `data` completes (raises ValueError for a frame over the limit)."""
+        self._data += data
+        frames = []
+        while len(self._data) >= HEADER.size:
+            size, kind = HEADER.unpack_from(self._data)
+            if size > self.max_bytes:
+                raise ValueError(f"a {size}-byte round-lane frame is over the {self.max_bytes}-byte limit")
+            end = HEADER.size + size
+            if len(self._data) < end:
+                break
+            frames.append((kind, bytes(self._data[HEADER.size:end])))
+            del self._data[:end]
+        return frames
+
+
+class LaneCallContext:
+    """What a servicer method reads from its gRPC context, for a call that came over the lane: no
+    per-call deadline besides the request's own timeout_ms (see specdec.server.streams.call_timeout_s)."""
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    def set_trailing_metadata(self, metadata: Any) -> None:  # nothing to send them with: ERROR frames carry statuses
+        return None
+
+
+@dataclass(frozen=True)
+class LaneMethod:
+    """A method the lane serves: its request parser and the servicer's handler."""
+
+    name: str
+    parse: Callable[[bytes], Any]
+    handle: Callable[[Any, Any], Awaitable[Any]]
+
+
+class RoundLaneServer:
+    """Serves `methods` (frame kind -> LaneMethod) on a TCP port (see the module docstring).
+
+    Args:
+        methods: what PROPOSE / VERIFY frames run.
+        gate: the service's DrainGate (calls count as in flight; closed = draining).
+        token: the bearer token a HELLO must carry ("" = no auth).
+        max_bytes: the largest frame accepted (the service's max message size).
+    """
+
+    def __init__(self, methods: dict[int, LaneMethod], gate: DrainGate, token: str, max_bytes: int) -> None:
+        self.methods, self.gate, self.token, self.max_bytes = methods, gate, token, max_bytes
+        self.port = 0
+        self.calls = 0                      # calls answered (ServiceStats.lane_calls)
+        self.connections: set[_LaneConnection] = set()
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on host:port (0: any free port); returns the port."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _LaneConnection(self), host, port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    def close(self) -> None:
+        """Drain: stop listening and close the idle connections (calls in flight close theirs when answered)."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            if conn.call is None:
+                conn.transport.close()
+
+    def authorized(self, presented: bytes) -> bool:
+        return not self.token or hmac.compare_digest(presented, self.token.encode())
+
+    async def answer(self, kind: int, payload: bytes) -> bytes:
+        """The OK or ERROR frame for one call."""
+        method = self.methods.get(kind)
+        self.calls += 1
+        try:
+            if method is None:
+                raise InvalidArgument(f"round lane: unknown frame kind {kind}")
+            try:
+                request = method.parse(payload)
+            except DecodeError as exc:
+                raise InvalidArgument(f"malformed {method.name} request: {exc}") from None
+            response = await method.handle(request, LaneCallContext())
+            return frame(OK, response.SerializeToString())
+        except Exception as exc:  # noqa: BLE001 - every failure is answered with its status, as gRPC would
+            return error_frame(*status_of(exc, f"round lane {method.name if method else kind}"))
+
+
+class _LaneConnection(asyncio.Protocol):
+    """One caller's connection: HELLO, then one call at a time."""
+
+    def __init__(self, lane: RoundLaneServer) -> None:
+        self.lane = lane
+        self.frames = FrameBuffer(lane.max_bytes)
+        self.authed = not lane.token
+        self.call: asyncio.Task | None = None
+        self.transport: asyncio.Transport
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.lane.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lane.connections.discard(self)
+        if self.call is not None:          # the caller went away mid-call (deadline, cancel): stop the work
+            self.call.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.frames.feed(data)
+        except ValueError as exc:
+            self._refuse(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            return
+        for kind, payload in frames:
+            if self.transport.is_closing():
+                return
+            self._frame(kind, payload)
+
+    def _frame(self, kind: int, payload: bytes) -> None:
+        if kind == HELLO:
+            if self.lane.authorized(payload):
+                self.authed = True
+                self.transport.write(frame(OK))
+            else:
+                self._refuse(grpc.StatusCode.UNAUTHENTICATED,
+                             "missing or invalid bearer token (the round lane's HELLO frame)")
+        elif not self.authed:
+            self._refuse(grpc.StatusCode.UNAUTHENTICATED, "the round lane needs a HELLO frame with the bearer token")
+        elif self.call is not None:
+            self._refuse(grpc.StatusCode.INVALID_ARGUMENT, "round lane: a second call before the first was answered")
+        elif self.lane.gate.closed:
+            self._refuse(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)   # never run: the caller retries elsewhere
+        else:
+            self.call = asyncio.get_running_loop().create_task(self._run(kind, payload))
+
+    async def _run(self, kind: int, payload: bytes) -> None:
+        with self.lane.gate.track():
+            answer = await self.lane.answer(kind, payload)
+        self.call = None
+        if not self.transport.is_closing():
+            self.transport.write(answer)
+            if self.lane.gate.closed:      # draining: this connection has carried its last call
+                self.transport.close()
+
+    def _refuse(self, code: grpc.StatusCode, message: str) -> None:
+        """Answer with an ERROR frame and close the connection."""
+        log.info("round lane: %s: %s", code.name, message)
+        self.transport.write(error_frame(code, message))
+        self.transport.close()

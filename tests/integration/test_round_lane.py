@@ -1,0 +1,184 @@
+"""The round lane: Propose/Verify over plain TCP (specdec/server/lane.py, orchestrator/lane.py), against a
+real lane server over loopback, with the round streams' semantics:
+
+  * calls reuse one connection and carry what is left of their deadline (timeout_ms);
+  * an error comes back with the unary call's status and trailing metadata, and the connection stays usable;
+  * a deadline or a cancelled caller closes the connection and cancels the service's handler;
+  * the bearer token is checked once per connection; a malformed request is INVALID_ARGUMENT;
+  * draining: the call in flight is answered, idle connections close, a new call is UNAVAILABLE;
+  * a lane nobody listens on is LaneUnreachable at once, and the pool then calls over gRPC;
+  * in a real stack of processes, generations ride the lane and give the round streams' tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import grpc
+import pytest
+
+from specdec.config import RetryConfig, ServerConfig
+from specdec.server.app import GrpcApp
+from specdec.server.lane import HEADER, HELLO, OK, VERIFY, LaneMethod, RoundLaneServer, frame
+from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
+from orchestrator.lane import LaneUnreachable, RoundLane, lane_error
+from orchestrator.replicas import ReplicaPool, lane_host
+from tests.integration.test_round_streams import Scripted, verify
+
+pytestmark = pytest.mark.integration
+
+MAX_BYTES = 1 << 20
+
+
+@pytest.fixture
+def lane_server():
+    """A Scripted Verify behind a GrpcApp (for its DrainGate and gRPC port) and a round lane, on one loop."""
+    loop = asyncio.new_event_loop()
+    servicer = Scripted()
+
+    async def start(token: str = ""):
+        app = GrpcApp("specdec.v1.Target", ServerConfig(host="127.0.0.1", port=0, drain_seconds=30.0))
+        grpc_port = await app.start(lambda s: target_pb2_grpc.add_TargetServicer_to_server(servicer, s))
+        methods = {VERIFY: LaneMethod("Verify", target_pb2.VerifyRequest.FromString, servicer.Verify)}
+        lane = RoundLaneServer(methods, app.gate, token, MAX_BYTES)
+        return app, lane, grpc_port, await lane.start("127.0.0.1", 0)
+    yield loop, servicer, start
+    loop.close()
+
+
+def client(port: int, token: str = "", retry_s: float = 60.0) -> RoundLane:
+    return RoundLane("127.0.0.1", port, token, MAX_BYTES, idle_max=4, connect_timeout_s=1.0, retry_s=retry_s)
+
+
+async def wait_cancelled(servicer: Scripted) -> None:
+    for _ in range(100):
+        if servicer.cancelled:
+            return
+        await asyncio.sleep(0.02)
+
+
+def test_calls_share_a_connection_errors_keep_it_and_carry_their_metadata(lane_server):
+    loop, servicer, start = lane_server
+
+    async def body():
+        app, lane, _, port = await start()
+        lane_client = client(port)
+        answers = [(await lane_client.call("Verify", verify(n=n), 5.0)).next_token for n in (1, 2, 3)]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await lane_client.call("Verify", verify(session="miss"), 5.0)
+        after = (await lane_client.call("Verify", verify(n=7), 0.8)).next_token
+        await app.server.stop(grace=None)
+        return answers, err.value, after, lane_client.opened
+    answers, err, after, opened = loop.run_until_complete(body())
+    assert answers == [1, 2, 3] and after == 7
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert ("specdec-context-miss", "unknown-session") in tuple(err.trailing_metadata())
+    assert opened == 1                                      # the error did not cost the connection
+    assert 4.0 < servicer.timeouts[0] <= 5.01 and 0.3 < servicer.timeouts[-1] <= 0.81
+
+
+@pytest.mark.parametrize("how", ["deadline", "cancel"])
+def test_a_deadline_or_a_cancelled_caller_cancels_the_work_behind_the_call(lane_server, how):
+    loop, servicer, start = lane_server
+
+    async def body():
+        app, _, _, port = await start()
+        lane_client = client(port)
+        if how == "deadline":
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await lane_client.call("Verify", verify(ms=2000), 0.2)
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        else:
+            task = asyncio.ensure_future(lane_client.call("Verify", verify(ms=2000), 5.0))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        await wait_cancelled(servicer)
+        again = (await lane_client.call("Verify", verify(n=5), 5.0)).next_token
+        await app.server.stop(grace=None)
+        return again, lane_client.opened
+    again, opened = loop.run_until_complete(body())
+    assert servicer.cancelled == 1 and servicer.finished == 1 and again == 5
+    assert opened == 2                                      # the abandoned call's connection was closed
+
+
+def test_the_token_is_checked_and_a_malformed_request_is_invalid(lane_server):
+    loop, servicer, start = lane_server
+
+    async def body():
+        app, _, _, port = await start(token="tok")
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            await client(port, token="wrong").call("Verify", verify(), 5.0)
+        ok = (await client(port, token="tok").call("Verify", verify(n=4), 5.0)).next_token
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(frame(HELLO, b"tok") + frame(VERIFY, b"\xff\xff\xff"))
+        answers = []
+        for _ in range(2):
+            size, kind = struct.unpack("<IB", await reader.readexactly(HEADER.size))
+            answers.append((kind, await reader.readexactly(size)))
+        writer.close()
+        await app.server.stop(grace=None)
+        return denied.value, ok, answers
+    denied, ok, answers = loop.run_until_complete(body())
+    assert denied.code() == grpc.StatusCode.UNAUTHENTICATED and ok == 4
+    assert answers[0][0] == OK
+    malformed = lane_error(answers[1][1])
+    assert malformed.code() == grpc.StatusCode.INVALID_ARGUMENT and "malformed Verify" in malformed.details()
+    assert servicer.finished == 1
+
+
+def test_draining_answers_the_call_in_flight_closes_idle_connections_and_refuses_new_ones(lane_server):
+    loop, servicer, start = lane_server
+
+    async def body():
+        app, lane, _, port = await start()
+        lane_client = client(port)
+        two = await asyncio.gather(*(lane_client.call("Verify", verify(ms=50, n=1), 5.0) for _ in range(2)))
+        busy = asyncio.ensure_future(lane_client.call("Verify", verify(ms=400, n=2), 5.0))
+        await asyncio.sleep(0.1)
+        app.request_stop()
+        drain = asyncio.ensure_future(app.run_until_stopped(on_drain=lane.close))
+        await asyncio.sleep(0.05)
+        idle_closed = [not conn.usable() for conn in lane_client._idle]
+        with pytest.raises(LaneUnreachable):                   # the idle connection was closed, no new one taken
+            await lane_client.call("Verify", verify(n=3), 5.0)
+        busy_token = (await busy).next_token
+        await asyncio.wait_for(drain, 5.0)                     # not the 30 s grace
+        return [r.next_token for r in two], busy_token, idle_closed
+    two, busy_token, idle_closed = loop.run_until_complete(body())
+    assert two == [1, 1] and busy_token == 2 and idle_closed == [True]
+    assert servicer.finished == 3
+
+
+def test_a_lane_nobody_listens_on_is_unreachable_and_the_pool_calls_over_grpc(lane_server):
+    loop, servicer, start = lane_server
+    with socket.socket() as s:                                 # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]
+
+    async def body():
+        app, _, grpc_port, _ = await start()
+        with pytest.raises(LaneUnreachable):
+            await client(dead_port).call("Verify", verify(), 5.0)
+        pool = ReplicaPool("target", f"127.0.0.1:{grpc_port}", ServerConfig(), RetryConfig(lane_retry_s=60.0))
+        await pool.refresh()                                   # (Scripted has no Info: set it as a service would)
+        replica = pool.replicas[f"127.0.0.1:{grpc_port}"]
+        replica.info, replica.error = common_pb2.ModelInfo(round_streams=True, round_lane_port=dead_port), ""
+        pool.set.mark_healthy(replica.address)                 # a lane advertised, but blocked
+        pool._attach_lane(replica)
+        answer, _, _ = await pool.call("s", "Verify", verify(n=6), 5.0)
+        skipped = not replica.lane.usable()
+        await pool.close()
+        await app.server.stop(grace=None)
+        return answer.next_token, skipped, replica.streams.opened
+    token, skipped, streams_opened = loop.run_until_complete(body())
+    assert token == 6 and skipped and streams_opened == 1
+
+
+def test_lane_host_takes_the_host_of_a_grpc_address():
+    assert lane_host("10.0.0.5:50052") == "10.0.0.5"
+    assert lane_host("[::1]:50052") == "::1"
+    assert lane_host("target-0.target-headless:50052") == "target-0.target-headless"
