@@ -1,13 +1,14 @@
-"""Per-round overhead side by side: unary calls vs round streams, 1 vs 2 torch threads, by context length.
+"""Per-round overhead side by side: the round lane vs round streams vs unary calls, 1 vs 2 torch threads,
+by context length.
 
-One local stack: Redis, one target per thread count, and for each target two orchestrators on it, one
-with round streams (the default) and one with SPECDEC_ROUND_STREAMS=0 (one unary call per round, as
-before). Prompts of every set run through the four orchestrators interleaved (A B C D A B C D ...), so
-load on the machine hits every configuration alike. Reports the p50 of RoundOutcome.overhead_ms (round
-wall time at the orchestrator minus draft and target forward time: what `specdec bench` reports as
-`overhead_ms_p50`) over decode rounds, per configuration and context-length band, with the load average
-at start and end. The n-gram draft runs in the orchestrator (the bench's default), so a round is one
-target call.
+One local stack: Redis, one target per thread count, and for each target one orchestrator per transport:
+`lane` (the default: Propose/Verify over the replica's plain-TCP round lane), `stream` (SPECDEC_ROUND_LANE=0:
+long-lived gRPC streams) and `unary` (also SPECDEC_ROUND_STREAMS=0: one unary call per round). Prompts of
+every set run through the orchestrators interleaved (A B C ... A B C ...), so load on the machine hits every
+configuration alike. Reports the p50 of RoundOutcome.overhead_ms (round wall time at the orchestrator minus
+draft and target forward time: what `specdec bench` reports as `overhead_ms_p50`) over decode rounds, per
+configuration and context-length band, with the load average at start and end. The n-gram draft runs in
+the orchestrator (the bench's default), so a round is one target call.
 
     PYTHONPATH=$PWD .venv/bin/python scripts/round_overhead.py --k 0,4 --tokens 48 --repeats 2
 """
@@ -55,7 +56,11 @@ def cpu_ms(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
 
 
-def start(threads: list[int]) -> tuple[LocalStack, dict[str, str]]:
+TRANSPORT_ENV = {"lane": {}, "stream": {"SPECDEC_ROUND_LANE": "0"},
+                 "unary": {"SPECDEC_ROUND_LANE": "0", "SPECDEC_ROUND_STREAMS": "0"}}
+
+
+def start(threads: list[int], transports: list[str]) -> tuple[LocalStack, dict[str, str]]:
     stack = LocalStack(StackConfig(threads=threads[0], draft_replicas=0))
     stack.cfg.draft_replicas = 0
     stack.start()
@@ -66,11 +71,11 @@ def start(threads: list[int]) -> tuple[LocalStack, dict[str, str]]:
             stack.cfg.threads = n
             target = stack.start_target()
             stack.wait_ready(target)
-        for streams in ("1", "0"):
-            proc = stack.start_orchestrator(targets=[target], drafts=[], env={"SPECDEC_ROUND_STREAMS": streams})
+        for transport in transports:
+            proc = stack.start_orchestrator(targets=[target], drafts=[], env=TRANSPORT_ENV[transport])
             stack.wait_ready(proc)
             stack.wait_connected(proc, [target])
-            orchestrators[f"t{n}-{'stream' if streams == '1' else 'unary'}"] = proc
+            orchestrators[f"t{n}-{transport}"] = proc
     return stack, orchestrators
 
 
@@ -82,12 +87,13 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--prompts", default="open,grounded,long")
     ap.add_argument("--per-set", type=int, default=2)
+    ap.add_argument("--transports", default="lane,stream,unary")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     ks = [int(x) for x in args.k.split(",")]
     prompts = load_prompts(args.prompts.split(","), args.per_set)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))   # `timeout` still stops the stack (finally)
-    stack, orchestrators = start([int(x) for x in args.threads.split(",")])
+    stack, orchestrators = start([int(x) for x in args.threads.split(",")], args.transports.split(","))
     stubs = {name: orchestrator_pb2_grpc.OrchestratorStub(grpc.insecure_channel(p.address))
              for name, p in orchestrators.items()}
     cpu: dict[str, list[float]] = {}       # key -> [orchestrator CPU ms, rounds]
