@@ -154,6 +154,9 @@ class RoundLane:
             conn.close()
             self.unreachable_until = time.monotonic() + self.retry_s
             raise LaneUnreachable(f"round lane {self.host}:{self.port}: {type(exc).__name__}: {exc}") from None
+        except BaseException:               # cancelled while connecting: leave no connection behind
+            conn.close()
+            raise
         if kind != OK:
             conn.close()
             raise lane_error(payload)       # e.g. UNAUTHENTICATED: a wrong token is not a network problem

@@ -282,6 +282,14 @@ def test_a_stream_without_the_token_is_unauthenticated_and_a_malformed_message_i
     stack.call(body())
 
 
+async def until(condition, timeout_s: float = 5.0) -> None:
+    """Wait until condition() holds (AssertionError after timeout_s)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
 def test_a_draining_service_refuses_new_calls_unavailable_until_the_one_in_flight_ends(stack):
     """While a call is in flight the drain keeps the server running: each new call, unary or stream, is
     refused UNAVAILABLE (a status callers retry elsewhere; grpc's own stop would cancel it instead), health
@@ -298,12 +306,10 @@ def test_a_draining_service_refuses_new_calls_unavailable_until_the_one_in_fligh
         try:
             stub = target_pb2_grpc.TargetStub(channel)
             in_flight = asyncio.ensure_future(stub.Verify(verify(ms=1500, n=5), timeout=10))
-            while app.gate.in_flight == 0:
-                await asyncio.sleep(0.01)
+            await until(lambda: app.gate.in_flight == 1)
             app.request_stop()
             drain = asyncio.ensure_future(app.run_until_stopped(on_drain=servicer.draining.set))
-            while not app.gate.closed:
-                await asyncio.sleep(0.01)
+            await until(lambda: app.gate.closed)
             with pytest.raises(grpc.aio.AioRpcError) as unary:
                 await stub.Verify(verify(n=2), timeout=5)
             with pytest.raises(grpc.aio.AioRpcError) as streamed:
