@@ -50,6 +50,9 @@ DEFAULT_MAX_NEW_TOKENS = 48
 DEFAULT_REPEATS = 2
 RPC_TIMEOUT_S = 600.0
 STACKS = ("batched", "unbatched")
+#: with --compare-stream: a second orchestrator on the batched target that sends its rounds over gRPC round
+#: streams (SPECDEC_ROUND_LANE=0) instead of the round lane, run right after the batched one.
+STREAM_STACK = "batched_stream"
 #: target /metrics counters read around each run (specdec/metrics.py, WorkerState in specdec/engine/worker.py).
 SPLIT_SAMPLES = ("specdec_model_busy_seconds_total", "specdec_prefill_pass_seconds_total",
                  "specdec_batch_wait_seconds_total")
@@ -69,6 +72,12 @@ class ConcurrencyArgs:
     prompts_dir: str = str(PROMPTS_DIR)
     out: str = "bench/results/concurrency.json"
     progress: bool = True
+    compare_stream: bool = False
+
+    @property
+    def stacks(self) -> tuple[str, ...]:
+        """The stacks measured, in the order each (repeat, c, k) runs them."""
+        return ("batched", STREAM_STACK, "unbatched") if self.compare_stream else STACKS
 
 
 @dataclass
@@ -100,6 +109,7 @@ class Stacks:
                           max_concurrent=max(args.concurrency) * 2, metrics=True)
         self.stack = LocalStack(cfg)
         self.max_batch = args.max_batch
+        self.compare_stream = args.compare_stream
 
     def start(self) -> dict[str, tuple[str, str]]:
         """Start everything; return (orchestrator address, target /metrics URL) of each stack."""
@@ -110,8 +120,13 @@ class Stacks:
         for proc in (plain, orch):
             s.wait_ready(proc)
         url = "http://127.0.0.1:{}/metrics".format
-        return {"batched": (s.orchestrator_address, url(s.targets[0].metrics_port)),
-                "unbatched": (orch.address, url(plain.metrics_port))}
+        addresses = {"batched": (s.orchestrator_address, url(s.targets[0].metrics_port)),
+                     "unbatched": (orch.address, url(plain.metrics_port))}
+        if self.compare_stream:
+            streamed = s.start_orchestrator(targets=s.targets[:1], env={"SPECDEC_ROUND_LANE": "0"})
+            s.wait_ready(streamed)
+            addresses[STREAM_STACK] = (streamed.address, url(s.targets[0].metrics_port))
+        return addresses
 
     def stop(self) -> None:
         self.stack.stop()
@@ -162,12 +177,12 @@ def measure(args: ConcurrencyArgs, clients: dict[str, Sessions], prompts: list[P
     from tqdm import tqdm
 
     samples = []
-    total = args.repeats * len(args.concurrency) * len(args.ks) * len(STACKS)
+    total = args.repeats * len(args.concurrency) * len(args.ks) * len(args.stacks)
     with tqdm(total=total, desc="concurrency", unit="run", disable=not args.progress, file=sys.stderr) as bar:
         for rep in range(args.repeats):
             for c in args.concurrency:
                 for k in args.ks:
-                    for name in STACKS:
+                    for name in args.stacks:
                         bar.set_postfix_str(f"rep {rep + 1} c={c} k={k} {name}", refresh=False)
                         before = scrape([clients[name].metrics_url], SPLIT_SAMPLES)
                         wall, outputs, rounds = clients[name].run(prompts, k, c)
@@ -238,6 +253,11 @@ def ratios(table: dict[str, Any], args: ConcurrencyArgs) -> dict[str, Any]:
         decode = [b[c].get("split", {}).get("tokens_per_decode_s") for c in (lo, hi)]
         if all(decode):
             out[k_name][f"batched_{hi}_vs_{lo}_decode_passes"] = round(decode[1] / decode[0], 2)
+        streamed = per_k.get(STREAM_STACK)
+        if streamed:
+            out[k_name][f"{STREAM_STACK}_{hi}_vs_{lo}"] = round(
+                streamed[hi]["tokens_per_s"] / streamed[lo]["tokens_per_s"], 2)
+            out[k_name]["lane_vs_stream"] = {c: round(b[c]["tokens_per_s"] / streamed[c]["tokens_per_s"], 2) for c in b}
     return out
 
 
@@ -250,7 +270,7 @@ def run(args: ConcurrencyArgs) -> dict[str, Any]:
     clients: dict[str, Sessions] = {}
     try:
         addresses = stacks.start()
-        clients = {name: Sessions(*addresses[name][:1], args.max_new_tokens, addresses[name][1]) for name in STACKS}
+        clients = {name: Sessions(*addresses[name][:1], args.max_new_tokens, addresses[name][1]) for name in args.stacks}
         reference = {p.id: clients["unbatched"].one(p, 0)[0] for p in prompts}   # also the warm-up
         samples = measure(args, clients, prompts)
     finally:
@@ -264,7 +284,9 @@ def run(args: ConcurrencyArgs) -> dict[str, Any]:
         "repeats": args.repeats, "max_batch": args.max_batch, "target_model": args.target_model,
         "threads": {"target_service": args.threads}, "dtype": args.dtype, "draft": "n-gram, in the orchestrator",
         "prompts": [p.id for p in prompts], "greedy": True, "ignore_eos": True,
-        "order": "for each repeat, c, k: batched then unbatched stack, back to back",
+        "order": f"for each repeat, c, k: the stacks back to back ({', '.join(args.stacks)})",
+        "round_transport": {name: "stream" if name == STREAM_STACK else machine_info()["round_transport"]
+                            for name in args.stacks},
         "work": "every configuration runs the same prompts, in waves of c sessions at once",
         "timing": "aggregate tokens / summed wall time of the waves, first request to last response (prefill included)",
     }
@@ -321,6 +343,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts-dir", default=str(PROMPTS_DIR))
     p.add_argument("--out", default="bench/results/concurrency.json")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--compare-stream", action="store_true",
+                   help="also run the batched target behind an orchestrator on gRPC round streams (lane vs stream)")
 
 
 def cmd_bench_concurrency(ns: argparse.Namespace) -> int:
@@ -329,7 +353,8 @@ def cmd_bench_concurrency(ns: argparse.Namespace) -> int:
     args = ConcurrencyArgs(concurrency=ints(ns.concurrency), ks=ints(ns.k), max_new_tokens=ns.max_new_tokens,
                            repeats=ns.repeats, max_batch=ns.max_batch, threads=ns.threads, dtype=ns.dtype,
                            target_model=ns.target_model, prompts=ns.prompts.split(","),
-                           prompts_dir=ns.prompts_dir, out=ns.out, progress=not ns.no_progress)
+                           prompts_dir=ns.prompts_dir, out=ns.out, progress=not ns.no_progress,
+                           compare_stream=ns.compare_stream)
     logging.getLogger().setLevel(logging.WARNING)
     result = run(args)
     out = Path(args.out)
