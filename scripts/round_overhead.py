@@ -21,7 +21,6 @@ import os
 import signal
 import statistics
 import sys
-import time
 import uuid
 from pathlib import Path
 
