@@ -11,7 +11,7 @@ not use the lane. The lane carries the same request and response messages as the
 
 Wire format (docs/protocol.md, "Round lane"): frames of HEADER (payload length, kind) + payload.
   * A connection opens with HELLO (payload: the bearer token, empty without auth), answered OK, or
-    ERROR (UNAUTHENTICATED) and closed.
+    ERROR (UNAUTHENTICATED) and closed; one that says nothing for hello_timeout_s is closed.
   * Then one call at a time: PROPOSE or VERIFY with the serialized request (its timeout_ms set, as on a
     round stream), answered OK with the serialized response or ERROR with a RoundLaneStatus (the status
     and trailing metadata the unary call would have ended with). An error does not end the connection.
@@ -41,6 +41,7 @@ from specdec.v1 import common_pb2
 log = logging.getLogger("specdec.server")
 
 HEADER = struct.Struct("<IB")     # payload length in bytes, frame kind
+HELLO_TIMEOUT_S = 10.0            # a connection that has not said HELLO by then is closed
 HELLO, PROPOSE, VERIFY, OK, ERROR = 1, 2, 3, 4, 5
 METHOD_KINDS = {"Propose": PROPOSE, "Verify": VERIFY}
 
@@ -107,10 +108,13 @@ class RoundLaneServer:
         gate: the service's DrainGate (calls count as in flight; closed = draining).
         token: the bearer token a HELLO must carry ("" = no auth).
         max_bytes: the largest frame accepted (the service's max message size).
+        hello_timeout_s: how long a new connection may take to say HELLO.
     """
 
-    def __init__(self, methods: dict[int, LaneMethod], gate: DrainGate, token: str, max_bytes: int) -> None:
+    def __init__(self, methods: dict[int, LaneMethod], gate: DrainGate, token: str, max_bytes: int,
+                 hello_timeout_s: float = HELLO_TIMEOUT_S) -> None:
         self.methods, self.gate, self.token, self.max_bytes = methods, gate, token, max_bytes
+        self.hello_timeout_s = hello_timeout_s
         self.port = 0
         self.calls = 0                      # calls answered (ServiceStats.lane_calls)
         self.connections: set[_LaneConnection] = set()
@@ -157,15 +161,24 @@ class _LaneConnection(asyncio.Protocol):
     def __init__(self, lane: RoundLaneServer) -> None:
         self.lane = lane
         self.frames = FrameBuffer(lane.max_bytes)
-        self.authed = not lane.token
+        self.greeted = False               # said HELLO with an accepted token
         self.call: asyncio.Task | None = None
         self.transport: asyncio.Transport
+        self._hello_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.lane.connections.add(self)
+        self._hello_timer = asyncio.get_running_loop().call_later(self.lane.hello_timeout_s, self._hello_overdue)
+
+    def _hello_overdue(self) -> None:
+        if not self.greeted:
+            self._refuse(grpc.StatusCode.UNAUTHENTICATED,
+                         f"no HELLO frame within {self.lane.hello_timeout_s:.0f} s of connecting")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
         self.lane.connections.discard(self)
         if self.call is not None:          # the caller went away mid-call (deadline, cancel): stop the work
             self.call.cancel()
@@ -184,13 +197,13 @@ class _LaneConnection(asyncio.Protocol):
     def _frame(self, kind: int, payload: bytes) -> None:
         if kind == HELLO:
             if self.lane.authorized(payload):
-                self.authed = True
+                self.greeted = True
                 self.transport.write(frame(OK))
             else:
                 self._refuse(grpc.StatusCode.UNAUTHENTICATED,
                              "missing or invalid bearer token (the round lane's HELLO frame)")
-        elif not self.authed:
-            self._refuse(grpc.StatusCode.UNAUTHENTICATED, "the round lane needs a HELLO frame with the bearer token")
+        elif not self.greeted:
+            self._refuse(grpc.StatusCode.UNAUTHENTICATED, "a round-lane connection opens with a HELLO frame")
         elif self.call is not None:
             self._refuse(grpc.StatusCode.INVALID_ARGUMENT, "round lane: a second call before the first was answered")
         elif self.lane.gate.closed:

@@ -38,11 +38,11 @@ def lane_server():
     loop = asyncio.new_event_loop()
     servicer = Scripted()
 
-    async def start(token: str = ""):
+    async def start(token: str = "", hello_timeout_s: float = 10.0):
         app = GrpcApp("specdec.v1.Target", ServerConfig(host="127.0.0.1", port=0, drain_seconds=30.0))
         grpc_port = await app.start(lambda s: target_pb2_grpc.add_TargetServicer_to_server(servicer, s))
         methods = {VERIFY: LaneMethod("Verify", target_pb2.VerifyRequest.FromString, servicer.Verify)}
-        lane = RoundLaneServer(methods, app.gate, token, MAX_BYTES)
+        lane = RoundLaneServer(methods, app.gate, token, MAX_BYTES, hello_timeout_s)
         return app, lane, grpc_port, await lane.start("127.0.0.1", 0)
     yield loop, servicer, start
     loop.close()
@@ -128,6 +128,36 @@ def test_the_token_is_checked_and_a_malformed_request_is_invalid(lane_server):
     malformed = lane_error(answers[1][1])
     assert malformed.code() == grpc.StatusCode.INVALID_ARGUMENT and "malformed Verify" in malformed.details()
     assert servicer.finished == 1
+
+
+def test_a_connection_must_open_with_hello_and_say_it_in_time(lane_server):
+    """Without a token too: a call before HELLO is refused UNAUTHENTICATED and closed, and a connection
+    that says nothing is closed after hello_timeout_s (no idle unauthenticated connections pile up)."""
+    loop, servicer, start = lane_server
+
+    async def answer(reader):
+        size, kind = struct.unpack("<IB", await reader.readexactly(HEADER.size))
+        return kind, await reader.readexactly(size)
+
+    async def body():
+        app, _, _, port = await start(hello_timeout_s=0.3)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(frame(VERIFY, verify(n=2).SerializeToString()))
+        no_hello = await answer(reader)
+        closed_at_once = await reader.read() == b""
+        silent_reader, silent = await asyncio.open_connection("127.0.0.1", port)
+        started = loop.time()
+        overdue = await asyncio.wait_for(answer(silent_reader), 5.0)
+        waited = loop.time() - started
+        for w in (writer, silent):
+            w.close()
+        await app.server.stop(grace=None)
+        return no_hello, closed_at_once, overdue, waited
+    no_hello, closed_at_once, overdue, waited = loop.run_until_complete(body())
+    for kind, payload in (no_hello, overdue):
+        assert lane_error(payload).code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "HELLO" in lane_error(no_hello[1]).details() and closed_at_once
+    assert 0.25 < waited < 3.0 and servicer.started == 0
 
 
 def test_draining_answers_the_call_in_flight_closes_idle_connections_and_refuses_new_ones(lane_server):
