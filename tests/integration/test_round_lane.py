@@ -25,7 +25,7 @@ from specdec.server.lane import HEADER, HELLO, OK, VERIFY, LaneMethod, RoundLane
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 from orchestrator.lane import LaneUnreachable, RoundLane, lane_error
 from orchestrator.replicas import ReplicaPool, lane_host
-from tests.integration.test_round_streams import Scripted, verify
+from tests.integration.test_round_streams import Scripted, until, verify
 
 pytestmark = pytest.mark.integration
 
@@ -92,7 +92,7 @@ def test_a_deadline_or_a_cancelled_caller_cancels_the_work_behind_the_call(lane_
             assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         else:
             task = asyncio.ensure_future(lane_client.call("Verify", verify(ms=2000), 5.0))
-            await asyncio.sleep(0.2)
+            await until(lambda: servicer.started == 1)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -168,10 +168,10 @@ def test_draining_answers_the_call_in_flight_closes_idle_connections_and_refuses
         lane_client = client(port)
         two = await asyncio.gather(*(lane_client.call("Verify", verify(ms=50, n=1), 5.0) for _ in range(2)))
         busy = asyncio.ensure_future(lane_client.call("Verify", verify(ms=400, n=2), 5.0))
-        await asyncio.sleep(0.1)
+        await until(lambda: servicer.started == 3)             # busy's call is being answered
         app.request_stop()
         drain = asyncio.ensure_future(app.run_until_stopped(on_drain=lane.close))
-        await asyncio.sleep(0.05)
+        await until(lambda: not any(conn.usable() for conn in lane_client._idle))
         idle_closed = [not conn.usable() for conn in lane_client._idle]
         with pytest.raises(LaneUnreachable):                   # the idle connection was closed, no new one taken
             await lane_client.call("Verify", verify(n=3), 5.0)
