@@ -92,6 +92,8 @@ class ReplicaPool:
     set: ReplicaSet = field(init=False)
     # called with the role each time a replica's context miss makes a call resend the whole context
     on_context_resend: Callable[[str], None] | None = None
+    # called with the role each time a call goes over gRPC because the replica's round lane was unreachable
+    on_lane_fallback: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         self.set = ReplicaSet(make_resolver(self.addresses), self.routing)
@@ -229,6 +231,8 @@ class ReplicaPool:
             except LaneUnreachable as exc:
                 log.warning("%s replica %s: %s; calls go over gRPC for %.0f s", self.role, replica.address, exc,
                             self.retry.lane_retry_s)
+                if self.on_lane_fallback is not None:
+                    self.on_lane_fallback(self.role)
                 timeout = max(0.0, deadline - time.monotonic())
         if (self.retry.round_streams and method in STREAM_METHODS and replica.info is not None
                 and replica.info.round_streams):

@@ -20,6 +20,7 @@ import grpc
 import pytest
 
 from specdec.config import RetryConfig, ServerConfig
+from specdec.metrics import OrchestratorMetrics
 from specdec.server.app import GrpcApp
 from specdec.server.lane import HEADER, HELLO, OK, VERIFY, LaneMethod, RoundLaneServer, frame
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
@@ -194,18 +195,22 @@ def test_a_lane_nobody_listens_on_is_unreachable_and_the_pool_calls_over_grpc(la
         with pytest.raises(LaneUnreachable):
             await client(dead_port).call("Verify", verify(), 5.0)
         pool = ReplicaPool("target", f"127.0.0.1:{grpc_port}", ServerConfig(), RetryConfig(lane_retry_s=60.0))
+        metrics = OrchestratorMetrics()
+        pool.on_lane_fallback = metrics.observe_lane_fallback
         await pool.refresh()                                   # (Scripted has no Info: set it as a service would)
         replica = pool.replicas[f"127.0.0.1:{grpc_port}"]
         replica.info, replica.error = common_pb2.ModelInfo(round_streams=True, round_lane_port=dead_port), ""
         pool.set.mark_healthy(replica.address)                 # a lane advertised, but blocked
         pool._attach_lane(replica)
         answer, _, _ = await pool.call("s", "Verify", verify(n=6), 5.0)
+        await pool.call("s", "Verify", verify(n=7), 5.0)       # skips the lane: no second connect, no count
         skipped = not replica.lane.usable()
+        fallbacks = metrics.registry.get_sample_value("specdec_round_lane_fallbacks_total", {"role": "target"})
         await pool.close()
         await app.server.stop(grace=None)
-        return answer.next_token, skipped, replica.streams.opened
-    token, skipped, streams_opened = loop.run_until_complete(body())
-    assert token == 6 and skipped and streams_opened == 1
+        return answer.next_token, skipped, replica.streams.opened, fallbacks
+    token, skipped, streams_opened, fallbacks = loop.run_until_complete(body())
+    assert token == 6 and skipped and streams_opened == 1 and fallbacks == 1
 
 
 def test_lane_host_takes_the_host_of_a_grpc_address():
