@@ -9,7 +9,6 @@ import uuid
 
 from specdec.config import OrchestratorConfig
 from specdec.core.ngram import NgramProposer
-from specdec.errors import Unavailable
 from specdec.models.load_config import load_config
 from specdec.models.loader import load_tokenizer
 from specdec.models.tokenizer_info import describe_tokenizer
