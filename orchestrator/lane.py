@@ -30,7 +30,7 @@ import grpc
 from specdec.server.lane import ERROR, HELLO, METHOD_KINDS, OK, FrameBuffer, frame
 from specdec.v1 import common_pb2, draft_pb2, target_pb2
 
-from orchestrator.streams import StreamEnded, rpc_error
+from orchestrator.streams import StreamEnded, call_once_more_if_ended, rpc_error
 
 MS_PER_S = 1000
 RESPONSES = {"Propose": draft_pb2.ProposeResponse, "Verify": target_pb2.VerifyResponse}
@@ -119,22 +119,14 @@ class RoundLane:
     async def call(self, method: str, request: Any, timeout: float) -> Any:
         """`method`(request) on the lane within `timeout` s (raises grpc.aio.AioRpcError as the unary call
         would, or LaneUnreachable when no connection could be opened)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        conn, reused = await self._take(deadline)
-        try:
-            return await self._exchange(method, conn, request, deadline)
-        except StreamEnded as exc:
-            if not reused or loop.time() >= deadline:
-                raise rpc_error(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
-        self.close_idle()                    # an idle connection the replica had closed: once more, on a new one
-        conn, _ = await self._take(deadline)
-        try:
-            return await self._exchange(method, conn, request, deadline)
-        except StreamEnded as exc:
-            raise rpc_error(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+        deadline = asyncio.get_running_loop().time() + timeout
+        return await call_once_more_if_ended(lambda fresh: self._take(deadline, fresh),
+                                             lambda conn: self._exchange(method, conn, request, deadline), deadline)
 
-    async def _take(self, deadline: float) -> tuple[_Connection, bool]:
+    async def _take(self, deadline: float, fresh: bool) -> tuple[_Connection, bool]:
+        """(an idle connection or a new one, whether it was idle); fresh: close the idle ones first."""
+        if fresh:
+            self.close_idle()
         while self._idle:
             conn = self._idle.pop()
             if conn.usable():

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import grpc
 
@@ -45,6 +45,25 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
 
 class StreamEnded(Exception):
     """The replica ended the stream before answering (OK status: it drains; the request was not read)."""
+
+
+async def call_once_more_if_ended(take: Callable[[bool], Awaitable[tuple[Any, bool]]],
+                                  exchange: Callable[[Any], Awaitable[Any]], deadline: float) -> Any:
+    """One call on a pooled channel (a round stream, a round-lane connection): `take(fresh)` gives
+    (channel, whether it was idle in the pool; fresh: after closing the idle ones), `exchange(channel)`
+    makes the call. A channel the replica had ended while it sat idle (StreamEnded before an answer) is
+    tried once more on a fresh one; otherwise StreamEnded is UNAVAILABLE, as the unary call reads."""
+    channel, reused = await take(False)
+    try:
+        return await exchange(channel)
+    except StreamEnded as exc:
+        if not reused or asyncio.get_running_loop().time() >= deadline:
+            raise rpc_error(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+    channel, _ = await take(True)
+    try:
+        return await exchange(channel)
+    except StreamEnded as exc:
+        raise rpc_error(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
 
 
 class RoundStreams:
@@ -83,23 +102,14 @@ class RoundStreams:
     async def call(self, method: str, request: Any, timeout: float) -> Any:
         """`method`(request) on a round stream, within `timeout` seconds (raises grpc.aio.AioRpcError
         as the unary call would)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        call, reused = self._take(method)
-        try:
-            return await self._exchange(method, call, request, deadline)
-        except StreamEnded as exc:
-            if not reused or loop.time() >= deadline:
-                raise rpc_error(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
-        call, _ = self._take_new(method)     # an idle stream the replica had ended: once more, on a new one
-        try:
-            return await self._exchange(method, call, request, deadline)
-        except StreamEnded as exc:
-            raise rpc_error(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+        deadline = asyncio.get_running_loop().time() + timeout
 
-    def _take_new(self, method: str) -> tuple[grpc.aio.StreamStreamCall, bool]:
-        self.close_idle(method)
-        return self._take(method)
+        async def take(fresh: bool) -> tuple[grpc.aio.StreamStreamCall, bool]:
+            if fresh:
+                self.close_idle(method)
+            return self._take(method)
+        return await call_once_more_if_ended(take, lambda call: self._exchange(method, call, request, deadline),
+                                             deadline)
 
     async def _exchange(self, method: str, call: grpc.aio.StreamStreamCall, request: Any, deadline: float) -> Any:
         """Write the request, read its response; the stream goes back to the pool only after a whole call."""

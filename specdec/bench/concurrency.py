@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.load import scrape
-from specdec.bench.machine import machine_info
+from specdec.bench.machine import machine_info, round_transport
 from specdec.bench.plan import PROMPTS_DIR, Prompt, load_prompts
 
 log = logging.getLogger("specdec.bench")
@@ -285,8 +285,7 @@ def run(args: ConcurrencyArgs) -> dict[str, Any]:
         "threads": {"target_service": args.threads}, "dtype": args.dtype, "draft": "n-gram, in the orchestrator",
         "prompts": [p.id for p in prompts], "greedy": True, "ignore_eos": True,
         "order": f"for each repeat, c, k: the stacks back to back ({', '.join(args.stacks)})",
-        "round_transport": {name: "stream" if name == STREAM_STACK else machine_info()["round_transport"]
-                            for name in args.stacks},
+        "round_transport": {name: "stream" if name == STREAM_STACK else round_transport() for name in args.stacks},
         "work": "every configuration runs the same prompts, in waves of c sessions at once",
         "timing": "aggregate tokens / summed wall time of the waves, first request to last response (prefill included)",
     }
