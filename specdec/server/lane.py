@@ -87,9 +87,6 @@ class LaneCallContext:
     def time_remaining(self) -> float | None:
         return None
 
-    def set_trailing_metadata(self, metadata: Any) -> None:  # nothing to send them with: ERROR frames carry statuses
-        return None
-
 
 @dataclass(frozen=True)
 class LaneMethod:
