@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -43,6 +44,9 @@ class ExtendItem:
     ids: Sequence[int]
     first: int
     hashes: PrefixHashes | None = None   # prefix hashes covering at least `ids`: no whole-context compare
+    # keep the session's hidden rows (a runner with keep_hidden): a session keeps them from the first call
+    # that asks on (a feature draft's generation); the others skip the copy (~0.1 ms a round on CPU)
+    hidden: bool = True
 
 
 @dataclass
@@ -59,6 +63,11 @@ class _Plan:
         return len(self.item.ids) - self.item.first
 
 
+def keeps_hidden(item: ExtendItem, kv: SessionKV) -> bool:
+    """Whether a pass keeps the session's hidden rows: its call asks, or the session has been keeping them."""
+    return item.hidden or kv.hidden is not None
+
+
 class CausalLMRunner:
     """Computes logits for a session's token sequence with its KV cache.
 
@@ -68,7 +77,8 @@ class CausalLMRunner:
         batching: allow `extend_batch` over several sessions (switches the model's attention
             to specdec_ragged; stays False when the model's attention cannot be switched).
         keep_hidden: store the final (normed) hidden state of every cached position beside the
-            KV cache (SessionKV.hidden), for feature drafts; needs a `model.model.norm` module.
+            KV cache (SessionKV.hidden), for feature drafts; needs a `model.model.norm` module. Only
+            for sessions that ask (ExtendItem.hidden); a session that asks late recomputes its prefix.
         row_invariant: every row whose logits a pass returns is computed bitwise as a 1-row step
             computes it, whatever the number of rows in the pass (those rows attend one at a time,
             specdec/engine/ragged.py; the int8 target's option: its linears already are row-invariant).
@@ -95,8 +105,8 @@ class CausalLMRunner:
         self._cache_arg = cache_argument(model)
 
     @torch.inference_mode()
-    def extend(self, session_id: str, ids: Sequence[int], first: int, hashes: PrefixHashes | None = None
-               ) -> ForwardResult:
+    def extend(self, session_id: str, ids: Sequence[int], first: int, hashes: PrefixHashes | None = None,
+               hidden: bool = True) -> ForwardResult:
         """Make the session's cache cover `ids`; return logits of positions first..len(ids)-1.
 
         The longest common prefix with the cached tokens is reused, but never past
@@ -104,7 +114,7 @@ class CausalLMRunner:
         hashes covering at least `ids`) find that prefix without comparing the whole context.
         On any error the session's cache is dropped, so it can never be left half-updated.
         """
-        return self.extend_batch([ExtendItem(session_id, ids, first, hashes)])[0]
+        return self.extend_batch([ExtendItem(session_id, ids, first, hashes, hidden)])[0]
 
     @torch.inference_mode()
     def extend_batch(self, items: Sequence["ExtendItem"]) -> list[ForwardResult]:
@@ -144,7 +154,11 @@ class CausalLMRunner:
             return
         rows = self._captured[-1][0]                                        # [sum of new tokens, H]
         self._captured.clear()
-        for plan, new in zip(plans, torch.split(rows, [len(p.new_ids) for p in plans])):
+        starts = itertools.accumulate((len(p.new_ids) for p in plans), initial=0)
+        for plan, start in zip(plans, starts):
+            if not keeps_hidden(plan.item, plan.kv):
+                continue
+            new = rows[start:start + len(plan.new_ids)]                     # [its new tokens, H]
             kv = plan.kv
             if kv.hidden is None or kv.hidden.shape[0] != plan.reuse:  # nothing (consistent) kept
                 kv.hidden = None
@@ -159,6 +173,8 @@ class CausalLMRunner:
             raise ValueError(f"first={first} outside the {len(ids)} tokens")
         kv = self.pool.acquire(item.session_id, len(ids))
         reuse = min(kv.common_prefix(ids, item.hashes), first)
+        if self.keep_hidden and keeps_hidden(item, kv):   # rows for the whole reused prefix, or recompute it
+            reuse = min(reuse, 0 if kv.hidden is None else kv.hidden.shape[0])
         try:
             rolled_back = kv.truncate(reuse)
         except BaseException:

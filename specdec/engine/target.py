@@ -8,7 +8,7 @@ import torch
 
 from specdec.core.accept import accept
 from specdec.core.sampling import (
-    SamplingConfig, logits_to_probs, penalised_scores, position_counts, round_generators, sparse_to_dense,
+    logits_to_probs, penalised_scores, position_counts, round_generators, sparse_to_dense,
     token_counts,
 )
 from specdec.engine.checks import check_lengths, check_token_ids
@@ -52,7 +52,7 @@ class TargetEngine:
         if left <= budget:
             return left
         end = len(ids) - left + budget
-        fwd = self.runner.extend(inp.session_id, ids[:end], end - 1, inp.prefix_hashes)
+        fwd = self.runner.extend(inp.session_id, ids[:end], end - 1, inp.prefix_hashes, inp.hidden_from >= 0)
         done = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms)
         inp.prefilled = done if inp.prefilled is None else done.follow(inp.prefilled)
         return len(ids) - end
@@ -80,7 +80,8 @@ class TargetEngine:
             except SpecDecError as exc:
                 results[i] = exc
         items = [ExtendItem(inputs[i].session_id, inputs[i].context_ids + inputs[i].draft_ids,
-                            len(inputs[i].context_ids) - 1, inputs[i].prefix_hashes) for i in todo]
+                            len(inputs[i].context_ids) - 1, inputs[i].prefix_hashes, inputs[i].hidden_from >= 0)
+                 for i in todo]
         try:
             forwards = self.runner.extend_batch(items) if items else []
         except SpecDecError as exc:
@@ -108,7 +109,7 @@ class TargetEngine:
             p = logits_to_probs(fwd.logits, inp.sampling, history)  # [k+1, V]
         q = self._dense_q(inp.draft_probs, k)
         first_position = inp.position_base + len(inp.context_ids)
-        result = accept(torch.tensor(inp.draft_ids, dtype=torch.long), p, q,
+        result = accept(inp.draft_ids, p, q,
                         generators=None if inp.sampling.greedy else round_generators(inp.sampling.seed, first_position),
                         greedy=inp.sampling.greedy)
         emitted = inp.draft_ids[: result.num_accepted] + [result.next_token]

@@ -101,6 +101,34 @@ def test_target_keeps_hidden_states_aligned_with_its_cache(target, batching):
         contexts = {sid: ctx + [1, 2] for sid, ctx in contexts.items()}
 
 
+@pytest.mark.parametrize("batching", [False, True])
+def test_only_sessions_that_ask_keep_hidden_states_and_a_late_ask_recomputes(target, batching):
+    """Hidden rows cost a copy every round: kept only for sessions whose calls ask (ExtendItem.hidden). A
+    session that asks after rounds without rows recomputes its prefix, so its rows stay aligned."""
+    engine = target_engine(target, batching)
+    g = torch.Generator().manual_seed(2)
+    contexts = {sid: torch.randint(0, VOCAB, (n,), generator=g).tolist() for sid, n in (("asks", 5), ("late", 7))}
+
+    def extend(asking: set[str]) -> dict:
+        items = [ExtendItem(sid, ctx, len(ctx) - 1, hidden=sid in asking) for sid, ctx in contexts.items()]
+        results = engine.runner.extend_batch(items) if batching else [engine.runner.extend_batch([i])[0] for i in items]
+        return {item.session_id: res for item, res in zip(items, results)}
+
+    first = extend({"asks"})
+    assert first["asks"].hidden is not None and first["late"].hidden is None
+    contexts = {sid: ctx + [1, 2] for sid, ctx in contexts.items()}
+    second = extend(set())                       # "asks" keeps its rows once it asked
+    assert second["asks"].hidden.shape[0] == len(contexts["asks"]) and second["late"].hidden is None
+    assert second["late"].cached_tokens > 0
+    contexts = {sid: ctx + [3] for sid, ctx in contexts.items()}
+    third = extend({"asks", "late"})
+    assert third["late"].cached_tokens == 0      # no rows for its cached prefix: computed again
+    for sid, res in third.items():
+        with torch.no_grad():
+            ref = target.model(input_ids=torch.tensor([contexts[sid]])).last_hidden_state[0]
+        torch.testing.assert_close(res.hidden, ref, atol=1e-4, rtol=1e-4)
+
+
 def reference_proposal(draft, target, ctx: list[int], k: int) -> list[int]:
     """Stateless: real features of the whole context, then k steps."""
     with torch.no_grad():
