@@ -30,11 +30,11 @@ for the accept test of d_(i+1) from ``(i, "accept")``, the recovered token at ro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable, Sequence, Union
 
 import torch
 
-from specdec.core.sampling import PROBS_DTYPE, argmax_rows, sample
+from specdec.core.sampling import PROBS_DTYPE, argmax_ids, argmax_rows, sample
 
 RECOVERED = "recovered"
 BONUS = "bonus"
@@ -103,7 +103,7 @@ def _first_rejection(draft, target_probs, draft_probs, generators) -> int:
 
 
 def accept(
-    draft_ids: torch.Tensor,  # [k] int64
+    draft_ids: torch.Tensor | Sequence[int],  # [k] int64, or the k ids as a list
     target_probs: torch.Tensor,  # [k+1, Vp] float32, p processed by logits_to_probs (greedy: any scores
                                  # with p's row argmax, e.g. sampling.penalised_scores)
     draft_probs: torch.Tensor | None = None,  # [k, Vq] float32 dense q, None = point mass
@@ -116,13 +116,14 @@ def accept(
     ``sampling.round_generators(seed, context_len)``) or one Generator used sequentially;
     it may be None only when ``greedy``.
     """
-    draft = [int(t) for t in torch.as_tensor(draft_ids).reshape(-1).tolist()]
+    draft = ([int(t) for t in draft_ids.reshape(-1).tolist()] if isinstance(draft_ids, torch.Tensor)
+             else [int(t) for t in draft_ids])
     k = len(draft)
     if target_probs.dim() != 2 or target_probs.shape[0] != k + 1:
         raise ValueError(f"target_probs must be [k+1={k + 1}, V], got {tuple(target_probs.shape)}")
     if draft_probs is not None and (draft_probs.dim() != 2 or draft_probs.shape[0] != k):
         raise ValueError(f"draft_probs must be [k={k}, V], got {tuple(draft_probs.shape)}")
-    target_ids = [int(t) for t in argmax_rows(target_probs).tolist()]
+    target_ids = argmax_ids(target_probs)
     greedy_matches = [d == t for d, t in zip(draft, target_ids)]
     if greedy:
         m = greedy_matches.index(False) if False in greedy_matches else k

@@ -221,9 +221,20 @@ def argmax_rows(scores: torch.Tensor) -> torch.Tensor:  # [..., V] -> [...] int6
     float32 verify pass -- a cost paid on every greedy round, outside the model forward.
     """
     if scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64):
-        winners = np.argmax(scores.detach().numpy(), axis=-1)
-        return torch.from_numpy(np.asarray(winners, dtype=np.int64))
+        return torch.from_numpy(np.asarray(_numpy_argmax(scores), dtype=np.int64))
     return torch.argmax(scores, dim=-1)
+
+
+def argmax_ids(scores: torch.Tensor) -> list[int]:  # [n, V] -> n ids
+    """``argmax_rows(scores).tolist()`` without the tensor in between: after a model forward every torch
+    op runs with cold caches (~40 us each on CPU), and a round's accept rule needs only the ids."""
+    if scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64):
+        return _numpy_argmax(scores).tolist()
+    return argmax_rows(scores).tolist()
+
+
+def _numpy_argmax(scores: torch.Tensor) -> np.ndarray:
+    return np.argmax((scores.detach() if scores.requires_grad else scores).numpy(), axis=-1)
 
 
 def greedy_one_hot(logits: torch.Tensor) -> torch.Tensor:  # [n, V] -> [n, V] float32
@@ -242,7 +253,7 @@ def penalised_scores(
     token `logits_to_probs` puts its one-hot on, so the greedy accept rule can take these directly."""
     if logits.dim() != 2:
         raise ValueError(f"logits must be [n, V], got shape {tuple(logits.shape)}")
-    scores = logits.to(PROBS_DTYPE)
+    scores = logits if logits.dtype == PROBS_DTYPE else logits.to(PROBS_DTYPE)
     return scores if history is None else apply_penalties(scores, history, cfg)
 
 

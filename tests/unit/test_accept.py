@@ -48,6 +48,15 @@ def test_greedy_perfect_match_gives_bonus():
     assert res.target_ids == [3, 4, 5, 6]
 
 
+def test_draft_ids_as_a_list_or_a_tensor_give_the_same_round():
+    gen = torch.Generator().manual_seed(11)
+    p = torch.softmax(torch.randn(4, 9, generator=gen), dim=-1)
+    draft = p[:3].argmax(dim=-1).tolist()[:2] + [0]
+    for greedy in (True, False):
+        make = (lambda: None) if greedy else (lambda: torch.Generator().manual_seed(5))
+        assert accept(draft, p, None, make(), greedy=greedy) == accept(torch.tensor(draft), p, None, make(), greedy=greedy)
+
+
 def test_greedy_early_mismatch_gives_recovered():
     res = accept(torch.tensor([3, 9, 5]), one_hot_rows([3, 4, 5, 6]), greedy=True)
     assert (res.num_accepted, res.next_token, res.next_kind) == (1, 4, RECOVERED)

@@ -12,6 +12,7 @@ from specdec.core.sampling import (
     SEED_BITS,
     SamplingConfig,
     apply_penalties,
+    argmax_ids,
     argmax_rows,
     derive_seed,
     draw_generator,
@@ -253,6 +254,8 @@ def test_argmax_rows_equals_torch_argmax_with_ties_to_the_lowest_id(shape):
     assert torch.equal(argmax_rows(scores.double()), torch.argmax(scores, dim=-1))
     strided = scores.transpose(0, -1) if scores.dim() > 1 else scores
     assert torch.equal(argmax_rows(strided), torch.argmax(strided, dim=-1))
+    if scores.dim() == 2:
+        assert argmax_ids(scores) == argmax_ids(scores.requires_grad_()) == torch.argmax(scores, dim=-1).tolist()
 
 
 def test_argmax_rows_of_other_dtypes_uses_torch():
