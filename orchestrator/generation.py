@@ -8,9 +8,9 @@
   4. detokenize incrementally and hold back text that may start a stop string,
   5. store the kept tokens in Redis (version-checked, under this instance's lease),
   6. stream the text delta (and the round, with trace).
-Rounds are pipelined: round r+1 starts (1-2) as soon as round r's tokens are known
-(3-4) and runs while round r's tokens are stored (5) and streamed (6); a chunk never
-leaves before its tokens are in Redis.
+Rounds are pipelined: round r+1 starts (1-2) as soon as round r's tokens are cut (3)
+and runs while round r's tokens are detokenized (4), stored (5) and streamed (6); a chunk
+never leaves before its tokens are in Redis. A stop string found in (4) cancels round r+1.
 
 Reliability (see docs/reliability.md):
   * Lease: the orchestrator holds the session's lease (LeaseConfig.seconds, default 6 s)
@@ -69,7 +69,7 @@ from orchestrator.overlap import PreDraft, discard, plan_ahead, ready_block
 from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner, cancel_round
 from orchestrator.session_store import Session, SessionBusy, SessionStore
 from orchestrator.stats import StatsCollector, count_emitted
-from orchestrator.stops import StopMatcher, tokens_before_stop
+from orchestrator.stops import StopMatcher, cut_at_limits, tokens_before_stop
 
 FINISH_NAMES = {pb.FINISH_REASON_EOS: "eos", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_STOP: "stop",
                 pb.FINISH_REASON_CONTEXT: "context", pb.FINISH_REASON_CANCELLED: "cancelled"}
@@ -299,10 +299,10 @@ class Generation:
                       ) -> AsyncIterator[pb.GenerateChunk]:
         """Steps 1-6 of the module docstring, round after round, until the generation finishes.
 
-        Pipelined: as soon as round r's tokens are known (3, 4), round r+1 starts (1, 2) and runs on
-        the draft and target while round r's tokens are stored in Redis (5) and streamed (6), so
-        the Redis round trip is off the critical path. A chunk still leaves only after its tokens
-        are stored; a failed store cancels the round in flight.
+        Pipelined: as soon as round r's tokens are cut (3), round r+1 starts (1, 2) and runs on the
+        draft and target while round r's tokens are detokenized (4), stored in Redis (5) and streamed
+        (6): none of that is on the critical path. A chunk still leaves only after its tokens are
+        stored; a failed store or a stop string cancels the round in flight.
         """
         running: asyncio.Task | None = self._start_round(state)
         try:
@@ -310,8 +310,13 @@ class Generation:
                 outcome = await running
                 self.ahead = outcome.ahead
                 start_len = len(state.completion)
-                tokens, text = await self._settle(state, detok, stops, outcome, start_len)    # 3, 4
+                tokens = self._advance(state, outcome)                                         # 3
                 running = None if state.finish else self._start_round(state)                  # next 1, 2
+                await asyncio.sleep(0)   # the next round sends its calls before the bookkeeping below
+                tokens, text = await self._settle(state, detok, stops, outcome, start_len, tokens)  # 4
+                if state.finish and running is not None:   # a stop string: the round started is not needed
+                    await cancel_round(running)
+                    running = None
                 if tokens:
                     await self._store(state, tokens, outcome)                                  # 5
                 chunk = self._chunk(state, outcome, tokens, start_len, text)                    # 6
@@ -339,53 +344,46 @@ class Generation:
                   self.deps.max_context - len(state.ids) - k - 2)
         return plan_ahead(cap, k, self.deps.costs, self.deps.cfg.overlap, self._tracker(proposer).rates())
 
-    async def _settle(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher,
-                      outcome: RoundOutcome, start_len: int) -> tuple[list[int], str]:
-        """Steps 3-4: cut the round's tokens, detokenize, handle a stop string; count the round.
-
-        start_len: completion tokens before this round. Returns (tokens this round adds, text to
-        stream). The context (state.ids) grows at once so the next round can start; Redis gets the
-        tokens in step 5.
-        """
-        tokens = self._cut(state, outcome.emitted)
-        delta = stops.push(detok.push(tokens))
+    def _advance(self, state: State, outcome: RoundOutcome) -> list[int]:
+        """Step 3: cut the round's tokens (EOS, max_new_tokens, the context end, max_rounds) and grow the
+        context, so the next round can start; adaptive k learns from the round first. Returns the tokens
+        (a stop string may still cut them: _settle)."""
+        tokens, finish = cut_at_limits(outcome.emitted, len(state.completion), len(state.ids), self.params,
+                                       self.deps.eos_ids, self.deps.max_context)
+        state.finish = finish or state.finish
         state.completion += tokens
+        state.ids += tokens
+        self._learn(outcome)
+        if self.params.max_rounds and self.stats.rounds + 1 >= self.params.max_rounds and not state.finish:
+            state.finish = pb.FINISH_REASON_LENGTH
+        return tokens
+
+    async def _settle(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher,
+                      outcome: RoundOutcome, start_len: int, tokens: list[int]) -> tuple[list[int], str]:
+        """Step 4, while the next round runs: detokenize, handle a stop string (it ends the generation
+        and cuts the tokens, also from the context); count the round.
+
+        start_len: completion tokens before this round; tokens: what _advance added. Returns (tokens this
+        round adds, text to stream). Redis gets the tokens in step 5.
+        """
+        delta = stops.push(detok.push(tokens))
         if delta.stopped:
             state.finish = pb.FINISH_REASON_STOP
             keep = tokens_before_stop(self.deps.prompter.tokenizer, state.completion, len(state.text + delta.emit))
             tokens = state.completion[start_len:keep] if keep >= start_len else []
             await self._store_cut(state, keep, start_len)
             state.completion = state.completion[:keep]
+            del state.ids[state.prompt_len + len(state.completion):]
         elif state.finish != pb.FINISH_REASON_UNSPECIFIED:
             delta = type(delta)(delta.emit + stops.push(detok.flush()).emit + stops.flush(), False, None)
-        state.ids += tokens
         state.text += delta.emit
         counted = self.stats.add_round(outcome, len(tokens))     # only what was emitted counts
-        self._learn(outcome)
         self.deps.metrics.observe_round(outcome.draft_ids[:counted.drafted], counted.accepted, len(tokens),
                                         outcome.draft_ms, outcome.target_ms, outcome.overhead_ms, outcome.wall_ms,
                                         outcome.degraded)
         self.deps.metrics.observe_load(outcome.k, outcome.target_batch, self.params.adaptive_k)
         self.deps.metrics.observe_overlap(outcome.ahead is not None, outcome.predrafted, outcome.draft_hidden_ms)
-        if self.params.max_rounds and self.stats.rounds >= self.params.max_rounds and not state.finish:
-            state.finish = pb.FINISH_REASON_LENGTH
         return tokens, delta.emit
-
-    def _cut(self, state: State, emitted: list[int]) -> list[int]:
-        """Cut the round's tokens at EOS (when honoured), max_new_tokens or the context end."""
-        p = self.params
-        for i, token in enumerate(emitted):
-            produced = len(state.completion) + i + 1
-            if token in self.deps.eos_ids and not p.ignore_eos and produced > p.min_tokens:
-                state.finish = pb.FINISH_REASON_EOS
-                return emitted[: i + 1]
-            if produced >= p.max_new_tokens:
-                state.finish = pb.FINISH_REASON_LENGTH
-                return emitted[: i + 1]
-            if len(state.ids) + i + 1 >= self.deps.max_context:
-                state.finish = pb.FINISH_REASON_CONTEXT
-                return emitted[: i + 1]
-        return emitted
 
     async def _store(self, state: State, tokens: list[int], outcome: RoundOutcome) -> None:
         counted = count_emitted(outcome, len(tokens))
@@ -400,7 +398,6 @@ class Generation:
             written = await self.deps.store.truncate(
                 self.session_id, state.version, state.prompt_len + keep, self.deps.owner)
             state.version = written.version
-            del state.ids[state.prompt_len + keep:]
 
     def _chunk(self, state: State, outcome: RoundOutcome, tokens: list[int], offset: int,
                text: str) -> pb.GenerateChunk | None:

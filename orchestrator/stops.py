@@ -17,6 +17,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from specdec.v1 import orchestrator_pb2 as pb
+
 logger = logging.getLogger(__name__)
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -150,3 +152,19 @@ def tokens_before_stop(
         else:
             lo = mid + 1
     return lo
+
+
+def cut_at_limits(emitted: Sequence[int], completed: int, context_len: int, params: Any, eos_ids: Any,
+                  max_context: int) -> tuple[list[int], int]:
+    """A round's tokens cut at EOS (when honoured: not with params.ignore_eos, not before params.min_tokens),
+    params.max_new_tokens or the model's context end; returns (tokens kept, the finish reason they hit,
+    FINISH_REASON_UNSPECIFIED = none). completed / context_len: completion and context tokens before them."""
+    for i, token in enumerate(emitted):
+        produced = completed + i + 1
+        if token in eos_ids and not params.ignore_eos and produced > params.min_tokens:
+            return list(emitted[: i + 1]), pb.FINISH_REASON_EOS
+        if produced >= params.max_new_tokens:
+            return list(emitted[: i + 1]), pb.FINISH_REASON_LENGTH
+        if context_len + i + 1 >= max_context:
+            return list(emitted[: i + 1]), pb.FINISH_REASON_CONTEXT
+    return list(emitted), pb.FINISH_REASON_UNSPECIFIED

@@ -45,8 +45,7 @@ class Recorder:
     async def _append(self, *args, **kwargs):
         self.events.append(("append", time.monotonic()))
         if sum(1 for e in self.events if e[0] == "append") == self.fail_append:
-            while self.events[-1][0] != "run":       # fail while the next round is on the wire
-                await asyncio.sleep(0.001)
+            assert self.events[-2][0] == "run"       # fail while the next round is on the wire
             raise StoreUnavailable("injected: Redis went away")
         await asyncio.sleep(APPEND_DELAY_S)
         written = await self.append(*args, **kwargs)
@@ -61,10 +60,10 @@ class Recorder:
         self.deps.runner.run, self.deps.store.append = self.run, self.append
 
 
-def generate(stack, session_id: str, stream: bool = False):
+def generate(stack, session_id: str, stream: bool = False, stop: str = ""):
     channel, stub = stack.stub()
     req = pb.GenerateRequest(prompt=IDENTITY_PROMPTS[0], max_new_tokens=MAX_NEW, ignore_eos=True, k=2,
-                             session_id=session_id, create_session=True)
+                             session_id=session_id, create_session=True, stop=[stop] if stop else [])
     try:
         if stream:
             return list(stub.GenerateStream(req, timeout=60))
@@ -78,10 +77,11 @@ def test_the_next_round_runs_while_the_previous_tokens_are_stored(stack):
     with Recorder(stack) as rec:
         piped = generate(stack, "piped")
     assert list(piped.token_ids) == plain
-    # while round r's append is in flight, round r+1 starts; the last round has no successor
+    # round r+1 starts (its calls go out) before round r's append, and runs while it is in flight; the
+    # last round has no successor
     rounds = piped.stats.rounds
     assert rounds > 3
-    assert [kind for kind, _ in rec.events] == ["run"] + ["append", "run", "stored"] * (rounds - 1) + ["append", "stored"]
+    assert [kind for kind, _ in rec.events] == ["run"] + ["run", "append", "stored"] * (rounds - 1) + ["append", "stored"]
 
 
 def test_a_failed_store_cancels_the_round_in_flight_and_streams_nothing_unstored(stack):
@@ -96,6 +96,24 @@ def test_a_failed_store_cancels_the_round_in_flight_and_streams_nothing_unstored
         channel.close()
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "injected" in err.value.details()
     kinds = [kind for kind, _ in rec.events]
-    assert kinds == ["run", "append", "run", "stored", "append", "run", "stored", "append", "run", "cancelled"]
+    assert kinds == ["run", "run", "append", "stored", "run", "append", "stored", "run", "append", "cancelled"]
     stored = stack.call(stack.deps.store.get("fails"))
     assert received == stored.completion_ids and len(received) > 0   # the client holds only what Redis holds
+
+
+def test_a_stop_string_cancels_the_round_started_after_it(stack):
+    """The next round starts before the text is decoded; the round whose text completes a stop string ends
+    the generation, so the round started after it is cancelled and nothing past the stop is stored."""
+    plain = generate(stack, "plain-for-stop")
+    text = plain.text
+    cut = next(i for i in range(len(text) // 2, len(text) - 3) if text[i:i + 3].strip() == text[i:i + 3])
+    stop = text[cut:cut + 3]
+    with Recorder(stack) as rec:
+        stopped = generate(stack, "stopped", stop=stop)
+    assert stopped.finish_reason == pb.FINISH_REASON_STOP and stopped.text == text[:text.index(stop)]
+    kinds = [kind for kind, _ in rec.events]
+    last_run = len(kinds) - 1 - kinds[::-1].index("run")
+    assert kinds.count("run") == stopped.stats.rounds + 1 and kinds.index("cancelled") > last_run
+    assert list(stopped.token_ids) == list(plain.token_ids[:len(stopped.token_ids)])
+    stored = stack.call(stack.deps.store.get("stopped"))
+    assert stored.completion_ids == list(stopped.token_ids)
