@@ -268,3 +268,19 @@ def test_greedy_one_hot_marks_the_first_maximum():
     logits = torch.tensor([[0.0, 2.0, 2.0, 1.0], [5.0, -1.0, 0.0, 5.0]])
     assert greedy_one_hot(logits).tolist() == [[0, 1, 0, 0], [1, 0, 0, 0]]
     assert greedy_one_hot(logits).dtype == torch.float32
+
+
+def test_sampling_from_proto_keeps_seeded_settings_and_draws_a_seed_when_unset():
+    from specdec.errors import InvalidArgument
+    from specdec.protocol import sampling_from_proto, sampling_to_proto
+    from specdec.v1 import common_pb2
+
+    cfg = SamplingConfig(temperature=0.5, top_p=0.75, seed=42)   # exact in float32
+    msg = sampling_to_proto(cfg)
+    assert sampling_from_proto(msg) == cfg and sampling_from_proto(sampling_to_proto(cfg)) is sampling_from_proto(msg)
+    bad = common_pb2.SamplingParams(temperature=-1.0, seed=1)
+    for _ in range(2):           # refused every time (a refusal is never kept)
+        with pytest.raises(InvalidArgument):
+            sampling_from_proto(bad)
+    unseeded = common_pb2.SamplingParams(temperature=0.7)
+    assert len({sampling_from_proto(unseeded).seed for _ in range(4)}) > 1
