@@ -37,7 +37,7 @@ class TargetEngine:
 
     def work_tokens(self, inp: VerifyInput) -> int:
         """Tokens a verify of `inp` would run through the model (what its cache does not cover)."""
-        return self.runner.pool.uncached(inp.session_id, inp.context_ids + inp.draft_ids, inp.prefix_hashes)
+        return self.runner.pool.uncached(inp.session_id, inp.ids, inp.prefix_hashes)
 
     def prefill_chunk(self, inp: VerifyInput, budget: int) -> int:
         """Chunked prefill: extend the session's cache over the next `budget` uncached context tokens
@@ -47,7 +47,7 @@ class TargetEngine:
         its last rows. Its cost is added to the verify's stats (`inp.prefilled`).
         """
         self._check(inp, len(inp.draft_ids))
-        ids = inp.context_ids + inp.draft_ids
+        ids = inp.ids
         left = self.work_tokens(inp)
         if left <= budget:
             return left
@@ -79,7 +79,7 @@ class TargetEngine:
                 todo.append(i)
             except SpecDecError as exc:
                 results[i] = exc
-        items = [ExtendItem(inputs[i].session_id, inputs[i].context_ids + inputs[i].draft_ids,
+        items = [ExtendItem(inputs[i].session_id, inputs[i].ids,
                             len(inputs[i].context_ids) - 1, inputs[i].prefix_hashes, inputs[i].hidden_from >= 0)
                  for i in todo]
         try:

@@ -88,6 +88,15 @@ class VerifyInput:
     checked_ids: int = 0            # leading context ids already checked against the vocabulary (ContextStore)
     prefix_hashes: PrefixHashes | None = None  # covering context_ids + draft_ids (ContextStore)
     prefilled: ComputeStatsData | None = None  # chunks already run for this call (TargetEngine.prefill_chunk)
+    _ids: list[int] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def ids(self) -> list[int]:
+        """context_ids + draft_ids, made once per call (sizing, chunking and the pass each need it: a long
+        context is not copied for each)."""
+        if self._ids is None:
+            self._ids = self.context_ids + self.draft_ids
+        return self._ids
 
 
 @dataclass
