@@ -7,7 +7,10 @@ long-lived gRPC streams) and `unary` (also SPECDEC_ROUND_STREAMS=0: one unary ca
 every set run through the orchestrators interleaved (A B C ... A B C ...), so load on the machine hits every
 configuration alike. Reports the p50 of RoundOutcome.overhead_ms (round wall time at the orchestrator minus
 draft and target forward time: what `specdec bench` reports as `overhead_ms_p50`) over decode rounds, per
-configuration and context-length band, with the load average at start and end. The n-gram draft runs in
+configuration and context-length band, with the load average at start and end. Beside it the cycle overhead:
+the time between two rounds' chunks arriving at this client minus the round's forwards, i.e. the round's
+overhead plus the orchestrator's time between rounds (what tokens per second pay; round 0 and chunks that
+carry several rounds are left out). The n-gram draft runs in
 the orchestrator (the bench's default), so a round is one target call.
 
     PYTHONPATH=$PWD .venv/bin/python scripts/round_overhead.py --k 0,4 --tokens 48 --repeats 2
@@ -21,6 +24,7 @@ import os
 import signal
 import statistics
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -39,14 +43,21 @@ def band(tokens: int) -> str:
     return f"{lo}-{hi}"
 
 
-def generate(stub, user: str, k: int, tokens: int) -> list:
+def generate(stub, user: str, k: int, tokens: int) -> tuple[list, list[float]]:
+    """(the decode rounds, the cycle overhead of each round that came in a chunk of its own after another
+    such chunk: the time between the two chunks' arrival here minus the round's forwards, ms)."""
     req = pb.GenerateRequest(max_new_tokens=tokens, ignore_eos=True, trace=True, k=k, request_id=uuid.uuid4().hex)
     req.messages.messages.add(role="user", content=user)
     req.sampling.temperature = 0.0
-    rounds = []
+    rounds, cycles, last = [], [], None
     for chunk in stub.GenerateStream(req, timeout=600):
+        now = time.perf_counter()
         rounds += list(chunk.rounds)
-    return rounds[1:]                       # round 0 carries the prefill
+        if len(chunk.rounds) == 1 and last is not None and len(rounds) > 2:
+            r = chunk.rounds[0]
+            cycles.append((now - last) * 1000.0 - r.draft_ms - r.target_ms)
+        last = now if len(chunk.rounds) == 1 else None
+    return rounds[1:], cycles               # round 0 carries the prefill
 
 
 def cpu_ms(pid: int) -> float:
@@ -98,6 +109,7 @@ def main() -> None:
     cpu: dict[str, list[float]] = {}       # key -> [orchestrator CPU ms, rounds]
     load_start = os.getloadavg()
     samples: dict[str, list[float]] = {}
+    cycles: dict[str, list[float]] = {}    # key -> cycle overheads (see generate)
     try:
         for name, stub in stubs.items():     # warm-up, discarded
             generate(stub, prompts[0].user, ks[-1], 8)
@@ -107,13 +119,15 @@ def main() -> None:
                     for name, stub in stubs.items():
                         pid = orchestrators[name].popen.pid
                         before = cpu_ms(pid)
-                        rounds = generate(stub, p.user, k, args.tokens)
+                        rounds, cycle = generate(stub, p.user, k, args.tokens)
                         used = cpu_ms(pid) - before
                         if rounds:
                             acc = cpu.setdefault(f"{name} k={k} ctx={band(rounds[0].context_tokens)}", [0.0, 0])
                             acc[0], acc[1] = acc[0] + used, acc[1] + len(rounds) + 1
                         for r in rounds:
                             samples.setdefault(f"{name} k={k} ctx={band(r.context_tokens)}", []).append(r.overhead_ms)
+                        if rounds:
+                            cycles.setdefault(f"{name} k={k} ctx={band(rounds[0].context_tokens)}", []).extend(cycle)
                         print(f"{p.set}/{p.id} {name} k={k}: context {rounds[0].context_tokens if rounds else 0}, "
                               f"overhead p50 {statistics.median([r.overhead_ms for r in rounds] or [0]):.3f} ms, "
                               f"load {os.getloadavg()[0]:.1f}", flush=True)
@@ -121,13 +135,15 @@ def main() -> None:
         stack.stop()
     load_end = os.getloadavg()
     table = {key: {"p50": statistics.median(v), "n": len(v),
+                   "cycle_p50": statistics.median(cycles[key]) if cycles.get(key) else None,
                    "orchestrator_cpu_ms_per_round": cpu[key][0] / cpu[key][1] if key in cpu else None}
              for key, v in sorted(samples.items())}
     print(f"load average at start {load_start}, at end {load_end}")
     for key, row in table.items():
         cpu_round = row["orchestrator_cpu_ms_per_round"]
-        print(f"{key:40s} overhead p50 {row['p50']:6.3f} ms  (n={row['n']})  orchestrator CPU/round "
-              f"{'-' if cpu_round is None else f'{cpu_round:.2f}'} ms")
+        cycle = row["cycle_p50"]
+        print(f"{key:40s} overhead p50 {row['p50']:6.3f} ms  cycle p50 {'-' if cycle is None else f'{cycle:6.3f}'} ms"
+              f"  (n={row['n']})  orchestrator CPU/round {'-' if cpu_round is None else f'{cpu_round:.2f}'} ms")
     if args.out:
         Path(args.out).write_text(json.dumps({"load_start": load_start, "load_end": load_end, "args": vars(args),
                                               "overhead_ms_p50": table}, indent=1))
