@@ -36,3 +36,17 @@ def test_a_service_without_a_model_loads_the_embedded_target_or_its_shipped_draf
     assert ModelServiceConfig(role="draft", model="hf:org/name").model == "hf:org/name"
     monkeypatch.setenv("SPECDEC_MODEL", "local:/m")
     assert ModelServiceConfig(role="draft").model == "local:/m"
+
+
+def test_openmp_spin_count_is_set_before_torch_loads_unless_the_environment_sets_it():
+    """libgomp reads GOMP_SPINCOUNT when torch loads: importing specdec sets it first (docs/performance.md)."""
+    import subprocess
+    import sys
+
+    probe = "import os, sys, specdec; print(os.environ['GOMP_SPINCOUNT'], 'torch' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["20000", "False"]
+    out = subprocess.run([sys.executable, "-c", probe], env={**env, "GOMP_SPINCOUNT": "777"}, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.split()[0] == "777"
