@@ -35,7 +35,7 @@ from specdec.core.ngram import NgramProposer
 from specdec.core.sampling import SamplingConfig
 from specdec.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from specdec.params import COMBINED, MODEL, NGRAM
-from specdec.protocol import sampling_to_proto
+from specdec.protocol import sampling_bytes
 from specdec.v1 import draft_pb2, target_pb2
 
 from orchestrator.delta import ContextSend, ContextWire
@@ -208,9 +208,9 @@ class RoundRunner:
         start = time.perf_counter()
         relay = req.relay if req.relay is not None and self.feature_draft(req.draft_kind) else None
         proposal, out = await self._propose(req, relay)
-        verify = target_pb2.VerifyRequest(
-            session_id=req.session_id, request_id=req.request_id, draft_ids=proposal.draft_ids, draft_probs=proposal.draft_probs,
-            sampling=sampling_to_proto(req.sampling))
+        verify = target_pb2.VerifyRequest(session_id=req.session_id, request_id=req.request_id,
+                                          draft_ids=proposal.draft_ids, draft_probs=proposal.draft_probs)
+        verify.sampling.MergeFromString(sampling_bytes(req.sampling))
         if req.logprobs >= 0:
             verify.logprobs = req.logprobs
         hidden_from = relay.verify_from() if relay is not None else None
@@ -222,15 +222,14 @@ class RoundRunner:
         out.context_resends += send.resends
         if hidden_from is not None:
             relay.after_verify(verdict.hidden)
-        m = verdict.num_accepted
-        out.draft_ids, out.target_ids, out.matches = list(proposal.draft_ids), list(verdict.target_ids), list(verdict.matches)
+        m, drafted = verdict.num_accepted, list(proposal.draft_ids)
+        out.draft_ids, out.target_ids, out.matches = drafted, list(verdict.target_ids), list(verdict.matches)
         out.num_accepted, out.next_token, out.next_kind = m, verdict.next_token, verdict.next_kind
-        out.emitted = list(proposal.draft_ids[:m]) + [verdict.next_token]
+        out.emitted = drafted[:m] + [verdict.next_token]
         out.logprobs = list(verdict.logprobs)
-        out.target_ms = verdict.stats.forward_ms
-        out.target_cached, out.target_computed = verdict.stats.cached_tokens, verdict.stats.computed_tokens
-        out.target_batch = verdict.stats.batch_size
-        out.target_batch_tokens, out.target_queue_ms = verdict.stats.batch_tokens, verdict.stats.queue_ms
+        stats = verdict.stats
+        out.target_ms, out.target_cached, out.target_computed = stats.forward_ms, stats.cached_tokens, stats.computed_tokens
+        out.target_batch, out.target_batch_tokens, out.target_queue_ms = stats.batch_size, stats.batch_tokens, stats.queue_ms
         out.wire_bytes += verify.ByteSize() + verdict.ByteSize()
         out.retries += retries
         out.wall_ms = (time.perf_counter() - start) * MS_PER_S
@@ -261,8 +260,8 @@ class RoundRunner:
         if self.draft is None:
             out.degraded = True
             return empty, out
-        propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id, k=req.k,
-                                           sampling=sampling_to_proto(req.sampling))
+        propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id, k=req.k)
+        propose.sampling.MergeFromString(sampling_bytes(req.sampling))
         send = context_send(req, "draft")
         if remote_kind:
             propose.draft_kind = remote_kind
@@ -314,8 +313,8 @@ class RoundRunner:
             timeout = self._deadline(len(req.context_ids) + req.k + k, req.deadline)
         except DeadlineExceeded:
             return None
-        propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id, k=k,
-                                           sampling=sampling_to_proto(req.sampling), draft_kind=MODEL)
+        propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id, k=k, draft_kind=MODEL)
+        propose.sampling.MergeFromString(sampling_bytes(req.sampling))
         block = list(proposal.draft_ids)
         send = (req.wire.send_ahead("draft", req.context_ids, block) if req.wire is not None
                 else ContextSend(None, "draft", list(req.context_ids) + block))

@@ -33,6 +33,13 @@ def sampling_to_proto(cfg: SamplingConfig) -> common_pb2.SamplingParams:
     return msg
 
 
+@functools.lru_cache(maxsize=SAMPLING_CACHE_SIZE)
+def sampling_bytes(cfg: SamplingConfig) -> bytes:
+    """sampling_to_proto(cfg) serialised, kept per (frozen) config: a generation's every call carries the same
+    settings, merged into each request (`request.sampling.MergeFromString`) instead of built field by field."""
+    return sampling_to_proto(cfg).SerializeToString()
+
+
 def sampling_from_proto(msg: Any) -> SamplingConfig:
     """SamplingParams -> validated SamplingConfig (unset fields take the shared defaults).
 

@@ -284,3 +284,12 @@ def test_sampling_from_proto_keeps_seeded_settings_and_draws_a_seed_when_unset()
             sampling_from_proto(bad)
     unseeded = common_pb2.SamplingParams(temperature=0.7)
     assert len({sampling_from_proto(unseeded).seed for _ in range(4)}) > 1
+
+
+def test_sampling_bytes_is_the_serialised_message_kept_per_config():
+    from specdec.protocol import sampling_bytes, sampling_to_proto
+    from specdec.v1 import common_pb2
+
+    cfg = SamplingConfig(temperature=0.5, top_k=7, seed=3)
+    assert sampling_bytes(cfg) is sampling_bytes(SamplingConfig(temperature=0.5, top_k=7, seed=3))
+    assert common_pb2.SamplingParams.FromString(sampling_bytes(cfg)) == sampling_to_proto(cfg)
