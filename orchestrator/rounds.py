@@ -228,8 +228,9 @@ class RoundRunner:
         out.emitted = drafted[:m] + [verdict.next_token]
         out.logprobs = list(verdict.logprobs)
         stats = verdict.stats
-        out.target_ms, out.target_cached, out.target_computed = stats.forward_ms, stats.cached_tokens, stats.computed_tokens
-        out.target_batch, out.target_batch_tokens, out.target_queue_ms = stats.batch_size, stats.batch_tokens, stats.queue_ms
+        out.target_ms, out.target_cached = stats.forward_ms, stats.cached_tokens
+        out.target_computed, out.target_batch = stats.computed_tokens, stats.batch_size
+        out.target_batch_tokens, out.target_queue_ms = stats.batch_tokens, stats.queue_ms
         out.wire_bytes += verify.ByteSize() + verdict.ByteSize()
         out.retries += retries
         out.wall_ms = (time.perf_counter() - start) * MS_PER_S

@@ -10,8 +10,8 @@ draft and target forward time: what `specdec bench` reports as `overhead_ms_p50`
 configuration and context-length band, with the load average at start and end. Beside it the cycle overhead:
 the time between two rounds' chunks arriving at this client minus the round's forwards, i.e. the round's
 overhead plus the orchestrator's time between rounds (what tokens per second pay; round 0 and chunks that
-carry several rounds are left out). The n-gram draft runs in
-the orchestrator (the bench's default), so a round is one target call.
+carry several rounds are left out). The n-gram draft runs in the orchestrator (the bench's default), so a
+round is one target call.
 
     PYTHONPATH=$PWD .venv/bin/python scripts/round_overhead.py --k 0,4 --tokens 48 --repeats 2
 """

@@ -7,6 +7,6 @@ import os
 # parallel region the team's idle threads spin that many times before they sleep. libgomp's default (300,000
 # spins: about 1 ms on AMD EPYC, more where PAUSE is slow) keeps a core busy after every forward, and with as
 # many torch threads as cores the orchestrator and the service's own event loop wait for it: on the 2-core
-# machine a 2-thread round's overhead was 2.2 ms with the default and 1.4 ms with 20,000, whose forwards were
-# no slower (docs/performance.md, "OpenMP spinning").
+# machine a 2-thread round's overhead was 2.2 ms with the default and 1.4 ms with 20,000, forwards within noise
+# (docs/performance.md, "Cold caches after the forward, and the time between rounds").
 os.environ.setdefault("GOMP_SPINCOUNT", "20000")

@@ -254,14 +254,14 @@ class BatchQueue(Generic[I, T]):
         of the event loop (calls that arrived with it queue behind it and batch together), and a small
         forward with the model thread idle (ModelWorker.run_on_thread). Saves the queue's task, hand-over
         and wake-up (~0.1 ms a round on CPU). Returns whether it ran (its future is then done)."""
-        if self._solo or not self._idle():
-            return False
+        if self._solo or not self._idle() or not self.worker.model_thread_idle() or not self._small_items([entry[1]]):
+            return False                   # checked first: a call that cannot run alone pays no loop turn
         self._solo = True                  # calls arriving meanwhile queue (and take this one along)
         try:
             await asyncio.sleep(0)
         finally:
             self._solo = False
-        if not self._idle() or not self.worker.model_thread_idle() or not self._small_items([entry[1]]):
+        if not self._idle() or not self.worker.model_thread_idle():
             return False
         await self._run_batch([entry], inline=True)   # never suspends
         return True
@@ -357,7 +357,8 @@ class BatchQueue(Generic[I, T]):
                 self.ms_per_token = self.ms_per_token or now   # no batch has prefilled yet: a first figure
 
     async def _run_batch(self, batch: list[Entry], inline: bool | None = None) -> None:
-        """One batch_fn call on the model thread (or inline: None = as `_small_items` says); each caller gets its result."""
+        """One batch_fn call on the model thread (or inline: None = as `_small_items` says); each caller gets
+        its result."""
         self._last = {sid for sid, _, _, _ in batch}
         self.worker.state.observe_batch(len(batch), FILL_WEIGHT)
         prefill_tokens = self._prefill_tokens(batch)
