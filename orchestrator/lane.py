@@ -13,8 +13,8 @@ resends on a context miss exactly as before:
     would have had (a context miss reads the same); the connection stays usable;
   * a connection the replica closed before answering (it drains or restarted) fails the call with
     UNAVAILABLE; a call that found it idle in the pool is tried once more on a new connection first.
-  * LaneUnreachable: no connection could be opened (refused, timed out: a firewall that only lets gRPC
-    through, a replica that stopped listening). ReplicaPool then makes the call on the round stream and
+  * LaneUnreachable: no connection could be opened (refused, timed out, a failed TLS handshake: a
+    firewall that only lets gRPC through, a replica that stopped listening). ReplicaPool then makes the call on the round stream and
     leaves the lane alone for `retry_s`, so a blocked lane costs one connect timeout, never an outage.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import ssl
 import time
 from typing import Any
 
@@ -102,11 +103,13 @@ class RoundLane:
         idle_max: idle connections kept; a call returning one more closes it.
         connect_timeout_s: the most a connect + HELLO may take.
         retry_s: after LaneUnreachable, how long calls skip the lane.
+        tls: connect over TLS with this context (specdec.server.tls.lane_client_context; None = plain TCP),
+            verifying that the replica's certificate names `host`, as the gRPC channel does.
     """
 
     def __init__(self, host: str, port: int, token: str, max_bytes: int, idle_max: int,
-                 connect_timeout_s: float, retry_s: float) -> None:
-        self.host, self.port, self.token, self.max_bytes = host, port, token, max_bytes
+                 connect_timeout_s: float, retry_s: float, tls: ssl.SSLContext | None = None) -> None:
+        self.host, self.port, self.token, self.max_bytes, self.tls = host, port, token, max_bytes, tls
         self.idle_max, self.connect_timeout_s, self.retry_s = idle_max, connect_timeout_s, retry_s
         self._idle: list[_Connection] = []
         self.opened = 0                     # connections opened (tests read it: calls reuse connections)
@@ -140,7 +143,8 @@ class RoundLane:
         conn = _Connection(self.max_bytes)
         try:
             async with asyncio.timeout(limit):
-                await loop.create_connection(lambda: conn, self.host, self.port)
+                await loop.create_connection(lambda: conn, self.host, self.port, ssl=self.tls,
+                                             server_hostname=self.host if self.tls else None)
                 kind, payload = await conn.send(HELLO, self.token.encode())
         except (OSError, TimeoutError, StreamEnded) as exc:
             conn.close()

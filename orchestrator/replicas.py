@@ -32,7 +32,7 @@ from specdec.errors import (
 from specdec.models.tokenizer_info import TokenizerInfo, compare_tokenizers
 from specdec.routing import ReplicaSet, RoutingConfig, make_resolver
 from specdec.server.app import grpc_options
-from specdec.server.tls import channel_credentials
+from specdec.server.tls import channel_credentials, lane_client_context
 from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
 from orchestrator.delta import ContextSend, is_context_miss
@@ -143,8 +143,7 @@ class ReplicaPool:
 
     def _attach_lane(self, replica: Replica) -> None:
         """Use the replica's round lane when it serves one (a new port after a restart: a new lane)."""
-        tls = self.server_cfg.tls.enabled or bool(self.server_cfg.tls.ca)   # the lane is plain TCP
-        port = replica.info.round_lane_port if self.retry.round_lane and not tls else 0
+        port = replica.info.round_lane_port if self.retry.round_lane else 0
         if replica.lane is not None and replica.lane.port == port:
             replica.lane.unreachable_until = 0.0   # Info answered again (a restart on the same port): try it
             return
@@ -152,7 +151,8 @@ class ReplicaPool:
             replica.lane.close_idle()
         replica.lane = RoundLane(lane_host(replica.address), port, self.server_cfg.service_token,
                                  self.server_cfg.max_message_bytes, self.retry.idle_streams_max,
-                                 self.retry.lane_connect_timeout_s, self.retry.lane_retry_s) if port else None
+                                 self.retry.lane_connect_timeout_s, self.retry.lane_retry_s,
+                                 lane_client_context(self.server_cfg.tls)) if port else None
 
     def usable(self) -> list[Replica]:
         """Replicas with Info and no compatibility error."""

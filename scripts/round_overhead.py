@@ -11,7 +11,7 @@ configuration and context-length band, with the load average at start and end. B
 the time between two rounds' chunks arriving at this client minus the round's forwards, i.e. the round's
 overhead plus the orchestrator's time between rounds (what tokens per second pay; round 0 and chunks that
 carry several rounds are left out). The n-gram draft runs in the orchestrator (the bench's default), so a
-round is one target call.
+round is one target call. `--tls`: every hop mTLS (a throwaway CA made for the run), lane and streams alike.
 
     PYTHONPATH=$PWD .venv/bin/python scripts/round_overhead.py --k 0,4 --tokens 48 --repeats 2
 """
@@ -24,13 +24,13 @@ import os
 import signal
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
-import grpc
-
 from specdec.bench.plan import load_prompts
+from specdec.healthcheck import channel_for
 from specdec.launcher import LocalStack, StackConfig
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
@@ -70,8 +70,15 @@ TRANSPORT_ENV = {"lane": {}, "stream": {"SPECDEC_ROUND_LANE": "0"},
                  "unary": {"SPECDEC_ROUND_LANE": "0", "SPECDEC_ROUND_STREAMS": "0"}}
 
 
-def start(threads: list[int], transports: list[str]) -> tuple[LocalStack, dict[str, str]]:
-    stack = LocalStack(StackConfig(threads=threads[0], draft_replicas=0))
+def tls_env(directory: str) -> dict[str, str]:
+    """The environment that turns mTLS on for every service, from a throwaway CA in `directory`."""
+    from tests.pki_support import make_pki      # run from the repository root (PYTHONPATH=$PWD)
+    pki = make_pki(Path(directory))
+    return {"SPECDEC_TLS_CA": str(pki["ca"]), "SPECDEC_TLS_CERT": str(pki["cert"]), "SPECDEC_TLS_KEY": str(pki["key"])}
+
+
+def start(threads: list[int], transports: list[str], env: dict[str, str]) -> tuple[LocalStack, dict[str, str]]:
+    stack = LocalStack(StackConfig(threads=threads[0], draft_replicas=0, extra_env=env))
     stack.cfg.draft_replicas = 0
     stack.start()
     orchestrators = {}
@@ -99,12 +106,15 @@ def main() -> None:
     ap.add_argument("--per-set", type=int, default=2)
     ap.add_argument("--transports", default="lane,stream,unary")
     ap.add_argument("--out", default="")
+    ap.add_argument("--tls", action="store_true", help="mTLS on every hop (a throwaway CA)")
     args = ap.parse_args()
     ks = [int(x) for x in args.k.split(",")]
     prompts = load_prompts(args.prompts.split(","), args.per_set)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))   # `timeout` still stops the stack (finally)
-    stack, orchestrators = start([int(x) for x in args.threads.split(",")], args.transports.split(","))
-    stubs = {name: orchestrator_pb2_grpc.OrchestratorStub(grpc.insecure_channel(p.address))
+    pki_dir = tempfile.TemporaryDirectory(prefix="specdec-pki-")
+    stack, orchestrators = start([int(x) for x in args.threads.split(",")], args.transports.split(","),
+                                 tls_env(pki_dir.name) if args.tls else {})
+    stubs = {name: orchestrator_pb2_grpc.OrchestratorStub(channel_for(p.address, stack.tls()))
              for name, p in orchestrators.items()}
     cpu: dict[str, list[float]] = {}       # key -> [orchestrator CPU ms, rounds]
     load_start = os.getloadavg()
@@ -133,6 +143,7 @@ def main() -> None:
                               f"load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         stack.stop()
+        pki_dir.cleanup()
     load_end = os.getloadavg()
     table = {key: {"p50": statistics.median(v), "n": len(v),
                    "cycle_p50": statistics.median(cycles[key]) if cycles.get(key) else None,

@@ -139,7 +139,7 @@ class ServerConfig:
     service_token: str = field(default_factory=lambda: env_secret("SPECDEC_SERVICE_TOKEN"))
     tls: TLSConfig = field(default_factory=TLSConfig)
     # Model services: the round lane's TCP port (specdec/server/lane.py): 0 = any free port (advertised in
-    # ModelInfo.round_lane_port), -1 = no lane. Never opened with TLS on (the lane is plain TCP).
+    # ModelInfo.round_lane_port), -1 = no lane. With TLS on, the lane speaks TLS with the same certificates.
     round_lane_port: int = field(default_factory=lambda: env_int("SPECDEC_ROUND_LANE_PORT", 0))
 
 

@@ -19,7 +19,9 @@ Wire format (docs/protocol.md, "Round lane"): frames of HEADER (payload length, 
   * Draining: no new connections; idle ones are closed at once, a call in flight is answered and then
     its connection closed; a request that arrives meanwhile is answered UNAVAILABLE (never run). The
     calls count in the service's DrainGate, so the process stops only once they are answered.
-TLS: the lane is plain TCP, so a service with TLS on does not open one (its callers use round streams).
+TLS: with TLS on (cert + key), the lane speaks TLS with the gRPC port's certificate and rules (client
+certificates required when a CA is configured: mTLS), so it never carries a round in the clear; the TLS
+handshake must finish within hello_timeout_s.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import ssl
 import struct
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
@@ -117,10 +120,12 @@ class RoundLaneServer:
         self.connections: set[_LaneConnection] = set()
         self._server: asyncio.base_events.Server | None = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on host:port (0: any free port); returns the port."""
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
+        """Listen on host:port (0: any free port), over TLS with `tls` (specdec.server.tls.lane_server_context);
+        returns the port."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _LaneConnection(self), host, port)
+        self._server = await loop.create_server(lambda: _LaneConnection(self), host, port, ssl=tls,
+                                                ssl_handshake_timeout=self.hello_timeout_s if tls else None)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 

@@ -32,6 +32,7 @@ from specdec.protocol import PROTOCOL_VERSION
 from specdec.server.app import GrpcApp
 from specdec.server.lane import LaneMethod, RoundLaneServer
 from specdec.server.streams import serve_round_stream
+from specdec.server.tls import lane_server_context
 from specdec.v1 import common_pb2
 
 log = logging.getLogger("specdec.server")
@@ -177,12 +178,13 @@ async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase,
 
 
 async def start_round_lane(cfg: ModelServiceConfig, servicer: ModelServiceBase, app: GrpcApp) -> RoundLaneServer | None:
-    """Open the round lane (specdec/server/lane.py) unless it is switched off (port -1) or TLS is on."""
+    """Open the round lane (specdec/server/lane.py) unless it is switched off (port -1); over TLS when the
+    service has TLS on."""
     server = cfg.server
-    if server.round_lane_port < 0 or server.tls.enabled:
+    if server.round_lane_port < 0:
         return None
     lane = RoundLaneServer(servicer.lane_methods(), app.gate, server.service_token, server.max_message_bytes)
-    await lane.start(server.host, server.round_lane_port)
+    await lane.start(server.host, server.round_lane_port, lane_server_context(server.tls))
     servicer.lane = lane
-    log.info("%s round lane on %s:%d", servicer.role, server.host, lane.port)
+    log.info("%s round lane on %s:%d%s", servicer.role, server.host, lane.port, " (TLS)" if server.tls.enabled else "")
     return lane

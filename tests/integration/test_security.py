@@ -1,61 +1,29 @@
-"""Security: mTLS on every gRPC hop, bearer tokens at the orchestrator, a service token toward
-draft/target, Redis AUTH, and no secret in any log. Certificates are made in the test."""
+"""Security: mTLS on every gRPC hop and on the round lanes, bearer tokens at the orchestrator, a service
+token toward draft/target, Redis AUTH, and no secret in any log. Certificates are made in the test."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
+import asyncio
 import subprocess
 import sys
-from pathlib import Path
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from specdec.config import TLSConfig
 from specdec.healthcheck import channel_for
 from specdec.launcher import LocalStack, StackConfig
 from specdec.redis_server import EmbeddedRedis
+from specdec.server.tls import lane_client_context
 from specdec.v1 import common_pb2, orchestrator_pb2 as pb, orchestrator_pb2_grpc, target_pb2, target_pb2_grpc
+from orchestrator.lane import LaneUnreachable, RoundLane
+from tests.pki_support import make_pki
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 USER_TOKEN, SERVICE_TOKEN, REDIS_PASSWORD = "user-secret-7f3a", "service-secret-91bc", "redis-secret-44d0"
-VALID_DAYS = 2
-
-
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _write(path: Path, key, cert) -> None:
-    path.with_suffix(".key").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    path.with_suffix(".crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-
-
-def make_pki(directory: Path) -> dict[str, Path]:
-    """A CA and one leaf certificate (server + client auth) for 127.0.0.1/localhost."""
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (x509.CertificateBuilder().subject_name(_name("specdec test CA")).issuer_name(_name("specdec test CA"))
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    san = x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
-    leaf = (x509.CertificateBuilder().subject_name(_name("specdec")).issuer_name(ca.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
-            .add_extension(san, critical=False).sign(ca_key, hashes.SHA256()))
-    _write(directory / "ca", ca_key, ca)
-    _write(directory / "leaf", key, leaf)
-    return {"ca": directory / "ca.crt", "cert": directory / "leaf.crt", "key": directory / "leaf.key"}
+SERVICE_METADATA = (("authorization", f"Bearer {SERVICE_TOKEN}"),)
+LANE_MAX_BYTES = 1 << 22
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +44,20 @@ def generate(address: str, tls: TLSConfig | None, token: str | None) -> pb.Gener
             pb.GenerateRequest(prompt="Hello", max_new_tokens=8, k=2), timeout=30, metadata=metadata)
 
 
+def target_stub(stack: LocalStack, tls: TLSConfig):
+    target = next(p for p in stack.procs if p.role == "target")
+    return channel_for(target.address, tls), target_pb2_grpc.TargetStub
+
+
 def test_mtls_and_token_work_end_to_end(secured):
     stack, tls = secured
-    resp = generate(stack.orchestrator_address, tls, USER_TOKEN)
+    channel, stub_class = target_stub(stack, tls)
+    with channel:
+        before = stub_class(channel).Stats(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA).lane_calls
+        resp = generate(stack.orchestrator_address, tls, USER_TOKEN)
+        after = stub_class(channel).Stats(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA).lane_calls
     assert resp.usage.completion_tokens > 0 and resp.stats.rounds > 0
+    assert after - before >= resp.stats.rounds      # every round's Verify rode the TLS round lane
 
 
 def test_missing_or_wrong_token_is_unauthenticated(secured):
@@ -103,15 +81,41 @@ def test_plaintext_and_certless_clients_are_refused(secured):
 
 def test_target_requires_the_service_token(secured):
     stack, tls = secured
-    target = next(p for p in stack.procs if p.role == "target")
-    with channel_for(target.address, tls) as channel:
-        stub = target_pb2_grpc.TargetStub(channel)
+    channel, stub_class = target_stub(stack, tls)
+    with channel:
+        stub = stub_class(channel)
         with pytest.raises(grpc.RpcError) as err:
             stub.Verify(target_pb2.VerifyRequest(session_id="x", context_ids=[1, 2]), timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        info = stub.Info(common_pb2.InfoRequest(), timeout=10, metadata=(("authorization", f"Bearer {SERVICE_TOKEN}"),))
+        info = stub.Info(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA)
         assert info.role == "target"
-        assert info.round_lane_port == 0        # with TLS on, no plain-TCP round lane is opened
+        assert info.round_lane_port > 0         # the round lane is open, over TLS (next test)
+
+
+def test_round_lane_speaks_mtls_only(secured, tmp_path):
+    """The target's round lane answers a TLS client presenting the CA's certificate; a plaintext client, a
+    TLS client without a client certificate and a client that does not trust the server's CA get no
+    answer (LaneUnreachable: the orchestrator would take gRPC, which refuses them the same way)."""
+    stack, tls = secured
+    channel, stub_class = target_stub(stack, tls)
+    with channel:
+        port = stub_class(channel).Info(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA).round_lane_port
+
+    async def verify_on_lane(ctx):
+        lane = RoundLane("127.0.0.1", port, SERVICE_TOKEN, LANE_MAX_BYTES, idle_max=1, connect_timeout_s=5.0,
+                         retry_s=60.0, tls=ctx)
+        try:
+            return await lane.call("Verify", target_pb2.VerifyRequest(session_id="tls-lane", context_ids=[1, 2, 3]), 30.0)
+        finally:
+            lane.close_idle()
+
+    answer = asyncio.run(verify_on_lane(lane_client_context(tls)))
+    assert answer.next_kind == target_pb2.NEXT_KIND_BONUS and answer.num_accepted == 0
+    other_ca = make_pki(tmp_path)
+    for refused in (None, lane_client_context(TLSConfig(ca=tls.ca)),
+                    lane_client_context(TLSConfig(cert=tls.cert, key=tls.key, ca=str(other_ca["ca"])))):
+        with pytest.raises(LaneUnreachable):
+            asyncio.run(verify_on_lane(refused))
 
 
 def test_healthcheck_speaks_tls_from_the_environment(secured):
