@@ -74,8 +74,8 @@ class CausalLMRunner:
     Args:
         model: a transformers causal LM in eval mode.
         pool: the per-session KV caches of this service.
-        batching: allow `extend_batch` over several sessions (switches the model's attention
-            to specdec_ragged; stays False when the model's attention cannot be switched).
+        batching: allow `extend_batch` over several sessions (needs the model's attention switched to
+            specdec_ragged, which is tried in any case; stays False when it cannot be switched).
         keep_hidden: store the final (normed) hidden state of every cached position beside the
             KV cache (SessionKV.hidden), for feature drafts; needs a `model.model.norm` module. Only
             for sessions that ask (ExtendItem.hidden); a session that asks late recomputes its prefix.
@@ -100,7 +100,9 @@ class CausalLMRunner:
         self.row_invariant = row_invariant
         if row_invariant and not enable_ragged(model, row_invariant=True):
             raise ValueError(f"{type(model).__name__}: attention cannot be switched to row-invariant attention")
-        self.batching = batching and (row_invariant or enable_ragged(model))
+        # Switched whether or not it batches: its single-session path is GQA-aware SDPA (ragged.plain_attention).
+        ragged = row_invariant or enable_ragged(model)
+        self.batching = batching and ragged
         self.device = next(model.parameters()).device
         self._cache_arg = cache_argument(model)
 

@@ -6,7 +6,12 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from specdec.engine.kvcache import KVCachePool, SessionKV, common_prefix_len, kv_bytes_per_token
+from transformers.cache_utils import DynamicLayer
+
+from specdec.engine.kvcache import (
+    GrowingLayer, KVCachePool, SessionKV, UnsupportedCacheError, common_prefix_len, kv_bytes_per_token,
+    new_session_cache,
+)
 from specdec.engine.runner import CausalLMRunner, ExtendItem
 from specdec.errors import ResourceExhausted
 
@@ -169,3 +174,83 @@ def test_uncached_counts_what_a_forward_would_compute_and_leaves_the_lru_order(m
     assert pool.uncached("a", [1, 2, 7, 8, 5]) == 3         # diverges after 2: rollback + 3 to compute
     assert pool.uncached("nobody", [1, 2, 3]) == 3
     assert list(pool._sessions) == ["a", "b"]               # a peek, not a use: "a" stays least recent
+
+
+def test_growing_layers_hold_what_torch_cat_would_and_append_in_place():
+    """A session cache's layers (GrowingLayer) give the keys/values DynamicLayer's torch.cat gives, through
+    appends of any size and truncations, and reallocate only when their spare capacity runs out."""
+    cache, reference = new_session_cache(), DynamicCache()
+    kv = SessionKV(cache=cache)
+    gen = torch.Generator().manual_seed(0)
+    buffers, last = 0, None
+    for step, n in enumerate([7, 1, 1, 5, 1, 300, 2, 1]):
+        k, v = torch.randn(1, 2, n, 8, generator=gen), torch.randn(1, 2, n, 8, generator=gen)
+        keys, values = cache.update(k, v, 0)
+        ref_keys, ref_values = reference.update(k, v, 0)
+        kv.tokens += list(range(n))
+        assert torch.equal(keys, ref_keys) and torch.equal(values, ref_values)
+        assert cache.get_seq_length() == reference.get_seq_length() == len(kv.tokens)
+        layer = cache.layers[0]
+        assert isinstance(layer, GrowingLayer)
+        if layer._keys.data_ptr() != last:
+            buffers, last = buffers + 1, layer._keys.data_ptr()
+        if step == 3:                                   # a rejected draft: roll back 4 positions
+            kv.truncate(len(kv.tokens) - 4)
+            reference.layers[0].crop(-4)
+            assert cache.get_seq_length() == len(kv.tokens) == 10
+    assert buffers == 2            # 7 + 256 spare, then one reallocation for the 300-row append
+    cache.layers[0].crop(-3)       # transformers' own rollback call works too
+    assert cache.get_seq_length() == len(kv.tokens) - 3
+
+
+def test_pool_sessions_get_growing_layers_and_refuse_other_layer_kinds(model):
+    runner = runner_for(model)
+    runner.extend("s", [1, 2, 3, 4, 5], first=4)
+    kv = runner.pool.acquire("s", 5)
+    assert kv.cache.layers and all(isinstance(layer, GrowingLayer) for layer in kv.cache.layers)
+
+    class Sliding(DynamicLayer):
+        pass
+    kv.cache.layers[0] = Sliding()
+    with pytest.raises(UnsupportedCacheError):
+        kv.truncate(2)
+
+
+def test_cpu_attention_never_copies_grouped_heads_and_matches_transformers(model, monkeypatch):
+    """The single-session attention (ragged.plain_attention) runs grouped K/V heads as they are, masked verify
+    passes included, with the values transformers' SDPA path (repeat_kv) gives."""
+    import transformers.integrations.sdpa_attention as hf_sdpa
+
+    from specdec.engine.ragged import plain_attention
+    module = model.model.layers[0].self_attn
+    gen = torch.Generator().manual_seed(1)
+    for rows, cached in ((1, 40), (5, 40), (9, 300), (6, 0)):
+        total = rows + cached
+        query = torch.randn(1, 4, rows, 8, generator=gen)
+        key, value = torch.randn(1, 2, total, 8, generator=gen), torch.randn(1, 2, total, 8, generator=gen)
+        mask = None if rows == 1 or cached == 0 else (
+            torch.arange(total).unsqueeze(0) <= torch.arange(cached, total).unsqueeze(1))[None, None]
+        expected, _ = hf_sdpa.sdpa_attention_forward(module, query, key, value, mask, scaling=0.35)
+        with monkeypatch.context() as patched:
+            patched.setattr(hf_sdpa, "repeat_kv", lambda *_: pytest.fail("grouped K/V heads were copied"))
+            got, _ = plain_attention(module, query, key, value, mask, scaling=0.35)
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_runner_logits_do_not_depend_on_the_cache_layer_kind(model, monkeypatch):
+    """Decode steps and verify passes with rollbacks give the same logits on GrowingLayers as on DynamicLayers."""
+    import specdec.engine.kvcache as kvcache
+
+    def run(factory):
+        monkeypatch.setattr(kvcache, "new_session_cache", factory)
+        runner, ids, out = runner_for(model), list(range(1, 30)), []
+        out.append(runner.extend("s", ids, first=len(ids) - 1).logits)
+        for step in range(6):
+            draft = [(7 * step + j) % VOCAB for j in range(4)]
+            out.append(runner.extend("s", ids + draft, first=len(ids) - 1).logits)
+            ids = ids + draft[:step % 3] + [step + 1]              # keep part of the draft, roll back the rest
+        return out
+    grown = run(new_session_cache)
+    concatenated = run(lambda config=None: DynamicCache(config=config) if config is not None else DynamicCache())
+    for a, b in zip(grown, concatenated):
+        assert torch.equal(a, b)
