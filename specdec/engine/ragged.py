@@ -75,11 +75,13 @@ class RaggedCache:
 def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None, scaling: float | None = None,
                     **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """One session's attention: transformers' SDPA path, except that on CPU grouped K/V heads go to SDPA as
-    they are (`enable_gqa`) also when a mask is passed (a verify pass of several rows over a cache), where
-    transformers copies K and V to every query head first (`repeat_kv`: at 8,000 cached tokens that copy
-    was most of a 5-row verify pass). Same result bit for bit (tests/unit/test_kvcache.py). On other
-    devices SDPA's fast kernels take no mask with enable_gqa, so transformers' path stays.
+    """One session's attention: transformers' SDPA path, except that on CPU grouped K/V heads are never
+    copied to every query head (transformers' `repeat_kv` whenever a mask is passed, as in a verify pass of
+    several rows over a cache: at 8,000 cached tokens that copy was most of a 5-row verify pass): decode
+    steps and verify passes stack each K/V head's query heads as rows (`_grouped_rows_attention`), a
+    prefill from an empty cache runs SDPA with `enable_gqa`. Same values up to float rounding
+    (tests/unit/test_kvcache.py). On other devices SDPA's fast kernels take no mask with enable_gqa, so
+    transformers' path stays.
     query: [B, heads, q, head_dim]; key/value: [B, kv_heads, L, head_dim]. Returns ([B, q, heads, head_dim], None)."""
     grouped = key.shape[1] != query.shape[1]
     if (not grouped or query.device.type != "cpu" or kwargs.get("position_bias") is not None
@@ -91,7 +93,8 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
                                                           else causal)
     if causal and key.shape[2] > q_length:   # transformers' rule for an is_causal call (upper-left alignment)
         key, value = key[:, :, :q_length], value[:, :, :q_length]
-    if attention_mask is not None and attention_mask.shape[1] == 1 and not kwargs.get("dropout"):
+    shared_mask = attention_mask.shape[1] == 1 if attention_mask is not None else q_length == 1
+    if shared_mask and not kwargs.get("dropout"):   # a decode step, or a verify pass over a cache
         out = _grouped_rows_attention(query, key, value, attention_mask, scaling)
     else:
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
@@ -100,17 +103,20 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     return out.transpose(1, 2).contiguous(), None
 
 
-def _grouped_rows_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-                            scaling: float | None) -> torch.Tensor:
-    """Masked SDPA with each K/V head's query heads stacked as rows of one head (query head h reads K/V
-    head h // group, as repeat_kv has it), so each K/V head is read once per pass instead of once per query
-    head: 1.2-1.5x faster attention for verify passes at long contexts on CPU, the same values.
-    query: [B, heads, q, D]; key/value: [B, kv_heads, L, D]; mask: [B or 1, 1, q, L]. Returns [B, heads, q, D]."""
+def _grouped_rows_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
+    """SDPA with each K/V head's query heads stacked as rows of one head (query head h reads K/V head
+    h // group, as repeat_kv has it), so each K/V head is read once per pass instead of once per query
+    head: the attention of a decode step or verify pass at a long context is bound by reading the cache
+    (SmolLM2: 9 query heads on 3 K/V heads, 3x fewer bytes). Same values up to float rounding.
+    query: [B, heads, q, D]; key/value: [B, kv_heads, L, D]; mask: [B or 1, 1, q, L], or None when every row
+    sees every key (one row). Returns [B, heads, q, D]."""
     batch, heads, q_length, head_dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
     stacked = query.reshape(batch, kv_heads, group * q_length, head_dim)     # row r * q + j: head g*group + r, row j
-    out = F.scaled_dot_product_attention(stacked, key, value, attn_mask=mask.repeat(1, 1, group, 1), scale=scaling)
+    stacked_mask = None if mask is None else mask.repeat(1, 1, group, 1)
+    out = F.scaled_dot_product_attention(stacked, key, value, attn_mask=stacked_mask, scale=scaling)
     return out.reshape(batch, heads, q_length, head_dim)
 
 
@@ -176,8 +182,7 @@ def _attend_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: int, 
     call a 1-row decode step makes: SDPA over several query rows (blocks of rows in one GEMM, a
     causal mask) rounds differently in the last bits, which int8 activation rounding can amplify
     into another token (specdec/models/int8.py). Returns [heads, head_dim]."""
-    o = F.scaled_dot_product_attention(q, k[:, :, :seen], v[:, :, :seen], scale=scaling,
-                                       enable_gqa=k.shape[1] != q.shape[1])
+    o = _grouped_rows_attention(q, k[:, :, :seen], v[:, :, :seen], None, scaling)
     return o[0, :, 0]
 
 
