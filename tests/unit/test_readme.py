@@ -115,12 +115,12 @@ def test_changing_any_number_fails_the_check(delta: int) -> None:
 
 
 def test_wrong_json_command_or_cpu_fails_the_check() -> None:
-    swaps = [("`bench/results/bf16.json` | `specdec bench --dtype bfloat16",
-              "`bench/results/threads1.json` | `specdec bench --dtype bfloat16"),
+    swaps = [("`bench/results/int4.json` | `specdec bench --dtype int4",
+              "`bench/results/int8.json` | `specdec bench --dtype int4"),
              ("--no-hf --k 1,2,4 --threads 1", "--no-hf --k 1,2,4 --threads 2"),
              ("| AMD EPYC, 2 cores |", "| AMD EPYC, 4 cores |"),
              ("adaptive k ≤ 12 (`adaptive`) | 28.0", "adaptive k ≤ 8 (`adaptive`) | 28.0"),
-             ("Q4_1.gguf, target alone (`llamacpp`) | 40.0", "Q8_0.gguf, target alone (`llamacpp`) | 40.0")]
+             ("Q4_1.gguf, target alone (`llamacpp`) | 57.0", "Q8_0.gguf, target alone (`llamacpp`) | 57.0")]
     for old, new in swaps:
         assert old in TEXT, old
         assert performance_errors(TEXT.replace(old, new, 1)), f"{old!r} -> {new!r} went unnoticed"
