@@ -42,6 +42,7 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 HIDDEN_MIN_ROWS = 64  # first allocation of a session's hidden-row buffer
+EVICTED_IDS_KEPT = 4096  # evicted session ids remembered, to count those that come back (re-prefills)
 KV_MIN_SPARE = 256    # positions a GrowingLayer allocates beyond what it holds, at least ...
 KV_SPARE_SHARE = 0.25  # ... or this share of what it holds, whichever is more (amortised O(1) appends)
 
@@ -116,7 +117,6 @@ def new_session_cache(model_config: Any = None) -> DynamicCache:
         cache.layer_class_to_replicate = GrowingLayer
     cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
-EVICTED_IDS_KEPT = 4096  # evicted session ids remembered, to count those that come back (re-prefills)
 
 
 @dataclass

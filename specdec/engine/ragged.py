@@ -131,8 +131,12 @@ def ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: Any, val
     for k, v, (start, end) in zip(key.rows, value.rows, key.spans):
         n, total = end - start, k.shape[2]
         mask = None if n == 1 else offset_causal_mask(n, total, query.device)
-        o = F.scaled_dot_product_attention(query[:, :, start:end], k, v, attn_mask=mask, scale=scaling,
-                                           enable_gqa=k.shape[1] != heads)  # [1, heads, n, head_dim]
+        rows = query[:, :, start:end]
+        if rows.device.type == "cpu":     # K/V heads read once (plain_attention)
+            o = _grouped_rows_attention(rows, k, v, None if mask is None else mask[None, None], scaling)
+        else:
+            o = F.scaled_dot_product_attention(rows, k, v, attn_mask=mask, scale=scaling,
+                                               enable_gqa=k.shape[1] != heads)   # [1, heads, n, head_dim]
         out[0, start:end] = o[0].transpose(0, 1)
     return out, None
 
