@@ -44,18 +44,18 @@ def generate(address: str, tls: TLSConfig | None, token: str | None) -> pb.Gener
             pb.GenerateRequest(prompt="Hello", max_new_tokens=8, k=2), timeout=30, metadata=metadata)
 
 
-def target_stub(stack: LocalStack, tls: TLSConfig):
+def target_channel(stack: LocalStack, tls: TLSConfig):
     target = next(p for p in stack.procs if p.role == "target")
-    return channel_for(target.address, tls), target_pb2_grpc.TargetStub
+    return channel_for(target.address, tls)
 
 
 def test_mtls_and_token_work_end_to_end(secured):
     stack, tls = secured
-    channel, stub_class = target_stub(stack, tls)
-    with channel:
-        before = stub_class(channel).Stats(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA).lane_calls
+    with target_channel(stack, tls) as channel:
+        stub = target_pb2_grpc.TargetStub(channel)
+        before = stub.Stats(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA).lane_calls
         resp = generate(stack.orchestrator_address, tls, USER_TOKEN)
-        after = stub_class(channel).Stats(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA).lane_calls
+        after = stub.Stats(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA).lane_calls
     assert resp.usage.completion_tokens > 0 and resp.stats.rounds > 0
     assert after - before >= resp.stats.rounds      # every round's Verify rode the TLS round lane
 
@@ -81,9 +81,8 @@ def test_plaintext_and_certless_clients_are_refused(secured):
 
 def test_target_requires_the_service_token(secured):
     stack, tls = secured
-    channel, stub_class = target_stub(stack, tls)
-    with channel:
-        stub = stub_class(channel)
+    with target_channel(stack, tls) as channel:
+        stub = target_pb2_grpc.TargetStub(channel)
         with pytest.raises(grpc.RpcError) as err:
             stub.Verify(target_pb2.VerifyRequest(session_id="x", context_ids=[1, 2]), timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -97,9 +96,8 @@ def test_round_lane_speaks_mtls_only(secured, tmp_path):
     TLS client without a client certificate and a client that does not trust the server's CA get no
     answer (LaneUnreachable: the orchestrator would take gRPC, which refuses them the same way)."""
     stack, tls = secured
-    channel, stub_class = target_stub(stack, tls)
-    with channel:
-        port = stub_class(channel).Info(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA).round_lane_port
+    with target_channel(stack, tls) as channel:
+        port = target_pb2_grpc.TargetStub(channel).Info(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA).round_lane_port
 
     async def verify_on_lane(ctx):
         lane = RoundLane("127.0.0.1", port, SERVICE_TOKEN, LANE_MAX_BYTES, idle_max=1, connect_timeout_s=5.0,
