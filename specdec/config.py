@@ -240,10 +240,11 @@ class ModelServiceConfig:
     # in chunks of this many tokens, each its own pass, with other sessions' rounds in between
     # (chunked prefill: a long prompt no longer stalls every running session); 0 = whole prefills.
     prefill_chunk_tokens: int = field(default_factory=lambda: env_int("SPECDEC_PREFILL_CHUNK_TOKENS", 512))
-    # Target: while other sessions decode, a long prefill's turn between their rounds computes only as
-    # many tokens as take about this many ms (measured chunk speed; BatchQueue.turn_tokens), so a long
-    # prompt adds at most about this much to each running session's round; alone it runs whole chunks.
-    # 0 = whole chunks always. (Decode-first scheduling, as vLLM's token budget per step.)
+    # Target: while other sessions decode, a pass prefills only as many prompt tokens as take about this
+    # many ms (measured speeds; BatchQueue.turn_tokens for long prompts, pass_prefill_tokens for the
+    # rest): a longer prompt takes turns, riding in the decode rounds' passes, and a burst of prompts
+    # spreads over several passes, so new prompts add at most about this much to each running session's
+    # round; alone whole chunks run. 0 = whole chunks always. (Decode first, as vLLM's token budget per step.)
     prefill_turn_ms: float = field(default_factory=lambda: env_float("SPECDEC_PREFILL_TURN_MS", 200.0))
     # Delta rounds: the most context tokens kept over all sessions (about 50 bytes each) so that
     # Propose/Verify can carry only new tokens; least recently used sessions are dropped first (their

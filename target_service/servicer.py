@@ -8,7 +8,7 @@ import grpc
 
 from specdec.core.accept import BONUS
 from specdec.engine.types import VerifyInput
-from specdec.engine.worker import BatchQueue
+from specdec.engine.batch_queue import BatchQueue
 from specdec.errors import InvalidArgument
 from specdec.protocol import (
     hidden_to_proto, logprobs_to_proto, resolve_context, sampling_from_proto, sparse_from_proto, stats_to_proto,
@@ -36,7 +36,7 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
             self._batches = BatchQueue(self.worker, engine.verify_batch, bundle.info.get("max_batch", 1),
                                        bundle.batch_wait_s, engine.work_tokens, bundle.inline_max_tokens,
                                        engine.prefill_chunk, bundle.prefill_chunk_tokens,
-                                       bundle.prefill_turn_ms)
+                                       bundle.prefill_turn_ms, batch_turn=engine.verify_batch_with_turn)
         return self._batches
 
     async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext) -> Any:

@@ -46,16 +46,41 @@ class TargetEngine:
         Runs only while more than `budget` tokens are uncached, so the verify itself always computes
         its last rows. Its cost is added to the verify's stats (`inp.prefilled`).
         """
+        item = self._turn_item(inp, budget)
+        if item is None:
+            return self.work_tokens(inp)
+        return self._turn_done(inp, self.runner.extend_batch([item])[0])
+
+    def verify_batch_with_turn(self, inputs: list[VerifyInput], turn: VerifyInput, budget: int
+                               ) -> tuple[list[VerifyOutput | SpecDecError], int | SpecDecError]:
+        """`verify_batch(inputs)` and `prefill_chunk(turn, budget)` in ONE forward pass: a prefill's turn rides in
+        the decode rounds' pass instead of a pass of its own (each pass streams the weights once). Returns (the
+        verdicts, the tokens a verify of `turn` still computes, or its error: it fails alone)."""
+        try:
+            item = self._turn_item(turn, budget)
+        except SpecDecError as exc:
+            return self.verify_batch(inputs), exc
+        if item is None:
+            return self.verify_batch(inputs), self.work_tokens(turn)
+        results, forwards = self._verify_with(inputs, [item])
+        fwd = forwards[0]
+        return results, fwd if isinstance(fwd, SpecDecError) else self._turn_done(turn, fwd)
+
+    def _turn_item(self, inp: VerifyInput, budget: int) -> ExtendItem | None:
+        """The extend that prefills `inp`'s next `budget` uncached tokens (None: no more than that is left, the
+        verify computes it). Raises what the verify would for a bad input."""
         self._check(inp, len(inp.draft_ids))
-        ids = inp.ids
         left = self.work_tokens(inp)
         if left <= budget:
-            return left
-        end = len(ids) - left + budget
-        fwd = self.runner.extend(inp.session_id, ids[:end], end - 1, inp.prefix_hashes, inp.hidden_from >= 0)
+            return None
+        end = len(inp.ids) - left + budget
+        return ExtendItem(inp.session_id, inp.ids[:end], end - 1, inp.prefix_hashes, inp.hidden_from >= 0)
+
+    def _turn_done(self, inp: VerifyInput, fwd: ForwardResult) -> int:
+        """Add a turn's work to the verify's stats; return the tokens it still computes."""
         done = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms)
         inp.prefilled = done if inp.prefilled is None else done.follow(inp.prefilled)
-        return len(ids) - end
+        return self.work_tokens(inp)
 
     def verify(self, inp: VerifyInput) -> VerifyOutput:
         """Verify one session's draft (a batch of one)."""
@@ -71,6 +96,11 @@ class TargetEngine:
         3. per session: p per row, accept, logprobs. When the batched forward refuses
         (one session over the cache budget), each item is run alone so only that one fails.
         """
+        return self._verify_with(inputs, [])[0]
+
+    def _verify_with(self, inputs: list[VerifyInput], extra: list[ExtendItem]
+                     ) -> tuple[list[VerifyOutput | SpecDecError], list[ForwardResult | SpecDecError]]:
+        """verify_batch, with `extra` extends (prefill turns) in the same pass: (verdicts, the extras' forwards)."""
         results: list[VerifyOutput | SpecDecError | None] = [None] * len(inputs)
         todo = []
         for i, inp in enumerate(inputs):
@@ -81,7 +111,7 @@ class TargetEngine:
                 results[i] = exc
         items = [ExtendItem(inputs[i].session_id, inputs[i].ids,
                             len(inputs[i].context_ids) - 1, inputs[i].prefix_hashes, inputs[i].hidden_from >= 0)
-                 for i in todo]
+                 for i in todo] + extra
         try:
             forwards = self.runner.extend_batch(items) if items else []
         except SpecDecError as exc:
@@ -91,7 +121,7 @@ class TargetEngine:
                 forwards = [self._extend_alone(item) for item in items]
         for i, fwd in zip(todo, forwards):
             results[i] = fwd if isinstance(fwd, SpecDecError) else self._judge(inputs[i], fwd)
-        return results
+        return results, forwards[len(todo):]
 
     def _extend_alone(self, item: ExtendItem) -> ForwardResult | SpecDecError:
         try:

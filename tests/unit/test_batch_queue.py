@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from specdec.engine.worker import BatchQueue, ModelWorker
+from specdec.engine.batch_queue import BatchQueue
+from specdec.engine.worker import ModelWorker
 from specdec.errors import InvalidArgument
 
 STEP_S = 0.05
@@ -449,3 +450,145 @@ def test_turn_tokens_fit_the_turn_at_the_chunk_speed_within_bounds():
     assert queue.turn_tokens(others_decoding=True) == 512
     queue.prefill_turn_ms, queue.chunk_tokens = 200, 8                    # chunks below the floor: whole chunks
     assert queue.turn_tokens(others_decoding=True) == 8
+
+
+class PricedWork:
+    """Items are session ids; a pass sleeps MS_PER_TOKEN per token it computes. A session's first call
+    prefills `prompt[sid]` tokens, its later ones decode 1 token. Records each pass's sessions."""
+
+    MS_PER_TOKEN = 0.1
+
+    def __init__(self, prompt: dict[str, int]) -> None:
+        self.left, self.log = dict(prompt), []
+
+    def work(self, sid: str) -> int:
+        return self.left[sid]
+
+    def batch(self, sids: list[str]) -> list[str]:
+        self.log.append(tuple(sids))
+        time.sleep(sum(self.left[sid] for sid in sids) * self.MS_PER_TOKEN / 1000)
+        for sid in sids:
+            self.left[sid] = 1
+        return [f"{sid} done" for sid in sids]
+
+    def prefill(self, sid: str, budget: int) -> int:
+        if self.left[sid] <= budget:
+            return self.left[sid]
+        self.log.append(("chunk", budget))
+        time.sleep(budget * self.MS_PER_TOKEN / 1000)
+        self.left[sid] -= budget
+        return self.left[sid]
+
+
+def test_a_burst_of_prompts_spreads_over_passes_and_running_sessions_decode_in_each():
+    """Decode first for every prompt, not only long ones: while sessions decode, a pass prefills at most
+    what prefill_turn_ms buys (beyond its first prompt), so a burst of prompts does not hold every running
+    session for one pass of them all; the prompts run first come, first served."""
+    prompts = {f"p{i}": 60 for i in range(4)}
+
+    async def decode(queue: BatchQueue, sid: str, rounds: int) -> None:
+        for _ in range(rounds):
+            await queue.submit(sid, sid)
+
+    async def scenario():
+        work = PricedWork({"a": 1, "b": 1, **prompts})
+        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, max_wait_s=0.02, work_tokens=work.work,
+                           prefill=work.prefill, chunk_tokens=512, prefill_turn_ms=10)
+        queue.ms_per_token = PricedWork.MS_PER_TOKEN                      # 10 ms buy 100 prompt tokens
+        running = [asyncio.create_task(decode(queue, sid, 40)) for sid in ("a", "b")]
+        await asyncio.sleep(0.005)
+        await asyncio.gather(*(queue.submit(sid, sid) for sid in prompts))
+        await asyncio.gather(*running)
+        return work.log
+
+    log = run(scenario())
+    with_prompts = [sids for sids in log if any(sid in prompts for sid in sids)]
+    assert [sid for sids in with_prompts for sid in sids if sid in prompts] == list(prompts)   # first come
+    assert len(with_prompts) == 4, log                         # 60 + 60 > 100: one prompt a pass
+    assert all("a" in sids and "b" in sids for sids in with_prompts[1:]), log   # decode rounds in each
+
+
+def test_alone_a_pass_prefills_at_most_a_chunk_of_prompts():
+    async def scenario():
+        work = PricedWork({f"p{i}": 60 for i in range(5)})
+        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, work_tokens=work.work,
+                           prefill=lambda sid, budget: 0, chunk_tokens=128, prefill_turn_ms=0)
+        await asyncio.gather(*(queue.submit(f"p{i}", f"p{i}") for i in range(5)))
+        return work.log
+
+    assert run(scenario()) == [("p0", "p1"), ("p2", "p3"), ("p4",)]
+
+
+def test_the_pass_prefill_budget_fits_the_turn_at_the_batch_speed_within_bounds():
+    queue = BatchQueue(ModelWorker("t"), lambda items: items, max_batch=8, work_tokens=len,
+                       prefill=lambda item, budget: 0, chunk_tokens=512, prefill_turn_ms=200)
+    assert queue.pass_prefill_tokens(others_decoding=True) == 512         # speed not measured yet
+    queue.ms_per_token, queue.chunk_ms_per_token = 2.0, 8.0               # batches' speed, not the turns'
+    assert queue.pass_prefill_tokens(others_decoding=True) == 100
+    assert queue.pass_prefill_tokens(others_decoding=False) == 512
+    queue.ms_per_token = 50.0
+    assert queue.pass_prefill_tokens(others_decoding=True) == 32          # the floor
+    queue.prefill_turn_ms = 0
+    assert queue.pass_prefill_tokens(others_decoding=True) == 512
+
+
+def test_while_others_decode_a_prompt_over_the_pass_budget_takes_turns_at_the_batch_speed():
+    """A prompt shorter than a chunk but longer than what prefill_turn_ms buys is chunked too while other
+    sessions decode (decode first); its turns are sized and timed as batches (short contexts), so the long
+    prefills' turn speed is left alone."""
+    async def decode(queue: BatchQueue, sid: str, rounds: int) -> None:
+        for _ in range(rounds):
+            await queue.submit(sid, sid)
+
+    async def scenario():
+        work = PricedWork({"a": 1, "mid": 300})
+        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, max_wait_s=0.02, work_tokens=work.work,
+                           prefill=work.prefill, chunk_tokens=512, prefill_turn_ms=10)
+        queue.ms_per_token = PricedWork.MS_PER_TOKEN                      # 10 ms buy 100 prompt tokens
+        running = asyncio.create_task(decode(queue, "a", 30))
+        await asyncio.sleep(0.005)
+        await queue.submit("mid", "mid")
+        await running
+        return work.log, queue
+
+    log, queue = run(scenario())
+    chunks = [i for i, entry in enumerate(log) if entry[0] == "chunk"]
+    sizes = [log[i][1] for i in chunks]                   # ~100 each (the measured speed moves the budget a little)
+    assert 2 <= len(sizes) <= 3 and all(80 <= size <= 100 for size in sizes) and sum(sizes) < 300, log
+    assert all(("a",) in log[i:j] for i, j in zip(chunks, chunks[1:])), log          # a decoded in between
+    assert any(entry == ("a", "mid") or entry == ("mid", "a") for entry in log[chunks[-1]:]), log
+    assert queue.chunk_ms_per_token == 0.0 and queue.ms_per_token > 0
+
+
+def test_a_turn_rides_in_the_decode_rounds_pass_when_the_engine_can_batch_it():
+    """With batch_turn, a prefill's turn and the decode rounds share ONE pass (the weights stream once); a
+    failed turn fails its own call alone."""
+    class TurnWork(PricedWork):
+        def batch_turn(self, sids: list[str], turn: str, budget: int) -> tuple[list[str], object]:
+            if turn == "bad":
+                return self.batch(sids), InvalidArgument("bad prompt")
+            self.log.append(("turn", turn, budget))
+            self.left[turn] -= budget
+            return self.batch(sids), self.left[turn]
+
+    async def decode(queue: BatchQueue, sid: str, rounds: int) -> None:
+        for _ in range(rounds):
+            await queue.submit(sid, sid)
+
+    async def scenario():
+        work = TurnWork({"a": 1, "mid": 300, "bad": 300})
+        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, max_wait_s=0.02, work_tokens=work.work,
+                           prefill=work.prefill, chunk_tokens=512, prefill_turn_ms=10, batch_turn=work.batch_turn)
+        queue.ms_per_token = PricedWork.MS_PER_TOKEN                      # 10 ms buy 100 prompt tokens
+        running = asyncio.create_task(decode(queue, "a", 30))
+        await asyncio.sleep(0.005)
+        results = await asyncio.gather(queue.submit("mid", "mid"), queue.submit("bad", "bad"), return_exceptions=True)
+        await running
+        return work.log, results, queue.worker.state
+
+    log, (mid, bad), state = run(scenario())
+    turns = [i for i, entry in enumerate(log) if entry[0] == "turn"]
+    assert mid[0] == "mid done" and isinstance(bad, InvalidArgument)
+    assert turns and all(log[i + 1] == ("a",) for i in turns), log     # each turn's pass carried a's round
+    assert not any(entry[0] == "chunk" for entry in log), log          # no pass of its own (a is waited for)
+    assert state.prefill_chunks == len(turns) + 1                       # and the bad one's turn

@@ -145,3 +145,30 @@ def test_a_prefill_in_chunks_gives_the_verdict_of_a_whole_prefill_and_counts_all
         whole.runner.pool.release("s")
     with pytest.raises(InvalidArgument):                 # a bad call fails at its first chunk already
         chunked.prefill_chunk(VerifyInput("bad", list(range(40)), [VOCAB + 1], SamplingConfig()), 16)
+
+
+def test_a_prefill_turn_in_a_verify_batch_gives_what_separate_passes_give(model):
+    g = torch.Generator().manual_seed(11)
+    together = TargetEngine(runner_for(model, batching=True), max_context=512, max_k=8)
+    apart = TargetEngine(runner_for(model, batching=True), max_context=512, max_k=8)
+    contexts = {f"s{i}": random_ids(g, 5 + 3 * i) for i in range(3)}
+    prompt, draft = random_ids(g, 45), random_ids(g, 3)
+    turn, turn_ref = (VerifyInput("p", prompt, draft, SamplingConfig(), logprobs=2) for _ in range(2))
+    lefts = []
+    for round_index in range(3):
+        inputs = inputs_for_round(g, contexts, round_index)
+        outs, left = together.verify_batch_with_turn(inputs, turn, 16)
+        refs, ref_left = apart.verify_batch(inputs), apart.prefill_chunk(turn_ref, 16)
+        lefts.append(left)
+        assert left == ref_left
+        for inp, out, ref in zip(inputs, outs, refs):
+            assert (out.result.num_accepted, out.result.next_token, out.result.target_ids) == \
+                   (ref.result.num_accepted, ref.result.next_token, ref.result.target_ids)
+            contexts[inp.session_id] = inp.context_ids + inp.draft_ids[:out.result.num_accepted] + [out.result.next_token]
+    assert lefts == [32, 16, 16]                       # the third turn found only the verify's own rows left
+    out, ref = together.verify(turn), apart.verify(turn_ref)
+    assert (out.result.next_token, out.result.target_ids) == (ref.result.next_token, ref.result.target_ids)
+    assert out.stats.computed_tokens == 48
+    bad = VerifyInput("bad", list(range(40)), [VOCAB + 1], SamplingConfig())
+    outs, left = together.verify_batch_with_turn(inputs_for_round(g, contexts, 3), bad, 16)
+    assert isinstance(left, InvalidArgument) and not any(isinstance(o, Exception) for o in outs)

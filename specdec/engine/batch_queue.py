@@ -1,0 +1,359 @@
+"""BatchQueue: continuous batching of Verify calls at round granularity, with chunked prefill, decode-first
+turns and load shedding at the door. Runs its passes through a ModelWorker (specdec/engine/worker.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import Callable, Generic, TypeVar
+
+from specdec.config import Limits
+from specdec.engine.worker import FILL_WEIGHT, MS_PER_S, ModelWorker, ewma, fits_inline
+from specdec.errors import ResourceExhausted
+
+T = TypeVar("T")
+I = TypeVar("I")
+#: a call computing more tokens than the largest verify (k = Limits.max_k, plus the bonus row) is a prefill.
+PREFILL_MIN_TOKENS = Limits.max_k + 2
+#: a new prefill is refused (RESOURCE_EXHAUSTED) when the work queued ahead of it, and its own, would take more
+#: than this share of the time its caller still waits (its gRPC deadline): shed at the door, not time out
+#: inside. 1: only calls the estimate says cannot finish in time (0.5 refused a second stream at a time
+#: on the loaded development machine).
+ADMIT_DEADLINE_SHARE = 1.0
+#: the fewest tokens a long prefill's turn computes while other sessions decode (BatchQueue.turn_tokens).
+MIN_TURN_TOKENS = 32
+
+
+Entry = tuple  # (session_id, item, future, time queued): one queued call of a BatchQueue
+
+
+class BatchQueue(Generic[I, T]):
+    """Coalesces concurrent calls of distinct sessions into one `batch_fn` call on the model thread.
+
+    Continuous batching at round granularity: while one batch runs, new calls
+    queue; the next batch takes all of them (at most max_batch). Each session
+    holds its lock while queued, so a batch never holds one session twice.
+
+    Sessions come back one network round trip after their batch finished, not
+    all at the same instant; a batch that started with the first of them would
+    split the group into a batch of one and a batch of the rest, and stay split.
+    So when the previous batch held several sessions, the next one waits (at
+    most max_wait_s) until those sessions are back. A lone session never waits.
+
+    Args:
+        worker: the model thread and per-session locks.
+        batch_fn: items -> one result per item (a SpecDecError in an item's place fails that item).
+        max_batch: the most calls in one batch (1 = no batching).
+        max_wait_s: how long a batch may wait for the previous batch's sessions to come back.
+        work_tokens: item -> tokens its forward computes; a batch of at most inline_max_tokens runs
+            inline (ModelWorker.run_on_thread).
+        prefill: (item, budget) -> tokens it still computes, after computing `budget` of them in a pass
+            of its own. With `chunk_tokens` > 0, an item whose work exceeds chunk_tokens (a long
+            prompt's prefill) advances one chunk per turn, and the other calls' batches run in between:
+            chunked prefill, so a long prompt does not stall every running session for its whole prefill.
+            While other sessions decode, a prompt longer than the pass's prefill budget (pass_prefill_tokens)
+            takes turns too, and the other prompts of a batch fill that budget (decode first).
+        batch_turn: (items, a prefill's item, budget) -> (batch_fn(items), prefill(item, budget)) in ONE pass;
+            when given (and batching), a turn rides in the decode rounds' batch instead of a pass of its own.
+    """
+
+    def __init__(self, worker: ModelWorker, batch_fn: Callable[[list[I]], list[T | Exception]],
+                 max_batch: int, max_wait_s: float = 0.0, work_tokens: Callable[[I], int] | None = None,
+                 inline_max_tokens: int = 0, prefill: Callable[[I, int], int] | None = None,
+                 chunk_tokens: int = 0, prefill_turn_ms: float = 0.0,
+                 batch_turn: Callable[[list[I], I, int], tuple[list[T | Exception], int | Exception]] | None = None
+                 ) -> None:
+        self.worker, self.batch_fn, self.max_batch = worker, batch_fn, max(1, max_batch)
+        worker.state.max_batch = self.max_batch
+        self.max_wait_s = max_wait_s
+        self.work_tokens, self.inline_max_tokens = work_tokens, inline_max_tokens
+        chunking = prefill is not None and work_tokens is not None and chunk_tokens > 0
+        self.prefill, self.chunk_tokens = (prefill, chunk_tokens) if chunking else (None, 0)
+        self.batch_turn = batch_turn if chunking and self.max_batch > 1 else None
+        self._pending: deque[Entry] = deque()
+        self._drainer: asyncio.Task | None = None
+        self._arrived = asyncio.Event()
+        self._last: set[str] = set()            # sessions of the previous batch
+        self.ms_per_token = 0.0                 # model ms per token of recent batches that prefilled (0: not measured)
+        self.chunk_ms_per_token = 0.0           # the same, of chunked-prefill turns (long contexts, small passes)
+        self.prefill_turn_ms = prefill_turn_ms
+        self._batch_ended = 0.0                 # time.perf_counter() when the last batch ended
+        self._solo = False                      # a call waits one loop turn to run alone (_ran_alone)
+
+    async def submit(self, session_id: str, item: I, deadline_s: float | None = None) -> tuple[T, float]:
+        """Queue one session's call; returns (its result, queue_ms until its batch started).
+
+        deadline_s: how long the caller still waits (None: no deadline). A prefill that the work queued
+        ahead of it would keep waiting past ADMIT_DEADLINE_SHARE of that is refused at once with
+        ResourceExhausted (load shedding: the client sees 429 and retries later, instead of every call
+        in an overloaded queue running into its deadline). Decode rounds of running generations are
+        never refused."""
+        if deadline_s is not None:
+            self._admit(item, deadline_s)
+        async with self.worker.session_slot(session_id):
+            future = asyncio.get_running_loop().create_future()
+            entry = (session_id, item, future, time.perf_counter())
+            if not await self._ran_alone(entry):
+                self._pending.append(entry)
+                self._arrived.set()
+                if self._drainer is None or self._drainer.done():
+                    self._drainer = asyncio.create_task(self._drain())
+            return await future
+
+    async def _ran_alone(self, entry: Entry) -> bool:
+        """Run a call at once as a batch of one, inline on the event loop, when nothing could join it: the
+        queue idle (nothing queued or running, no batch group to wait for) and still idle after one turn
+        of the event loop (calls that arrived with it queue behind it and batch together), and a small
+        forward with the model thread idle (ModelWorker.run_on_thread). Saves the queue's task, hand-over
+        and wake-up (~0.1 ms a round on CPU). Returns whether it ran (its future is then done)."""
+        if self._solo or not self._idle() or not self.worker.model_thread_idle() or not self._small_items([entry[1]]):
+            return False                   # checked first: a call that cannot run alone pays no loop turn
+        self._solo = True                  # calls arriving meanwhile queue (and take this one along)
+        try:
+            await asyncio.sleep(0)
+        finally:
+            self._solo = False
+        if not self._idle() or not self.worker.model_thread_idle():
+            return False
+        await self._run_batch([entry], inline=True)   # never suspends
+        return True
+
+    def _idle(self) -> bool:
+        """Nothing queued, no batch running, no batch group to wait for."""
+        if self._pending or (self._drainer is not None and not self._drainer.done()):
+            return False
+        return self.max_wait_s <= 0 or len(self._last) <= 1
+
+    def _admit(self, item: I, deadline_s: float) -> None:
+        if self.work_tokens is None or self.ms_per_token <= 0:
+            return
+        own = self.work_tokens(item)
+        if own < PREFILL_MIN_TOKENS:
+            return
+        wait_s = self.wait_ms(own) / MS_PER_S
+        if wait_s > ADMIT_DEADLINE_SHARE * deadline_s:
+            self.worker.state.shed_calls += 1
+            raise ResourceExhausted(f"target overloaded: about {wait_s:.1f} s of queued work for a {own}-token "
+                                    f"prefill and the call waits at most {deadline_s:.1f} s; retry later")
+
+    def wait_ms(self, own: int) -> float:
+        """About how long a new call computing `own` tokens takes to be done (an upper estimate), at the
+        measured speeds: batches at ms_per_token, long prefills' turns at chunk_ms_per_token (a turn at a
+        long context costs several times a short prompt's token; one speed for both refused short prompts).
+        Without chunked prefill the queue runs first come: all the work queued ahead, then its own. With
+        it, a call that fits a batch runs in the next batch, behind at most one turn of the oldest long
+        prefill (decode first, see prefill_turn_ms): not behind the whole of the long ones; a long prefill
+        takes its turns after the long ones queued before it (first come, first served among them)."""
+        ahead = [self.work_tokens(entry[1]) for entry in self._pending]
+        batch_ms, chunk_ms = self.ms_per_token, self.chunk_ms_per_token or self.ms_per_token
+        if not self.chunk_tokens:
+            return (own + sum(ahead)) * batch_ms
+        fits = sum(work for work in ahead if work <= self.chunk_tokens)
+        longs = [work for work in ahead if work > self.chunk_tokens]
+        if own > self.chunk_tokens:
+            return fits * batch_ms + (own + sum(longs)) * chunk_ms
+        turn = min(min(longs), self.turn_tokens(others_decoding=True)) if longs else 0
+        return (own + fits) * batch_ms + turn * chunk_ms
+
+    @staticmethod
+    def _pass_ms_per_token(tokens: int, elapsed_s: float) -> float:
+        """Model ms per token of a pass that prefilled `tokens` tokens in `elapsed_s` (0 when it prefilled
+        too few to say); the callers fold it into the speed of their kind of pass."""
+        if tokens < PREFILL_MIN_TOKENS or elapsed_s <= 0:
+            return 0.0
+        return elapsed_s * MS_PER_S / tokens
+
+    def turn_tokens(self, others_decoding: bool) -> int:
+        """Tokens a long prefill computes in its next turn (see prefill_turn_ms)."""
+        if not others_decoding or self.prefill_turn_ms <= 0 or self.chunk_ms_per_token <= 0:
+            return self.chunk_tokens
+        fit = int(self.prefill_turn_ms / self.chunk_ms_per_token)
+        return min(self.chunk_tokens, max(MIN_TURN_TOKENS, fit))
+
+    async def _drain(self) -> None:
+        while self._pending:
+            await self._wait_for_group()
+            taken = self._take()
+            decoding = self._decoding(taken)
+            batch, long = self._split(taken, decoding)
+            long.sort(key=lambda entry: entry[3])       # the oldest long prefill takes the turn
+            others_decoding = decoding or bool(batch) or self._decoded_lately()
+            turn = (long[0], *self._turn(long[0], others_decoding)) if long else None
+            if batch and turn and self.batch_turn is not None:
+                await self._run_batch(batch, turn=turn)    # the turn rides in the decode rounds' pass
+            else:
+                if batch:
+                    await self._run_batch(batch)
+                if turn:
+                    await self._prefill_one(*turn)
+            self._pending.extend(long)  # behind the calls that came meanwhile (max_batch 1 interleaves too)
+
+    def _decoding(self, taken: list[Entry]) -> bool:
+        """Whether sessions decode beside this pass's prefills: a decode round among the calls taken (False
+        without chunked prefill: nothing reads it). Not "a batch ended lately": a prompt that arrives alone
+        right after another generation ended is prefilled whole, as the same prompt is on an idle target
+        (int8's row-invariant identity, tests/integration/test_quantized_speculative_identity.py)."""
+        return bool(self.chunk_tokens) and any(self.work_tokens(entry[1]) < PREFILL_MIN_TOKENS for entry in taken)
+
+    def _decoded_lately(self) -> bool:
+        """Whether a batch ended less than prefill_turn_ms ago (its sessions are likely decoding)."""
+        return (time.perf_counter() - self._batch_ended) * MS_PER_S < self.prefill_turn_ms
+
+    def _split(self, batch: list[Entry], decoding: bool) -> tuple[list[Entry], list[Entry]]:
+        """(calls to run as one batch now, prefills that take turns of their own). A prefill takes turns when
+        it is longer than a chunk or, while others decode, than the pass's prefill budget; the batch's other
+        prefills fill that budget (at least one runs) and the rest go back to the front of the queue."""
+        if not self.chunk_tokens:
+            return batch, []
+        budget = self.pass_prefill_tokens(decoding)
+        work = {id(entry): self.work_tokens(entry[1]) for entry in batch}
+        long = [entry for entry in batch if work[id(entry)] > self.chunk_tokens
+                or budget < work[id(entry)] >= PREFILL_MIN_TOKENS]
+        held = {id(entry) for entry in long}
+        now, later, used = [], [], 0
+        for entry in batch:
+            tokens = work[id(entry)] if work[id(entry)] >= PREFILL_MIN_TOKENS else 0
+            if id(entry) in held:
+                continue
+            if tokens and used and used + tokens > budget:
+                later.append(entry)
+                continue
+            used += tokens
+            now.append(entry)
+        self._pending.extendleft(reversed(later))
+        return now, long
+
+    def pass_prefill_tokens(self, others_decoding: bool) -> int:
+        """The most prompt tokens one pass prefills (a longer prompt takes turns): a chunk alone; while other
+        sessions decode, what prefill_turn_ms buys at the batches' measured speed (never below
+        MIN_TURN_TOKENS). So a burst of new prompts, or one of a few hundred tokens, spreads over several
+        passes with decode rounds in between, instead of holding every running session for one pass of them
+        all; and each pass's activations stay small (a pass of 1,300 prompt tokens costs ~15 % more per
+        token here than passes of 300). vLLM's token budget per step."""
+        if not others_decoding or self.prefill_turn_ms <= 0 or self.ms_per_token <= 0:
+            return self.chunk_tokens
+        return min(self.chunk_tokens, max(MIN_TURN_TOKENS, int(self.prefill_turn_ms / self.ms_per_token)))
+
+    def _turn(self, entry: Entry, others_decoding: bool) -> tuple[int, bool]:
+        """(tokens of a prefill's next turn, whether it is a long prompt's): a long prompt's turn is sized at the
+        speed of such turns (long contexts), a shorter one's is the pass's prefill budget at the batches' speed."""
+        if self.work_tokens(entry[1]) > self.chunk_tokens:
+            return self.turn_tokens(others_decoding), True
+        return self.pass_prefill_tokens(others_decoding), False
+
+    async def _prefill_one(self, entry: Entry, tokens: int, long_context: bool = True) -> None:
+        """One chunk (`tokens` tokens) of a prefill on the model thread; a failure fails that call alone. Its
+        speed is learned as the long prefills' turns' (long_context) or the batches'."""
+        _, item, future, _ = entry
+        self.worker.state.prefill_chunks += 1
+        started = time.perf_counter()
+        try:
+            await self.worker.run_on_thread(lambda: self.prefill(item, tokens))
+        except Exception as exc:  # noqa: BLE001 - handed to the caller
+            if not future.done():
+                future.set_exception(exc)
+        finally:
+            self.worker.state.prefill_ms += (time.perf_counter() - started) * MS_PER_S
+            self._learn_speed(tokens, time.perf_counter() - started, long_context)
+
+    def _learn_speed(self, tokens: int, elapsed_s: float, long_context: bool) -> None:
+        """Fold a pass that prefilled `tokens` in `elapsed_s` into the speed of its kind: long prefills' turns
+        (long contexts) or batches."""
+        now = self._pass_ms_per_token(tokens, elapsed_s)
+        if now and long_context:
+            self.chunk_ms_per_token = ewma(self.chunk_ms_per_token, now)
+            self.ms_per_token = self.ms_per_token or now   # no batch has prefilled yet: a first figure
+        elif now:
+            self.ms_per_token = ewma(self.ms_per_token, now)
+
+    async def _run_batch(self, batch: list[Entry], inline: bool | None = None,
+                         turn: tuple[Entry, int, bool] | None = None) -> None:
+        """One batch_fn call on the model thread (or inline: None = as `_small_items` says); each caller gets
+        its result. With `turn` (entry, tokens, long_context), batch_turn runs that prefill's turn in the same
+        pass (a failed turn fails its own call alone)."""
+        self._last = {sid for sid, _, _, _ in batch}
+        self.worker.state.observe_batch(len(batch), FILL_WEIGHT)
+        prefill_tokens = self._prefill_tokens(batch) + (turn[1] if turn else 0)
+        items = [item for _, item, _, _ in batch]
+        started = time.perf_counter()
+        try:
+            if turn:
+                self.worker.state.prefill_chunks += 1
+                results, left = await self.worker.run_on_thread(lambda: self.batch_turn(items, turn[0][1], turn[1]))
+                self._fail_turn(turn[0], left)
+            else:
+                results = await self.worker.run_on_thread(lambda: self.batch_fn(items),
+                                                          self._small_items(items) if inline is None else inline)
+        except Exception as exc:  # noqa: BLE001 - the whole forward failed: every caller gets it
+            results = [exc] * len(batch)
+            if turn:
+                self._fail_turn(turn[0], exc)
+        if prefill_tokens:
+            self.worker.state.prefill_ms += (time.perf_counter() - started) * MS_PER_S
+            self._learn_speed(prefill_tokens, time.perf_counter() - started, turn is not None and turn[2])
+        self._batch_ended = time.perf_counter()
+        for (_, _, future, queued), result in zip(batch, results):
+            if future.done():
+                continue  # the caller went away (cancelled)
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result((result, (started - queued) * MS_PER_S))
+
+    @staticmethod
+    def _fail_turn(entry: Entry, left: object) -> None:
+        """A turn's outcome: tokens left (the call queues on), or an error for that call alone."""
+        future = entry[2]
+        if isinstance(left, Exception) and not future.done():
+            future.set_exception(left)
+
+    async def _wait_for_group(self) -> None:
+        """Wait (at most max_wait_s) until the previous batch's sessions are queued again: a group of them, or
+        a lone one while a prefill takes turns (its turn then rides in that session's pass)."""
+        if self.max_wait_s <= 0 or not self._last or (len(self._last) == 1 and not self._turn_pending()):
+            return
+        started = time.perf_counter()
+        try:
+            await self._wait_until(started + self.max_wait_s)
+        finally:
+            self.worker.state.batch_wait_ms += (time.perf_counter() - started) * MS_PER_S
+
+    def _turn_pending(self) -> bool:
+        """Whether a queued prefill would take a turn that a batch could carry (batch_turn)."""
+        if self.batch_turn is None:
+            return False
+        budget = self.pass_prefill_tokens(others_decoding=True)
+        return any(self.work_tokens(entry[1]) > budget for entry in self._pending)
+
+    async def _wait_until(self, deadline: float) -> None:
+        while len(self._pending) < self.max_batch and not self._last <= {e[0] for e in self._pending}:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout=left)
+            except asyncio.TimeoutError:
+                return
+
+    def _prefill_tokens(self, batch: list[Entry]) -> int:
+        """The batch's tokens when a call of it prefills (computes more tokens than any verify does), else 0."""
+        if self.work_tokens is None:
+            return 0
+        work = [self.work_tokens(item) for _, item, _, _ in batch]
+        return sum(work) if max(work, default=0) >= PREFILL_MIN_TOKENS else 0
+
+    def _small_items(self, items: list[I]) -> bool:
+        if self.work_tokens is None or self.inline_max_tokens <= 0:  # skip sizing what cannot run inline
+            return False
+        return fits_inline(sum(self.work_tokens(item) for item in items), self.inline_max_tokens)
+
+    def _take(self) -> list[Entry]:
+        batch = []
+        while self._pending and len(batch) < self.max_batch:
+            entry = self._pending.popleft()
+            if not entry[2].done():
+                batch.append(entry)
+        return batch
