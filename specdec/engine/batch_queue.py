@@ -24,6 +24,9 @@ PREFILL_MIN_TOKENS = Limits.max_k + 2
 ADMIT_DEADLINE_SHARE = 1.0
 #: the fewest tokens a long prefill's turn computes while other sessions decode (BatchQueue.turn_tokens).
 MIN_TURN_TOKENS = 32
+#: while shorter prompts and long ones (over a chunk) both wait for turns, a long one gets every this-many-th
+#: turn (BatchQueue._next_turn).
+LONG_TURN_EVERY = 3
 
 
 Entry = tuple  # (session_id, item, future, time queued): one queued call of a BatchQueue
@@ -51,7 +54,8 @@ class BatchQueue(Generic[I, T]):
             inline (ModelWorker.run_on_thread).
         prefill: (item, budget) -> tokens it still computes, after computing `budget` of them in a pass
             of its own. With `chunk_tokens` > 0, an item whose work exceeds chunk_tokens (a long
-            prompt's prefill) advances one chunk per turn, and the other calls' batches run in between:
+            prompt's prefill) advances one chunk per turn, and the other calls' batches run in between (or
+            carry the turn, batch_turn):
             chunked prefill, so a long prompt does not stall every running session for its whole prefill.
             While other sessions decode, a prompt longer than the pass's prefill budget (pass_prefill_tokens)
             takes turns too, and the other prompts of a batch fill that budget (decode first).
@@ -81,6 +85,7 @@ class BatchQueue(Generic[I, T]):
         self.prefill_turn_ms = prefill_turn_ms
         self._batch_ended = 0.0                 # time.perf_counter() when the last batch ended
         self._solo = False                      # a call waits one loop turn to run alone (_ran_alone)
+        self._turns_since_long = 0              # turns shorter prompts took while a long one waited (_next_turn)
 
     async def submit(self, session_id: str, item: I, deadline_s: float | None = None) -> tuple[T, float]:
         """Queue one session's call; returns (its result, queue_ms until its batch started).
@@ -178,9 +183,8 @@ class BatchQueue(Generic[I, T]):
             taken = self._take()
             decoding = self._decoding(taken)
             batch, long = self._split(taken, decoding)
-            long.sort(key=lambda entry: entry[3])       # the oldest long prefill takes the turn
             others_decoding = decoding or bool(batch) or self._decoded_lately()
-            turn = (long[0], *self._turn(long[0], others_decoding)) if long else None
+            turn = (first := self._next_turn(long), *self._turn(first, others_decoding)) if long else None
             if batch and turn and self.batch_turn is not None:
                 await self._run_batch(batch, turn=turn)    # the turn rides in the decode rounds' pass
             else:
@@ -189,6 +193,23 @@ class BatchQueue(Generic[I, T]):
                 if turn:
                     await self._prefill_one(*turn)
             self._pending.extend(long)  # behind the calls that came meanwhile (max_batch 1 interleaves too)
+
+    def _next_turn(self, waiting: list[Entry]) -> Entry:
+        """Whose turn it is among the prefills that take turns: the oldest shorter prompt (at most a chunk),
+        except that the oldest long one gets every LONG_TURN_EVERY-th turn while both kinds wait. First come
+        first served across both would hold a 300-token prompt behind every turn of the 6,000-token prompts
+        ahead of it (past its deadline); shorter ones always first would starve the long ones under a steady
+        stream of prompts."""
+        waiting.sort(key=lambda entry: entry[3])
+        longs = [entry for entry in waiting if self.work_tokens(entry[1]) > self.chunk_tokens]
+        shorter = [entry for entry in waiting if self.work_tokens(entry[1]) <= self.chunk_tokens]
+        if not (longs and shorter):
+            return waiting[0]
+        self._turns_since_long += 1
+        if self._turns_since_long >= LONG_TURN_EVERY:
+            self._turns_since_long = 0
+            return longs[0]
+        return shorter[0]
 
     def _decoding(self, taken: list[Entry]) -> bool:
         """Whether sessions decode beside this pass's prefills: a decode round among the calls taken (False
@@ -202,7 +223,7 @@ class BatchQueue(Generic[I, T]):
         return (time.perf_counter() - self._batch_ended) * MS_PER_S < self.prefill_turn_ms
 
     def _split(self, batch: list[Entry], decoding: bool) -> tuple[list[Entry], list[Entry]]:
-        """(calls to run as one batch now, prefills that take turns of their own). A prefill takes turns when
+        """(calls to run as one batch now, prefills that take turns). A prefill takes turns when
         it is longer than a chunk or, while others decode, than the pass's prefill budget; the batch's other
         prefills fill that budget (at least one runs) and the rest go back to the front of the queue."""
         if not self.chunk_tokens:

@@ -592,3 +592,28 @@ def test_a_turn_rides_in_the_decode_rounds_pass_when_the_engine_can_batch_it():
     assert turns and all(log[i + 1] == ("a",) for i in turns), log     # each turn's pass carried a's round
     assert not any(entry[0] == "chunk" for entry in log), log          # no pass of its own (a is waited for)
     assert state.prefill_chunks == len(turns) + 1                       # and the bad one's turn
+
+
+def test_shorter_prompts_taking_turns_go_first_and_long_ones_still_get_turns():
+    """A few-hundred-token prompt that takes turns beside decoding sessions is not held behind every turn of
+    the long prompts queued before it, nor do shorter ones starve a long one."""
+    async def decode(queue: BatchQueue, sid: str, rounds: int) -> None:
+        for _ in range(rounds):
+            await queue.submit(sid, sid)
+
+    async def scenario():
+        work = PricedWork({"a": 1, "long": 2000, "mid": 250, "mid2": 250})
+        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, max_wait_s=0.02, work_tokens=work.work,
+                           prefill=work.prefill, chunk_tokens=512, prefill_turn_ms=10)
+        queue.ms_per_token = queue.chunk_ms_per_token = PricedWork.MS_PER_TOKEN   # turns of ~100 tokens
+        running = asyncio.create_task(decode(queue, "a", 80))
+        await asyncio.sleep(0.005)
+        long = asyncio.create_task(queue.submit("long", "long"))
+        await asyncio.sleep(0.02)                                         # long is taking turns
+        await asyncio.gather(queue.submit("mid", "mid"), queue.submit("mid2", "mid2"))
+        mids_done = work.left["long"]
+        await asyncio.gather(long, running)
+        return mids_done
+
+    left_when_mids_done = run(scenario())
+    assert 1000 < left_when_mids_done < 2000      # the mids finished while the long one had most of its turns left
