@@ -171,20 +171,25 @@ class BatchQueue(Generic[I, T]):
         return elapsed_s * MS_PER_S / tokens
 
     def turn_tokens(self, others_decoding: bool) -> int:
-        """Tokens a long prefill computes in its next turn (see prefill_turn_ms)."""
-        if not others_decoding or self.prefill_turn_ms <= 0 or self.chunk_ms_per_token <= 0:
+        """Tokens a long prefill computes in its next turn (see prefill_turn_ms), at the long turns' speed."""
+        return self._fit_turn(self.chunk_ms_per_token, others_decoding)
+
+    def _fit_turn(self, ms_per_token: float, others_decoding: bool) -> int:
+        """The prompt tokens that take about prefill_turn_ms at `ms_per_token`, within [MIN_TURN_TOKENS, a
+        chunk]; a whole chunk when nobody else decodes, or the speed is not measured yet, or turns are off."""
+        if not others_decoding or self.prefill_turn_ms <= 0 or ms_per_token <= 0:
             return self.chunk_tokens
-        fit = int(self.prefill_turn_ms / self.chunk_ms_per_token)
-        return min(self.chunk_tokens, max(MIN_TURN_TOKENS, fit))
+        return min(self.chunk_tokens, max(MIN_TURN_TOKENS, int(self.prefill_turn_ms / ms_per_token)))
 
     async def _drain(self) -> None:
         while self._pending:
             await self._wait_for_group()
             taken = self._take()
-            decoding = self._decoding(taken)
-            batch, long = self._split(taken, decoding)
+            work = {id(entry): self.work_tokens(entry[1]) for entry in taken} if self.chunk_tokens else {}
+            decoding = any(tokens < PREFILL_MIN_TOKENS for tokens in work.values())
+            batch, takers = self._split(taken, work, decoding)
             others_decoding = decoding or bool(batch) or self._decoded_lately()
-            turn = (first := self._next_turn(long), *self._turn(first, others_decoding)) if long else None
+            turn = self._next_turn(takers, work, others_decoding) if takers else None
             if batch and turn and self.batch_turn is not None:
                 await self._run_batch(batch, turn=turn)    # the turn rides in the decode rounds' pass
             else:
@@ -192,47 +197,45 @@ class BatchQueue(Generic[I, T]):
                     await self._run_batch(batch)
                 if turn:
                     await self._prefill_one(*turn)
-            self._pending.extend(long)  # behind the calls that came meanwhile (max_batch 1 interleaves too)
+            self._pending.extend(takers)  # behind the calls that came meanwhile (max_batch 1 interleaves too)
 
-    def _next_turn(self, waiting: list[Entry]) -> Entry:
-        """Whose turn it is among the prefills that take turns: the oldest shorter prompt (at most a chunk),
-        except that the oldest long one gets every LONG_TURN_EVERY-th turn while both kinds wait. First come
-        first served across both would hold a 300-token prompt behind every turn of the 6,000-token prompts
-        ahead of it (past its deadline); shorter ones always first would starve the long ones under a steady
-        stream of prompts."""
+    def _next_turn(self, waiting: list[Entry], work: dict[int, int], others_decoding: bool
+                   ) -> tuple[Entry, int, bool]:
+        """(whose turn it is among the prefills that take turns, its tokens, whether it is a long prompt's). The
+        oldest shorter prompt (at most a chunk), except that the oldest long one gets every LONG_TURN_EVERY-th
+        turn while both kinds wait. First come first served across both would hold a 300-token prompt behind
+        every turn of the 6,000-token prompts ahead of it (past its deadline); shorter ones always first would
+        starve the long ones under a steady stream of prompts. A long prompt's turn is sized at the speed of
+        such turns (long contexts), a shorter one's is the pass's prefill budget at the batches' speed."""
         waiting.sort(key=lambda entry: entry[3])
-        longs = [entry for entry in waiting if self.work_tokens(entry[1]) > self.chunk_tokens]
-        shorter = [entry for entry in waiting if self.work_tokens(entry[1]) <= self.chunk_tokens]
-        if not (longs and shorter):
-            return waiting[0]
-        self._turns_since_long += 1
-        if self._turns_since_long >= LONG_TURN_EVERY:
-            self._turns_since_long = 0
-            return longs[0]
-        return shorter[0]
-
-    def _decoding(self, taken: list[Entry]) -> bool:
-        """Whether sessions decode beside this pass's prefills: a decode round among the calls taken (False
-        without chunked prefill: nothing reads it). Not "a batch ended lately": a prompt that arrives alone
-        right after another generation ended is prefilled whole, as the same prompt is on an idle target
-        (int8's row-invariant identity, tests/integration/test_quantized_speculative_identity.py)."""
-        return bool(self.chunk_tokens) and any(self.work_tokens(entry[1]) < PREFILL_MIN_TOKENS for entry in taken)
+        longs = [entry for entry in waiting if work[id(entry)] > self.chunk_tokens]
+        shorter = [entry for entry in waiting if work[id(entry)] <= self.chunk_tokens]
+        if longs and shorter:
+            self._turns_since_long += 1
+            if self._turns_since_long >= LONG_TURN_EVERY:
+                self._turns_since_long = 0
+                shorter = []
+        if shorter:
+            return shorter[0], self.pass_prefill_tokens(others_decoding), False
+        return longs[0], self.turn_tokens(others_decoding), True
 
     def _decoded_lately(self) -> bool:
         """Whether a batch ended less than prefill_turn_ms ago (its sessions are likely decoding)."""
         return (time.perf_counter() - self._batch_ended) * MS_PER_S < self.prefill_turn_ms
 
-    def _split(self, batch: list[Entry], decoding: bool) -> tuple[list[Entry], list[Entry]]:
-        """(calls to run as one batch now, prefills that take turns). A prefill takes turns when
-        it is longer than a chunk or, while others decode, than the pass's prefill budget; the batch's other
-        prefills fill that budget (at least one runs) and the rest go back to the front of the queue."""
+    def _split(self, batch: list[Entry], work: dict[int, int], decoding: bool) -> tuple[list[Entry], list[Entry]]:
+        """(calls to run as one batch now, prefills that take turns); `work`: each call's tokens, by id(entry);
+        `decoding`: a decode round is among them. A prefill takes turns when it is longer than a chunk or,
+        while others decode, than the pass's prefill budget; the batch's other prefills fill that budget (at
+        least one runs) and the rest go back to the front of the queue. Not "a batch ended lately": a prompt
+        that arrives alone right after another generation ended is prefilled whole, as the same prompt is on an
+        idle target (int8's row-invariant identity, tests/integration/test_quantized_speculative_identity.py)."""
         if not self.chunk_tokens:
             return batch, []
         budget = self.pass_prefill_tokens(decoding)
-        work = {id(entry): self.work_tokens(entry[1]) for entry in batch}
-        long = [entry for entry in batch if work[id(entry)] > self.chunk_tokens
+        takers = [entry for entry in batch if work[id(entry)] > self.chunk_tokens
                 or budget < work[id(entry)] >= PREFILL_MIN_TOKENS]
-        held = {id(entry) for entry in long}
+        held = {id(entry) for entry in takers}
         now, later, used = [], [], 0
         for entry in batch:
             tokens = work[id(entry)] if work[id(entry)] >= PREFILL_MIN_TOKENS else 0
@@ -244,7 +247,7 @@ class BatchQueue(Generic[I, T]):
             used += tokens
             now.append(entry)
         self._pending.extendleft(reversed(later))
-        return now, long
+        return now, takers
 
     def pass_prefill_tokens(self, others_decoding: bool) -> int:
         """The most prompt tokens one pass prefills (a longer prompt takes turns): a chunk alone; while other
@@ -253,18 +256,9 @@ class BatchQueue(Generic[I, T]):
         passes with decode rounds in between, instead of holding every running session for one pass of them
         all; and each pass's activations stay small (a pass of 1,300 prompt tokens costs ~15 % more per
         token here than passes of 300). vLLM's token budget per step."""
-        if not others_decoding or self.prefill_turn_ms <= 0 or self.ms_per_token <= 0:
-            return self.chunk_tokens
-        return min(self.chunk_tokens, max(MIN_TURN_TOKENS, int(self.prefill_turn_ms / self.ms_per_token)))
+        return self._fit_turn(self.ms_per_token, others_decoding)
 
-    def _turn(self, entry: Entry, others_decoding: bool) -> tuple[int, bool]:
-        """(tokens of a prefill's next turn, whether it is a long prompt's): a long prompt's turn is sized at the
-        speed of such turns (long contexts), a shorter one's is the pass's prefill budget at the batches' speed."""
-        if self.work_tokens(entry[1]) > self.chunk_tokens:
-            return self.turn_tokens(others_decoding), True
-        return self.pass_prefill_tokens(others_decoding), False
-
-    async def _prefill_one(self, entry: Entry, tokens: int, long_context: bool = True) -> None:
+    async def _prefill_one(self, entry: Entry, tokens: int, long_context: bool) -> None:
         """One chunk (`tokens` tokens) of a prefill on the model thread; a failure fails that call alone. Its
         speed is learned as the long prefills' turns' (long_context) or the batches'."""
         _, item, future, _ = entry
