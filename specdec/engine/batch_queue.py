@@ -326,7 +326,8 @@ class BatchQueue(Generic[I, T]):
 
     async def _wait_for_group(self) -> None:
         """Wait (at most max_wait_s) until the previous batch's sessions are queued again: a group of them, or
-        a lone one while a prefill takes turns (its turn then rides in that session's pass)."""
+        a lone one while a prefill would take turns (its turn then rides in that session's pass, batch_turn, or
+        runs beside it)."""
         if self.max_wait_s <= 0 or not self._last or (len(self._last) == 1 and not self._turn_pending()):
             return
         started = time.perf_counter()
@@ -336,8 +337,9 @@ class BatchQueue(Generic[I, T]):
             self.worker.state.batch_wait_ms += (time.perf_counter() - started) * MS_PER_S
 
     def _turn_pending(self) -> bool:
-        """Whether a queued prefill would take a turn that a batch could carry (batch_turn)."""
-        if self.batch_turn is None:
+        """Whether a queued prefill would take turns if a decode round came along (then the queue waits for
+        the lone decoder: taken alone, the prompt would be prefilled whole and hold that session for it)."""
+        if not self.chunk_tokens:
             return False
         budget = self.pass_prefill_tokens(others_decoding=True)
         return any(self.work_tokens(entry[1]) > budget for entry in self._pending)

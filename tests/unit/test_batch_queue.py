@@ -542,7 +542,7 @@ def test_while_others_decode_a_prompt_over_the_pass_budget_takes_turns_at_the_ba
 
     async def scenario():
         work = PricedWork({"a": 1, "mid": 300})
-        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, max_wait_s=0.02, work_tokens=work.work,
+        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, max_wait_s=0.2, work_tokens=work.work,
                            prefill=work.prefill, chunk_tokens=512, prefill_turn_ms=10)
         queue.ms_per_token = PricedWork.MS_PER_TOKEN                      # 10 ms buy 100 prompt tokens
         running = asyncio.create_task(decode(queue, "a", 30))
@@ -558,6 +558,39 @@ def test_while_others_decode_a_prompt_over_the_pass_budget_takes_turns_at_the_ba
     assert all(("a",) in log[i:j] for i, j in zip(chunks, chunks[1:])), log          # a decoded in between
     assert any(entry == ("a", "mid") or entry == ("mid", "a") for entry in log[chunks[-1]:]), log
     assert queue.chunk_ms_per_token == 0.0 and queue.ms_per_token > 0
+
+
+def test_a_prompt_arriving_during_a_lone_decoders_pass_waits_for_it_and_takes_turns():
+    """The queue takes the prompt when the decoder's pass ends, before the decoder has queued its next round;
+    taken alone it would be prefilled whole (holding that session for all of it), so the queue waits for the
+    lone decoder when a queued prompt would take turns, also without batch_turn (turns as passes of their own)."""
+    class SlowFirstPass(PricedWork):
+        def batch(self, sids: list[str]) -> list[str]:
+            if len(self.log) == 0:
+                time.sleep(0.05)                  # the prompt arrives while this pass runs
+            return super().batch(sids)
+
+    async def scenario():
+        work = SlowFirstPass({"a": 1, "mid": 300})
+        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, max_wait_s=0.5, work_tokens=work.work,
+                           prefill=work.prefill, chunk_tokens=512, prefill_turn_ms=10)
+        queue.ms_per_token = PricedWork.MS_PER_TOKEN                      # 10 ms buy 100 prompt tokens
+        done = asyncio.Event()
+
+        async def decode() -> None:
+            while not done.is_set():
+                await queue.submit("a", "a")
+
+        running = asyncio.create_task(decode())
+        await asyncio.sleep(0.01)
+        await queue.submit("mid", "mid")
+        done.set()
+        await running
+        return work.log
+
+    log = run(scenario())
+    assert ("mid",) not in log, log                                   # never prefilled whole, alone
+    assert [entry[0] for entry in log].count("chunk") >= 2, log
 
 
 def test_a_turn_rides_in_the_decode_rounds_pass_when_the_engine_can_batch_it():
