@@ -425,11 +425,13 @@ class Generation:
 
     def usage(self) -> pb.Usage:
         """prompt_tokens counts the whole context before the completion (earlier turns included);
-        cached_prompt_tokens says how many of them the session already held."""
+        cached_prompt_tokens says how many of them were not computed for this request: what the session
+        already held, or what the target's KV cache served at the first round (prefix sharing), the more."""
         state = self.state
         n = len(state.completion)
+        cached = max(state.session.request_base_len, min(self.stats.first_target_cached, state.prompt_len))
         return pb.Usage(prompt_tokens=state.prompt_len, completion_tokens=n, total_tokens=state.prompt_len + n,
-                        cached_prompt_tokens=state.session.request_base_len)
+                        cached_prompt_tokens=cached)
 
     def _final_chunk(self, state: State) -> pb.GenerateChunk:
         chunk = pb.GenerateChunk(offset=len(state.completion), usage=self.usage(), stats=self.stats.proto(),

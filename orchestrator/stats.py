@@ -64,13 +64,16 @@ class StatsCollector:
     target_computed: int = 0
     draft_computed: int = 0
     last_target_batch: int = 0       # sessions of the pass the latest round rode in (0: not reported)
+    first_target_cached: int = 0     # context tokens the target held at the first round (its own or shared)
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
 
     def add_round(self, o: RoundOutcome, kept_tokens: int) -> Emitted:
         """Account for one round that emitted `kept_tokens` tokens; returns what was counted."""
-        if self.rounds == 0 and kept_tokens:
-            self.first_token_ms = (time.perf_counter() - self.started) * MS_PER_S
+        if self.rounds == 0:
+            self.first_target_cached = o.target_cached
+            if kept_tokens:
+                self.first_token_ms = (time.perf_counter() - self.started) * MS_PER_S
         e = count_emitted(o, kept_tokens)
         self.rounds += 1
         self.drafted += e.drafted

@@ -225,6 +225,11 @@ class ModelServiceConfig:
     cache_dir: str = field(default_factory=lambda: env_str("SPECDEC_MODEL_CACHE_DIR"))
     offline: bool = field(default_factory=lambda: env_bool("SPECDEC_OFFLINE"))
     cache_budget_bytes: int = field(default_factory=lambda: env_int("SPECDEC_CACHE_BUDGET_BYTES", 2 * GIB))
+    # Prefix sharing: a session's first call starts from the longest prefix of its context that another
+    # cached session holds (the same system prompt; the whole conversation an OpenAI client resends each
+    # turn), copied instead of computed, when at least this many tokens are shared; 0 = off.
+    # (vLLM's automatic prefix caching; here the finished sessions' caches stay until evicted.)
+    prefix_share_min_tokens: int = field(default_factory=lambda: env_int("SPECDEC_PREFIX_SHARE_MIN_TOKENS", 16))
     max_k: int = Limits.max_k
     # Target: concurrent Verify calls of different sessions scored in ONE forward pass (1 = off).
     max_batch: int = field(default_factory=lambda: env_int("SPECDEC_MAX_BATCH", 8))

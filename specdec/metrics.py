@@ -80,7 +80,11 @@ class ModelServiceCollector:
                                  ("cache_reprefill_tokens", c.reprefill_tokens,
                                   "positions those sessions held when evicted (recomputed)"),
                                  ("computed_tokens", c.computed_tokens, "tokens run through the model"),
-                                 ("reused_tokens", c.reused_tokens, "tokens served from the KV cache")):
+                                 ("reused_tokens", c.reused_tokens, "tokens served from the KV cache"),
+                                 ("cache_prefix_hits", c.prefix_hits,
+                                  "new sessions started from another session's cached prefix (prefix sharing)"),
+                                 ("cache_prefix_shared_tokens", c.prefix_shared_tokens,
+                                  "positions copied from another session's cache instead of computed")):
             yield _counter(name, doc, value, labels)
         yield _gauge("cache_used_bytes", "KV-cache bytes in use", pool.used_bytes(), labels)
         yield _gauge("cache_budget_bytes", "KV-cache byte budget", pool.budget_bytes, labels)

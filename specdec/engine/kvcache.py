@@ -35,10 +35,14 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     if list(a[:n]) == list(b[:n]):  # the usual case (one extends the other), compared at C speed
         return n
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    lo, hi = 0, n                   # a[:lo] == b[:lo], a[:hi] != b[:hi]: bisect with slice compares
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if list(a[lo:mid]) == list(b[lo:mid]):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 HIDDEN_MIN_ROWS = 64  # first allocation of a session's hidden-row buffer
@@ -178,6 +182,23 @@ class SessionKV:
             return common_prefix_len(self.tokens, ids)
         return shared_prefix(self.hashes, hashes, limit)
 
+    def adopt_prefix(self, donor: "SessionKV", n: int, hidden: bool) -> None:
+        """Start this (empty) cache as a copy of `donor`'s first n positions: its K/V, tokens, prefix hashes and
+        (with `hidden`) hidden rows. A copy, not shared storage: each session truncates and grows its own."""
+        if len(self.tokens):
+            raise ValueError("only an empty cache adopts another session's prefix")
+        for index, layer in enumerate(donor.cache.layers):
+            if layer.keys is None or not getattr(layer, "is_initialized", True):
+                raise UnsupportedCacheError(f"layer {index} of the donor holds nothing")
+            self.cache.update(layer.keys[..., :n, :], layer.values[..., :n, :], index)
+        self.tokens = list(donor.tokens[:n])
+        self.anchor = donor.anchor
+        if donor.hashes is not None and len(donor.hashes) == len(donor.tokens):
+            self.hashes = donor.hashes.copy()
+            self.hashes.truncate(n)
+        if hidden and donor.hidden is not None:
+            self.append_hidden(donor.hidden[:n])
+
     def extend_tokens(self, ids: Sequence[int], hashes: PrefixHashes | None) -> None:
         """After a forward over ids[len(tokens):]: cover `ids` (hashes kept in step when given)."""
         kept = len(self.tokens)
@@ -227,7 +248,11 @@ class CacheCounters:
     reprefills: int = 0
     reprefill_tokens: int = 0  # positions those sessions held when they were evicted
     computed_tokens: int = 0
-    reused_tokens: int = 0
+    reused_tokens: int = 0      # tokens served from the cache (including those copied from another session)
+    # Prefix sharing: a session's first call starts from another session's cached prefix (the same system
+    # prompt, the conversation an OpenAI client resends) instead of computing it (vLLM's prefix caching).
+    prefix_hits: int = 0
+    prefix_shared_tokens: int = 0
 
 
 class KVCachePool:
@@ -239,10 +264,12 @@ class KVCachePool:
         model_config: passed to DynamicCache so it builds the right layer types.
     """
 
-    def __init__(self, budget_bytes: int, bytes_per_token: int, model_config: Any = None) -> None:
+    def __init__(self, budget_bytes: int, bytes_per_token: int, model_config: Any = None,
+                 share_min_tokens: int = 0) -> None:
         self.budget_bytes = budget_bytes
         self.bytes_per_token = max(1, bytes_per_token)
         self._config = model_config
+        self.share_min_tokens = share_min_tokens   # prefix sharing (`share_prefix`): the shortest worth a copy; 0 = off
         self._sessions: OrderedDict[str, SessionKV] = OrderedDict()
         self._evicted: OrderedDict[str, int] = OrderedDict()  # evicted session -> positions it held
         self._lock = threading.Lock()
@@ -268,7 +295,43 @@ class KVCachePool:
         session keeps its place."""
         with self._lock:
             kv = self._sessions.get(session_id)
-            return len(ids) - (kv.common_prefix(ids, hashes) if kv is not None else 0)
+            if kv is not None and len(kv):
+                return len(ids) - kv.common_prefix(ids, hashes)
+            return len(ids) - self._donor(session_id, ids, len(ids) - 1, hidden=False)[1]
+
+    def share_prefix(self, session_id: str, kv: SessionKV, ids: Sequence[int], limit: int, hidden: bool) -> int:
+        """Prefix sharing: start the session's empty cache `kv` from the longest prefix of `ids` (at most `limit`
+        positions) that another session holds, copied; returns the positions it now holds (0: none, or fewer
+        than share_min_tokens shared). `hidden`: the copy must carry hidden rows too (donors without skip)."""
+        with self._lock:
+            donor, shared = self._donor(session_id, ids, limit, hidden)
+            if donor is None:
+                return 0
+            kv.adopt_prefix(donor, shared, hidden)
+            self.counters.prefix_hits += 1
+            self.counters.prefix_shared_tokens += shared
+            return shared
+
+    def _donor(self, session_id: str, ids: Sequence[int], limit: int, hidden: bool) -> tuple[SessionKV | None, int]:
+        """(the session sharing the longest prefix of ids[:limit], that length), most recently used first among
+        equals; (None, 0) below share_min_tokens. Compares token lists at C speed (common_prefix_len); a session
+        that shares not even the first token costs one compare."""
+        best, best_len = None, 0
+        if self.share_min_tokens <= 0 or limit < self.share_min_tokens or not ids:
+            return best, best_len
+        head = ids[:limit]
+        for other_id in reversed(self._sessions):
+            other = self._sessions[other_id]
+            if other_id == session_id or other.anchor >= 0 or not other.tokens or other.tokens[0] != ids[0]:
+                continue
+            if hidden and (other.hidden is None or other.hidden.shape[0] < len(other.tokens)):
+                continue
+            shared = common_prefix_len(other.tokens, head)
+            if shared > best_len:
+                best, best_len = other, shared
+                if shared == limit:
+                    break
+        return (best, best_len) if best_len >= self.share_min_tokens else (None, 0)
 
     def acquire(self, session_id: str, total_tokens: int) -> SessionKV:
         """The session's cache (new if absent), after making room for total_tokens positions."""

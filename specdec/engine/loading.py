@@ -130,7 +130,8 @@ def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = F
     per_token = kv_bytes_per_token(model.config, dtype_bytes)
     if keep_hidden or feature:  # the hidden rows kept beside the KV (a feature draft keeps them in fp32)
         per_token += model.config.get_text_config().hidden_size * (4 if feature else dtype_bytes)
-    pool = KVCachePool(cfg.cache_budget_bytes, per_token, model.config)
+    pool = KVCachePool(cfg.cache_budget_bytes, per_token, model.config,
+                       share_min_tokens=0 if feature else cfg.prefix_share_min_tokens)  # a feature draft's cache is keyed apart
     row_invariant = not feature and wants_row_invariant(cfg.row_invariant, quant is not None)
     runner = CausalLMRunner(model, pool, batching=batching and not feature, keep_hidden=keep_hidden,
                             row_invariant=row_invariant)

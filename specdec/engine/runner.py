@@ -169,11 +169,14 @@ class CausalLMRunner:
             kv.append_hidden(new)
 
     def _plan(self, item: "ExtendItem") -> "_Plan":
-        """Acquire the session's cache, keep the longest common prefix (never past `first`), roll back the rest."""
+        """Acquire the session's cache (an empty one starts from another session's shared prefix,
+        KVCachePool.share_prefix), keep the longest common prefix (never past `first`), roll back the rest."""
         ids, first = item.ids, item.first
         if not 0 <= first < len(ids):
             raise ValueError(f"first={first} outside the {len(ids)} tokens")
         kv = self.pool.acquire(item.session_id, len(ids))
+        if not len(kv):                 # a new (or evicted) session: start from another's prefix where one shares it
+            self.pool.share_prefix(item.session_id, kv, ids, first, self.keep_hidden and item.hidden)
         reuse = min(kv.common_prefix(ids, item.hashes), first)
         if self.keep_hidden and keeps_hidden(item, kv):   # rows for the whole reused prefix, or recompute it
             reuse = min(reuse, 0 if kv.hidden is None else kv.hidden.shape[0])
