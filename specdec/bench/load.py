@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 from specdec.bench.load_plan import (CHAT_SETS, CONCURRENCY, DATASETS, DEFAULT_MODE, FULL_MODE, GUIDELLM_VERSION,
                                      K0, QUICK_MODE, RATE, LoadConfig, Mode, ScenarioInputs, configurations,
-                                     rate_list, scenario, sets_by_content, write_chat_jsonl)
+                                     data_inputs, rate_list, scenario, sets_by_content, write_chat_jsonl)
 from specdec.bench.load_results import (SERVER_SAMPLES, add_ratios, goals, noise_band, parse_report, saturation_rps,
                                         server_delta, server_samples)
 from specdec.config import OrchestratorConfig
@@ -61,6 +61,7 @@ class LoadArgs:
     max_batch: int = 0
     max_seconds_per_point: float = 0.0
     cache_budget_bytes: int = 0             # 0: the target service's default
+    prefix_share_min_tokens: int = -1       # the services' SPECDEC_PREFIX_SHARE_MIN_TOKENS (-1: their default)
     target_model: str = "embedded"
     guidellm: str = DEFAULT_GUIDELLM
     work_dir: str = DEFAULT_WORK_DIR
@@ -77,7 +78,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--full", action="store_true", help="the full matrix: 6 concurrencies, 8 rates, k 2/4/8, "
                                                        "100 requests per point, bench prompts and synthetic data")
     p.add_argument("--concurrency", help="closed-loop points, e.g. 1,4,16")
-    p.add_argument("--rate-fractions", help="Poisson rates as fractions of k = 0's saturation, e.g. 0.2,0.4,1")
+    p.add_argument("--rate-fractions", help="Poisson rates as fractions of k = 0's saturation, e.g. 0.2,0.4,1 "
+                                            "(none: closed-loop points only)")
     p.add_argument("--requests", type=int, help="requests per point")
     p.add_argument("--max-tokens", type=int, help="output tokens per request (ignore_eos)")
     p.add_argument("--k", help="fixed k configurations besides k = 0, e.g. 4 or 2,4,8")
@@ -99,6 +101,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="instead of the curves: 16 sessions, 4 with long prompts, vs the short ones alone "
                         "(KV budget, short TTFT, failures; specdec/bench/load_longmix.py)")
     p.add_argument("--long-mix-seconds", type=float, default=0.0, help="each long-mix phase's length (0: default)")
+    p.add_argument("--prefix-share-min-tokens", type=int, default=-1,
+                   help="the model services' prefix sharing (SPECDEC_PREFIX_SHARE_MIN_TOKENS; 0: off; -1: default)")
     p.add_argument("--cache-budget-mib", type=int, default=0,
                    help="the target's KV budget in MiB (0: the service default; --long-mix: its own default)")
 
@@ -116,7 +120,9 @@ def args_from_cli(ns: argparse.Namespace) -> LoadArgs:
     name, mode = ("quick", QUICK_MODE) if ns.quick else ("full", FULL_MODE) if ns.full else ("default", DEFAULT_MODE)
     if ns.concurrency:
         mode = replace(mode, concurrency=_ints(ns.concurrency, "--concurrency"))
-    if ns.rate_fractions:
+    if ns.rate_fractions == "none":
+        mode = replace(mode, rate_fractions=())
+    elif ns.rate_fractions:
         try:
             mode = replace(mode, rate_fractions=tuple(float(x) for x in ns.rate_fractions.split(",") if x.strip()))
         except ValueError:
@@ -137,6 +143,7 @@ def args_from_cli(ns: argparse.Namespace) -> LoadArgs:
     return LoadArgs(mode=mode, mode_name=name, adaptive_cap=ns.adaptive_cap, threads=ns.threads,
                     max_batch=ns.max_batch, max_seconds_per_point=ns.max_seconds_per_point,
                     cache_budget_bytes=max(0, ns.cache_budget_mib) * MIB,
+                    prefix_share_min_tokens=ns.prefix_share_min_tokens,
                     target_model=ns.target_model, guidellm=str(Path(ns.guidellm).absolute()), work_dir=ns.work_dir,
                     out=ns.out or (LONG_MIX_OUT if ns.long_mix else DEFAULT_OUT),
                     plot=ns.plot, note=ns.note, configs=configurations(mode.fixed_ks, ns.adaptive_cap))
@@ -210,7 +217,7 @@ def serving(args: LoadArgs, max_concurrent: int) -> Iterator[tuple[Any, Any]]:
     work = Path(args.work_dir).resolve()
     stack = LocalStack(StackConfig(target_model=args.target_model, threads=args.threads, max_batch=args.max_batch,
                                    cache_budget_bytes=args.cache_budget_bytes, max_concurrent=max_concurrent,
-                                   log_dir=str(work / "logs"), metrics=True))
+                                   log_dir=str(work / "logs"), metrics=True, extra_env=_service_env(args)))
     gateway = None
     try:
         stack.start()
@@ -222,6 +229,13 @@ def serving(args: LoadArgs, max_concurrent: int) -> Iterator[tuple[Any, Any]]:
         if gateway is not None:
             gateway.stop()
         stack.stop()
+
+
+def _service_env(args: LoadArgs) -> dict[str, str]:
+    """Environment for the model services: prefix sharing when --prefix-share-min-tokens sets it."""
+    if args.prefix_share_min_tokens < 0:
+        return {}
+    return {"SPECDEC_PREFIX_SHARE_MIN_TOKENS": str(args.prefix_share_min_tokens)}
 
 
 def _children_cpu_s() -> float:
@@ -349,6 +363,7 @@ def _settings(args: LoadArgs) -> dict[str, Any]:
             "max_batch": args.max_batch or "service default",
             "latency_slack": OrchestratorConfig().latency_slack,   # adaptive k's latency cap (< 0: off)
             "cache_budget_bytes": args.cache_budget_bytes or "service default", "max_seconds_per_point": args.max_seconds_per_point,
+            "prefix_share_min_tokens": args.prefix_share_min_tokens if args.prefix_share_min_tokens >= 0 else "service default",
             "target_model": args.target_model, "endpoint": "/v1/chat/completions (stream)",
             "sampling": "greedy (temperature 0), ignore_eos", "guidellm_workers": GUIDELLM_WORKERS}
 
@@ -374,8 +389,8 @@ def run(args: LoadArgs) -> dict[str, Any]:
             inp = ScenarioInputs(target_url=gateway.url, processor_dir=str(processor),
                                  data_file=str(chat_files.get(dataset, "")), out_json="",
                                  requests_per_point=args.mode.requests_per_point, max_tokens=args.mode.max_tokens,
-                                 synthetic_prompt_tokens=args.mode.synthetic_prompt_tokens,
-                                 max_seconds_per_point=args.max_seconds_per_point)
+                                 max_seconds_per_point=args.max_seconds_per_point,
+                                 **data_inputs(dataset, args.mode.synthetic_prompt_tokens))
             record["datasets"][dataset] = run_dataset(args, dataset, inp, record)
     invs = record["invocations"]
     record["guidellm_cpu_s"] = round(sum(i["cpu_s"] for i in invs), 2)

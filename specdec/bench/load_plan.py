@@ -22,8 +22,14 @@ from specdec.bench.plan import PROMPTS_DIR, load_prompts
 #: guidellm is pinned: its scenario schema and JSON report change between minor versions.
 GUIDELLM_VERSION = "0.8.1"
 K0, K0_AA = "k0", "k0_aa"
-DATA_PROMPTS, DATA_GROUNDED, DATA_SYNTHETIC = "prompts", "grounded", "synthetic"
-DATASETS = (DATA_PROMPTS, DATA_GROUNDED, DATA_SYNTHETIC)
+DATA_PROMPTS, DATA_GROUNDED, DATA_SYNTHETIC, DATA_MULTITURN = "prompts", "grounded", "synthetic", "multiturn"
+DATASETS = (DATA_PROMPTS, DATA_GROUNDED, DATA_SYNTHETIC, DATA_MULTITURN)
+#: multiturn: synthetic conversations of this many user turns, each resending the history (as OpenAI clients do),
+#: every conversation opening with the same system prefix of MULTITURN_PREFIX_TOKENS, each turn adding
+#: MULTITURN_PROMPT_TOKENS of user text: what a chat application sends (prefix sharing serves the history).
+MULTITURN_TURNS = 4
+MULTITURN_PREFIX_TOKENS = 256
+MULTITURN_PROMPT_TOKENS = 128
 CHAT_SETS = {DATA_PROMPTS: ("grounded", "open"), DATA_GROUNDED: ("grounded",)}   # bench prompt sets per data set
 CONCURRENCY, RATE = "concurrency", "rate"
 #: significant digits of a derived rate (requests/s): the same list is written to every scenario.
@@ -114,14 +120,28 @@ class ScenarioInputs:
     synthetic_prompt_tokens: int = 256
     max_seconds_per_point: float = 0.0     # 0: no time cap (every point runs its requests)
     seed: int = 42
+    turns: int = 1                         # synthetic data: user turns per conversation (history resent)
+    prefix_tokens: int = 0                 # synthetic data: a prefix every conversation shares (0: none)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _data_spec(inp: ScenarioInputs) -> dict[str, Any]:
     if inp.data_file:
         return {"kind": "json_file", "path": inp.data_file}
-    return {"kind": "synthetic_text", "prompt_tokens": inp.synthetic_prompt_tokens,
-            "output_tokens": inp.max_tokens}
+    spec = {"kind": "synthetic_text", "prompt_tokens": inp.synthetic_prompt_tokens, "output_tokens": inp.max_tokens}
+    if inp.turns > 1:
+        spec["turns"] = inp.turns
+    if inp.prefix_tokens > 0:
+        spec["prefix_tokens"] = inp.prefix_tokens
+    return spec
+
+
+def data_inputs(dataset: str, synthetic_prompt_tokens: int) -> dict[str, int]:
+    """The ScenarioInputs fields a data set sets: the synthetic sizes (multiturn: its own, above)."""
+    if dataset == DATA_MULTITURN:
+        return {"synthetic_prompt_tokens": MULTITURN_PROMPT_TOKENS, "turns": MULTITURN_TURNS,
+                "prefix_tokens": MULTITURN_PREFIX_TOKENS}
+    return {"synthetic_prompt_tokens": synthetic_prompt_tokens}
 
 
 def scenario(config: LoadConfig, phase: str, values: list[float] | list[int], inp: ScenarioInputs) -> dict[str, Any]:

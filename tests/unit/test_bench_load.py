@@ -73,6 +73,17 @@ def test_scenario_sends_the_extension_object_and_a_local_tokenizer():
         scenario(LoadConfig(K0, 0), "sweep", [1], inp)
 
 
+def test_the_multiturn_data_set_is_synthetic_conversations_opening_with_a_shared_prefix():
+    from specdec.bench.load_plan import (DATA_MULTITURN, DATASETS, MULTITURN_PREFIX_TOKENS, MULTITURN_PROMPT_TOKENS,
+                                         MULTITURN_TURNS, data_inputs)
+    assert DATA_MULTITURN in DATASETS
+    inp = ScenarioInputs("u", "p", "", "o", 3, 32, **data_inputs(DATA_MULTITURN, 64))
+    assert scenario(LoadConfig(K0, 0), CONCURRENCY, [1], inp)["spec"]["data"] == [
+        {"kind": "synthetic_text", "prompt_tokens": MULTITURN_PROMPT_TOKENS, "output_tokens": 32,
+         "turns": MULTITURN_TURNS, "prefix_tokens": MULTITURN_PREFIX_TOKENS}]
+    assert data_inputs("synthetic", 64) == {"synthetic_prompt_tokens": 64}
+
+
 def test_chat_rows_alternate_grounded_and_open_prompts():
     rows = chat_rows()
     grounded = [json.loads(x)["user"] for x in (ROOT / "bench/prompts/grounded.jsonl").read_text().splitlines() if x]
