@@ -302,15 +302,19 @@ class KVCachePool:
     def share_prefix(self, session_id: str, kv: SessionKV, ids: Sequence[int], limit: int, hidden: bool) -> int:
         """Prefix sharing: start the session's empty cache `kv` from the longest prefix of `ids` (at most `limit`
         positions) that another session holds, copied; returns the positions it now holds (0: none, or fewer
-        than share_min_tokens shared). `hidden`: the copy must carry hidden rows too (donors without skip)."""
+        than share_min_tokens shared). `hidden`: the copy must carry hidden rows too (donors without skip).
+        Call it inside a forward (CausalLMRunner._plan): forwards never run two at once (ModelWorker)."""
         with self._lock:
             donor, shared = self._donor(session_id, ids, limit, hidden)
-            if donor is None:
-                return 0
-            kv.adopt_prefix(donor, shared, hidden)
-            self.counters.prefix_hits += 1
-            self.counters.prefix_shared_tokens += shared
-            return shared
+        if donor is None:
+            return 0
+        # Copied outside the lock (a long prefix takes milliseconds; `uncached` on the event loop must not wait):
+        # caches change only inside the runner's forwards, which never run two at once, and this is one of them,
+        # so the donor stays as found (an eviction meanwhile only drops it from the pool).
+        kv.adopt_prefix(donor, shared, hidden)
+        self.counters.prefix_hits += 1
+        self.counters.prefix_shared_tokens += shared
+        return shared
 
     def _donor(self, session_id: str, ids: Sequence[int], limit: int, hidden: bool) -> tuple[SessionKV | None, int]:
         """(the session sharing the longest prefix of ids[:limit], that length), most recently used first among
