@@ -47,6 +47,7 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 HIDDEN_MIN_ROWS = 64  # first allocation of a session's hidden-row buffer
 EVICTED_IDS_KEPT = 4096  # evicted session ids remembered, to count those that come back (re-prefills)
+SHARED_MEMO_MAX = 1024   # `uncached`'s sharer lookups remembered between changes of the pool's sessions
 KV_MIN_SPARE = 256    # positions a GrowingLayer allocates beyond what it holds, at least ...
 KV_SPARE_SHARE = 0.25  # ... or this share of what it holds, whichever is more (amortised O(1) appends)
 
@@ -272,6 +273,8 @@ class KVCachePool:
         self.share_min_tokens = share_min_tokens   # prefix sharing (`share_prefix`): the shortest worth a copy; 0 = off
         self._sessions: OrderedDict[str, SessionKV] = OrderedDict()
         self._evicted: OrderedDict[str, int] = OrderedDict()  # evicted session -> positions it held
+        self._epoch = 0                          # bumped whenever a session enters or leaves the pool
+        self._shared_memo: dict[tuple[str, int, int], int] = {}   # `uncached`'s sharer lookups, this epoch
         self._lock = threading.Lock()
         self.counters = CacheCounters()
 
@@ -297,15 +300,25 @@ class KVCachePool:
             kv = self._sessions.get(session_id)
             if kv is not None and len(kv):
                 return len(ids) - kv.common_prefix(ids, hashes)
-            return len(ids) - self._donor(session_id, ids, len(ids) - 1, hidden=False)[1]
+            if self.share_min_tokens <= 0:
+                return len(ids)
+            # A queued prompt's work is asked several times a pass: its sharer is looked up once while the
+            # pool holds the same sessions (an estimate: the sharers' own rounds may move it a little).
+            key = (session_id, len(ids), self._epoch)
+            if key not in self._shared_memo:
+                if len(self._shared_memo) >= SHARED_MEMO_MAX:
+                    self._shared_memo.clear()
+                self._shared_memo[key] = self._donor(session_id, ids, len(ids) - 1, False, hashes)[1]
+            return len(ids) - self._shared_memo[key]
 
-    def share_prefix(self, session_id: str, kv: SessionKV, ids: Sequence[int], limit: int, hidden: bool) -> int:
+    def share_prefix(self, session_id: str, kv: SessionKV, ids: Sequence[int], limit: int, hidden: bool,
+                     hashes: PrefixHashes | None = None) -> int:
         """Prefix sharing: start the session's empty cache `kv` from the longest prefix of `ids` (at most `limit`
         positions) that another session holds, copied; returns the positions it now holds (0: none, or fewer
         than share_min_tokens shared). `hidden`: the copy must carry hidden rows too (donors without skip).
         Call it inside a forward (CausalLMRunner._plan): forwards never run two at once (ModelWorker)."""
         with self._lock:
-            donor, shared = self._donor(session_id, ids, limit, hidden)
+            donor, shared = self._donor(session_id, ids, limit, hidden, hashes)
         if donor is None:
             return 0
         # Copied outside the lock (a long prefix takes milliseconds; `uncached` on the event loop must not wait):
@@ -316,10 +329,12 @@ class KVCachePool:
         self.counters.prefix_shared_tokens += shared
         return shared
 
-    def _donor(self, session_id: str, ids: Sequence[int], limit: int, hidden: bool) -> tuple[SessionKV | None, int]:
+    def _donor(self, session_id: str, ids: Sequence[int], limit: int, hidden: bool,
+               hashes: PrefixHashes | None = None) -> tuple[SessionKV | None, int]:
         """(the session sharing the longest prefix of ids[:limit], that length), most recently used first among
-        equals; (None, 0) below share_min_tokens. Compares token lists at C speed (common_prefix_len); a session
-        that shares not even the first token costs one compare."""
+        equals; (None, 0) below share_min_tokens. With `hashes` (prefix hashes of ids) O(log n) hash compares
+        per session that keeps its own in step, else token lists compared at C speed; a session that shares not
+        even the first token costs one compare."""
         best, best_len = None, 0
         if self.share_min_tokens <= 0 or limit < self.share_min_tokens or not ids:
             return best, best_len
@@ -330,7 +345,7 @@ class KVCachePool:
                 continue
             if hidden and (other.hidden is None or other.hidden.shape[0] < len(other.tokens)):
                 continue
-            shared = common_prefix_len(other.tokens, head)
+            shared = other.common_prefix(head, hashes)
             if shared > best_len:
                 best, best_len = other, shared
                 if shared == limit:
@@ -349,6 +364,7 @@ class KVCachePool:
             if kv is None:
                 self._count_return(session_id)
                 kv = SessionKV(cache=new_session_cache(self._config))
+                self._new_epoch()
             self._make_room(total_tokens)
             kv.reserved = total_tokens
             self._sessions[session_id] = kv
@@ -359,6 +375,7 @@ class KVCachePool:
         held = sum(s.held() for s in self._sessions.values())  # the acquiring session is not among them
         while self._sessions and (held + needed_tokens) > self.max_tokens:
             victim_id, victim = self._sessions.popitem(last=False)
+            self._new_epoch()
             held -= victim.held()
             self.counters.evictions += 1
             self.counters.evicted_tokens += len(victim)
@@ -377,12 +394,19 @@ class KVCachePool:
         """Drop a session's cache; True when there was one."""
         with self._lock:
             self._evicted.pop(session_id, None)
+            self._new_epoch()
             return self._sessions.pop(session_id, None) is not None
 
     def clear(self) -> None:
         with self._lock:
             self._sessions.clear()
             self._evicted.clear()
+            self._new_epoch()
+
+    def _new_epoch(self) -> None:
+        """The pool's sessions changed: `uncached`'s sharer lookups are stale."""
+        self._epoch += 1
+        self._shared_memo.clear()
 
 
 def kv_bytes_per_token(model_config: Any, dtype_bytes: int) -> int:

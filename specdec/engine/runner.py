@@ -176,7 +176,7 @@ class CausalLMRunner:
             raise ValueError(f"first={first} outside the {len(ids)} tokens")
         kv = self.pool.acquire(item.session_id, len(ids))
         if not len(kv):                 # a new (or evicted) session: start from another's prefix where one shares it
-            self.pool.share_prefix(item.session_id, kv, ids, first, self.keep_hidden and item.hidden)
+            self.pool.share_prefix(item.session_id, kv, ids, first, self.keep_hidden and item.hidden, item.hashes)
         reuse = min(kv.common_prefix(ids, item.hashes), first)
         if self.keep_hidden and keeps_hidden(item, kv):   # rows for the whole reused prefix, or recompute it
             reuse = min(reuse, 0 if kv.hidden is None else kv.hidden.shape[0])
