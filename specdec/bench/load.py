@@ -29,7 +29,8 @@ from typing import Any, Iterator
 
 from specdec.bench.load_plan import (CHAT_SETS, CONCURRENCY, DATASETS, DEFAULT_MODE, FULL_MODE, GUIDELLM_VERSION,
                                      K0, QUICK_MODE, RATE, LoadConfig, Mode, ScenarioInputs, configurations,
-                                     data_inputs, rate_list, scenario, sets_by_content, write_chat_jsonl)
+                                     data_inputs, invocation_seed, rate_list, scenario, sets_by_content,
+                                     write_chat_jsonl)
 from specdec.bench.load_results import (SERVER_SAMPLES, add_ratios, goals, noise_band, parse_report, saturation_rps,
                                         server_delta, server_samples)
 from specdec.config import OrchestratorConfig
@@ -61,7 +62,7 @@ class LoadArgs:
     max_batch: int = 0
     max_seconds_per_point: float = 0.0
     cache_budget_bytes: int = 0             # 0: the target service's default
-    prefix_share_min_tokens: int = -1       # the services' SPECDEC_PREFIX_SHARE_MIN_TOKENS (-1: their default)
+    prefix_share_min_tokens: int = 0        # the services' SPECDEC_PREFIX_SHARE_MIN_TOKENS (-1: their default)
     target_model: str = "embedded"
     guidellm: str = DEFAULT_GUIDELLM
     work_dir: str = DEFAULT_WORK_DIR
@@ -101,8 +102,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="instead of the curves: 16 sessions, 4 with long prompts, vs the short ones alone "
                         "(KV budget, short TTFT, failures; specdec/bench/load_longmix.py)")
     p.add_argument("--long-mix-seconds", type=float, default=0.0, help="each long-mix phase's length (0: default)")
-    p.add_argument("--prefix-share-min-tokens", type=int, default=-1,
-                   help="the model services' prefix sharing (SPECDEC_PREFIX_SHARE_MIN_TOKENS; 0: off; -1: default)")
+    p.add_argument("--prefix-share-min-tokens", type=int, default=0,
+                   help="the model services' prefix sharing (SPECDEC_PREFIX_SHARE_MIN_TOKENS; -1: their default). "
+                        "Default 0, off: the bench's prompts repeat across configurations and points, and with "
+                        "sharing whichever configuration meets a prompt first would pay its prefill for the rest")
     p.add_argument("--cache-budget-mib", type=int, default=0,
                    help="the target's KV budget in MiB (0: the service default; --long-mix: its own default)")
 
@@ -268,7 +271,7 @@ def run_guidellm(args: LoadArgs, cfg: LoadConfig, dataset: str, phase: str, valu
     tag = f"{dataset}-{phase}-{'_'.join(str(v) for v in values)}-{cfg.name}"
     report_path = work / f"{tag}.guidellm.json"
     report_path.unlink(missing_ok=True)
-    inp = replace(inp, out_json=str(report_path))
+    inp = replace(inp, out_json=str(report_path), seed=invocation_seed(inp.seed, dataset, tag))
     scenario_path = work / f"{tag}.scenario.json"
     scenario_path.write_text(json.dumps(scenario(cfg, phase, values, inp), indent=1))
     log.info("guidellm: %s %s %s at %s", dataset, cfg.name, phase, values)

@@ -13,6 +13,7 @@ pick different rates per configuration).
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ DATASETS = (DATA_PROMPTS, DATA_GROUNDED, DATA_SYNTHETIC, DATA_MULTITURN)
 MULTITURN_TURNS = 4
 MULTITURN_PREFIX_TOKENS = 256
 MULTITURN_PROMPT_TOKENS = 128
+SEED_SPREAD = 1_000_000   # per-invocation seeds of multiturn (invocation_seed) lie in [seed, seed + this)
 CHAT_SETS = {DATA_PROMPTS: ("grounded", "open"), DATA_GROUNDED: ("grounded",)}   # bench prompt sets per data set
 CONCURRENCY, RATE = "concurrency", "rate"
 #: significant digits of a derived rate (requests/s): the same list is written to every scenario.
@@ -134,6 +136,14 @@ def _data_spec(inp: ScenarioInputs) -> dict[str, Any]:
     if inp.prefix_tokens > 0:
         spec["prefix_tokens"] = inp.prefix_tokens
     return spec
+
+
+def invocation_seed(base: int, dataset: str, tag: str) -> int:
+    """guidellm's data seed for one invocation (`tag`: data set, phase, point, configuration). The same for
+    every data set but multiturn (every configuration gets the same requests); multiturn gets conversations
+    of its own per invocation: met twice, a conversation is served from the cache the second time (prefix
+    sharing), which no two users' conversations would be."""
+    return base + zlib.crc32(tag.encode()) % SEED_SPREAD if dataset == DATA_MULTITURN else base
 
 
 def data_inputs(dataset: str, synthetic_prompt_tokens: int) -> dict[str, int]:

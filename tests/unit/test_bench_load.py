@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
 
 import pytest
 
+from specdec.bench.load import add_parser
 from specdec.bench.load_plan import (CHAT_SETS, CONCURRENCY, DATA_GROUNDED, GUIDELLM_VERSION, K0, K0_AA, RATE,
                                      LoadConfig, ScenarioInputs, chat_rows, configurations, rate_list, scenario)
 from specdec.bench.load_results import (add_ratios, goals, noise_band, parse_benchmark, parse_report, point_key,
@@ -82,6 +84,23 @@ def test_the_multiturn_data_set_is_synthetic_conversations_opening_with_a_shared
         {"kind": "synthetic_text", "prompt_tokens": MULTITURN_PROMPT_TOKENS, "output_tokens": 32,
          "turns": MULTITURN_TURNS, "prefix_tokens": MULTITURN_PREFIX_TOKENS}]
     assert data_inputs("synthetic", 64) == {"synthetic_prompt_tokens": 64}
+
+
+def test_multiturn_conversations_differ_per_invocation_and_other_data_sets_repeat_theirs():
+    """With prefix sharing a conversation met twice is served from the cache the second time: multiturn gets
+    new conversations per invocation (the same ones again in a rerun, for an A/B); other data sets give every
+    configuration the same requests. The bench starts the services with sharing off unless asked."""
+    from specdec.bench.load import _service_env, args_from_cli
+    from specdec.bench.load_plan import invocation_seed
+    seeds = {invocation_seed(42, "multiturn", f"multiturn-concurrency-1-{c}") for c in ("k0", "k4", "k0_aa")}
+    assert len(seeds) == 3 and invocation_seed(42, "multiturn", "multiturn-concurrency-1-k0") in seeds
+    assert invocation_seed(42, "prompts", "prompts-concurrency-1-k0") == 42
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    off = args_from_cli(parser.parse_args(["bench-load", "--quick"]))
+    assert _service_env(off) == {"SPECDEC_PREFIX_SHARE_MIN_TOKENS": "0"}
+    on = args_from_cli(parser.parse_args(["bench-load", "--quick", "--prefix-share-min-tokens", "-1"]))
+    assert _service_env(on) == {}
 
 
 def test_chat_rows_alternate_grounded_and_open_prompts():
