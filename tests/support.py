@@ -264,3 +264,24 @@ def refused_generate(cfg: Any, request: Any, timeout: float = 60.0) -> Any:
     finally:
         stack.stop()
     raise AssertionError("the orchestrator served a refused pair")
+
+
+TINY_LLAMA_VOCAB = 64
+
+
+def tiny_llama() -> Any:
+    """A 2-layer Llama with grouped KV heads (4 query, 2 KV), seeded, in eval mode: the KV-cache unit tests' model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=TINY_LLAMA_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(cfg)
+    return model.eval()
+
+
+def full_logits(model: Any, ids: list[int]) -> torch.Tensor:  # [len(ids), V]
+    """Logits of one whole forward over ids, no cache: the reference cached runs are compared with."""
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0].float()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache
 
 from transformers.cache_utils import DynamicLayer
 
@@ -14,28 +14,19 @@ from specdec.engine.kvcache import (
 )
 from specdec.engine.runner import CausalLMRunner, ExtendItem
 from specdec.errors import ResourceExhausted
+from tests.support import TINY_LLAMA_VOCAB, full_logits, tiny_llama
 
-VOCAB = 64
+VOCAB = TINY_LLAMA_VOCAB
 
 
 @pytest.fixture(scope="module")
 def model():
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        m = LlamaForCausalLM(cfg)
-    return m.eval()
+    return tiny_llama()
 
 
 def runner_for(model, budget_tokens=10_000):
     per_token = kv_bytes_per_token(model.config, 4)
     return CausalLMRunner(model, KVCachePool(budget_tokens * per_token, per_token, model.config))
-
-
-def full_logits(model, ids):
-    with torch.inference_mode():
-        return model(torch.tensor([ids])).logits[0].float()
 
 
 def test_common_prefix_len():

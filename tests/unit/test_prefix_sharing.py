@@ -7,34 +7,23 @@ import random
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec.engine.kvcache import KVCachePool, common_prefix_len, kv_bytes_per_token
 from specdec.engine.runner import CausalLMRunner, ExtendItem
+from tests.support import full_logits, tiny_llama
 
-VOCAB = 64
 SYSTEM = [7, 3, 9, 12, 5, 5, 1, 30, 31, 2, 8, 8, 14, 60, 61, 17, 4, 4, 22, 23]   # a shared "system prompt"
 
 
 @pytest.fixture(scope="module")
 def model():
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        m = LlamaForCausalLM(cfg)
-    return m.eval()
+    return tiny_llama()
 
 
 def runner_for(model, share_min_tokens=4, budget_tokens=10_000, **kwargs):
     per_token = kv_bytes_per_token(model.config, 4)
     pool = KVCachePool(budget_tokens * per_token, per_token, model.config, share_min_tokens=share_min_tokens)
     return CausalLMRunner(model, pool, **kwargs)
-
-
-def full_logits(model, ids):
-    with torch.inference_mode():
-        return model(torch.tensor([ids])).logits[0].float()
 
 
 def test_a_new_session_starts_from_another_sessions_prefix_with_the_same_logits(model):
