@@ -24,11 +24,12 @@ import asyncio
 import math
 import ssl
 import time
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 
-from specdec.server.lane import ERROR, HELLO, METHOD_KINDS, OK, FrameBuffer, frame
+from specdec import spin
+from specdec.server.lane import ERROR, FORWARD_DONE, HELLO, METHOD_KINDS, NOTIFY, OK, FrameBuffer, frame
 from specdec.v1 import common_pb2, draft_pb2, target_pb2
 
 from orchestrator.streams import StreamEnded, call_once_more_if_ended, rpc_error
@@ -53,8 +54,10 @@ def lane_error(status_bytes: bytes) -> grpc.aio.AioRpcError:
 class _Connection(asyncio.Protocol):
     """One TCP connection: frames in, one awaited answer at a time."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, forward_done: Callable[[], spin.Window | None]) -> None:
         self.frames = FrameBuffer(max_bytes)
+        self.forward_done = forward_done    # called on a FORWARD_DONE frame (the answer is on its way)
+        self.polling: spin.Window | None = None   # the loop polls for the answer (ended when it comes)
         self.transport: asyncio.Transport | None = None
         self.answer: asyncio.Future | None = None
         self.lost = False
@@ -76,6 +79,11 @@ class _Connection(asyncio.Protocol):
                 self.answer.set_exception(rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)))
             self.close()
         for kind, payload in frames:
+            if kind == FORWARD_DONE:
+                self.polling = self.forward_done()
+                continue
+            if self.polling is not None:
+                self.polling.cancel()
             if self.answer is not None and not self.answer.done():
                 self.answer.set_result((kind, payload))
 
@@ -93,6 +101,9 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+ANSWER_WITHIN_S = 0.002    # after FORWARD_DONE the loop polls this long for the answer (specdec.spin)
+
+
 class RoundLane:
     """Idle round-lane connections to one replica (see the module docstring).
 
@@ -105,15 +116,20 @@ class RoundLane:
         retry_s: after LaneUnreachable, how long calls skip the lane.
         tls: connect over TLS with this context (specdec.server.tls.lane_client_context; None = plain TCP),
             verifying that the replica's certificate names `host`, as the gRPC channel does.
+        notify: ask for FORWARD_DONE (the replica says it sends it: ModelInfo.round_lane_forward_done); on
+            it the loop polls for the answer (specdec.spin) instead of sleeping until it arrives.
     """
 
     def __init__(self, host: str, port: int, token: str, max_bytes: int, idle_max: int,
-                 connect_timeout_s: float, retry_s: float, tls: ssl.SSLContext | None = None) -> None:
+                 connect_timeout_s: float, retry_s: float, tls: ssl.SSLContext | None = None,
+                 notify: bool = False) -> None:
         self.host, self.port, self.token, self.max_bytes, self.tls = host, port, token, max_bytes, tls
         self.idle_max, self.connect_timeout_s, self.retry_s = idle_max, connect_timeout_s, retry_s
         self._idle: list[_Connection] = []
         self.opened = 0                     # connections opened (tests read it: calls reuse connections)
         self.unreachable_until = 0.0        # time.monotonic() before which calls skip the lane
+        self.notify = notify
+        self.forward_done = 0               # FORWARD_DONE frames received (tests read it)
 
     def usable(self) -> bool:
         """Whether calls should try the lane now (not after a failed connect, for retry_s)."""
@@ -140,7 +156,7 @@ class RoundLane:
         """Connect and say HELLO, within connect_timeout_s and the call's deadline."""
         loop = asyncio.get_running_loop()
         limit = min(self.connect_timeout_s, max(0.0, deadline - loop.time()))
-        conn = _Connection(self.max_bytes)
+        conn = _Connection(self.max_bytes, self._forward_done)
         try:
             async with asyncio.timeout(limit):
                 await loop.create_connection(lambda: conn, self.host, self.port, ssl=self.tls,
@@ -163,9 +179,10 @@ class RoundLane:
         """Write the request, read its answer; the connection goes back to the pool after a whole call."""
         loop = asyncio.get_running_loop()
         request.timeout_ms = max(1, math.ceil((deadline - loop.time()) * MS_PER_S))
+        kind = METHOD_KINDS[method] | (NOTIFY if self.notify else 0)
         try:
             async with asyncio.timeout_at(deadline):
-                kind, payload = await conn.send(METHOD_KINDS[method], request.SerializeToString())
+                kind, payload = await conn.send(kind, request.SerializeToString())
         except TimeoutError:
             conn.close()
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method} deadline exceeded (round lane)") from None
@@ -179,6 +196,10 @@ class RoundLane:
             raise lane_error(payload)
         conn.close()
         raise rpc_error(grpc.StatusCode.INTERNAL, f"round lane: unexpected frame kind {kind} answering {method}")
+
+    def _forward_done(self) -> spin.Window | None:
+        self.forward_done += 1
+        return spin.expect_soon(ANSWER_WITHIN_S)
 
     def _put(self, conn: _Connection) -> None:
         if conn.usable() and len(self._idle) < self.idle_max:

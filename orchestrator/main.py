@@ -7,6 +7,7 @@ import logging
 import sys
 import uuid
 
+from specdec import spin
 from specdec.config import OrchestratorConfig
 from specdec.core.ngram import NgramProposer
 from specdec.models.load_config import load_config
@@ -47,6 +48,7 @@ async def serve(cfg: OrchestratorConfig) -> None:
     """Load the tokenizer, connect Redis and the pools, serve until SIGTERM."""
     if not cfg.redis_url:
         raise SystemExit("specdec orchestrator: REDIS_URL is not set (specdec up starts an embedded Redis)")
+    spin.configure(spin.auto_spin_us(cfg.server.spin_us, "orchestrator"))
     tokenizer = await asyncio.to_thread(
         load_tokenizer, cfg.tokenizer, load_config(cache_dir=cfg.cache_dir, offline=cfg.offline))
     target, draft = build_pools(cfg)

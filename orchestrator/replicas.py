@@ -152,7 +152,8 @@ class ReplicaPool:
         replica.lane = RoundLane(lane_host(replica.address), port, self.server_cfg.service_token,
                                  self.server_cfg.max_message_bytes, self.retry.idle_streams_max,
                                  self.retry.lane_connect_timeout_s, self.retry.lane_retry_s,
-                                 lane_client_context(self.server_cfg.tls)) if port else None
+                                 lane_client_context(self.server_cfg.tls),
+                                 notify=replica.info.round_lane_forward_done) if port else None
 
     def usable(self) -> list[Replica]:
         """Replicas with Info and no compatibility error."""

@@ -32,6 +32,7 @@ from pathlib import Path
 from specdec.bench.plan import load_prompts
 from specdec.healthcheck import channel_for
 from specdec.launcher import LocalStack, StackConfig
+from specdec.redis_server import EmbeddedRedis
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 
@@ -77,22 +78,43 @@ def tls_env(directory: str) -> dict[str, str]:
     return {"SPECDEC_TLS_CA": str(pki["ca"]), "SPECDEC_TLS_CERT": str(pki["cert"]), "SPECDEC_TLS_KEY": str(pki["key"])}
 
 
-def start(threads: list[int], transports: list[str], env: dict[str, str]) -> tuple[LocalStack, dict[str, str]]:
+def parse_variants(text: str) -> dict[str, dict[str, dict[str, str]]]:
+    """'name' or 'name:ENV=V,o.ENV=V,t.ENV=V' separated by ';' -> {name: {"target": env, "orchestrator": env}};
+    a variable prefixed o. or t. is set for that role only."""
+    variants = {}
+    for item in filter(None, text.split(";")):
+        name, _, assignments = item.partition(":")
+        env: dict[str, dict[str, str]] = {"target": {}, "orchestrator": {}}
+        for assignment in filter(None, assignments.split(",")):
+            key, value = assignment.split("=", 1)
+            role = {"o.": "orchestrator", "t.": "target"}.get(key[:2])
+            for r in [role] if role else list(env):
+                env[r][key[2:] if role else key] = value
+        variants[name] = env
+    return variants
+
+
+def start(threads: list[int], transports: list[str], variants: dict[str, dict[str, dict[str, str]]],
+          env: dict[str, str]) -> tuple[LocalStack, dict[str, object]]:
+    """Redis, then per variant and thread count a target (the variant's environment) with one orchestrator
+    per transport; returns the stack and {name: orchestrator}. The first variant's name is left out of the
+    names when it is the only one."""
     stack = LocalStack(StackConfig(threads=threads[0], draft_replicas=0, extra_env=env))
-    stack.cfg.draft_replicas = 0
-    stack.start()
+    stack.redis = EmbeddedRedis().start()
+    stack.redis_url = stack.redis.url
     orchestrators = {}
-    for n in threads:
-        target = stack.targets[0] if n == threads[0] else None
-        if target is None:
+    for variant, variant_env in variants.items():
+        for n in threads:
             stack.cfg.threads = n
-            target = stack.start_target()
+            target = stack.start_target(env=variant_env["target"])
             stack.wait_ready(target)
-        for transport in transports:
-            proc = stack.start_orchestrator(targets=[target], drafts=[], env=TRANSPORT_ENV[transport])
-            stack.wait_ready(proc)
-            stack.wait_connected(proc, [target])
-            orchestrators[f"t{n}-{transport}"] = proc
+            for transport in transports:
+                proc = stack.start_orchestrator(targets=[target], drafts=[],
+                                                env={**TRANSPORT_ENV[transport], **variant_env["orchestrator"]})
+                stack.wait_ready(proc)
+                stack.wait_connected(proc, [target])
+                prefix = f"{variant}-" if len(variants) > 1 else ""
+                orchestrators[f"{prefix}t{n}-{transport}"] = proc
     return stack, orchestrators
 
 
@@ -107,13 +129,17 @@ def main() -> None:
     ap.add_argument("--transports", default="lane,stream,unary")
     ap.add_argument("--out", default="")
     ap.add_argument("--tls", action="store_true", help="mTLS on every hop (a throwaway CA)")
+    ap.add_argument("--variants", default="base",
+                    help="';'-separated 'name' or 'name:ENV=V,ENV=V': each its own targets and orchestrators, "
+                         "the environment set on both, or with o./t. on the orchestrators / targets only "
+                         "(e.g. 'off:SPECDEC_SPIN_US=0;on:SPECDEC_SPIN_US=2000;o:t.SPECDEC_SPIN_US=0')")
     args = ap.parse_args()
     ks = [int(x) for x in args.k.split(",")]
     prompts = load_prompts(args.prompts.split(","), args.per_set)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))   # `timeout` still stops the stack (finally)
     pki_dir = tempfile.TemporaryDirectory(prefix="specdec-pki-")
     stack, orchestrators = start([int(x) for x in args.threads.split(",")], args.transports.split(","),
-                                 tls_env(pki_dir.name) if args.tls else {})
+                                 parse_variants(args.variants), tls_env(pki_dir.name) if args.tls else {})
     stubs = {name: orchestrator_pb2_grpc.OrchestratorStub(channel_for(p.address, stack.tls()))
              for name, p in orchestrators.items()}
     cpu: dict[str, list[float]] = {}       # key -> [orchestrator CPU ms, rounds]

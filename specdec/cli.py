@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 
+from specdec import spin
 from specdec.config import DEFAULT_DRAFT_PORT, DEFAULT_MODELS, DEFAULT_ORCHESTRATOR_PORT, DEFAULT_TARGET_PORT, env_int
 from specdec.params import DEFAULTS, MODEL_DRAFT_KINDS
 
@@ -80,7 +81,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _apply(cfg.server, args, ["host", "metrics_port"])
     cfg.server.port = args.port if args.port is not None else env_int("SPECDEC_PORT", DEFAULT_PORTS[args.role])
     try:
-        asyncio.run(serve(cfg))
+        with asyncio.Runner(loop_factory=spin.new_loop) as runner:   # its loop polls where told (specdec/spin.py)
+            runner.run(serve(cfg))
     except ModelLoadError as exc:
         print(f"specdec {args.role}: {exc}", file=sys.stderr)
         return EXIT_LOAD_ERROR

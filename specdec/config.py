@@ -141,6 +141,12 @@ class ServerConfig:
     # Model services: the round lane's TCP port (specdec/server/lane.py): 0 = any free port (advertised in
     # ModelInfo.round_lane_port), -1 = no lane. With TLS on, the lane speaks TLS with the same certificates.
     round_lane_port: int = field(default_factory=lambda: env_int("SPECDEC_ROUND_LANE_PORT", 0))
+    # Target: tell lane callers that ask when their forward has finished (FORWARD_DONE; specdec/server/lane.py).
+    round_lane_forward_done: bool = field(default_factory=lambda: env_bool("SPECDEC_ROUND_LANE_FORWARD_DONE", True))
+    # The event loop polls instead of sleeping for at most this many µs when an event is due at once
+    # (specdec/spin.py): -1 = auto (the orchestrator polls; a model service polls when its torch threads
+    # leave a core free), 0 = never.
+    spin_us: int = field(default_factory=lambda: env_int("SPECDEC_SPIN_US", -1))
 
 
 @dataclass

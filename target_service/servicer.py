@@ -13,7 +13,7 @@ from specdec.errors import InvalidArgument
 from specdec.protocol import (
     hidden_to_proto, logprobs_to_proto, resolve_context, sampling_from_proto, sparse_from_proto, stats_to_proto,
 )
-from specdec.server.lane import VERIFY, LaneMethod
+from specdec.server.lane import VERIFY, LaneCallContext, LaneMethod
 from specdec.server.model_service import ModelServiceBase
 from specdec.server.streams import call_timeout_s
 from specdec.v1 import target_pb2, target_pb2_grpc
@@ -42,6 +42,7 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
     async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext) -> Any:
         batches = self.batches()
         deadline_s = call_timeout_s(request, context)    # before `context` names the token ids below
+        on_forward = context.forward_done if isinstance(context, LaneCallContext) else None
         context, position_base, hashes = resolve_context(self.context_store(), request)
         hashes.extend(request.draft_ids)                 # VerifyInput.prefix_hashes covers context + draft
         inp = VerifyInput(
@@ -51,6 +52,7 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
             logprobs=request.logprobs if request.HasField("logprobs") else -1,
             position_base=position_base, checked_ids=len(context), prefix_hashes=hashes,
             hidden_from=hidden_from(request, position_base),
+            on_forward=on_forward,
         )
         out, queue_ms = await batches.submit(request.session_id, inp, deadline_s)
         out.stats.queue_ms = queue_ms
@@ -65,6 +67,8 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
 
     def lane_methods(self) -> dict[int, LaneMethod]:
         return {VERIFY: LaneMethod("Verify", target_pb2.VerifyRequest.FromString, self.Verify)}
+
+    lane_forward_done = True
 
     async def VerifyStream(self, requests: Any, context: grpc.aio.ServicerContext) -> Any:
         """Verify calls one after another on one stream (specdec/server/streams.py)."""

@@ -119,6 +119,9 @@ class TargetEngine:
                 forwards = [exc]
             else:
                 forwards = [self._extend_alone(item) for item in items]
+        for i in todo:
+            if inputs[i].on_forward is not None:
+                inputs[i].on_forward()
         for i, fwd in zip(todo, forwards):
             results[i] = fwd if isinstance(fwd, SpecDecError) else self._judge(inputs[i], fwd)
         return results, forwards[len(todo):]

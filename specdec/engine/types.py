@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from specdec.core.accept import AcceptResult
 from specdec.core.prefix_hash import PrefixHashes
@@ -88,6 +88,9 @@ class VerifyInput:
     checked_ids: int = 0            # leading context ids already checked against the vocabulary (ContextStore)
     prefix_hashes: PrefixHashes | None = None  # covering context_ids + draft_ids (ContextStore)
     prefilled: ComputeStatsData | None = None  # chunks already run for this call (TargetEngine.prefill_chunk)
+    # Called (on the thread that ran it) once this call's verify forward has finished, before the accept
+    # rule: the round lane tells the caller, whose wake-up then overlaps the rest (specdec/server/lane.py).
+    on_forward: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     _ids: list[int] | None = field(default=None, repr=False, compare=False)
 
     @property

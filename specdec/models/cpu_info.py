@@ -41,6 +41,16 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+def cpu_budget_cores(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> float:
+    """usable_cores(), or fewer where a cgroup v2 CPU quota allows less (a container's CPU limit)."""
+    cores = float(usable_cores())
+    try:
+        quota, period = Path(cpu_max).read_text().split()[:2]
+    except (OSError, ValueError):
+        return cores
+    return cores if quota == "max" else min(cores, int(quota) / int(period))
+
+
 def load_per_core() -> float:
     """The 1-minute load average per usable core (0.0 where the OS keeps no load average)."""
     return (os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0) / usable_cores()

@@ -15,6 +15,10 @@ Wire format (docs/protocol.md, "Round lane"): frames of HEADER (payload length, 
   * Then one call at a time: PROPOSE or VERIFY with the serialized request (its timeout_ms set, as on a
     round stream), answered OK with the serialized response or ERROR with a RoundLaneStatus (the status
     and trailing metadata the unary call would have ended with). An error does not end the connection.
+  * A request kind with the NOTIFY bit set asks for a FORWARD_DONE frame (no payload) the moment the
+    call's forward has finished, before its answer is built (services that say so in
+    ModelInfo.round_lane_forward_done): the caller starts polling for the answer then (specdec.spin), so
+    its wake-up overlaps the accept rule instead of following it.
   * The caller cancels a call (deadline, cancellation) by closing the connection: the handler is cancelled.
   * Draining: no new connections; idle ones are closed at once, a call in flight is answered and then
     its connection closed; a request that arrives meanwhile is answered UNAVAILABLE (never run). The
@@ -27,16 +31,19 @@ handshake must finish within hello_timeout_s.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import ssl
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from specdec import spin
 from specdec.errors import InvalidArgument
 from specdec.server.interceptors import DRAINING_MESSAGE, DrainGate, status_of
 from specdec.v1 import common_pb2
@@ -45,13 +52,19 @@ log = logging.getLogger("specdec.server")
 
 HEADER = struct.Struct("<IB")     # payload length in bytes, frame kind
 HELLO_TIMEOUT_S = 10.0            # a connection that has not said HELLO by then is closed
-HELLO, PROPOSE, VERIFY, OK, ERROR = 1, 2, 3, 4, 5
+NEXT_CALL_WITHIN_S = 0.002        # after an answer the loop polls this long for the next round (specdec.spin)
+RESULT_WITHIN_S = 0.002           # after a forward the loop polls this long for the model thread's result
+HELLO, PROPOSE, VERIFY, OK, ERROR, FORWARD_DONE = 1, 2, 3, 4, 5, 6
+NOTIFY = 0x80                     # request kind bit: send FORWARD_DONE when the call's forward has finished
 METHOD_KINDS = {"Propose": PROPOSE, "Verify": VERIFY}
 
 
 def frame(kind: int, payload: bytes = b"") -> bytes:
     """One frame: header + payload."""
     return HEADER.pack(len(payload), kind) + payload
+
+
+FORWARD_DONE_FRAME = frame(FORWARD_DONE)
 
 
 def error_frame(code: grpc.StatusCode, message: str, trailing: tuple[tuple[str, str], ...] = ()) -> bytes:
@@ -85,7 +98,14 @@ class FrameBuffer:
 
 class LaneCallContext:
     """What a servicer method reads from its gRPC context, for a call that came over the lane: no
-    per-call deadline besides the request's own timeout_ms (see specdec.server.streams.call_timeout_s)."""
+    per-call deadline besides the request's own timeout_ms (see specdec.server.streams.call_timeout_s).
+
+    forward_done: for a call that asked (NOTIFY), what the engine calls, on any thread, once the call's
+    forward has finished (None: nobody asked).
+    """
+
+    def __init__(self, forward_done: Callable[[], None] | None = None) -> None:
+        self.forward_done = forward_done
 
     def time_remaining(self) -> float | None:
         return None
@@ -109,14 +129,17 @@ class RoundLaneServer:
         token: the bearer token a HELLO must carry ("" = no auth).
         max_bytes: the largest frame accepted (the service's max message size).
         hello_timeout_s: how long a new connection may take to say HELLO.
+        forward_done: honour the NOTIFY bit (the service's handlers call LaneCallContext.forward_done).
     """
 
     def __init__(self, methods: dict[int, LaneMethod], gate: DrainGate, token: str, max_bytes: int,
-                 hello_timeout_s: float = HELLO_TIMEOUT_S) -> None:
+                 hello_timeout_s: float = HELLO_TIMEOUT_S, forward_done: bool = False) -> None:
         self.methods, self.gate, self.token, self.max_bytes = methods, gate, token, max_bytes
+        self.forward_done = forward_done    # honours NOTIFY (the service's engine calls forward_done)
         self.hello_timeout_s = hello_timeout_s
         self.port = 0
         self.calls = 0                      # calls answered (ServiceStats.lane_calls)
+        self.forward_done_frames = 0        # FORWARD_DONE frames sent (ServiceStats.lane_forward_done)
         self.connections: set[_LaneConnection] = set()
         self._server: asyncio.base_events.Server | None = None
 
@@ -140,7 +163,7 @@ class RoundLaneServer:
     def authorized(self, presented: bytes) -> bool:
         return not self.token or hmac.compare_digest(presented, self.token.encode())
 
-    async def answer(self, kind: int, payload: bytes) -> bytes:
+    async def answer(self, kind: int, payload: bytes, context: LaneCallContext | None = None) -> bytes:
         """The OK or ERROR frame for one call."""
         method = self.methods.get(kind)
         self.calls += 1
@@ -151,7 +174,7 @@ class RoundLaneServer:
                 request = method.parse(payload)
             except DecodeError as exc:
                 raise InvalidArgument(f"malformed {method.name} request: {exc}") from None
-            response = await method.handle(request, LaneCallContext())
+            response = await method.handle(request, context or LaneCallContext())
             return frame(OK, response.SerializeToString())
         except Exception as exc:  # noqa: BLE001 - every failure is answered with its status, as gRPC would
             return error_frame(*status_of(exc, f"round lane {method.name if method else kind}"))
@@ -165,11 +188,14 @@ class _LaneConnection(asyncio.Protocol):
         self.frames = FrameBuffer(lane.max_bytes)
         self.greeted = False               # said HELLO with an accepted token
         self.call: asyncio.Task | None = None
+        self.started = 0                   # calls started on this connection
+        self.polling: spin.Window | None = None   # the loop polls for this connection's next request / result
         self.transport: asyncio.Transport
         self._hello_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.loop, self.loop_thread = asyncio.get_running_loop(), threading.get_ident()
         self.lane.connections.add(self)
         self._hello_timer = asyncio.get_running_loop().call_later(self.lane.hello_timeout_s, self._hello_overdue)
 
@@ -211,16 +237,35 @@ class _LaneConnection(asyncio.Protocol):
         elif self.lane.gate.closed:
             self._refuse(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)   # never run: the caller retries elsewhere
         else:
-            self.call = asyncio.get_running_loop().create_task(self._run(kind, payload))
+            if self.polling is not None:
+                self.polling.cancel()
+            self.started += 1
+            notify = functools.partial(self._forward_done, self.started) if kind & NOTIFY and self.lane.forward_done else None
+            self.call = asyncio.get_running_loop().create_task(self._run(kind & ~NOTIFY, payload, notify))
 
-    async def _run(self, kind: int, payload: bytes) -> None:
+    async def _run(self, kind: int, payload: bytes, notify: Callable[[], None] | None) -> None:
         with self.lane.gate.track():
-            answer = await self.lane.answer(kind, payload)
+            answer = await self.lane.answer(kind, payload, LaneCallContext(notify))
         self.call = None
         if not self.transport.is_closing():
+            if self.polling is not None:
+                self.polling.cancel()
             self.transport.write(answer)
+            self.polling = spin.expect_soon(NEXT_CALL_WITHIN_S)   # the caller's next round follows at once
             if self.lane.gate.closed:      # draining: this connection has carried its last call
                 self.transport.close()
+
+    def _forward_done(self, call: int) -> None:
+        """Tell the caller that call number `call` has finished its forward (from the loop's thread or,
+        through the loop, the model thread's); the loop then polls for the result instead of sleeping
+        until it is handed over."""
+        if threading.get_ident() != self.loop_thread:
+            self.loop.call_soon_threadsafe(self._forward_done, call)
+            return
+        if self.call is not None and self.started == call and not self.transport.is_closing():
+            self.transport.write(FORWARD_DONE_FRAME)
+            self.lane.forward_done_frames += 1
+            self.polling = spin.expect_soon(RESULT_WITHIN_S)
 
     def _refuse(self, code: grpc.StatusCode, message: str) -> None:
         """Answer with an ERROR frame and close the connection."""

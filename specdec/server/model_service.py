@@ -21,13 +21,16 @@ import sys
 from typing import Any, Callable
 
 import grpc
+import torch
 
+from specdec import spin
 from specdec.config import DEFAULT_CONTEXT_STORE_TOKENS, HealthConfig, ModelServiceConfig
 from specdec.engine.contexts import ContextStore
 from specdec.engine.loading import ModelBundle
 from specdec.engine.worker import ModelWorker, WorkerState
 from specdec.errors import Unavailable
 from specdec.metrics import model_service_registry, serve_metrics
+from specdec.models.cpu_info import cpu_budget_cores
 from specdec.protocol import PROTOCOL_VERSION
 from specdec.server.app import GrpcApp
 from specdec.server.lane import LaneMethod, RoundLaneServer
@@ -96,11 +99,14 @@ class ModelServiceBase:
         return common_pb2.ModelInfo(protocol_version=PROTOCOL_VERSION, role=self.role, **bundle.info,
                                     context_delta=self.context_store_tokens > 0,
                                     context_store_tokens=self.context_store_tokens, round_streams=True,
-                                    round_lane_port=self.lane.port if self.lane is not None else 0)
+                                    round_lane_port=self.lane.port if self.lane is not None else 0,
+                                    round_lane_forward_done=self.lane is not None and self.lane.forward_done)
 
     def lane_methods(self) -> dict[int, LaneMethod]:
         """The calls this service answers on its round lane (frame kind -> method)."""
         raise NotImplementedError
+
+    lane_forward_done = False   # its lane handlers report the end of a call's forward (LaneCallContext)
 
     def round_stream(self, requests: Any, handle: Callable[[Any], Any]) -> Any:
         """A round stream's responses (ProposeStream / VerifyStream): `handle` answers each request."""
@@ -119,7 +125,7 @@ class ModelServiceBase:
                 cache_rollbacks=c.rollbacks, rolled_back_tokens=c.rolled_back_tokens, cache_evictions=c.evictions,
                 computed_tokens=c.computed_tokens, reused_tokens=c.reused_tokens))
         if self.lane is not None:
-            out.lane_calls = self.lane.calls
+            out.lane_calls, out.lane_forward_done = self.lane.calls, self.lane.forward_done_frames
         if self._contexts is not None:
             c = self._contexts.counters
             out.MergeFrom(common_pb2.ServiceStats(context_hits=c.hits, context_misses=c.misses,
@@ -166,6 +172,7 @@ async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase,
         await app.run_until_stopped()
         raise
     log.info("%s model %s loaded in %.1fs", servicer.role, servicer.bundle.model_id, servicer.bundle.load_seconds)
+    spin.configure(spin.auto_spin_us(cfg.server.spin_us, servicer.role, torch.get_num_threads(), cpu_budget_cores()))
     serve_metrics(cfg.server.metrics_port, model_service_registry(
         servicer.role, lambda: servicer.worker.state, lambda: servicer.bundle.pool,
         lambda: servicer.bundle.kernels))
@@ -183,7 +190,8 @@ async def start_round_lane(cfg: ModelServiceConfig, servicer: ModelServiceBase, 
     server = cfg.server
     if server.round_lane_port < 0:
         return None
-    lane = RoundLaneServer(servicer.lane_methods(), app.gate, server.service_token, server.max_message_bytes)
+    lane = RoundLaneServer(servicer.lane_methods(), app.gate, server.service_token, server.max_message_bytes,
+                           forward_done=servicer.lane_forward_done and server.round_lane_forward_done)
     await lane.start(server.host, server.round_lane_port, lane_server_context(server.tls))
     servicer.lane = lane
     log.info("%s round lane on %s:%d%s", servicer.role, server.host, lane.port, " (TLS)" if server.tls.enabled else "")

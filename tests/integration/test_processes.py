@@ -367,11 +367,13 @@ def test_rejected_request_leaves_session_untouched(stub, reference):
 
 
 def test_rounds_ride_the_target_round_lane(stack, stub, target_info):
-    """The target advertises its round lane and the orchestrator's Verify calls take it (not gRPC)."""
-    assert target_info.round_lane_port > 0
+    """The target advertises its round lane and the orchestrator's Verify calls take it (not gRPC), each
+    asking to hear when its forward is done (one FORWARD_DONE frame per round)."""
+    assert target_info.round_lane_port > 0 and target_info.round_lane_forward_done
     with grpc.insecure_channel(stack.targets[0].address) as channel:
         target = target_pb2_grpc.TargetStub(channel)
         before = target.Stats(common_pb2.InfoRequest(), timeout=RPC_TIMEOUT_S)
         reply = stub.Generate(chat_request(GROUNDED_PROMPTS[0], max_new=8, trace=True), timeout=RPC_TIMEOUT_S)
         after = target.Stats(common_pb2.InfoRequest(), timeout=RPC_TIMEOUT_S)
     assert after.lane_calls - before.lane_calls == len(reply.trace) == after.calls - before.calls
+    assert after.lane_forward_done - before.lane_forward_done == len(reply.trace)

@@ -7,6 +7,8 @@ real lane server over loopback, with the round streams' semantics:
   * the bearer token is checked once per connection; a malformed request is INVALID_ARGUMENT;
   * draining: the call in flight is answered, idle connections close, a new call is UNAVAILABLE;
   * a lane nobody listens on is LaneUnreachable at once, and the pool then calls over gRPC;
+  * FORWARD_DONE: a caller that asks (NOTIFY) hears that its forward has finished before the answer; one
+    that does not, or a service that does not offer it, sees plain calls; a stale notice is dropped;
   * in a real stack of processes, generations ride the lane and give the round streams' tokens.
 """
 
@@ -211,6 +213,54 @@ def test_a_lane_nobody_listens_on_is_unreachable_and_the_pool_calls_over_grpc(la
         return answer.next_token, skipped, replica.streams.opened, fallbacks
     token, skipped, streams_opened, fallbacks = loop.run_until_complete(body())
     assert token == 6 and skipped and streams_opened == 1 and fallbacks == 1
+
+
+class Notifying(target_pb2_grpc.TargetServicer):
+    """Verify that reports the end of its "forward" from another thread, as the model thread does, and
+    answers only once the caller has heard it (session "plain": never reports; "stale": reports with the
+    previous call's notifier first)."""
+
+    def __init__(self) -> None:
+        self.notifiers: list = []          # context.forward_done as each call saw it
+        self.client: RoundLane | None = None
+
+    async def Verify(self, request, context):
+        self.notifiers.append(context.forward_done)
+        if request.session_id == "stale" and self.notifiers[-2] is not None:
+            await asyncio.to_thread(self.notifiers[-2])
+        if context.forward_done is not None and request.session_id != "plain":
+            heard = self.client.forward_done
+            await asyncio.to_thread(context.forward_done)
+            await until(lambda: self.client.forward_done == heard + 1)   # heard before the answer exists
+        return target_pb2.VerifyResponse(next_token=len(request.context_ids))
+
+
+@pytest.mark.parametrize("offered, asked", [(True, True), (True, False), (False, True)])
+def test_forward_done_reaches_a_caller_that_asks_before_its_answer(offered, asked):
+    loop = asyncio.new_event_loop()
+    servicer = Notifying()
+
+    async def body():
+        app = GrpcApp("specdec.v1.Target", ServerConfig(host="127.0.0.1", port=0, drain_seconds=30.0))
+        await app.start(lambda s: target_pb2_grpc.add_TargetServicer_to_server(servicer, s))
+        methods = {VERIFY: LaneMethod("Verify", target_pb2.VerifyRequest.FromString, servicer.Verify)}
+        lane = RoundLaneServer(methods, app.gate, "", MAX_BYTES, forward_done=offered)
+        servicer.client = RoundLane("127.0.0.1", await lane.start("127.0.0.1", 0), "", MAX_BYTES, idle_max=4,
+                                    connect_timeout_s=1.0, retry_s=60.0, notify=asked)
+        answers = [(await servicer.client.call("Verify", verify(session=s, n=n), 5.0)).next_token
+                   for s, n in (("a", 1), ("plain", 2), ("stale", 3))]
+        await app.server.stop(grace=None)
+        return answers, lane.forward_done_frames
+    try:
+        answers, sent = loop.run_until_complete(body())
+    finally:
+        loop.close()
+    assert answers == [1, 2, 3]                            # the NOTIFY bit never changes the call
+    if offered and asked:
+        assert all(n is not None for n in servicer.notifiers)
+        assert sent == servicer.client.forward_done == 2   # "a" and "stale": the stale notice sent nothing
+    else:
+        assert servicer.notifiers == [None] * 3 and sent == servicer.client.forward_done == 0
 
 
 def test_lane_host_takes_the_host_of_a_grpc_address():
