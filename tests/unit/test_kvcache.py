@@ -189,6 +189,8 @@ def test_growing_layers_hold_what_torch_cat_would_and_append_in_place():
             kv.truncate(len(kv.tokens) - 4)
             reference.layers[0].crop(-4)
             assert cache.get_seq_length() == len(kv.tokens) == 10
+            layer, ref = cache.layers[0], reference.layers[0]   # read right after the rollback: the views follow
+            assert torch.equal(layer.keys, ref.keys) and torch.equal(layer.values, ref.values)
     assert buffers == 2            # 7 + 256 spare, then one reallocation for the 300-row append
     cache.layers[0].crop(-3)       # transformers' own rollback call works too
     assert cache.get_seq_length() == len(kv.tokens) - 3
