@@ -12,6 +12,8 @@ the time between two rounds' chunks arriving at this client minus the round's fo
 overhead plus the orchestrator's time between rounds (what tokens per second pay; round 0 and chunks that
 carry several rounds are left out). The n-gram draft runs in the orchestrator (the bench's default), so a
 round is one target call. `--tls`: every hop mTLS (a throwaway CA made for the run), lane and streams alike.
+`--variants`: the same per named environment (each variant its own targets and orchestrators, side by side), e.g.
+`--variants 'before:SPECDEC_SPIN_US=0,SPECDEC_ROUND_LANE_FORWARD_DONE=0;now'` (docs/performance.md, "Wake-ups").
 
     PYTHONPATH=$PWD .venv/bin/python scripts/round_overhead.py --k 0,4 --tokens 48 --repeats 2
 """
