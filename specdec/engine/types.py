@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -91,15 +93,43 @@ class VerifyInput:
     # Called (on the thread that ran it) once this call's verify forward has finished, before the accept
     # rule: the round lane tells the caller, whose wake-up then overlaps the rest (specdec/server/lane.py).
     on_forward: Callable[[], None] | None = field(default=None, repr=False, compare=False)
-    _ids: list[int] | None = field(default=None, repr=False, compare=False)
+    _ids: "JoinedIds | None" = field(default=None, repr=False, compare=False)
 
     @property
-    def ids(self) -> list[int]:
-        """context_ids + draft_ids, made once per call (sizing, chunking and the pass each need it: a long
-        context is not copied for each)."""
+    def ids(self) -> "JoinedIds":
+        """context_ids + draft_ids, never copied (sizing, chunking and the pass each read it)."""
         if self._ids is None:
-            self._ids = self.context_ids + self.draft_ids
+            self._ids = JoinedIds(self.context_ids, self.draft_ids)
         return self._ids
+
+
+class JoinedIds(Sequence[int]):
+    """`head + tail` as a read-only sequence that does not copy `head`: a whole context is ≈ 30 µs to copy at
+    5,000 tokens right after a forward (each int object touched cache-cold), once per Verify. Slices are
+    lists; both parts must stay unchanged while it is in use."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self, head: list[int], tail: list[int]) -> None:
+        self.head, self.tail = head, tail
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.tail)
+
+    def __getitem__(self, index: Any) -> Any:
+        split = len(self.head)
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return list(self)[index]
+            return self.head[start:min(stop, split)] + self.tail[max(start - split, 0):max(stop - split, 0)]
+        position = index + len(self) if index < 0 else index
+        if not 0 <= position < len(self):
+            raise IndexError("JoinedIds index out of range")
+        return self.head[position] if position < split else self.tail[position - split]
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.chain(self.head, self.tail)
 
 
 @dataclass

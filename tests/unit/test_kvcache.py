@@ -247,3 +247,20 @@ def test_runner_logits_do_not_depend_on_the_cache_layer_kind(model, monkeypatch)
     concatenated = run(lambda config=None: DynamicCache(config=config) if config is not None else DynamicCache())
     for a, b in zip(grown, concatenated):
         assert torch.equal(a, b)
+
+
+def test_joined_ids_read_as_the_concatenated_list():
+    """VerifyInput.ids joins context and draft without copying the context; it reads as the list would."""
+    from specdec.engine.types import JoinedIds
+    head, tail = list(range(10, 17)), [90, 91, 92]
+    joined, whole = JoinedIds(head, tail), head + tail
+    assert len(joined) == len(whole) and list(joined) == whole
+    for i in range(-len(whole), len(whole)):
+        assert joined[i] == whole[i]
+    for start in range(-12, 13):
+        for stop in (None, *range(-12, 13)):
+            assert joined[start:stop] == whole[start:stop], (start, stop)
+    assert joined[::2] == whole[::2] and joined[::-1] == whole[::-1]
+    with pytest.raises(IndexError):
+        joined[len(whole)]
+    assert common_prefix_len(whole[:-1] + [0], joined) == len(whole) - 1
