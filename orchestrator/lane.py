@@ -179,10 +179,10 @@ class RoundLane:
         """Write the request, read its answer; the connection goes back to the pool after a whole call."""
         loop = asyncio.get_running_loop()
         request.timeout_ms = max(1, math.ceil((deadline - loop.time()) * MS_PER_S))
-        kind = METHOD_KINDS[method] | (NOTIFY if self.notify else 0)
+        asked = METHOD_KINDS[method] | (NOTIFY if self.notify else 0)
         try:
             async with asyncio.timeout_at(deadline):
-                kind, payload = await conn.send(kind, request.SerializeToString())
+                kind, payload = await conn.send(asked, request.SerializeToString())
         except TimeoutError:
             conn.close()
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method} deadline exceeded (round lane)") from None

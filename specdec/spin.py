@@ -7,9 +7,11 @@ orchestrator for the answer). Kernel busy polling (`net.core.busy_poll`) does no
 to most virtual NICs, so the loop does it itself, only when told an event is expected:
 
 * `expect(start, end)`: poll without sleeping from `start` until `end` (time.monotonic()) or until an event
-  arrives; before `start` the loop sleeps as usual. Callers set a window where they know an answer is
-  due: the target right after answering a round (the orchestrator's next request follows within a
-  millisecond), the orchestrator around the predicted end of a replica's forward (orchestrator/lane.py).
+  arrives; before `start` the loop sleeps as usual. Callers open a window where an event is due at once:
+  the target right after answering a round (the orchestrator's next request follows within a
+  millisecond) and after a FORWARD_DONE until the model thread's result (specdec/server/lane.py), the
+  orchestrator after a replica's FORWARD_DONE until its answer (orchestrator/lane.py); each ends its
+  window when the event comes.
 * `SPECDEC_SPIN_US` (ServerConfig.spin_us) bounds every window; 0 turns spinning off (windows are
   ignored). Spinning costs the CPU it runs on for at most that long per window, so it pays where a
   core would otherwise idle (a 1-thread target on a 2-core box) and is a loss where the forward needs

@@ -52,6 +52,24 @@ KV_MIN_SPARE = 256    # positions a GrowingLayer allocates beyond what it holds,
 KV_SPARE_SHARE = 0.25  # ... or this share of what it holds, whichever is more (amortised O(1) appends)
 
 
+class _LengthView:
+    """A GrowingLayer's `keys` or `values`: the view of its buffer up to its length, remade when read after
+    a truncate moved the length (a rollback touches no tensor)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = f"_{name}_view"
+
+    def __get__(self, layer: Any, owner: type | None = None) -> Any:
+        if layer is None:
+            return self
+        if layer._stale:
+            layer._refresh()
+        return getattr(layer, self.slot)
+
+    def __set__(self, layer: Any, value: torch.Tensor | None) -> None:
+        setattr(layer, self.slot, value)
+
+
 class GrowingLayer(DynamicLayer):
     """A full-attention cache layer whose keys/values are views of buffers with spare capacity.
 
@@ -62,32 +80,14 @@ class GrowingLayer(DynamicLayer):
     attention does. Memory: up to KV_SPARE_SHARE (or KV_MIN_SPARE positions) more than held.
     """
 
-    _stale = False   # truncate moved the length: the views are made when next read (keys/values below)
-
-    @property
-    def keys(self) -> torch.Tensor | None:
-        if self._stale:
-            self._refresh()
-        return self._key_view
-
-    @keys.setter
-    def keys(self, value: torch.Tensor | None) -> None:
-        self._key_view = value
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        if self._stale:
-            self._refresh()
-        return self._value_view
-
-    @values.setter
-    def values(self, value: torch.Tensor | None) -> None:
-        self._value_view = value
+    _stale = False   # truncate moved the length: the views are made when next read (_LengthView)
+    keys = _LengthView()
+    values = _LengthView()
 
     def _refresh(self) -> None:
         self._stale = False
-        self._key_view = self._keys.narrow(-2, 0, self.length)
-        self._value_view = self._values.narrow(-2, 0, self.length)
+        self._keys_view = self._keys.narrow(-2, 0, self.length)
+        self._values_view = self._values.narrow(-2, 0, self.length)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -110,7 +110,7 @@ class GrowingLayer(DynamicLayer):
         self.length = end
         self._stale = False
         self.keys, self.values = self._keys[..., :end, :], self._values[..., :end, :]
-        return self._key_view, self._value_view
+        return self._keys_view, self._values_view
 
     def _grow(self, need: int) -> None:
         capacity = need + max(KV_MIN_SPARE, int(need * KV_SPARE_SHARE))
