@@ -41,7 +41,10 @@ from orchestrator.streams import STREAM_METHODS, RoundStreams
 
 log = logging.getLogger("specdec.orchestrator")
 
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+# UNAVAILABLE: a replica down or draining; CANCELLED: a replica whose server stopped with the call in it
+# (grpc's stop cancels calls that reach it between its drain and its exit). Our own cancellations never
+# arrive as a status (the awaiting task raises asyncio.CancelledError), so both mean: try another replica.
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 MS_PER_S = 1000
 STUBS = {"draft": draft_pb2_grpc.DraftStub, "target": target_pb2_grpc.TargetStub}
 DOWNSTREAM_ERRORS: dict[grpc.StatusCode, type[SpecDecError]] = {

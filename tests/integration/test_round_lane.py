@@ -263,6 +263,44 @@ def test_forward_done_reaches_a_caller_that_asks_before_its_answer(offered, aske
         assert servicer.notifiers == [None] * 3 and sent == servicer.client.forward_done == 0
 
 
+class CancelsFirst(target_pb2_grpc.TargetServicer):
+    """Verify: the first call over all instances ends CANCELLED, as when a replica's server stops with it."""
+
+    calls = 0
+
+    async def Verify(self, request, context):
+        CancelsFirst.calls += 1
+        if CancelsFirst.calls == 1:
+            await context.abort(grpc.StatusCode.CANCELLED, "CANCELLED")
+        return target_pb2.VerifyResponse(next_token=len(request.context_ids))
+
+
+def test_a_call_a_stopping_replica_cancelled_is_retried_on_another():
+    loop = asyncio.new_event_loop()
+
+    async def body():
+        apps, addresses = [], []
+        for _ in range(2):
+            app = GrpcApp("specdec.v1.Target", ServerConfig(host="127.0.0.1", port=0, drain_seconds=30.0))
+            addresses.append(f"127.0.0.1:{await app.start(lambda s: target_pb2_grpc.add_TargetServicer_to_server(CancelsFirst(), s))}")
+            apps.append(app)
+        pool = ReplicaPool("target", ",".join(addresses), ServerConfig(), RetryConfig(round_lane=False, round_streams=False))
+        await pool.refresh()
+        for replica in pool.replicas.values():           # (CancelsFirst has no Info: set it as a service would)
+            replica.info, replica.error = common_pb2.ModelInfo(), ""
+            pool.set.mark_healthy(replica.address)
+        answer, address, retries = await pool.call("s", "Verify", verify(n=5), 5.0)
+        await pool.close()
+        for app in apps:
+            await app.server.stop(grace=None)
+        return answer.next_token, retries, CancelsFirst.calls
+    try:
+        token, retries, calls = loop.run_until_complete(body())
+    finally:
+        loop.close()
+    assert (token, retries, calls) == (5, 1, 2)
+
+
 def test_lane_host_takes_the_host_of_a_grpc_address():
     assert lane_host("10.0.0.5:50052") == "10.0.0.5"
     assert lane_host("[::1]:50052") == "::1"
