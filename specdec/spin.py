@@ -24,11 +24,13 @@ grpc.aio, which wakes the loop through its self-pipe, is unaffected.
 from __future__ import annotations
 
 import asyncio
+import math
 import selectors
 import time
 from dataclasses import dataclass
 
 US_PER_S = 1_000_000
+MS_PER_S = 1000
 
 
 @dataclass
@@ -88,7 +90,7 @@ class SpinSelector(selectors.EpollSelector):
         if window.start > now:
             if deadline is not None and deadline <= window.start:
                 return super().select(timeout)
-            ready = super().select(window.start - now)
+            ready = super().select(sleep_before(window.start - now))
             if ready:
                 return ready
             now = time.monotonic()
@@ -107,6 +109,13 @@ class SpinSelector(selectors.EpollSelector):
         self.stats.missed += 1
         self.stats.spun_s += now - began
         return super().select(None if deadline is None else max(0.0, deadline - now))
+
+
+def sleep_before(gap_s: float) -> float:
+    """How long to sleep toward a window that starts in `gap_s` seconds: whole milliseconds, rounded down.
+    epoll_wait counts its timeout in milliseconds and Python rounds a float timeout UP, so sleeping the
+    gap itself would wake up to 1 ms after the window's start; the loop polls the rest instead."""
+    return math.floor(gap_s * MS_PER_S) / MS_PER_S
 
 
 SPIN_AUTO_US = 2000       # what "auto" polls for at most, per window

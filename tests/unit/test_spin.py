@@ -4,6 +4,7 @@ and sleeps otherwise; the auto setting; the CPU budget it is judged against."""
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 import threading
 import time
@@ -83,6 +84,15 @@ def test_a_later_window_sleeps_until_its_start_and_a_timeout_before_it_is_plain_
     assert len(sel.select(None)) == 1                      # slept to the window's start, then polled
     writer.join()
     assert sel.stats.caught == 1 and 0.0 < sel.stats.spun_s < 0.3
+
+
+def test_sleeping_toward_a_later_window_never_wakes_after_its_start():
+    # epoll_wait takes whole milliseconds and Python rounds a float timeout up: 10.5 ms would sleep 11
+    assert spin.sleep_before(0.0105) == 0.010
+    assert spin.sleep_before(0.0009) == 0.0 and spin.sleep_before(0.002) == 0.002
+    for gap in (0.0001, 0.0049, 0.0333, 1.2345):
+        slept = spin.sleep_before(gap)
+        assert slept <= gap and math.ceil(slept * 1000 - 1e-9) / 1000 <= gap
 
 
 def test_windows_are_cut_to_the_bound_cancelled_ones_end_and_a_zero_bound_ignores_them(pair):
