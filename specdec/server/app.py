@@ -7,7 +7,8 @@ Life of a service:
      orchestrator retries them on another replica, a client on another orchestrator),
      in-flight RPCs get `drain_seconds` to finish, then the server stops and the process
      exits. The server keeps running while it drains (DrainGate answers new calls):
-     grpc's own stop would cancel a call that arrives meanwhile (CANCELLED, not retried).
+     grpc's own stop would cancel a call that arrives meanwhile (CANCELLED: our orchestrator
+     retries that too since the call never ran, but general gRPC clients do not).
 
 Requests are parsed by StrictParseInterceptor, not by gRPC: a message that does not
 parse (e.g. a proto3 string field holding bad UTF-8) is INVALID_ARGUMENT with the

@@ -240,7 +240,8 @@ class _LaneConnection(asyncio.Protocol):
             if self.polling is not None:
                 self.polling.cancel()
             self.started += 1
-            notify = functools.partial(self._forward_done, self.started) if kind & NOTIFY and self.lane.forward_done else None
+            asks = kind & NOTIFY and self.lane.forward_done
+            notify = functools.partial(self._forward_done, self.started) if asks else None
             self.call = asyncio.get_running_loop().create_task(self._run(kind & ~NOTIFY, payload, notify))
 
     async def _run(self, kind: int, payload: bytes, notify: Callable[[], None] | None) -> None:

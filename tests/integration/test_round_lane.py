@@ -282,9 +282,11 @@ def test_a_call_a_stopping_replica_cancelled_is_retried_on_another():
         apps, addresses = [], []
         for _ in range(2):
             app = GrpcApp("specdec.v1.Target", ServerConfig(host="127.0.0.1", port=0, drain_seconds=30.0))
-            addresses.append(f"127.0.0.1:{await app.start(lambda s: target_pb2_grpc.add_TargetServicer_to_server(CancelsFirst(), s))}")
+            port = await app.start(lambda s: target_pb2_grpc.add_TargetServicer_to_server(CancelsFirst(), s))
+            addresses.append(f"127.0.0.1:{port}")
             apps.append(app)
-        pool = ReplicaPool("target", ",".join(addresses), ServerConfig(), RetryConfig(round_lane=False, round_streams=False))
+        pool = ReplicaPool("target", ",".join(addresses), ServerConfig(),
+                           RetryConfig(round_lane=False, round_streams=False))
         await pool.refresh()
         for replica in pool.replicas.values():           # (CancelsFirst has no Info: set it as a service would)
             replica.info, replica.error = common_pb2.ModelInfo(), ""
