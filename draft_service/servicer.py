@@ -65,5 +65,5 @@ def add_to_server(servicer: DraftServicer, server: grpc.aio.Server) -> None:
 
 def small_call(engine: Any, inp: ProposeInput, limit: int) -> bool:
     """Whether this proposal is small enough to run on the event loop (ModelWorker.run_on_thread)."""
-    work = getattr(engine, "work_tokens", None)  # a feature draft's catch-up is not counted: model thread
+    work = getattr(engine, "inline_tokens", None)  # a feature draft's catch-up is not counted: model thread
     return fits_inline(work(inp) if work is not None and limit > 0 else None, limit)

@@ -36,7 +36,8 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
             self._batches = BatchQueue(self.worker, engine.verify_batch, bundle.info.get("max_batch", 1),
                                        bundle.batch_wait_s, engine.work_tokens, bundle.inline_max_tokens,
                                        engine.prefill_chunk, bundle.prefill_chunk_tokens,
-                                       bundle.prefill_turn_ms, batch_turn=engine.verify_batch_with_turn)
+                                       bundle.prefill_turn_ms, batch_turn=engine.verify_batch_with_turn,
+                                       inline_tokens=engine.inline_tokens)
         return self._batches
 
     async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext) -> Any:

@@ -50,8 +50,10 @@ class BatchQueue(Generic[I, T]):
         batch_fn: items -> one result per item (a SpecDecError in an item's place fails that item).
         max_batch: the most calls in one batch (1 = no batching).
         max_wait_s: how long a batch may wait for the previous batch's sessions to come back.
-        work_tokens: item -> tokens its forward computes; a batch of at most inline_max_tokens runs
-            inline (ModelWorker.run_on_thread).
+        work_tokens: item -> tokens its forward computes.
+        inline_tokens: item -> positions its forward writes into its cache, computed or copied from another
+            session's prefix (default: work_tokens); a batch of at most inline_max_tokens of them runs inline
+            (ModelWorker.run_on_thread).
         prefill: (item, budget) -> tokens it still computes, after computing `budget` of them in a pass
             of its own. With `chunk_tokens` > 0, an item whose work exceeds chunk_tokens (a long
             prompt's prefill) advances one chunk per turn, and the other calls' batches run in between (or
@@ -67,12 +69,13 @@ class BatchQueue(Generic[I, T]):
                  max_batch: int, max_wait_s: float = 0.0, work_tokens: Callable[[I], int] | None = None,
                  inline_max_tokens: int = 0, prefill: Callable[[I, int], int] | None = None,
                  chunk_tokens: int = 0, prefill_turn_ms: float = 0.0,
-                 batch_turn: Callable[[list[I], I, int], tuple[list[T | Exception], int | Exception]] | None = None
-                 ) -> None:
+                 batch_turn: Callable[[list[I], I, int], tuple[list[T | Exception], int | Exception]] | None = None,
+                 inline_tokens: Callable[[I], int] | None = None) -> None:
         self.worker, self.batch_fn, self.max_batch = worker, batch_fn, max(1, max_batch)
         worker.state.max_batch = self.max_batch
         self.max_wait_s = max_wait_s
         self.work_tokens, self.inline_max_tokens = work_tokens, inline_max_tokens
+        self.inline_tokens = inline_tokens or work_tokens
         chunking = prefill is not None and work_tokens is not None and chunk_tokens > 0
         self.prefill, self.chunk_tokens = (prefill, chunk_tokens) if chunking else (None, 0)
         self.batch_turn = batch_turn if chunking and self.max_batch > 1 else None
@@ -363,9 +366,9 @@ class BatchQueue(Generic[I, T]):
         return sum(work) if max(work, default=0) >= PREFILL_MIN_TOKENS else 0
 
     def _small_items(self, items: list[I]) -> bool:
-        if self.work_tokens is None or self.inline_max_tokens <= 0:  # skip sizing what cannot run inline
+        if self.inline_tokens is None or self.inline_max_tokens <= 0:  # skip sizing what cannot run inline
             return False
-        return fits_inline(sum(self.work_tokens(item) for item in items), self.inline_max_tokens)
+        return fits_inline(sum(self.inline_tokens(item) for item in items), self.inline_max_tokens)
 
     def _take(self) -> list[Entry]:
         batch = []

@@ -35,6 +35,8 @@ class NgramDraft:
         """No model forward: a lookup over the context."""
         return 0
 
+    inline_tokens = work_tokens
+
     def propose(self, inp: ProposeInput) -> ProposeOutput:
         """Point-mass proposal of up to k tokens (possibly none)."""
         min_n = inp.ngram_min_n or self.lookup.min_n
@@ -67,6 +69,11 @@ class ModelDraft:
     def work_tokens(self, inp: ProposeInput) -> int:
         """Tokens a proposal runs through the model: what its cache lacks of the context, then k steps."""
         return self.runner.pool.uncached(inp.session_id, inp.context_ids, inp.prefix_hashes) + inp.k
+
+    def inline_tokens(self, inp: ProposeInput) -> int:
+        """Positions a proposal writes into its cache, computed or copied (KVCachePool.uncached with lent=False),
+        then k steps."""
+        return self.runner.pool.uncached(inp.session_id, inp.context_ids, inp.prefix_hashes, lent=False) + inp.k
 
     def propose(self, inp: ProposeInput) -> ProposeOutput:
         """Steps per draft token: 1. forward the new tokens, 2. q from the logits, 3. pick, 4. stop at EOS."""
@@ -118,6 +125,9 @@ class CombinedDraft:
 
     def work_tokens(self, inp: ProposeInput) -> int:
         return self.model.work_tokens(inp)
+
+    def inline_tokens(self, inp: ProposeInput) -> int:
+        return self.model.inline_tokens(inp)
 
     def propose(self, inp: ProposeInput) -> ProposeOutput:
         """The n-gram proposal if it has one; else the model's. `draft_kind` says which proposed."""

@@ -322,15 +322,17 @@ class KVCachePool:
         with self._lock:
             return len(self._sessions)
 
-    def uncached(self, session_id: str, ids: Sequence[int], hashes: PrefixHashes | None = None) -> int:
-        """How many of `ids` lie past the longest common prefix with the session's cached tokens
-        (all of them for an unknown session; `hashes`: see SessionKV.common_prefix). Read-only: the
-        session keeps its place."""
+    def uncached(self, session_id: str, ids: Sequence[int], hashes: PrefixHashes | None = None,
+                 lent: bool = True) -> int:
+        """How many of `ids` lie past the longest common prefix with the session's cached tokens (`hashes`: see
+        SessionKV.common_prefix), for a session without a cache past what another would lend it (share_prefix);
+        `lent=False`: all of them, as its forward writes them all (what decides running a call inline: such a copy
+        takes 0.1 s at 6,700 tokens on a 2-core CPU, as long as a forward). Read-only: the session keeps its place."""
         with self._lock:
             kv = self._sessions.get(session_id)
             if kv is not None and len(kv):
                 return len(ids) - kv.common_prefix(ids, hashes)
-            if self.share_min_tokens <= 0:
+            if self.share_min_tokens <= 0 or not lent:
                 return len(ids)
             # A queued prompt's work is asked several times a pass: its sharer is looked up once while the
             # pool holds the same sessions (an estimate: the sharers' own rounds may move it a little).

@@ -39,6 +39,10 @@ class TargetEngine:
         """Tokens a verify of `inp` would run through the model (what its cache does not cover)."""
         return self.runner.pool.uncached(inp.session_id, inp.ids, inp.prefix_hashes)
 
+    def inline_tokens(self, inp: VerifyInput) -> int:
+        """Positions a verify of `inp` writes into its cache, computed or copied (KVCachePool.uncached, lent=False)."""
+        return self.runner.pool.uncached(inp.session_id, inp.ids, inp.prefix_hashes, lent=False)
+
     def prefill_chunk(self, inp: VerifyInput, budget: int) -> int:
         """Chunked prefill: extend the session's cache over the next `budget` uncached context tokens
         (one pass of its own, logits discarded); returns the tokens a verify of `inp` still computes.

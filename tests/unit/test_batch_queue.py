@@ -194,6 +194,27 @@ def test_batch_queue_runs_a_batch_inline_when_its_work_is_small():
     assert run(scenario()) == [True, False, True, False]
 
 
+def test_what_a_batch_writes_to_its_caches_decides_inline_not_only_what_it_computes():
+    import threading
+
+    async def scenario():
+        loop_thread = threading.get_ident()
+        on_loop = []
+
+        def batch_fn(items):
+            on_loop.append(threading.get_ident() == loop_thread)
+            return [n for _, n, _ in items]
+
+        # item: (session, tokens computed, positions written: computed + copied from another session's prefix)
+        queue = BatchQueue(ModelWorker("t"), batch_fn, max_batch=8, work_tokens=lambda item: item[1],
+                           inline_max_tokens=16, inline_tokens=lambda item: item[2])
+        await queue.submit("s", ("s", 2, 2))        # a decode round: inline
+        await queue.submit("n", ("n", 2, 6702))     # a new session copying 6,700 positions first: model thread
+        return on_loop
+
+    assert run(scenario()) == [True, False]
+
+
 def test_the_model_is_loaded_on_the_thread_that_runs_its_forwards_and_not_counted_as_a_call():
     """One thread for all torch work: a second thread running torch ops gets its own OpenMP team."""
     import threading

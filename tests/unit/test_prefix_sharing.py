@@ -37,6 +37,20 @@ def test_a_new_session_starts_from_another_sessions_prefix_with_the_same_logits(
     assert (c.prefix_hits, c.prefix_shared_tokens, c.reused_tokens) == (1, 22, 22)
 
 
+def test_a_call_that_would_copy_a_long_prefix_does_not_count_as_small(model):
+    # `uncached` (what the forward computes) is 2 here, but the forward first copies 22 positions from "turn1":
+    # at 6,700 tokens such a copy takes 0.1 s, so what decides running inline (`lent=False`) counts copies too
+    runner = runner_for(model)
+    runner.extend("turn1", SYSTEM + [40, 41, 42], first=22)
+    ids = SYSTEM + [40, 41, 50, 51]
+    pool = runner.pool
+    assert (pool.uncached("turn2", ids), pool.uncached("turn2", ids, lent=False)) == (2, 24)
+    runner.extend("turn2", ids, first=len(ids) - 1)
+    grown = ids + [52, 53]
+    assert pool.uncached("turn2", grown) == pool.uncached("turn2", grown, lent=False) == 2   # its own cache
+    assert pool.uncached("fresh", [90, 91, 92], lent=False) == 3                            # nothing to share
+
+
 def test_sharing_stops_at_first_so_the_asked_rows_are_computed(model):
     runner = runner_for(model)
     runner.extend("a", SYSTEM + [40, 41, 42], first=22)
@@ -111,3 +125,28 @@ def test_common_prefix_len_bisects_to_the_first_difference():
                                                                                   for _ in range(rng.randrange(0, 50))]
         naive = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         assert common_prefix_len(a, b) == naive
+
+
+def test_both_model_services_size_a_call_by_what_it_writes_to_its_cache(model):
+    """The wiring of the rule above: the target's batch queue and the draft's inline check count copies."""
+    from draft_service.servicer import small_call
+    from specdec.core.sampling import SamplingConfig
+    from specdec.engine.draft import ModelDraft
+    from specdec.engine.loading import ModelBundle
+    from specdec.engine.target import TargetEngine
+    from specdec.engine.types import ProposeInput, VerifyInput
+    from target_service.servicer import TargetServicer
+
+    runner = runner_for(model)
+    runner.extend("turn1", SYSTEM + [40, 41, 42], first=22)
+    greedy = SamplingConfig(temperature=0.0)
+    target = TargetEngine(runner, max_context=512, max_k=8)
+    servicer = TargetServicer()
+    servicer.bundle = ModelBundle("target", "tiny", {"target": target}, "target", {}, runner.pool, inline_max_tokens=16)
+    shares = VerifyInput("turn2", SYSTEM + [40, 41, 50], [51], greedy)       # computes 2, copies 22
+    fresh = VerifyInput("other", [90, 91, 92], [93], greedy)
+    queue = servicer.batches()
+    assert target.work_tokens(shares) == 2 and not queue._small_items([shares]) and queue._small_items([fresh])
+    draft = ModelDraft(runner, max_context=512, eos_ids=[])
+    assert not small_call(draft, ProposeInput("turn3", SYSTEM + [40, 41, 60], 2, greedy), 16)
+    assert small_call(draft, ProposeInput("new", [90, 91, 92], 2, greedy), 16)
