@@ -44,11 +44,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator
 
 from specdec.config import OrchestratorConfig
@@ -59,6 +58,7 @@ from specdec.v1 import orchestrator_pb2 as pb
 
 from orchestrator.adaptive import (AcceptanceTracker, CostModel, DraftDemand, best_k, choose_k, choose_k_drafted,
                                    latency_cap)
+from orchestrator.affinity import conversation_key
 from orchestrator.detokenize import IncrementalDetokenizer
 from orchestrator.features import HiddenRelay
 from orchestrator.idempotency import RunningRequests, check_id, check_reuse, request_fingerprint
@@ -122,6 +122,7 @@ class Generation:
             if request.HasField(name):
                 check_id(name, getattr(request, name), deps.cfg.limits.max_id_chars)
         self.session_id = request.session_id if request.HasField("session_id") else uuid.uuid4().hex
+        self.route = "" if request.HasField("session_id") else conversation_key(request, deps.cfg.affinity_prompt_chars)
         self.lease = SessionLease(deps.store, self.session_id, deps.owner, deps.cfg.lease)
         self.request_id = request.request_id if request.HasField("request_id") else uuid.uuid4().hex
         self._key = (self.session_id, self.request_id)
@@ -185,8 +186,8 @@ class Generation:
         its remaining draws are the ones the first attempt would have made."""
         stored = session.params.get("seed") if session.request_id == self.request_id else None
         if stored is not None and stored != self.params.sampling.seed:
-            sampling = dataclasses.replace(self.params.sampling, seed=int(stored))
-            self.params = dataclasses.replace(self.params, sampling=sampling)
+            sampling = replace(self.params.sampling, seed=int(stored))
+            self.params = replace(self.params, sampling=sampling)
 
     async def _begin_request(self, turn: list[int], create: bool, resuming: bool) -> Session:
         """begin_request; a retry of our own request waits for a dead instance's lease to expire."""
@@ -332,9 +333,10 @@ class Generation:
         self.lease.check()
         k, proposer = self._round_k(state)
         ahead, self.ahead = self.ahead, None     # the round uses the block drafted ahead or discards it
+        p = self.params
         return asyncio.create_task(self.deps.runner.run(RoundRequest(
-            self.session_id, self.request_id, list(state.ids), k, self.params.sampling, self.params.draft_kind,
-            self.params.logprobs, self.deadline, self.relay, proposer, self.wire, ahead, self._ahead_k(state, k, proposer))))
+            self.session_id, self.request_id, list(state.ids), k, p.sampling, p.draft_kind, p.logprobs, self.deadline,
+            self.relay, proposer, self.wire, ahead, self._ahead_k(state, k, proposer), self.route)))
 
     def _ahead_k(self, state: State, k: int, proposer: str) -> int:
         """Overlap (docs/overlap.md): tokens to draft ahead while this round verifies (overlap.plan_ahead)."""

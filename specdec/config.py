@@ -394,6 +394,11 @@ class OrchestratorConfig:
     # the whole pass). Off by default: measured, the cap gave up the low-rate gain and saturation
     # throughput without a latency gain the bench could tell from its noise (docs/performance.md).
     latency_slack: float = field(default_factory=lambda: env_float("SPECDEC_LATENCY_SLACK", -1.0))
+    # A request without a session id goes to the replicas of its conversation (orchestrator/affinity.py): keyed by
+    # its system messages and first user message, or the first this many characters of a plain prompt, so a
+    # client resending a growing conversation meets the earlier turns' KV cache on one replica. 0 = off: each
+    # such request is routed by its own new session id.
+    affinity_prompt_chars: int = field(default_factory=lambda: env_int("SPECDEC_AFFINITY_PROMPT_CHARS", 1024))
     redis_url: str = field(default_factory=redis_url_from_env)
     redis_prefix: str = field(default_factory=lambda: env_str("SPECDEC_REDIS_PREFIX", "specdec:"))
     session_ttl_s: int = field(default_factory=lambda: env_int("SPECDEC_SESSION_TTL", 24 * 3600))

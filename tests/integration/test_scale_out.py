@@ -69,3 +69,28 @@ def test_sessions_spread_stick_and_match_the_target(stack):
             print(f"{proc.role} {proc.address}: calls={st.calls} hits={st.cache_hits} misses={st.cache_misses} "
                   f"rollbacks={st.cache_rollbacks} computed={st.computed_tokens} reused={st.reused_tokens}")
             assert st.cache_hits > st.cache_misses > 0
+
+
+def chat_turn(messages: list[tuple[str, str]]) -> pb.GenerateRequest:
+    """A stateless chat request (no session id: routed by its conversation, orchestrator/affinity.py)."""
+    req = pb.GenerateRequest(k=K, max_new_tokens=8, trace=True, ignore_eos=True)
+    for role, content in messages:
+        req.messages.messages.add(role=role, content=content)
+    return req
+
+
+def test_a_resent_conversation_goes_to_the_replicas_that_hold_its_earlier_turn(stack):
+    """Each turn comes under a new session id; all turns of one conversation meet the same target and draft
+    replica, where the new session starts from the previous turn's cached prefix (prefix sharing)."""
+    system = ("system", "You answer in one short sentence.")
+    with grpc.insecure_channel(stack.orchestrator_address) as channel:
+        stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+        for i in range(4):
+            first = [system, ("user", IDENTITY_PROMPTS[i])]
+            one = stub.Generate(chat_turn(first), timeout=120)
+            two = stub.Generate(chat_turn(first + [("assistant", one.text), ("user", "Say more.")]), timeout=120)
+            assert one.session_id != two.session_id
+            targets = {r.target_replica for r in [*one.trace, *two.trace]}
+            drafts = {r.draft_replica for r in [*one.trace, *two.trace] if r.k > 0}
+            assert len(targets) == 1 and len(drafts) == 1, f"conversation {i} moved: {targets} {drafts}"
+            assert two.trace[0].target_cached_tokens >= one.usage.prompt_tokens, "turn 2 shared no prefix"
