@@ -10,8 +10,10 @@ for the same reason).
 The key is the conversation's opening: its system messages and first user message; for a plain prompt
 (no turns to tell apart) its first `prompt_chars` characters where it has that many (a long shared opening:
 a document, few-shot examples), else none. Requests that open identically share a replica: that is the
-prefix they can share; the pool's in-flight limit still spills a saturated replica's rounds to the next
-choice (specdec/routing.py). A request with a session id, or without a key, is routed by its session id.
+prefix they can share, but not more than `max_live` generations at once from one orchestrator: further
+ones (a load test repeating one prompt) take the key's next routes, `key#1`, `key#2`, ..., which rendezvous
+hashing spreads over the other replicas (`ConversationRoutes`). A request with a session id, or without a
+key, is routed by its session id.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 KEY_PREFIX = "conversation:"     # apart from the orchestrator's session ids (uuid4 hex); a key only picks replicas
 KEY_DIGEST_BYTES = 16
+ROUTE_SLOT = "#"                 # key#n: the n-th further route of a key with max_live generations in flight
 
 
 def conversation_key(request: Any, prompt_chars: int) -> str:
@@ -41,3 +44,31 @@ def conversation_key(request: Any, prompt_chars: int) -> str:
     else:
         return ""
     return KEY_PREFIX + digest.hexdigest()
+
+
+class ConversationRoutes:
+    """Generations in flight per conversation key in this orchestrator, and the route each one takes."""
+
+    def __init__(self) -> None:
+        self._live: dict[str, int] = {}
+
+    def claim(self, key: str, max_live: int) -> str:
+        """The route of one more generation with `key` ("" stays ""): the key itself while fewer than
+        `max_live` of its generations are in flight, else `key#n` (n = its in-flight count // max_live)."""
+        if not key:
+            return key
+        live = self._live.get(key, 0)
+        self._live[key] = live + 1
+        slot = live // max(1, max_live)
+        return key if slot == 0 else f"{key}{ROUTE_SLOT}{slot}"
+
+    def release(self, route: str) -> None:
+        """One generation that took `route` (what claim returned) has ended."""
+        key = route.partition(ROUTE_SLOT)[0]
+        if key in self._live:
+            self._live[key] -= 1
+            if self._live[key] <= 0:
+                del self._live[key]
+
+    def live(self, key: str) -> int:
+        return self._live.get(key, 0)

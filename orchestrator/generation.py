@@ -58,7 +58,6 @@ from specdec.v1 import orchestrator_pb2 as pb
 
 from orchestrator.adaptive import (AcceptanceTracker, CostModel, DraftDemand, best_k, choose_k, choose_k_drafted,
                                    latency_cap)
-from orchestrator.affinity import conversation_key
 from orchestrator.detokenize import IncrementalDetokenizer
 from orchestrator.features import HiddenRelay
 from orchestrator.idempotency import RunningRequests, check_id, check_reuse, request_fingerprint
@@ -122,7 +121,7 @@ class Generation:
             if request.HasField(name):
                 check_id(name, getattr(request, name), deps.cfg.limits.max_id_chars)
         self.session_id = request.session_id if request.HasField("session_id") else uuid.uuid4().hex
-        self.route = "" if request.HasField("session_id") else conversation_key(request, deps.cfg.affinity_prompt_chars)
+        self.route = ""                   # replicas' routing key, set by the servicer ("" = the session id)
         self.lease = SessionLease(deps.store, self.session_id, deps.owner, deps.cfg.lease)
         self.request_id = request.request_id if request.HasField("request_id") else uuid.uuid4().hex
         self._key = (self.session_id, self.request_id)

@@ -26,6 +26,7 @@ from specdec.protocol import PROTOCOL_VERSION
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 
+from orchestrator.affinity import ConversationRoutes, conversation_key
 from orchestrator.generation import Deps, Generation, store_errors
 from orchestrator.idempotency import check_id
 from orchestrator.pair import PairMonitor
@@ -82,6 +83,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         self.deps = deps
         self.pair = pair
         self.admission = admission
+        self.routes = ConversationRoutes()      # generations in flight per conversation key
 
     async def _start(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> Generation:
         left = context.time_remaining()
@@ -93,6 +95,9 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         generation = Generation(self.deps, request, client_deadline(context))  # INVALID_ARGUMENT before admission
         # the same idempotency key generating here already: refused (orchestrator/idempotency.py)
         self.deps.running.enter(generation.session_id, generation.request_id, generation.fingerprint)
+        cfg = self.deps.cfg   # a stateless request goes to its conversation's replicas (orchestrator/affinity.py)
+        key = "" if request.HasField("session_id") else conversation_key(request, cfg.affinity_prompt_chars)
+        generation.route = self.routes.claim(key, cfg.affinity_max_live)
         try:
             self.admission.enter()
         except BaseException:
@@ -102,6 +107,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
 
     def _leave(self, generation: Generation, admitted: bool = True) -> None:
         self.deps.running.leave(generation.session_id, generation.request_id)
+        self.routes.release(generation.route)
         if admitted:
             self.admission.leave()
 

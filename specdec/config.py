@@ -399,6 +399,9 @@ class OrchestratorConfig:
     # client resending a growing conversation meets the earlier turns' KV cache on one replica. 0 = off: each
     # such request is routed by its own new session id.
     affinity_prompt_chars: int = field(default_factory=lambda: env_int("SPECDEC_AFFINITY_PROMPT_CHARS", 1024))
+    # ... but at most this many generations of one opening at once from this orchestrator; more (identical
+    # openings arriving together) are spread over the other replicas (orchestrator/affinity.py).
+    affinity_max_live: int = field(default_factory=lambda: env_int("SPECDEC_AFFINITY_MAX_LIVE", 4))
     redis_url: str = field(default_factory=redis_url_from_env)
     redis_prefix: str = field(default_factory=lambda: env_str("SPECDEC_REDIS_PREFIX", "specdec:"))
     session_ttl_s: int = field(default_factory=lambda: env_int("SPECDEC_SESSION_TTL", 24 * 3600))

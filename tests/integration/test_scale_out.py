@@ -94,3 +94,24 @@ def test_a_resent_conversation_goes_to_the_replicas_that_hold_its_earlier_turn(s
             drafts = {r.draft_replica for r in [*one.trace, *two.trace] if r.k > 0}
             assert len(targets) == 1 and len(drafts) == 1, f"conversation {i} moved: {targets} {drafts}"
             assert two.trace[0].target_cached_tokens >= one.usage.prompt_tokens, "turn 2 shared no prefix"
+
+
+def test_identical_openings_arriving_together_take_the_keys_next_routes(stack):
+    """A load test repeating one prompt must not pile onto one replica: past SPECDEC_AFFINITY_MAX_LIVE
+    generations of one key in flight, the next take `key#1`, `key#2`, ... (rendezvous-hashed like any key)."""
+    from orchestrator.affinity import conversation_key
+    from specdec.routing import rendezvous_rank
+
+    proc = stack.start_orchestrator(env={"SPECDEC_AFFINITY_MAX_LIVE": "1"})
+    stack.wait_ready(proc)
+    stack.wait_connected(proc, stack.targets)
+    request = chat_turn([("user", IDENTITY_PROMPTS[5])])
+    request.max_new_tokens = 96                       # long enough that the four are in flight together
+    with grpc.insecure_channel(proc.address) as channel:
+        stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            responses = list(pool.map(lambda _: stub.Generate(request, timeout=120), range(4)))
+    key, targets = conversation_key(request, 1024), [p.address for p in stack.targets]
+    expected = {rendezvous_rank(route, targets)[0] for route in [key] + [f"{key}#{n}" for n in range(1, 4)]}
+    seen = [{r.target_replica for r in resp.trace} for resp in responses]
+    assert all(len(s) == 1 for s in seen) and set.union(*seen) == expected

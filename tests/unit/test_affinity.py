@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.affinity import conversation_key
+from orchestrator.affinity import ConversationRoutes, conversation_key
 from specdec.v1 import orchestrator_pb2 as pb
 
 CHARS = 64
@@ -39,3 +39,16 @@ def test_a_plain_prompt_is_keyed_by_its_opening_only_when_it_has_one_that_long()
     assert conversation_key(long_a, CHARS) == conversation_key(long_b, CHARS) != ""
     assert conversation_key(pb.GenerateRequest(prompt="short"), CHARS) == ""     # routed by its session id
     assert conversation_key(chat(("user", "hi")), 0) == conversation_key(long_a, 0) == ""   # affinity off
+
+
+def test_more_generations_of_one_key_than_max_live_take_the_keys_next_routes():
+    routes = ConversationRoutes()
+    taken = [routes.claim("conversation:ab", 2) for _ in range(5)]
+    assert taken == ["conversation:ab"] * 2 + ["conversation:ab#1"] * 2 + ["conversation:ab#2"]
+    for route in taken[:4]:
+        routes.release(route)
+    assert routes.live("conversation:ab") == 1 and routes.claim("conversation:ab", 2) == "conversation:ab"
+    routes.release("conversation:ab")
+    routes.release("conversation:ab#2")
+    assert routes.live("conversation:ab") == 0
+    assert routes.claim("", 2) == "" and routes.live("") == 0          # no key: routed by the session id
