@@ -72,3 +72,10 @@ class ConversationRoutes:
 
     def live(self, key: str) -> int:
         return self._live.get(key, 0)
+
+
+def routed_by(route: str) -> str:
+    """What a claimed route says routed its generation (the `by` label of specdec_generation_routes_total)."""
+    if not route:
+        return "session"
+    return "conversation_spread" if ROUTE_SLOT in route else "conversation"

@@ -26,7 +26,7 @@ from specdec.protocol import PROTOCOL_VERSION
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 
-from orchestrator.affinity import ConversationRoutes, conversation_key
+from orchestrator.affinity import ConversationRoutes, conversation_key, routed_by
 from orchestrator.generation import Deps, Generation, store_errors
 from orchestrator.idempotency import check_id
 from orchestrator.pair import PairMonitor
@@ -103,6 +103,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         except BaseException:
             self._leave(generation, admitted=False)
             raise
+        self.deps.metrics.routes.labels(by=routed_by(generation.route)).inc()
         return generation
 
     def _leave(self, generation: Generation, admitted: bool = True) -> None:

@@ -206,6 +206,9 @@ class OrchestratorMetrics:
                                  ["outcome"], registry=r)
         self.draft_hidden = Counter(f"{PREFIX}_draft_hidden_seconds",
                                     "draft time (hop + forward) of used pre-drafts hidden behind verification", registry=r)
+        self.routes = Counter(f"{PREFIX}_generation_routes", "generations by what routed them to replicas: their "
+                              "session id, their conversation's opening, or one of its further routes (more than "
+                              "SPECDEC_AFFINITY_MAX_LIVE in flight; orchestrator/affinity.py)", ["by"], registry=r)
         self.target_batch = Histogram(f"{PREFIX}_round_target_batch_size",
                                       "sessions the target verified in the same forward pass as this round",
                                       buckets=BATCH_SIZE_BUCKETS, registry=r)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.affinity import ConversationRoutes, conversation_key
+from orchestrator.affinity import ConversationRoutes, conversation_key, routed_by
 from specdec.v1 import orchestrator_pb2 as pb
 
 CHARS = 64
@@ -52,3 +52,4 @@ def test_more_generations_of_one_key_than_max_live_take_the_keys_next_routes():
     routes.release("conversation:ab#2")
     assert routes.live("conversation:ab") == 0
     assert routes.claim("", 2) == "" and routes.live("") == 0          # no key: routed by the session id
+    assert [routed_by(r) for r in ("", taken[0], taken[2])] == ["session", "conversation", "conversation_spread"]
