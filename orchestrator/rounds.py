@@ -121,6 +121,11 @@ class RoundRequest:
     ahead_k: int = 0                  # overlap: pre-draft the next round's block of this many tokens (0 = don't)
     route: str = ""                   # replicas' routing key ("" = the session id; orchestrator/affinity.py)
 
+    @property
+    def replica_key(self) -> str:
+        """What picks this round's replicas: its route, else its session id."""
+        return self.route or self.session_id
+
 
 def context_send(req: RoundRequest, role: str) -> ContextSend:
     """The round's context for one pool's call (the delta form when the generation tracks one)."""
@@ -144,7 +149,7 @@ class RoundRunner:
                     send: ContextSend) -> tuple:
         """pool.call, with the test/bench-only hop delay (OverlapConfig.hop_delay_ms) when set."""
         return await with_hop_delay(self.overlap.hop_delay_ms,
-                                    lambda: pool.call(req.route or req.session_id, method, request, timeout, send))
+                                    lambda: pool.call(req.replica_key, method, request, timeout, send))
 
     def target_replicas(self) -> int:
         """Healthy target replicas (at least 1): the generations of this orchestrator spread over them."""
@@ -307,7 +312,7 @@ class RoundRunner:
         if (req.ahead_k <= 0 or self.draft is None or out.degraded or not self.remote_model(req)
                 or not (req.k == 0 or drafted)):
             return None
-        address = out.draft_replica or self.draft.set.pick(req.route or req.session_id)
+        address = out.draft_replica or self.draft.set.pick(req.replica_key)
         if not address or self.draft.set.in_flight(address) > self.overlap.max_draft_in_flight:
             return None
         k = req.ahead_k + 1

@@ -123,8 +123,9 @@ class DrainGate(grpc.aio.ServerInterceptor):
     grpc's own `server.stop(grace)` cancels a call that arrives while it runs (the caller sees CANCELLED, which
     general gRPC clients do not retry; our orchestrator does, orchestrator/replicas.py RETRYABLE, for the calls
     that still slip between `wait_idle()` and the stop), so the server keeps running while it drains: new
-    calls are answered UNAVAILABLE by this gate, and `stop` is called once `wait_idle()` returns. Health and reflection pass
-    untouched and uncounted (a probe must see NOT_SERVING; a Health.Watch stream must not hold the drain).
+    calls are answered UNAVAILABLE by this gate, and `stop` is called once `wait_idle()` returns. Health and
+    reflection pass untouched and uncounted (a probe must see NOT_SERVING; a Health.Watch stream must not hold
+    the drain).
     """
 
     def __init__(self) -> None:

@@ -172,17 +172,22 @@ def test_small_calls_run_on_the_event_loop_large_ones_and_overlapping_ones_on_th
     assert inline_calls == 1
 
 
-def test_batch_queue_runs_a_batch_inline_when_its_work_is_small():
+def recording_batch_fn():
+    """(a batch_fn answering each item's [1], the list of whether each batch ran on this thread): call it on the
+    event loop's thread."""
     import threading
 
+    loop_thread, on_loop = threading.get_ident(), []
+
+    def batch_fn(items):
+        on_loop.append(threading.get_ident() == loop_thread)
+        return [item[1] for item in items]
+    return batch_fn, on_loop
+
+
+def test_batch_queue_runs_a_batch_inline_when_its_work_is_small():
     async def scenario():
-        loop_thread = threading.get_ident()
-        on_loop = []
-
-        def batch_fn(items):
-            on_loop.append(threading.get_ident() == loop_thread)
-            return [n for _, n in items]
-
+        batch_fn, on_loop = recording_batch_fn()
         queue = BatchQueue(ModelWorker("t"), batch_fn, max_batch=8, work_tokens=lambda item: item[1],
                            inline_max_tokens=16)
         await queue.submit("s", ("s", 16))   # 16 tokens: inline
@@ -195,16 +200,8 @@ def test_batch_queue_runs_a_batch_inline_when_its_work_is_small():
 
 
 def test_what_a_batch_writes_to_its_caches_decides_inline_not_only_what_it_computes():
-    import threading
-
     async def scenario():
-        loop_thread = threading.get_ident()
-        on_loop = []
-
-        def batch_fn(items):
-            on_loop.append(threading.get_ident() == loop_thread)
-            return [n for _, n, _ in items]
-
+        batch_fn, on_loop = recording_batch_fn()
         # item: (session, tokens computed, positions written: computed + copied from another session's prefix)
         queue = BatchQueue(ModelWorker("t"), batch_fn, max_batch=8, work_tokens=lambda item: item[1],
                            inline_max_tokens=16, inline_tokens=lambda item: item[2])
