@@ -25,6 +25,7 @@ import time
 
 import grpc
 
+from specdec.bench.machine import machine_info
 from specdec.bench.plan import load_prompts
 from specdec.launcher import LocalStack, StackConfig
 from specdec.redis_server import EmbeddedRedis
@@ -89,7 +90,7 @@ def main() -> None:
             stack.wait_connected(proc, targets)
             channels.append(grpc.insecure_channel(proc.address))
             stubs[name] = orchestrator_pb2_grpc.OrchestratorStub(channels[-1])
-        load_start = os.getloadavg()
+        machine = machine_info()         # CPU, cores, versions, load average at the start
         records = {name: [] for name in VARIANTS}
         for i, first in enumerate(firsts):
             for name, stub in (stubs.items() if i % 2 == 0 else reversed(list(stubs.items()))):
@@ -98,7 +99,7 @@ def main() -> None:
                 print(name, i, [(r["ttft_ms"], r["reused"], r["prompt_tokens"]) for r in records[name][-1]],
                       file=sys.stderr)
         result = {"conversations": len(firsts), "turns": args.turns, "tokens": args.tokens, "prompts": args.prompts,
-                  "load_start": load_start, "load_end": os.getloadavg(), "cpu_count": os.cpu_count(),
+                  "machine": machine, "load_avg_at_end": list(os.getloadavg()),
                   "summary": {name: summary(recs) for name, recs in records.items()}, "records": records,
                   "when": time.strftime("%Y-%m-%d %H:%M:%S")}
         for name, s in result["summary"].items():
