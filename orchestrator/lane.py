@@ -153,17 +153,24 @@ class RoundLane:
         return await self._open(deadline), False
 
     async def _open(self, deadline: float) -> _Connection:
-        """Connect and say HELLO, within connect_timeout_s and the call's deadline."""
+        """Connect within connect_timeout_s (a replica that does not accept is unreachable), then the TLS
+        handshake and HELLO within the call's deadline: a service whose event loop is in a forward
+        (forwards_on_loop: up to a prefill chunk) answers them after it, and that is a busy replica, not an
+        unreachable one."""
         loop = asyncio.get_running_loop()
-        limit = min(self.connect_timeout_s, max(0.0, deadline - loop.time()))
         conn = _Connection(self.max_bytes, self._forward_done)
         try:
-            async with asyncio.timeout(limit):
-                await loop.create_connection(lambda: conn, self.host, self.port, ssl=self.tls,
-                                             server_hostname=self.host if self.tls else None)
+            async with asyncio.timeout(min(self.connect_timeout_s, max(0.0, deadline - loop.time()))):
+                await loop.create_connection(lambda: conn, self.host, self.port)
+            async with asyncio.timeout_at(deadline):
+                if self.tls is not None:
+                    conn.transport = await loop.start_tls(conn.transport, conn, self.tls, server_hostname=self.host)
                 kind, payload = await conn.send(HELLO, self.token.encode())
         except (OSError, TimeoutError, StreamEnded) as exc:
             conn.close()
+            if isinstance(exc, TimeoutError) and conn.transport is not None and loop.time() >= deadline:
+                raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                "round lane: connected, but HELLO was not answered before the call's deadline") from None
             self.unreachable_until = time.monotonic() + self.retry_s
             raise LaneUnreachable(f"round lane {self.host}:{self.port}: {type(exc).__name__}: {exc}") from None
         except BaseException:               # cancelled while connecting: leave no connection behind

@@ -31,6 +31,7 @@ import time
 import uuid
 from pathlib import Path
 
+from specdec.bench.machine import machine_info
 from specdec.bench.plan import load_prompts
 from specdec.healthcheck import channel_for
 from specdec.launcher import LocalStack, StackConfig
@@ -145,8 +146,9 @@ def main() -> None:
     stubs = {name: orchestrator_pb2_grpc.OrchestratorStub(channel_for(p.address, stack.tls()))
              for name, p in orchestrators.items()}
     cpu: dict[str, list[float]] = {}       # key -> [orchestrator CPU ms, rounds]
-    load_start = os.getloadavg()
+    machine, load_start = machine_info(), os.getloadavg()
     samples: dict[str, list[float]] = {}
+    forwards: dict[str, list[float]] = {}  # key -> the target's forward ms per decode round (target_ms)
     cycles: dict[str, list[float]] = {}    # key -> cycle overheads (see generate)
     try:
         for name, stub in stubs.items():     # warm-up, discarded
@@ -164,6 +166,7 @@ def main() -> None:
                             acc[0], acc[1] = acc[0] + used, acc[1] + len(rounds) + 1
                         for r in rounds:
                             samples.setdefault(f"{name} k={k} ctx={band(r.context_tokens)}", []).append(r.overhead_ms)
+                            forwards.setdefault(f"{name} k={k} ctx={band(r.context_tokens)}", []).append(r.target_ms)
                         if rounds:
                             cycles.setdefault(f"{name} k={k} ctx={band(rounds[0].context_tokens)}", []).extend(cycle)
                         print(f"{p.set}/{p.id} {name} k={k}: context {rounds[0].context_tokens if rounds else 0}, "
@@ -175,6 +178,7 @@ def main() -> None:
     load_end = os.getloadavg()
     table = {key: {"p50": statistics.median(v), "n": len(v),
                    "cycle_p50": statistics.median(cycles[key]) if cycles.get(key) else None,
+                   "target_forward_ms_p50": statistics.median(forwards[key]),
                    "orchestrator_cpu_ms_per_round": cpu[key][0] / cpu[key][1] if key in cpu else None}
              for key, v in sorted(samples.items())}
     print(f"load average at start {load_start}, at end {load_end}")
@@ -182,9 +186,10 @@ def main() -> None:
         cpu_round = row["orchestrator_cpu_ms_per_round"]
         cycle = row["cycle_p50"]
         print(f"{key:40s} overhead p50 {row['p50']:6.3f} ms  cycle p50 {'-' if cycle is None else f'{cycle:6.3f}'} ms"
-              f"  (n={row['n']})  orchestrator CPU/round {'-' if cpu_round is None else f'{cpu_round:.2f}'} ms")
+              f"  (n={row['n']})  orchestrator CPU/round {'-' if cpu_round is None else f'{cpu_round:.2f}'} ms"
+              f"  forward p50 {row['target_forward_ms_p50']:.1f} ms")
     if args.out:
-        Path(args.out).write_text(json.dumps({"load_start": load_start, "load_end": load_end, "args": vars(args),
+        Path(args.out).write_text(json.dumps({"machine": machine, "load_start": load_start, "load_end": load_end, "args": vars(args),
                                               "overhead_ms_p50": table}, indent=1))
 
 

@@ -141,8 +141,10 @@ class ServerConfig:
     # Model services: the round lane's TCP port (specdec/server/lane.py): 0 = any free port (advertised in
     # ModelInfo.round_lane_port), -1 = no lane. With TLS on, the lane speaks TLS with the same certificates.
     round_lane_port: int = field(default_factory=lambda: env_int("SPECDEC_ROUND_LANE_PORT", 0))
-    # Target: tell lane callers that ask when their forward has finished (FORWARD_DONE; specdec/server/lane.py).
-    round_lane_forward_done: bool = field(default_factory=lambda: env_bool("SPECDEC_ROUND_LANE_FORWARD_DONE", True))
+    # Target: tell lane callers that ask when their forward has finished (FORWARD_DONE; specdec/server/lane.py),
+    # and they poll for the answer from then: -1 = auto (offered while the target's torch threads leave a
+    # core free, as polling: specdec.spin.offers_forward_done), 0 = never, 1 = always.
+    round_lane_forward_done: int = field(default_factory=lambda: env_int("SPECDEC_ROUND_LANE_FORWARD_DONE", -1))
     # The event loop polls instead of sleeping for at most this many µs when an event is due at once
     # (specdec/spin.py): -1 = auto (the orchestrator polls; a model service polls when its torch threads
     # leave a core free), 0 = never.
@@ -244,9 +246,16 @@ class ModelServiceConfig:
     batch_wait_ms: float = field(default_factory=lambda: env_float("SPECDEC_BATCH_WAIT_MS", 5.0))
     # A call whose forward runs at most this many tokens (a decode round, not a prefill) runs on the
     # event loop itself when the model thread is idle: no hand-off to the model thread and back
-    # (two thread wake-ups). 0 = always on the model thread. Applies only while torch runs one thread
-    # (specdec.engine.loading.inline_limit: a second OpenMP team would cost far more).
+    # (two thread wake-ups). 0 = always on the model thread. Applies only while torch runs one thread or
+    # every forward runs on the loop (loop_forwards; specdec.engine.loading.inline_limit: a second OpenMP
+    # team would cost far more).
     inline_max_tokens: int = field(default_factory=lambda: env_int("SPECDEC_INLINE_MAX_TOKENS", 16))
+    # Every forward (prefill chunks too) runs on the event loop's thread and the model thread is never
+    # used: one OpenMP team, no hand-off to a model thread and back. -1 (auto): while torch runs more than
+    # one thread (where a second team would thrash; at one thread small forwards already run inline and
+    # prefills stay off the loop). The loop is busy during each pass: a pass is bounded by chunked prefill
+    # (prefill_chunk_tokens, prefill_turn_ms), and probes wait for it. 0 = off, 1 = on.
+    loop_forwards: int = field(default_factory=lambda: env_int("SPECDEC_LOOP_FORWARDS", -1))
     # Target: a Verify whose forward would compute more tokens than this (a long prompt's prefill) runs
     # in chunks of this many tokens, each its own pass, with other sessions' rounds in between
     # (chunked prefill: a long prompt no longer stalls every running session); 0 = whole prefills.

@@ -49,10 +49,12 @@ DEFAULT_MAX_BATCH = 8
 DEFAULT_MAX_NEW_TOKENS = 48
 DEFAULT_REPEATS = 2
 RPC_TIMEOUT_S = 600.0
-STACKS = ("batched", "unbatched")
 #: with --compare-stream: a second orchestrator on the batched target that sends its rounds over gRPC round
 #: streams (SPECDEC_ROUND_LANE=0) instead of the round lane, run right after the batched one.
 STREAM_STACK = "batched_stream"
+#: with --compare-env: a second batched target with some environment variables set (a process-level switch such
+#: as SPECDEC_LOOP_FORWARDS=0), behind its own orchestrator, run right after the batched one.
+ENV_STACK = "batched_env"
 #: target /metrics counters read around each run (specdec/metrics.py, WorkerState in specdec/engine/worker.py).
 SPLIT_SAMPLES = ("specdec_model_busy_seconds_total", "specdec_prefill_pass_seconds_total",
                  "specdec_batch_wait_seconds_total")
@@ -73,11 +75,13 @@ class ConcurrencyArgs:
     out: str = "bench/results/concurrency.json"
     progress: bool = True
     compare_stream: bool = False
+    compare_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def stacks(self) -> tuple[str, ...]:
         """The stacks measured, in the order each (repeat, c, k) runs them."""
-        return ("batched", STREAM_STACK, "unbatched") if self.compare_stream else STACKS
+        extra = (STREAM_STACK,) * self.compare_stream + (ENV_STACK,) * bool(self.compare_env)
+        return ("batched", *extra, "unbatched")
 
 
 @dataclass
@@ -109,7 +113,7 @@ class Stacks:
                           max_concurrent=max(args.concurrency) * 2, metrics=True)
         self.stack = LocalStack(cfg)
         self.max_batch = args.max_batch
-        self.compare_stream = args.compare_stream
+        self.compare_stream, self.compare_env = args.compare_stream, args.compare_env
 
     def start(self) -> dict[str, tuple[str, str]]:
         """Start everything; return (orchestrator address, target /metrics URL) of each stack."""
@@ -126,6 +130,12 @@ class Stacks:
             streamed = s.start_orchestrator(targets=s.targets[:1], env={"SPECDEC_ROUND_LANE": "0"})
             s.wait_ready(streamed)
             addresses[STREAM_STACK] = (streamed.address, url(s.targets[0].metrics_port))
+        if self.compare_env:
+            target = s.start_target(env=self.compare_env)
+            s.wait_ready(target)
+            orch = s.start_orchestrator(targets=[target])
+            s.wait_ready(orch)
+            addresses[ENV_STACK] = (orch.address, url(target.metrics_port))
         return addresses
 
     def stop(self) -> None:
@@ -258,6 +268,10 @@ def ratios(table: dict[str, Any], args: ConcurrencyArgs) -> dict[str, Any]:
             out[k_name][f"{STREAM_STACK}_{hi}_vs_{lo}"] = round(
                 streamed[hi]["tokens_per_s"] / streamed[lo]["tokens_per_s"], 2)
             out[k_name]["lane_vs_stream"] = {c: round(b[c]["tokens_per_s"] / streamed[c]["tokens_per_s"], 2) for c in b}
+        env = per_k.get(ENV_STACK)
+        if env:
+            out[k_name][f"{ENV_STACK}_{hi}_vs_{lo}"] = round(env[hi]["tokens_per_s"] / env[lo]["tokens_per_s"], 2)
+            out[k_name]["batched_vs_env"] = {c: round(b[c]["tokens_per_s"] / env[c]["tokens_per_s"], 2) for c in b}
     return out
 
 
@@ -283,6 +297,7 @@ def run(args: ConcurrencyArgs) -> dict[str, Any]:
         "concurrency": args.concurrency, "k": args.ks, "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats, "max_batch": args.max_batch, "target_model": args.target_model,
         "threads": {"target_service": args.threads}, "dtype": args.dtype, "draft": "n-gram, in the orchestrator",
+        "compare_env": args.compare_env,
         "prompts": [p.id for p in prompts], "greedy": True, "ignore_eos": True,
         "order": f"for each repeat, c, k: the stacks back to back ({', '.join(args.stacks)})",
         "round_transport": {name: "stream" if name == STREAM_STACK else round_transport() for name in args.stacks},
@@ -344,6 +359,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--compare-stream", action="store_true",
                    help="also run the batched target behind an orchestrator on gRPC round streams (lane vs stream)")
+    p.add_argument("--compare-env", default="",
+                   help="also run a second batched target with these variables set (NAME=V,NAME=V), e.g. "
+                        "SPECDEC_LOOP_FORWARDS=0: reported as batched_env and batched_vs_env")
 
 
 def cmd_bench_concurrency(ns: argparse.Namespace) -> int:
@@ -353,7 +371,8 @@ def cmd_bench_concurrency(ns: argparse.Namespace) -> int:
                            repeats=ns.repeats, max_batch=ns.max_batch, threads=ns.threads, dtype=ns.dtype,
                            target_model=ns.target_model, prompts=ns.prompts.split(","),
                            prompts_dir=ns.prompts_dir, out=ns.out, progress=not ns.no_progress,
-                           compare_stream=ns.compare_stream)
+                           compare_stream=ns.compare_stream,
+                           compare_env=dict(item.split("=", 1) for item in ns.compare_env.split(",") if item))
     logging.getLogger().setLevel(logging.WARNING)
     result = run(args)
     out = Path(args.out)

@@ -27,6 +27,10 @@ MIN_TURN_TOKENS = 32
 #: while shorter prompts and long ones (over a chunk) both wait for turns, a long one gets every this-many-th
 #: turn (BatchQueue._next_turn).
 LONG_TURN_EVERY = 3
+#: when every forward runs on the event loop (ModelWorker.loop_forwards), the loop turns the queue yields
+#: between passes so that calls that arrived during one reach the queue: a socket read, the handler's
+#: first step up to `submit`, then the queue again.
+IO_TURNS_BETWEEN_PASSES = 3
 
 
 Entry = tuple  # (session_id, item, future, time queued): one queued call of a BatchQueue
@@ -201,6 +205,9 @@ class BatchQueue(Generic[I, T]):
                 if turn:
                     await self._prefill_one(*turn)
             self._pending.extend(takers)  # behind the calls that came meanwhile (max_batch 1 interleaves too)
+            if self.worker.loop_forwards:
+                for _ in range(IO_TURNS_BETWEEN_PASSES):   # the pass held the loop: let the calls it held up in
+                    await asyncio.sleep(0)
 
     def _next_turn(self, waiting: list[Entry], work: dict[int, int], others_decoding: bool
                    ) -> tuple[Entry, int, bool]:

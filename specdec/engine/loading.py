@@ -42,6 +42,7 @@ class ModelBundle:
     load_seconds: float = 0.0
     batch_wait_s: float = 0.0               # target: how long a batch waits for its group (BatchQueue)
     inline_max_tokens: int = 0              # calls this small run on the event loop (ModelWorker.run_on_thread)
+    loop_forwards: bool = False             # every forward runs on the event loop (forwards_on_loop)
     prefill_chunk_tokens: int = 0           # target: longer prefills run in chunks of this size (BatchQueue)
     prefill_turn_ms: float = 0.0            # target: a long prefill's turn while others decode (BatchQueue)
     kernels: KernelPlan | None = None       # the CPU linear kernels chosen at load (Info metadata, metrics)
@@ -152,12 +153,21 @@ def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = F
     return model, tokenizer, runner, info, loaded.load_seconds, plan
 
 
-def inline_limit(configured: int) -> int:
-    """SPECDEC_INLINE_MAX_TOKENS as it applies: small forwards run on the event loop only while torch
-    runs ONE thread. With more, the event loop's thread would get an OpenMP team of its own beside the
-    model thread's (see ModelWorker.setup): measured in the stack at 2 threads, a decode step took
-    38.7 ms with small forwards inline vs 22.4 ms with every forward on the model thread."""
-    if configured > 0 and torch.get_num_threads() > 1:
+def forwards_on_loop(configured: int, device: str = "cpu") -> bool:
+    """SPECDEC_LOOP_FORWARDS as it applies (-1 auto: on CPU while torch runs more than one thread). There a
+    forward on any second thread gets an OpenMP team of its own (see ModelWorker.setup), so every forward
+    runs on the event loop's thread and none on a model thread: one team, and no hand-off to the model
+    thread and back (two thread wake-ups a round). A GPU model keeps its model thread (not measured)."""
+    return configured > 0 or (configured < 0 and device == "cpu" and torch.get_num_threads() > 1)
+
+
+def inline_limit(configured: int, loop_forwards: bool = False) -> int:
+    """SPECDEC_INLINE_MAX_TOKENS as it applies: small forwards run on the event loop while torch runs ONE
+    thread, or when every forward runs there (forwards_on_loop). Otherwise the event loop's thread would
+    get an OpenMP team of its own beside the model thread's (see ModelWorker.setup): measured in the
+    stack at 2 threads, a decode step took 38.7 ms with small forwards inline vs 22.4 ms with every
+    forward on the model thread."""
+    if configured > 0 and torch.get_num_threads() > 1 and not loop_forwards:
         log.info("%d torch threads: every forward runs on the model thread (no inline forwards)",
                  torch.get_num_threads())
         return 0
@@ -171,8 +181,10 @@ def load_target(cfg: ModelServiceConfig) -> ModelBundle:
     engine = TargetEngine(runner, info["max_context"], cfg.max_k, max_hidden_rows)
     info["max_batch"] = cfg.max_batch if runner.batching else 1
     info["keeps_hidden"] = runner.keep_hidden
+    on_loop = forwards_on_loop(cfg.loop_forwards, info["device"])
     return ModelBundle("target", cfg.model, {"target": engine}, "target", info, runner.pool, seconds,
-                       batch_wait_s=cfg.batch_wait_ms / 1000.0, inline_max_tokens=inline_limit(cfg.inline_max_tokens),
+                       batch_wait_s=cfg.batch_wait_ms / 1000.0,
+                       inline_max_tokens=inline_limit(cfg.inline_max_tokens, on_loop), loop_forwards=on_loop,
                        prefill_chunk_tokens=cfg.prefill_chunk_tokens, prefill_turn_ms=cfg.prefill_turn_ms,
                        kernels=plan)
 
@@ -197,5 +209,7 @@ def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
         engines[MODEL] = ModelDraft(runner, info["max_context"], info["eos_token_ids"])
         engines[COMBINED] = CombinedDraft(ngram, engines[MODEL])
     info["draft_kind"] = cfg.draft_kind
+    on_loop = forwards_on_loop(cfg.loop_forwards, info["device"])
     return ModelBundle("draft", cfg.model, engines, cfg.draft_kind, info, runner.pool, seconds,
-                       inline_max_tokens=inline_limit(cfg.inline_max_tokens), kernels=plan)
+                       inline_max_tokens=inline_limit(cfg.inline_max_tokens, on_loop), loop_forwards=on_loop,
+                       kernels=plan)

@@ -1,7 +1,9 @@
 """Runs engine calls off the event loop: one model thread, one lock per session.
 
 Model forwards run on a single worker thread (torch uses its own intra-op
-threads; two forwards at once on the same cores only thrash). A per-session
+threads; two forwards at once on the same cores only thrash), small ones on the
+event loop itself, or every one there once `use_the_loop` was called (a CPU model
+with more than one torch thread: one OpenMP team, no hand-offs). A per-session
 asyncio lock guarantees two callers never interleave on one session's cache.
 The worker remembers whether its last forward failed and since when the
 current one runs, so health can say so (specdec/server/model_service.py).
@@ -87,6 +89,7 @@ class ModelWorker:
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiters: dict[str, int] = {}
         self._on_thread = 0  # calls submitted to the model thread and not yet back
+        self.loop_forwards = False  # every call runs on the event loop's thread (use_the_loop)
         self.state = WorkerState()
 
     async def run(self, session_id: str, fn: Callable[[], T], small: Callable[[], bool] | None = None
@@ -122,7 +125,7 @@ class ModelWorker:
         back (two thread wake-ups, ~0.35 ms a round on the 2-core VM) and blocks the loop no longer than
         the forward would have made the caller wait. Never while a call is on the model thread: two
         forwards never run at once."""
-        if inline and self._on_thread == 0:
+        if self.loop_forwards or (inline and self._on_thread == 0):
             self.state.inline_calls += 1
             return self._call(fn)
         self._on_thread += 1
@@ -141,6 +144,14 @@ class ModelWorker:
         more OpenMP threads than cores libgomp stops spinning between parallel regions, which made a
         2-thread decode step 22.5 -> 40 ms here (loading on another thread was enough to cause it)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    def use_the_loop(self) -> None:
+        """From now on every call runs on the event loop's thread, none on the model thread (loaded there by
+        `setup`), which exits here: with it goes its OpenMP team, so the loop's forwards are the only team
+        (a second one, even idle, stops libgomp spinning: measured 26.1 ms a 2-thread decode step with the
+        loading thread gone against 41.9 ms with it alive; specdec.engine.loading.forwards_on_loop)."""
+        self.loop_forwards = True
+        self._executor.shutdown(wait=True)
 
     def _call(self, fn: Callable[[], T]) -> T:
         self.state.calls += 1

@@ -3,11 +3,13 @@
 Health tells the truth (NOT_SERVING):
   * while the model loads (GrpcApp starts NOT_SERVING),
   * while the model worker's last forward failed (back to SERVING after the next success),
-  * while a forward has run longer than HealthConfig.wedged_s (the worker is wedged),
+  * while a forward has run longer than HealthConfig.wedged_s (the worker is wedged; where every forward
+    runs on the event loop, ModelWorker.use_the_loop, the health call itself waits for the forward, and a
+    probe's timeout says the same),
   * while draining after SIGTERM (GrpcApp).
 
 Observable counters (no proto change): every Info reply carries the worker's counters as
-trailing metadata (WORKER_METADATA_PREFIX + calls / failures / in-flight / last-ok), which
+trailing metadata (WORKER_METADATA_PREFIX + calls / failures / in-flight / last-ok / inline-calls ...), which
 the reliability tests read to prove that rejected or cancelled requests did no model work, and
 the CPU linear kernels chosen at load (KERNEL_METADATA_KEY, KERNEL_SOURCE_KEY).
 """
@@ -48,7 +50,8 @@ KERNEL_SOURCE_KEY = "specdec-linear-kernels-source"
 def worker_metadata(state: WorkerState) -> tuple[tuple[str, str], ...]:
     """The worker's counters as gRPC metadata pairs."""
     values = {"calls": state.calls, "failures": state.failures, "in-flight": state.in_flight,
-              "last-ok": int(state.last_ok), "batches": state.batches, "batched-calls": state.batched_calls}
+              "last-ok": int(state.last_ok), "batches": state.batches, "batched-calls": state.batched_calls,
+              "inline-calls": state.inline_calls}
     return tuple((WORKER_METADATA_PREFIX + name, str(value)) for name, value in values.items())
 
 
@@ -172,7 +175,7 @@ async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase,
         await app.run_until_stopped()
         raise
     log.info("%s model %s loaded in %.1fs", servicer.role, servicer.bundle.model_id, servicer.bundle.load_seconds)
-    spin.configure(spin.auto_spin_us(cfg.server.spin_us, servicer.role, torch.get_num_threads(), cpu_budget_cores()))
+    settle_threads(cfg, servicer, lane)
     serve_metrics(cfg.server.metrics_port, model_service_registry(
         servicer.role, lambda: servicer.worker.state, lambda: servicer.bundle.pool,
         lambda: servicer.bundle.kernels))
@@ -184,6 +187,18 @@ async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase,
     servicer.worker.shutdown()
 
 
+def settle_threads(cfg: ModelServiceConfig, servicer: ModelServiceBase, lane: RoundLaneServer | None) -> None:
+    """What the loaded model's torch threads decide: forwards on the event loop (the model thread exits),
+    whether the loop polls in expected windows, and whether the lane offers FORWARD_DONE."""
+    if servicer.bundle.loop_forwards:
+        servicer.worker.use_the_loop()
+    threads, cores = torch.get_num_threads(), cpu_budget_cores()
+    spin.configure(spin.auto_spin_us(cfg.server.spin_us, servicer.role, threads, cores))
+    if lane is not None:
+        lane.forward_done = lane.forward_done and spin.offers_forward_done(cfg.server.round_lane_forward_done,
+                                                                           threads, cores)
+
+
 async def start_round_lane(cfg: ModelServiceConfig, servicer: ModelServiceBase, app: GrpcApp) -> RoundLaneServer | None:
     """Open the round lane (specdec/server/lane.py) unless it is switched off (port -1); over TLS when the
     service has TLS on."""
@@ -191,7 +206,7 @@ async def start_round_lane(cfg: ModelServiceConfig, servicer: ModelServiceBase, 
     if server.round_lane_port < 0:
         return None
     lane = RoundLaneServer(servicer.lane_methods(), app.gate, server.service_token, server.max_message_bytes,
-                           forward_done=servicer.lane_forward_done and server.round_lane_forward_done)
+                           forward_done=servicer.lane_forward_done and server.round_lane_forward_done != 0)
     await lane.start(server.host, server.round_lane_port, lane_server_context(server.tls))
     servicer.lane = lane
     log.info("%s round lane on %s:%d%s", servicer.role, server.host, lane.port, " (TLS)" if server.tls.enabled else "")

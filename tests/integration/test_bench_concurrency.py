@@ -3,7 +3,8 @@
 Small on purpose (c = 1 and 3, k = 3, 12 tokens, one repeat, the embedded SmolLM2 target; k = 0's
 batches are the same code path with one token a session, and the unit and chunked-prefill tests cover them):
 it checks the JSON's shape, that every session's tokens equal the same prompt run alone (also behind the
-orchestrator on round streams, --compare-stream), that the batched target really put several sessions in
+orchestrator on round streams, --compare-stream, and behind a second batched target whose every forward runs on
+its event loop, --compare-env SPECDEC_LOOP_FORWARDS=1), that the batched target really put several sessions in
 one forward pass while the unbatched one never did.
 The throughput figures are for `make bench`, not for a test.
 """
@@ -26,7 +27,8 @@ TIMEOUT_S = 600
 def test_bench_concurrency_small_run(tmp_path: Path) -> None:
     out = tmp_path / "concurrency.json"
     cmd = [str(SPECDEC_BIN), "bench-concurrency", "--concurrency", "1,3", "--k", "3", "--max-new-tokens", "12",
-           "--repeats", "1", "--no-progress", "--compare-stream", "--out", str(out)]
+           "--repeats", "1", "--no-progress", "--compare-stream", "--compare-env", "SPECDEC_LOOP_FORWARDS=1",
+           "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     print(proc.stdout)
@@ -35,7 +37,7 @@ def test_bench_concurrency_small_run(tmp_path: Path) -> None:
     batched_means = []
     assert set(result["throughput"]) == {"k3"}
     for k_name in ("k3",):
-        for stack in ("batched", "batched_stream", "unbatched"):
+        for stack in ("batched", "batched_stream", "batched_env", "unbatched"):
             for c in ("1", "3"):
                 cell = result["throughput"][k_name][stack][c]
                 assert cell["tokens_per_s"] > 0, (k_name, stack, c)
@@ -45,5 +47,9 @@ def test_bench_concurrency_small_run(tmp_path: Path) -> None:
         batched_means.append(result["throughput"][k_name]["batched"]["3"]["mean_batch"])
         assert "batched_3_vs_1" in result["ratios"][k_name]
         assert set(result["ratios"][k_name]["lane_vs_stream"]) == {"1", "3"}
-    assert result["settings"]["round_transport"] == {"batched": "lane", "batched_stream": "stream", "unbatched": "lane"}
+        assert set(result["ratios"][k_name]["batched_vs_env"]) == {"1", "3"}
+        batched_means.append(result["throughput"][k_name]["batched_env"]["3"]["mean_batch"])
+    assert result["settings"]["compare_env"] == {"SPECDEC_LOOP_FORWARDS": "1"}
+    assert result["settings"]["round_transport"] == {"batched": "lane", "batched_stream": "stream", "batched_env": "lane",
+                                                     "unbatched": "lane"}
     assert max(batched_means) > 1.0, batched_means

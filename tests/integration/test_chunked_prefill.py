@@ -14,6 +14,7 @@ import pytest
 
 from specdec.launcher import LocalStack, StackConfig
 from specdec.models.loader import load_causal_lm, load_tokenizer
+from specdec.server.model_service import WORKER_METADATA_PREFIX
 from specdec.v1 import common_pb2, orchestrator_pb2_grpc, target_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
 from tests.prompts import IDENTITY_PROMPTS
@@ -26,22 +27,24 @@ MAX_NEW = 20
 RPC_TIMEOUT_S = 120.0
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-thread", "2-threads-forwards-on-loop"])
+def setup(request, tmp_path_factory):
+    """At 2 torch threads every forward, chunks and batches too, runs on the target's event loop
+    (SPECDEC_LOOP_FORWARDS auto)."""
     target_dir, _ = make_tiny_pair(tmp_path_factory.mktemp("chunked"), IDENTITY_PROMPTS)
-    stack = LocalStack(StackConfig(target_model=str(target_dir),
+    stack = LocalStack(StackConfig(target_model=str(target_dir), threads=request.param,
                                    extra_env={"SPECDEC_PREFILL_CHUNK_TOKENS": str(CHUNK)})).start()
     channel = grpc.insecure_channel(stack.orchestrator_address)
     target = grpc.insecure_channel(stack.targets[0].address)
     yield orchestrator_pb2_grpc.OrchestratorStub(channel), target_pb2_grpc.TargetStub(target), \
-        load_causal_lm(str(target_dir)).model, load_tokenizer(str(target_dir))
+        load_causal_lm(str(target_dir)).model, load_tokenizer(str(target_dir)), request.param
     channel.close()
     target.close()
     stack.stop()
 
 
 def test_concurrent_long_prompts_prefilled_in_chunks_give_the_target_s_greedy_output(setup):
-    stub, target_stub, target, tok = setup
+    stub, target_stub, target, tok, threads = setup
     rotated = [IDENTITY_PROMPTS[i:] + IDENTITY_PROMPTS[:i] for i in range(4)]
     prompts = [" ".join(texts) for texts in rotated]                         # several chunks each
 
@@ -60,3 +63,7 @@ def test_concurrent_long_prompts_prefilled_in_chunks_give_the_target_s_greedy_ou
         assert first.target_cached_tokens + first.target_computed_tokens >= len(ids)
     stats = target_stub.Stats(common_pb2.InfoRequest(), timeout=10)
     assert stats.calls - stats.batches >= 3 * len(prompts)               # the chunks: passes of their own
+    _, call = target_stub.Info.with_call(common_pb2.InfoRequest(), timeout=10)
+    worker = {key[len(WORKER_METADATA_PREFIX):]: int(value) for key, value in call.trailing_metadata()
+              if key.startswith(WORKER_METADATA_PREFIX)}
+    assert (worker["inline-calls"] == worker["calls"]) == (threads > 1), worker   # all on the loop at 2 threads

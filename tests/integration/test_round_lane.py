@@ -15,8 +15,11 @@ real lane server over loopback, with the round streams' semantics:
 from __future__ import annotations
 
 import asyncio
+import queue
 import socket
 import struct
+import threading
+import time
 
 import grpc
 import pytest
@@ -213,6 +216,43 @@ def test_a_lane_nobody_listens_on_is_unreachable_and_the_pool_calls_over_grpc(la
         return answer.next_token, skipped, replica.streams.opened, fallbacks
     token, skipped, streams_opened, fallbacks = loop.run_until_complete(body())
     assert token == 6 and skipped and streams_opened == 1 and fallbacks == 1
+
+
+def busy_lane_service(busy_s: float, port_ready: "queue.Queue[int]") -> None:
+    """A lane service (a thread, raw sockets) whose event loop is in a forward when a connection comes: the
+    kernel accepts it at once, HELLO is answered busy_s later, then one Verify."""
+    def read_frame(conn: socket.socket) -> tuple[int, bytes]:
+        size, kind = HEADER.unpack(conn.recv(HEADER.size, socket.MSG_WAITALL))
+        return kind, conn.recv(size, socket.MSG_WAITALL) if size else b""
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port_ready.put(server.getsockname()[1])
+        conn, _ = server.accept()
+        with conn:
+            time.sleep(busy_s)
+            assert read_frame(conn)[0] == HELLO
+            conn.sendall(frame(OK))
+            kind, payload = read_frame(conn)
+            request = target_pb2.VerifyRequest.FromString(payload)
+            conn.sendall(frame(OK, target_pb2.VerifyResponse(next_token=len(request.context_ids)).SerializeToString()))
+
+
+def test_a_hello_answered_late_by_a_busy_service_is_waited_for_not_taken_as_unreachable():
+    """Forwards on the service's event loop (SPECDEC_LOOP_FORWARDS) hold HELLO up to a pass: a connection that
+    was accepted waits for it within the call's deadline, past connect_timeout_s (1 s), and the lane stays in
+    use; only a connect that fails marks it unreachable (the test above)."""
+    ports: "queue.Queue[int]" = queue.Queue()
+    service = threading.Thread(target=busy_lane_service, args=(1.5, ports), daemon=True)
+    service.start()
+    lane = client(ports.get(timeout=5))
+
+    async def body():
+        started = time.monotonic()
+        answer = await lane.call("Verify", verify(n=5), 10.0)
+        return answer.next_token, time.monotonic() - started, lane.usable()
+    token, waited, usable = asyncio.run(body())
+    service.join(timeout=5)
+    assert token == 5 and waited >= 1.4 and usable and lane.opened == 1
 
 
 class Notifying(target_pb2_grpc.TargetServicer):

@@ -226,19 +226,40 @@ def test_the_model_is_loaded_on_the_thread_that_runs_its_forwards_and_not_counte
     assert loaded_on == ran_on != loop_thread and calls == 1
 
 
-def test_small_forwards_run_inline_only_while_torch_runs_one_thread():
+def test_small_forwards_run_inline_only_while_torch_runs_one_thread_or_every_forward_runs_on_the_loop():
     import torch
 
-    from specdec.engine.loading import inline_limit
+    from specdec.engine.loading import forwards_on_loop, inline_limit
 
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         assert inline_limit(16) == 16 and inline_limit(0) == 0
+        assert not forwards_on_loop(-1) and forwards_on_loop(1) and not forwards_on_loop(0)
         torch.set_num_threads(2)
-        assert inline_limit(16) == 0
+        assert inline_limit(16) == 0 and inline_limit(16, loop_forwards=True) == 16
+        assert forwards_on_loop(-1) and not forwards_on_loop(0) and not forwards_on_loop(-1, "cuda:0")
     finally:
         torch.set_num_threads(threads)
+
+
+def test_with_forwards_on_the_loop_every_call_runs_there_and_the_model_thread_is_gone():
+    """After loading on the model thread, use_the_loop ends that thread (and its OpenMP team): every call,
+    large or small, runs on the event loop's thread."""
+    import threading
+
+    async def scenario():
+        worker = ModelWorker("loopy")
+        loaded_on = await worker.setup(threading.get_ident)
+        worker.use_the_loop()
+        threads_left = [t.name for t in threading.enumerate() if t.name.startswith("loopy-model")]
+        ran_on = [await worker.run_on_thread(threading.get_ident),
+                  (await worker.run("s", threading.get_ident, small=lambda: False))[0]]
+        return loaded_on, threads_left, ran_on, threading.get_ident(), worker.state.inline_calls
+
+    loaded_on, threads_left, ran_on, loop_thread, inline_calls = run(scenario())
+    assert loaded_on != loop_thread and threads_left == [] and inline_calls == 2
+    assert ran_on == [loop_thread, loop_thread]
 
 
 class ChunkedWork:
@@ -266,13 +287,24 @@ class ChunkedWork:
         return [f"{sid} done" for sid in sids]
 
 
-def test_a_long_prefill_runs_in_chunks_with_the_other_sessions_rounds_in_between():
+def worker_for(loop_forwards: bool) -> ModelWorker:
+    """A worker with a model thread, or one whose every call runs on the event loop (use_the_loop)."""
+    worker = ModelWorker("t")
+    if loop_forwards:
+        worker.use_the_loop()
+    return worker
+
+
+@pytest.mark.parametrize("loop_forwards", [False, True], ids=["model-thread", "forwards-on-loop"])
+def test_a_long_prefill_runs_in_chunks_with_the_other_sessions_rounds_in_between(loop_forwards):
+    # on the loop, each pass holds the loop: the queue yields between passes so the decoders' next rounds,
+    # sent meanwhile, get in (without the yields every chunk ran back to back)
     async def decode(queue: BatchQueue, sid: str, rounds: int) -> list[str]:
         return [(await queue.submit(sid, sid))[0] for _ in range(rounds)]
 
     async def scenario():
         work = ChunkedWork({"a": 1, "b": 1, "long": 10})
-        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, work_tokens=work.work,
+        queue = BatchQueue(worker_for(loop_forwards), work.batch, max_batch=8, work_tokens=work.work,
                            prefill=work.prefill, chunk_tokens=4)
         running = [asyncio.create_task(decode(queue, sid, 4)) for sid in ("a", "b")]
         await asyncio.sleep(0)
@@ -287,14 +319,15 @@ def test_a_long_prefill_runs_in_chunks_with_the_other_sessions_rounds_in_between
     assert any(kind == "batch" and "long" in sids for kind, sids in log[last:]), log  # its last 2 tokens: a batch
 
 
-def test_chunks_interleave_with_other_sessions_even_without_batching():
+@pytest.mark.parametrize("loop_forwards", [False, True], ids=["model-thread", "forwards-on-loop"])
+def test_chunks_interleave_with_other_sessions_even_without_batching(loop_forwards):
     async def decode(queue: BatchQueue, sid: str, rounds: int) -> None:
         for _ in range(rounds):
             await queue.submit(sid, sid)
 
     async def scenario():
         work = ChunkedWork({"a": 1, "long": 13})
-        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=1, work_tokens=work.work,
+        queue = BatchQueue(worker_for(loop_forwards), work.batch, max_batch=1, work_tokens=work.work,
                            prefill=work.prefill, chunk_tokens=4)
         running = asyncio.create_task(decode(queue, "a", 6))
         await asyncio.sleep(0)
