@@ -251,10 +251,11 @@ class ModelServiceConfig:
     # team would cost far more).
     inline_max_tokens: int = field(default_factory=lambda: env_int("SPECDEC_INLINE_MAX_TOKENS", 16))
     # Every forward (prefill chunks too) runs on the event loop's thread and the model thread is never
-    # used: one OpenMP team, no hand-off to a model thread and back. -1 (auto): while torch runs more than
-    # one thread (where a second team would thrash; at one thread small forwards already run inline and
-    # prefills stay off the loop). The loop is busy during each pass: a pass is bounded by chunked prefill
-    # (prefill_chunk_tokens, prefill_turn_ms), and probes wait for it. 0 = off, 1 = on.
+    # used: one OpenMP team, no hand-off to a model thread and back. -1 (auto): on CPU while torch runs more
+    # than one thread (where a second team would thrash; at one thread small forwards already run inline
+    # and prefills stay off the loop), in a target with chunked prefill: the loop is busy during each pass,
+    # which prefill_chunk_tokens / prefill_turn_ms bound, and probes wait for it. A draft service prefills a
+    # whole prompt in one call: auto leaves it on its model thread. 0 = off, 1 = on.
     loop_forwards: int = field(default_factory=lambda: env_int("SPECDEC_LOOP_FORWARDS", -1))
     # Target: a Verify whose forward would compute more tokens than this (a long prompt's prefill) runs
     # in chunks of this many tokens, each its own pass, with other sessions' rounds in between

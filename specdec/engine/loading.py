@@ -153,12 +153,16 @@ def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = F
     return model, tokenizer, runner, info, loaded.load_seconds, plan
 
 
-def forwards_on_loop(configured: int, device: str = "cpu") -> bool:
-    """SPECDEC_LOOP_FORWARDS as it applies (-1 auto: on CPU while torch runs more than one thread). There a
-    forward on any second thread gets an OpenMP team of its own (see ModelWorker.setup), so every forward
-    runs on the event loop's thread and none on a model thread: one team, and no hand-off to the model
-    thread and back (two thread wake-ups a round). A GPU model keeps its model thread (not measured)."""
-    return configured > 0 or (configured < 0 and device == "cpu" and torch.get_num_threads() > 1)
+def forwards_on_loop(configured: int, device: str = "cpu", bounded_passes: bool = True) -> bool:
+    """SPECDEC_LOOP_FORWARDS as it applies (-1 auto: on CPU while torch runs more than one thread, in a service
+    whose passes are bounded: the target with chunked prefill). There a forward on any second thread gets an
+    OpenMP team of its own (see ModelWorker.setup), so every forward runs on the event loop's thread and none
+    on a model thread: one team, and no hand-off to the model thread and back (two thread wake-ups a round).
+    The loop is busy for each pass, so auto leaves a service whose passes are not bounded (a draft prefills
+    a whole prompt in one call) on its model thread, and a GPU model too (not measured)."""
+    if configured >= 0:
+        return configured > 0
+    return bounded_passes and device == "cpu" and torch.get_num_threads() > 1
 
 
 def inline_limit(configured: int, loop_forwards: bool = False) -> int:
@@ -181,7 +185,7 @@ def load_target(cfg: ModelServiceConfig) -> ModelBundle:
     engine = TargetEngine(runner, info["max_context"], cfg.max_k, max_hidden_rows)
     info["max_batch"] = cfg.max_batch if runner.batching else 1
     info["keeps_hidden"] = runner.keep_hidden
-    on_loop = forwards_on_loop(cfg.loop_forwards, info["device"])
+    on_loop = forwards_on_loop(cfg.loop_forwards, info["device"], bounded_passes=cfg.prefill_chunk_tokens > 0)
     return ModelBundle("target", cfg.model, {"target": engine}, "target", info, runner.pool, seconds,
                        batch_wait_s=cfg.batch_wait_ms / 1000.0,
                        inline_max_tokens=inline_limit(cfg.inline_max_tokens, on_loop), loop_forwards=on_loop,
@@ -209,7 +213,7 @@ def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
         engines[MODEL] = ModelDraft(runner, info["max_context"], info["eos_token_ids"])
         engines[COMBINED] = CombinedDraft(ngram, engines[MODEL])
     info["draft_kind"] = cfg.draft_kind
-    on_loop = forwards_on_loop(cfg.loop_forwards, info["device"])
+    on_loop = forwards_on_loop(cfg.loop_forwards, info["device"], bounded_passes=False)
     return ModelBundle("draft", cfg.model, engines, cfg.draft_kind, info, runner.pool, seconds,
                        inline_max_tokens=inline_limit(cfg.inline_max_tokens, on_loop), loop_forwards=on_loop,
                        kernels=plan)

@@ -239,6 +239,7 @@ def test_small_forwards_run_inline_only_while_torch_runs_one_thread_or_every_for
         torch.set_num_threads(2)
         assert inline_limit(16) == 0 and inline_limit(16, loop_forwards=True) == 16
         assert forwards_on_loop(-1) and not forwards_on_loop(0) and not forwards_on_loop(-1, "cuda:0")
+        assert not forwards_on_loop(-1, bounded_passes=False) and forwards_on_loop(1, bounded_passes=False)
     finally:
         torch.set_num_threads(threads)
 
