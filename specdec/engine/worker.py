@@ -42,7 +42,8 @@ class WorkerState:
     last_ok: bool = True
     busy_since: float = 0.0          # time.monotonic() when the running call started (0 = idle)
     batches: int = 0                 # batched forward passes (BatchQueue)
-    inline_calls: int = 0            # calls run on the event loop (small, model thread idle)
+    inline_calls: int = 0            # calls run on the event loop (small with the model thread idle, or all)
+    forwards_on_loop: bool = False   # every call runs on the event loop, no model thread (ModelWorker.use_the_loop)
     batched_calls: int = 0           # calls those carried
     prefill_chunks: int = 0          # chunked-prefill passes (BatchQueue with chunk_tokens)
     max_batch: int = 0               # the BatchQueue's max_batch (0: no batch queue)
@@ -89,7 +90,6 @@ class ModelWorker:
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiters: dict[str, int] = {}
         self._on_thread = 0  # calls submitted to the model thread and not yet back
-        self.loop_forwards = False  # every call runs on the event loop's thread (use_the_loop)
         self.state = WorkerState()
 
     async def run(self, session_id: str, fn: Callable[[], T], small: Callable[[], bool] | None = None
@@ -150,8 +150,13 @@ class ModelWorker:
         `setup`), which exits here: with it goes its OpenMP team, so the loop's forwards are the only team
         (a second one, even idle, stops libgomp spinning: measured 26.1 ms a 2-thread decode step with the
         loading thread gone against 41.9 ms with it alive; specdec.engine.loading.forwards_on_loop)."""
-        self.loop_forwards = True
+        self.state.forwards_on_loop = True
         self._executor.shutdown(wait=True)
+
+    @property
+    def loop_forwards(self) -> bool:
+        """Whether every call runs on the event loop's thread (use_the_loop)."""
+        return self.state.forwards_on_loop
 
     def _call(self, fn: Callable[[], T]) -> T:
         self.state.calls += 1

@@ -14,7 +14,10 @@ def test_model_service_collector_reads_counters_at_scrape_time():
     registry = model_service_registry("target", lambda: state, lambda: pool)
     state.calls, pool.counters.hits, pool.counters.evictions = 7, 5, 2
     state.batches, state.batched_calls, state.prefill_chunks = 3, 9, 4
+    state.inline_calls, state.forwards_on_loop = 6, True
     text = generate_latest(registry).decode()
+    assert 'specdec_inline_calls_total{role="target"} 6.0' in text
+    assert 'specdec_forwards_on_loop{role="target"} 1.0' in text
     assert 'specdec_prefill_chunks_total{role="target"} 4.0' in text
     assert 'specdec_forward_batches_total{role="target"} 3.0' in text
     assert 'specdec_batched_calls_total{role="target"} 9.0' in text
