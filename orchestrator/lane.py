@@ -169,8 +169,8 @@ class RoundLane:
         except (OSError, TimeoutError, StreamEnded) as exc:
             conn.close()
             if isinstance(exc, TimeoutError) and conn.transport is not None and loop.time() >= deadline:
-                raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                "round lane: connected, but HELLO was not answered before the call's deadline") from None
+                raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "round lane: connected, but HELLO was not "
+                                "answered before the call's deadline") from None
             self.unreachable_until = time.monotonic() + self.retry_s
             raise LaneUnreachable(f"round lane {self.host}:{self.port}: {type(exc).__name__}: {exc}") from None
         except BaseException:               # cancelled while connecting: leave no connection behind

@@ -189,7 +189,8 @@ def main() -> None:
               f"  (n={row['n']})  orchestrator CPU/round {'-' if cpu_round is None else f'{cpu_round:.2f}'} ms"
               f"  forward p50 {row['target_forward_ms_p50']:.1f} ms")
     if args.out:
-        Path(args.out).write_text(json.dumps({"machine": machine, "load_start": load_start, "load_end": load_end, "args": vars(args),
+        Path(args.out).write_text(json.dumps({"machine": machine, "load_start": load_start, "load_end": load_end,
+                                              "args": vars(args),
                                               "overhead_ms_p50": table}, indent=1))
 
 

@@ -54,8 +54,8 @@ class ModelServiceCollector:
                        state.batched_calls, labels)
         yield _counter("inline_calls", "calls run on the event loop's thread (small ones while the model thread is "
                        "idle, or every call with forwards on the loop)", state.inline_calls, labels)
-        yield _gauge("forwards_on_loop", "1: every forward runs on the event loop, no model thread (SPECDEC_LOOP_FORWARDS)",
-                     int(state.forwards_on_loop), labels)
+        yield _gauge("forwards_on_loop", "1: every forward runs on the event loop, no model thread "
+                     "(SPECDEC_LOOP_FORWARDS)", int(state.forwards_on_loop), labels)
         yield _counter("prefill_chunks", "passes that prefilled one chunk of a long prompt (target, chunked prefill)",
                        state.prefill_chunks, labels)
         for name, ms, doc in (("model_busy_seconds", state.busy_ms, "time the model ran calls"),

@@ -50,6 +50,6 @@ def test_bench_concurrency_small_run(tmp_path: Path) -> None:
         assert set(result["ratios"][k_name]["batched_vs_env"]) == {"1", "3"}
         batched_means.append(result["throughput"][k_name]["batched_env"]["3"]["mean_batch"])
     assert result["settings"]["compare_env"] == {"SPECDEC_LOOP_FORWARDS": "1"}
-    assert result["settings"]["round_transport"] == {"batched": "lane", "batched_stream": "stream", "batched_env": "lane",
-                                                     "unbatched": "lane"}
+    assert result["settings"]["round_transport"] == {"batched": "lane", "batched_stream": "stream",
+                                                     "batched_env": "lane", "unbatched": "lane"}
     assert max(batched_means) > 1.0, batched_means
