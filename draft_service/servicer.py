@@ -41,14 +41,31 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
         )
         if getattr(engine, "needs_target_hidden", False):
             inp.target_hidden = hidden_from_proto(request.target_hidden, engine.hidden_size)
-        out, queue_ms = await self.worker.run(request.session_id, lambda: engine.propose(inp),
-                                              lambda: small_call(engine, inp, bundle.inline_max_tokens))
-        out.stats.queue_ms = queue_ms
+        queue_ms = await self._prefill_in_chunks(engine, inp, bundle.prefill_chunk_tokens)
+        out, last_queue_ms = await self.worker.run(request.session_id, lambda: engine.propose(inp),
+                                                   lambda: small_call(engine, inp, bundle.inline_max_tokens))
+        out.stats.queue_ms = queue_ms + last_queue_ms
         response = draft_pb2.ProposeResponse(draft_ids=out.draft_ids, draft_probs=sparse_to_proto(out.draft_probs),
                                              stats=stats_to_proto(out.stats), draft_kind=out.draft_kind)
         if out.target_hidden_from >= 0:
             response.target_hidden_from = out.target_hidden_from
         return response
+
+    async def _prefill_in_chunks(self, engine: Any, inp: ProposeInput, chunk: int) -> float:
+        """A proposal over a long new context (a prompt's first round) prefills it `chunk` tokens a call, each its
+        own model call: other sessions' proposals run in between instead of waiting for the whole prefill, and
+        with forwards on the event loop (SPECDEC_LOOP_FORWARDS) no pass holds the loop longer than a chunk.
+        Returns the ms the chunks waited for the model (queue_ms)."""
+        prefill = getattr(engine, "prefill_chunk", None)
+        queue_ms = 0.0
+        if prefill is None or chunk <= 0:
+            return queue_ms
+        while engine.work_tokens(inp) - inp.k > chunk:
+            left, waited = await self.worker.run(inp.session_id, lambda: prefill(inp, chunk))
+            queue_ms += waited
+            if left - inp.k <= chunk:
+                break
+        return queue_ms
 
     def lane_methods(self) -> dict[int, LaneMethod]:
         return {PROPOSE: LaneMethod("Propose", draft_pb2.ProposeRequest.FromString, self.Propose)}

@@ -253,13 +253,15 @@ class ModelServiceConfig:
     # Every forward (prefill chunks too) runs on the event loop's thread and the model thread is never
     # used: one OpenMP team, no hand-off to a model thread and back. -1 (auto): on CPU while torch runs more
     # than one thread (where a second team would thrash; at one thread small forwards already run inline
-    # and prefills stay off the loop), in a target with chunked prefill: the loop is busy during each pass,
-    # which prefill_chunk_tokens / prefill_turn_ms bound, and probes wait for it. A draft service prefills a
-    # whole prompt in one call: auto leaves it on its model thread. 0 = off, 1 = on.
+    # and prefills stay off the loop), in a service with chunked prefill: the loop is busy during each pass,
+    # which prefill_chunk_tokens / prefill_turn_ms bound, and probes wait for it. A feature draft catches up
+    # in one call: auto leaves it on its model thread. 0 = off, 1 = on.
     loop_forwards: int = field(default_factory=lambda: env_int("SPECDEC_LOOP_FORWARDS", -1))
     # Target: a Verify whose forward would compute more tokens than this (a long prompt's prefill) runs
     # in chunks of this many tokens, each its own pass, with other sessions' rounds in between
     # (chunked prefill: a long prompt no longer stalls every running session); 0 = whole prefills.
+    # Model draft: a Propose over a longer new context prefills it this many tokens a model call, other
+    # sessions' proposals in between (draft_service/servicer.py).
     prefill_chunk_tokens: int = field(default_factory=lambda: env_int("SPECDEC_PREFILL_CHUNK_TOKENS", 512))
     # Target: while other sessions decode, a pass prefills only as many prompt tokens as take about this
     # many ms (measured speeds; BatchQueue.turn_tokens for long prompts, pass_prefill_tokens for the

@@ -75,10 +75,27 @@ class ModelDraft:
         then k steps."""
         return self.runner.pool.uncached(inp.session_id, inp.context_ids, inp.prefix_hashes, lent=False) + inp.k
 
-    def propose(self, inp: ProposeInput) -> ProposeOutput:
-        """Steps per draft token: 1. forward the new tokens, 2. q from the logits, 3. pick, 4. stop at EOS."""
+    def prefill_chunk(self, inp: ProposeInput, budget: int) -> int:
+        """Chunked prefill: while more than `budget` context tokens are uncached, extend the session's cache over
+        the next `budget` of them (a pass of its own, logits discarded); returns the tokens a proposal of `inp`
+        still computes (work_tokens). Its cost is added to the proposal's stats (`inp.prefilled`)."""
+        self._check(inp)
+        left = self.runner.pool.uncached(inp.session_id, inp.context_ids, inp.prefix_hashes)
+        if left <= budget:
+            return left + inp.k
+        end = len(inp.context_ids) - left + budget
+        fwd = self.runner.extend(inp.session_id, inp.context_ids[:end], end - 1, inp.prefix_hashes)
+        done = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms)
+        inp.prefilled = done if inp.prefilled is None else done.follow(inp.prefilled)
+        return self.work_tokens(inp)
+
+    def _check(self, inp: ProposeInput) -> None:
         check_lengths(len(inp.context_ids), inp.k, self.max_context)
         check_token_ids(inp.context_ids, self.width, "context_ids", inp.checked_ids)
+
+    def propose(self, inp: ProposeInput) -> ProposeOutput:
+        """Steps per draft token: 1. forward the new tokens, 2. q from the logits, 3. pick, 4. stop at EOS."""
+        self._check(inp)
         cfg = inp.sampling
         counts = token_counts(inp.context_ids, self.width) if cfg.has_penalties else None  # [V]
         ids, dists, stats = list(inp.context_ids), [], ComputeStatsData()
@@ -95,6 +112,8 @@ class ModelDraft:
                 counts[token] += 1
             if token in self.eos_ids:
                 break
+        if inp.prefilled is not None:    # chunks run before this call (prefill_chunk)
+            stats.follow(inp.prefilled)
         return ProposeOutput(ids[len(inp.context_ids):], dists, MODEL, stats)
 
     @staticmethod
@@ -128,6 +147,14 @@ class CombinedDraft:
 
     def inline_tokens(self, inp: ProposeInput) -> int:
         return self.model.inline_tokens(inp)
+
+    def prefill_chunk(self, inp: ProposeInput, budget: int) -> int:
+        """The model's chunked prefill (ModelDraft.prefill_chunk), only for a round the model will draft (no
+        lookup match: a lookup round leaves the model's cache lagging, as `propose` does); returns the tokens
+        the proposal still computes."""
+        if self.ngram.propose(inp).draft_ids:
+            return 0
+        return self.model.prefill_chunk(inp, budget)
 
     def propose(self, inp: ProposeInput) -> ProposeOutput:
         """The n-gram proposal if it has one; else the model's. `draft_kind` says which proposed."""

@@ -43,7 +43,7 @@ class ModelBundle:
     batch_wait_s: float = 0.0               # target: how long a batch waits for its group (BatchQueue)
     inline_max_tokens: int = 0              # calls this small run on the event loop (ModelWorker.run_on_thread)
     loop_forwards: bool = False             # every forward runs on the event loop (forwards_on_loop)
-    prefill_chunk_tokens: int = 0           # target: longer prefills run in chunks of this size (BatchQueue)
+    prefill_chunk_tokens: int = 0           # longer prefills run in chunks of this size (BatchQueue; a model draft's calls)
     prefill_turn_ms: float = 0.0            # target: a long prefill's turn while others decode (BatchQueue)
     kernels: KernelPlan | None = None       # the CPU linear kernels chosen at load (Info metadata, metrics)
 
@@ -155,11 +155,11 @@ def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = F
 
 def forwards_on_loop(configured: int, device: str = "cpu", bounded_passes: bool = True) -> bool:
     """SPECDEC_LOOP_FORWARDS as it applies (-1 auto: on CPU while torch runs more than one thread, in a service
-    whose passes are bounded: the target with chunked prefill). There a forward on any second thread gets an
-    OpenMP team of its own (see ModelWorker.setup), so every forward runs on the event loop's thread and none
-    on a model thread: one team, and no hand-off to the model thread and back (two thread wake-ups a round).
-    The loop is busy for each pass, so auto leaves a service whose passes are not bounded (a draft prefills
-    a whole prompt in one call) on its model thread, and a GPU model too (not measured)."""
+    whose passes are bounded: chunked prefill in a target or a model draft). There a forward on any second
+    thread gets an OpenMP team of its own (see ModelWorker.setup), so every forward runs on the event loop's
+    thread and none on a model thread: one team, and no hand-off to the model thread and back (two thread
+    wake-ups a round). The loop is busy for each pass, so auto leaves a service whose passes are not bounded
+    (a feature draft catches up in one call) on its model thread, and a GPU model too (not measured)."""
     if configured >= 0:
         return configured > 0
     return bounded_passes and device == "cpu" and torch.get_num_threads() > 1
@@ -213,7 +213,8 @@ def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
         engines[MODEL] = ModelDraft(runner, info["max_context"], info["eos_token_ids"])
         engines[COMBINED] = CombinedDraft(ngram, engines[MODEL])
     info["draft_kind"] = cfg.draft_kind
-    on_loop = forwards_on_loop(cfg.loop_forwards, info["device"], bounded_passes=False)
+    chunked = cfg.prefill_chunk_tokens > 0 and MODEL in engines and hasattr(engines[MODEL], "prefill_chunk")
+    on_loop = forwards_on_loop(cfg.loop_forwards, info["device"], bounded_passes=chunked)
     return ModelBundle("draft", cfg.model, engines, cfg.draft_kind, info, runner.pool, seconds,
                        inline_max_tokens=inline_limit(cfg.inline_max_tokens, on_loop), loop_forwards=on_loop,
-                       kernels=plan)
+                       prefill_chunk_tokens=cfg.prefill_chunk_tokens, kernels=plan)

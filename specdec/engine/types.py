@@ -66,6 +66,7 @@ class ProposeInput:
     target_hidden: HiddenRows | None = None   # feature drafts: the target's new hidden states
     checked_ids: int = 0            # leading context ids already checked against the vocabulary (ContextStore)
     prefix_hashes: PrefixHashes | None = None  # covering context_ids (ContextStore): no whole-context compares
+    prefilled: ComputeStatsData | None = None  # chunks already run for this call (ModelDraft.prefill_chunk)
 
 
 @dataclass
