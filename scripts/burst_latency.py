@@ -7,7 +7,10 @@ arrival until its last prompt's first token), and the burst's time to first toke
 
     PYTHONPATH=$PWD .venv/bin/python scripts/burst_latency.py --running 4 --burst 4 --repeats 3
 
-Run it once per tree (or setting) to compare, in turns; the JSON records the load average.
+Run it once per tree (or setting) to compare, in turns; the JSON records the load average. `--draft-model`: a draft
+service with that model drafts instead (k > 0); `--compare-draft-env 'NAME=V,...'`: a second draft with that
+environment behind a second orchestrator on the same target, the repeats alternating between the two (side by
+side), e.g. `--draft-model embedded:smollm2-draft --k 4 --burst-set long --compare-draft-env SPECDEC_PREFILL_CHUNK_TOKENS=0`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 import uuid
 from pathlib import Path
 
+from specdec.bench.machine import machine_info
 from specdec.bench.plan import load_prompts
 from specdec.healthcheck import channel_for
 from specdec.launcher import LocalStack, StackConfig
@@ -95,29 +99,57 @@ def main() -> None:
     ap.add_argument("--burst-tokens", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="")
+    ap.add_argument("--draft-model", default="", help="a draft service with this model (default: n-gram in the "
+                    "orchestrator)")
+    ap.add_argument("--burst-set", default="grounded", help="the prompt set the burst's prompts come from")
+    ap.add_argument("--compare-draft-env", default="", help="NAME=V,...: a second draft with this environment")
     args = ap.parse_args()
-    prompts = load_prompts(["grounded", "open"], 0)
-    running = prompts[:args.running]
-    burst = [p for p in prompts if p.set == "grounded"][-args.burst:]
-    stack = LocalStack(StackConfig(threads=args.threads, draft_replicas=0, max_concurrent=4 * (args.running + args.burst)))
-    stack.cfg.draft_replicas = 0
+    prompts = load_prompts(list(dict.fromkeys(["grounded", "open", args.burst_set])), 0)
+    running = [p for p in prompts if p.set in ("grounded", "open")][:args.running]
+    burst = [p for p in prompts if p.set == args.burst_set][-args.burst:]
+    stack, stubs = start(args)
     load_start = os.getloadavg()
-    results = []
+    results: dict[str, list[dict]] = {name: [] for name in stubs}
     try:
-        stack.start()
-        stub = orchestrator_pb2_grpc.OrchestratorStub(channel_for(stack.orchestrator_address, stack.tls()))
-        one_repeat(stub, running[:1], burst[:1], args.k, 8, 2)                        # warm-up, discarded
+        for stub in stubs.values():
+            one_repeat(stub, running[:1], burst[:1], args.k, 8, 2)                    # warm-up, discarded
         for r in range(args.repeats):
-            results.append(one_repeat(stub, running, burst, args.k, args.tokens, args.burst_tokens))
-            row = {name: summary(v) for name, v in results[-1].items()}
-            print(f"repeat {r + 1}: {json.dumps(row)}  load {os.getloadavg()[0]:.2f}", flush=True)
+            for name, stub in stubs.items():
+                results[name].append(one_repeat(stub, running, burst, args.k, args.tokens, args.burst_tokens))
+                row = {key: summary(v) for key, v in results[name][-1].items()}
+                print(f"{name} repeat {r + 1}: {json.dumps(row)}  load {os.getloadavg()[0]:.2f}", flush=True)
     finally:
         stack.stop()
-    total = {name: summary([x for res in results for x in res[name]]) for name in results[0]}
+    total = {name: {key: summary([x for res in runs for x in res[key]]) for key in runs[0]}
+             for name, runs in results.items()}
     print("all:", json.dumps(total))
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "load_start": load_start, "load_end": os.getloadavg(),
-                                              "summary": total, "repeats": results}, indent=1))
+        Path(args.out).write_text(json.dumps({"args": vars(args), "machine": machine_info(), "load_start": load_start,
+                                              "load_end": os.getloadavg(), "summary": total, "repeats": results},
+                                             indent=1))
+
+
+def start(args: argparse.Namespace) -> tuple[LocalStack, dict[str, object]]:
+    """The stack (a draft service when --draft-model), and {name: orchestrator stub}: "base", plus "env" behind a
+    second draft with --compare-draft-env on the same target."""
+    drafts = 1 if args.draft_model else 0
+    stack = LocalStack(StackConfig(threads=args.threads, draft_replicas=drafts, draft_model=args.draft_model,
+                                   draft_kind="model" if drafts else "ngram",
+                                   max_concurrent=4 * (args.running + args.burst),
+                                   # every repeat prefills its prompts (no copy from an earlier repeat's cache)
+                                   extra_env={"SPECDEC_PREFIX_SHARE_MIN_TOKENS": "0"} if drafts else {}))
+    stack.start()
+    stub = orchestrator_pb2_grpc.OrchestratorStub
+    stubs = {"base": stub(channel_for(stack.orchestrator_address, stack.tls()))}
+    if args.compare_draft_env:
+        env = dict(item.split("=", 1) for item in args.compare_draft_env.split(",") if item)
+        draft = stack.start_draft(env=env)
+        stack.wait_ready(draft)
+        orchestrator = stack.start_orchestrator(targets=stack.targets, drafts=[draft])
+        stack.wait_ready(orchestrator)
+        stack.wait_connected(orchestrator, stack.targets + [draft])
+        stubs["env"] = stub(channel_for(orchestrator.address, stack.tls()))
+    return stack, stubs
 
 
 if __name__ == "__main__":
