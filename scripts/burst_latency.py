@@ -10,7 +10,8 @@ arrival until its last prompt's first token), and the burst's time to first toke
 Run it once per tree (or setting) to compare, in turns; the JSON records the load average. `--draft-model`: a draft
 service with that model drafts instead (k > 0); `--compare-draft-env 'NAME=V,...'`: a second draft with that
 environment behind a second orchestrator on the same target, the repeats alternating between the two (side by
-side), e.g. `--draft-model embedded:smollm2-draft --k 4 --burst-set long --compare-draft-env SPECDEC_PREFILL_CHUNK_TOKENS=0`.
+side), e.g. `--draft-model embedded:smollm2-draft --k 4 --burst-set long
+--compare-draft-env SPECDEC_PREFILL_CHUNK_TOKENS=0`.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ class ModelBundle:
     batch_wait_s: float = 0.0               # target: how long a batch waits for its group (BatchQueue)
     inline_max_tokens: int = 0              # calls this small run on the event loop (ModelWorker.run_on_thread)
     loop_forwards: bool = False             # every forward runs on the event loop (forwards_on_loop)
-    prefill_chunk_tokens: int = 0           # longer prefills run in chunks of this size (BatchQueue; a model draft's calls)
+    prefill_chunk_tokens: int = 0           # longer prefills run in chunks of this size (BatchQueue; model drafts)
     prefill_turn_ms: float = 0.0            # target: a long prefill's turn while others decode (BatchQueue)
     kernels: KernelPlan | None = None       # the CPU linear kernels chosen at load (Info metadata, metrics)
 
