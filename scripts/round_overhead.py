@@ -11,7 +11,7 @@ configuration and context-length band, with the load average at start and end. B
 the time between two rounds' chunks arriving at this client minus the round's forwards, i.e. the round's
 overhead plus the orchestrator's time between rounds (what tokens per second pay; round 0 and chunks that
 carry several rounds are left out). The n-gram draft runs in the orchestrator (the bench's default), so a
-round is one target call. `--tls`: every hop mTLS (a throwaway CA made for the run), lane and streams alike.
+round is one target call; `--draft-model` puts a draft service (same threads, `d.` variables) in every round. `--tls`: every hop mTLS (a throwaway CA made for the run), lane and streams alike.
 `--variants`: the same per named environment (each variant its own targets and orchestrators, side by side), e.g.
 `--variants 'before:SPECDEC_SPIN_US=0,SPECDEC_ROUND_LANE_FORWARD_DONE=0;now'` (docs/performance.md, "Wake-ups").
 
@@ -82,15 +82,15 @@ def tls_env(directory: str) -> dict[str, str]:
 
 
 def parse_variants(text: str) -> dict[str, dict[str, dict[str, str]]]:
-    """'name' or 'name:ENV=V,o.ENV=V,t.ENV=V' separated by ';' -> {name: {"target": env, "orchestrator": env}};
-    a variable prefixed o. or t. is set for that role only."""
+    """'name' or 'name:ENV=V,o.ENV=V,t.ENV=V,d.ENV=V' separated by ';' -> {name: {"target": env, "orchestrator":
+    env, "draft": env}}; a variable prefixed o., t. or d. is set for that role only."""
     variants = {}
     for item in filter(None, text.split(";")):
         name, _, assignments = item.partition(":")
-        env: dict[str, dict[str, str]] = {"target": {}, "orchestrator": {}}
+        env: dict[str, dict[str, str]] = {"target": {}, "orchestrator": {}, "draft": {}}
         for assignment in filter(None, assignments.split(",")):
             key, value = assignment.split("=", 1)
-            role = {"o.": "orchestrator", "t.": "target"}.get(key[:2])
+            role = {"o.": "orchestrator", "t.": "target", "d.": "draft"}.get(key[:2])
             for r in [role] if role else list(env):
                 env[r][key[2:] if role else key] = value
         variants[name] = env
@@ -98,11 +98,12 @@ def parse_variants(text: str) -> dict[str, dict[str, dict[str, str]]]:
 
 
 def start(threads: list[int], transports: list[str], variants: dict[str, dict[str, dict[str, str]]],
-          env: dict[str, str]) -> tuple[LocalStack, dict[str, object]]:
-    """Redis, then per variant and thread count a target (the variant's environment) with one orchestrator
-    per transport; returns the stack and {name: orchestrator}. The first variant's name is left out of the
-    names when it is the only one."""
-    stack = LocalStack(StackConfig(threads=threads[0], draft_replicas=0, extra_env=env))
+          env: dict[str, str], draft_model: str = "") -> tuple[LocalStack, dict[str, object]]:
+    """Redis, then per variant and thread count a target (and with `draft_model` a draft service at the same
+    threads; the variant's environment) with one orchestrator per transport; returns the stack and {name:
+    orchestrator}. The first variant's name is left out of the names when it is the only one."""
+    stack = LocalStack(StackConfig(threads=threads[0], draft_replicas=0, extra_env=env, draft_model=draft_model,
+                                   draft_kind="model" if draft_model else "ngram"))
     stack.redis = EmbeddedRedis().start()
     stack.redis_url = stack.redis.url
     orchestrators = {}
@@ -110,12 +111,14 @@ def start(threads: list[int], transports: list[str], variants: dict[str, dict[st
         for n in threads:
             stack.cfg.threads = n
             target = stack.start_target(env=variant_env["target"])
-            stack.wait_ready(target)
+            drafts = [stack.start_draft(env=variant_env["draft"])] if draft_model else []
+            for proc in [target, *drafts]:
+                stack.wait_ready(proc)
             for transport in transports:
-                proc = stack.start_orchestrator(targets=[target], drafts=[],
+                proc = stack.start_orchestrator(targets=[target], drafts=drafts,
                                                 env={**TRANSPORT_ENV[transport], **variant_env["orchestrator"]})
                 stack.wait_ready(proc)
-                stack.wait_connected(proc, [target])
+                stack.wait_connected(proc, [target, *drafts])
                 prefix = f"{variant}-" if len(variants) > 1 else ""
                 orchestrators[f"{prefix}t{n}-{transport}"] = proc
     return stack, orchestrators
@@ -132,9 +135,12 @@ def main() -> None:
     ap.add_argument("--transports", default="lane,stream,unary")
     ap.add_argument("--out", default="")
     ap.add_argument("--tls", action="store_true", help="mTLS on every hop (a throwaway CA)")
+    ap.add_argument("--draft-model", default="", help="a draft service with this model per target (default: the "
+                    "n-gram draft in the orchestrator); the overhead then includes the draft call's hop and code")
     ap.add_argument("--variants", default="base",
                     help="';'-separated 'name' or 'name:ENV=V,ENV=V': each its own targets and orchestrators, "
-                         "the environment set on both, or with o./t. on the orchestrators / targets only "
+                         "the environment set on every role, or with o./t./d. on the orchestrators / targets / "
+                         "drafts only "
                          "(e.g. 'off:SPECDEC_SPIN_US=0;on:SPECDEC_SPIN_US=2000;o:t.SPECDEC_SPIN_US=0')")
     args = ap.parse_args()
     ks = [int(x) for x in args.k.split(",")]
@@ -142,7 +148,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))   # `timeout` still stops the stack (finally)
     pki_dir = tempfile.TemporaryDirectory(prefix="specdec-pki-")
     stack, orchestrators = start([int(x) for x in args.threads.split(",")], args.transports.split(","),
-                                 parse_variants(args.variants), tls_env(pki_dir.name) if args.tls else {})
+                                 parse_variants(args.variants), tls_env(pki_dir.name) if args.tls else {},
+                                 args.draft_model)
     stubs = {name: orchestrator_pb2_grpc.OrchestratorStub(channel_for(p.address, stack.tls()))
              for name, p in orchestrators.items()}
     cpu: dict[str, list[float]] = {}       # key -> [orchestrator CPU ms, rounds]
