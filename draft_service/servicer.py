@@ -60,11 +60,10 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
         queue_ms = 0.0
         if prefill is None or chunk <= 0:
             return queue_ms
-        while engine.work_tokens(inp) - inp.k > chunk:
+        left = engine.work_tokens(inp)      # the proposal's tokens: context still uncached + k steps
+        while left - inp.k > chunk:
             left, waited = await self.worker.run(inp.session_id, lambda: prefill(inp, chunk))
             queue_ms += waited
-            if left - inp.k <= chunk:
-                break
         return queue_ms
 
     def lane_methods(self) -> dict[int, LaneMethod]:

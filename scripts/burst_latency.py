@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 
 from specdec.bench.machine import machine_info
-from specdec.bench.plan import load_prompts
+from specdec.bench.plan import env_assignments, load_prompts
 from specdec.healthcheck import channel_for
 from specdec.launcher import LocalStack, StackConfig
 from specdec.v1 import orchestrator_pb2 as pb
@@ -143,8 +143,7 @@ def start(args: argparse.Namespace) -> tuple[LocalStack, dict[str, object]]:
     stub = orchestrator_pb2_grpc.OrchestratorStub
     stubs = {"base": stub(channel_for(stack.orchestrator_address, stack.tls()))}
     if args.compare_draft_env:
-        env = dict(item.split("=", 1) for item in args.compare_draft_env.split(",") if item)
-        draft = stack.start_draft(env=env)
+        draft = stack.start_draft(env=env_assignments(args.compare_draft_env))
         stack.wait_ready(draft)
         orchestrator = stack.start_orchestrator(targets=stack.targets, drafts=[draft])
         stack.wait_ready(orchestrator)

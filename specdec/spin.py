@@ -129,9 +129,15 @@ def auto_spin_us(configured: int, role: str, torch_threads: int = 0, cores: floa
     OpenMP team (measured at 2 threads on 2 cores: overhead 1.46 -> 3.35 ms a round)."""
     if configured >= 0:
         return configured
-    if role == "orchestrator" or torch_threads < cores:
+    if role == "orchestrator" or leaves_a_core(torch_threads, cores):
         return SPIN_AUTO_US
     return 0
+
+
+def leaves_a_core(torch_threads: int, cores: float) -> bool:
+    """Whether a model service's torch threads leave a CPU of its budget free (`cores`: cpu_budget_cores): the
+    auto rule of polling and of FORWARD_DONE."""
+    return torch_threads < cores
 
 
 def offers_forward_done(configured: int, torch_threads: int, cores: float) -> bool:
@@ -142,7 +148,7 @@ def offers_forward_done(configured: int, torch_threads: int, cores: float) -> bo
     round without it against 1.24-2.81 ms with it)."""
     if configured >= 0:
         return configured > 0
-    return torch_threads < cores
+    return leaves_a_core(torch_threads, cores)
 
 
 _selector: SpinSelector | None = None    # the selector of this process's event loop, once made by new_loop

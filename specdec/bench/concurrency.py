@@ -39,7 +39,7 @@ from typing import Any
 
 from specdec.bench.load import scrape
 from specdec.bench.machine import machine_info, round_transport
-from specdec.bench.plan import PROMPTS_DIR, Prompt, load_prompts
+from specdec.bench.plan import PROMPTS_DIR, Prompt, env_assignments, load_prompts
 
 log = logging.getLogger("specdec.bench")
 
@@ -372,7 +372,7 @@ def cmd_bench_concurrency(ns: argparse.Namespace) -> int:
                            target_model=ns.target_model, prompts=ns.prompts.split(","),
                            prompts_dir=ns.prompts_dir, out=ns.out, progress=not ns.no_progress,
                            compare_stream=ns.compare_stream,
-                           compare_env=dict(item.split("=", 1) for item in ns.compare_env.split(",") if item))
+                           compare_env=env_assignments(ns.compare_env))
     logging.getLogger().setLevel(logging.WARNING)
     result = run(args)
     out = Path(args.out)

@@ -97,6 +97,11 @@ class RunRecord:
                     if k in self.stats})}
 
 
+def env_assignments(text: str) -> dict[str, str]:
+    """'NAME=V,NAME=V' (the --compare-env flags of the bench tools) as {NAME: V}."""
+    return dict(item.split("=", 1) for item in text.split(",") if item)
+
+
 def load_prompts(names: list[str], per_set: int, prompts_dir: Path = PROMPTS_DIR) -> list[Prompt]:
     out = []
     for name in names:

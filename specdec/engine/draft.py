@@ -15,7 +15,7 @@ from specdec.core.ngram import DEFAULT_PREFER, NgramProposer
 from specdec.core.sampling import argmax_rows, draw_generator, logits_to_probs, sample, token_counts, truncate_top_n
 from specdec.engine.checks import check_lengths, check_token_ids
 from specdec.engine.runner import CausalLMRunner
-from specdec.engine.types import ComputeStatsData, ProposeInput, ProposeOutput, SparseDist
+from specdec.engine.types import ComputeStatsData, ProposeInput, ProposeOutput, SparseDist, prefilled_after
 from specdec.errors import InvalidArgument
 from specdec.params import COMBINED, MODEL, NGRAM
 
@@ -85,8 +85,7 @@ class ModelDraft:
             return left + inp.k
         end = len(inp.context_ids) - left + budget
         fwd = self.runner.extend(inp.session_id, inp.context_ids[:end], end - 1, inp.prefix_hashes)
-        done = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms)
-        inp.prefilled = done if inp.prefilled is None else done.follow(inp.prefilled)
+        inp.prefilled = prefilled_after(inp.prefilled, fwd)
         return self.work_tokens(inp)
 
     def _check(self, inp: ProposeInput) -> None:
@@ -151,8 +150,8 @@ class CombinedDraft:
     def prefill_chunk(self, inp: ProposeInput, budget: int) -> int:
         """The model's chunked prefill (ModelDraft.prefill_chunk), only for a round the model will draft (no
         lookup match: a lookup round leaves the model's cache lagging, as `propose` does); returns the tokens
-        the proposal still computes."""
-        if self.ngram.propose(inp).draft_ids:
+        the proposal still computes. The lookup runs before the first chunk only: the context is the same."""
+        if inp.prefilled is None and self.ngram.propose(inp).draft_ids:
             return 0
         return self.model.prefill_chunk(inp, budget)
 

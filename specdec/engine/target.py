@@ -13,7 +13,9 @@ from specdec.core.sampling import (
 )
 from specdec.engine.checks import check_lengths, check_token_ids
 from specdec.engine.runner import CausalLMRunner, ExtendItem, ForwardResult
-from specdec.engine.types import ComputeStatsData, HiddenRows, SparseDist, TokenLogprobData, VerifyInput, VerifyOutput
+from specdec.engine.types import (
+    ComputeStatsData, HiddenRows, SparseDist, TokenLogprobData, VerifyInput, VerifyOutput, prefilled_after,
+)
 from specdec.errors import FailedPrecondition, InvalidArgument, SpecDecError
 
 
@@ -82,8 +84,7 @@ class TargetEngine:
 
     def _turn_done(self, inp: VerifyInput, fwd: ForwardResult) -> int:
         """Add a turn's work to the verify's stats; return the tokens it still computes."""
-        done = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms)
-        inp.prefilled = done if inp.prefilled is None else done.follow(inp.prefilled)
+        inp.prefilled = prefilled_after(inp.prefilled, fwd)
         return self.work_tokens(inp)
 
     def verify(self, inp: VerifyInput) -> VerifyOutput:

@@ -53,6 +53,13 @@ class ComputeStatsData:
         return self
 
 
+def prefilled_after(earlier: ComputeStatsData | None, fwd: Any) -> ComputeStatsData:
+    """A call's chunked-prefill stats: the passes before (`earlier`, None: none) and one more, `fwd` (a runner
+    ForwardResult)."""
+    done = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms)
+    return done if earlier is None else done.follow(earlier)
+
+
 @dataclass
 class ProposeInput:
     session_id: str

@@ -31,12 +31,10 @@ def context(n: int, seed: int = 1) -> list[int]:
 
 def prefill_in_chunks(draft, inp: ProposeInput) -> list[int]:
     """What the draft service does before proposing: chunks while more than BUDGET tokens are left."""
-    left = []
-    while draft.work_tokens(inp) - inp.k > BUDGET:
+    left = [draft.work_tokens(inp)]
+    while left[-1] - inp.k > BUDGET:
         left.append(draft.prefill_chunk(inp, BUDGET))
-        if left[-1] - inp.k <= BUDGET:
-            break
-    return left
+    return left[1:]
 
 
 def test_a_proposal_after_chunks_equals_one_over_the_whole_context_and_counts_all_the_work(model):
