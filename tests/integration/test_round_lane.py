@@ -255,6 +255,21 @@ def test_a_hello_answered_late_by_a_busy_service_is_waited_for_not_taken_as_unre
     assert token == 5 and waited >= 1.4 and usable and lane.opened == 1
 
 
+def test_a_hello_still_unanswered_at_the_call_s_deadline_is_deadline_exceeded_and_the_lane_stays_in_use():
+    """Accepted but silent past the call's deadline (a pass longer than the call may wait): the call ends
+    DEADLINE_EXCEEDED, saying so; the lane is not marked unreachable."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        lane = client(server.getsockname()[1])
+
+        async def body():
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await lane.call("Verify", verify(n=5), 0.5)
+            return raised.value
+        error = asyncio.run(body())
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "HELLO was not answered" in error.details()
+    assert lane.usable() and lane.opened == 0
+
+
 class Notifying(target_pb2_grpc.TargetServicer):
     """Verify that reports the end of its "forward" from another thread, as the model thread does, and
     answers only once the caller has heard it (session "plain": never reports; "stale": reports with the
