@@ -335,7 +335,8 @@ class Generation:
         p = self.params
         return asyncio.create_task(self.deps.runner.run(RoundRequest(
             self.session_id, self.request_id, list(state.ids), k, p.sampling, p.draft_kind, p.logprobs, self.deadline,
-            self.relay, proposer, self.wire, ahead, self._ahead_k(state, k, proposer), self.route)))
+            self.relay, proposer, self.wire, ahead, self._ahead_k(state, k, proposer), self.route,
+            verdict_only=not (p.trace and self.deps.cfg.trace_rejected_rows))))
 
     def _ahead_k(self, state: State, k: int, proposer: str) -> int:
         """Overlap (docs/overlap.md): tokens to draft ahead while this round verifies (overlap.plan_ahead)."""

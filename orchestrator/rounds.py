@@ -120,6 +120,7 @@ class RoundRequest:
     ahead: PreDraft | None = None     # the previous round's pre-draft: used if drafted from this context, else discarded
     ahead_k: int = 0                  # overlap: pre-draft the next round's block of this many tokens (0 = don't)
     route: str = ""                   # replicas' routing key ("" = the session id; orchestrator/affinity.py)
+    verdict_only: bool = False        # the target returns only the accept rule's reads (VerifyRequest.verdict_only)
 
     @property
     def replica_key(self) -> str:
@@ -215,7 +216,8 @@ class RoundRunner:
         relay = req.relay if req.relay is not None and self.feature_draft(req.draft_kind) else None
         proposal, out = await self._propose(req, relay)
         verify = target_pb2.VerifyRequest(session_id=req.session_id, request_id=req.request_id,
-                                          draft_ids=proposal.draft_ids, draft_probs=proposal.draft_probs)
+                                          draft_ids=proposal.draft_ids, draft_probs=proposal.draft_probs,
+                                          verdict_only=req.verdict_only and bool(proposal.draft_ids))
         verify.sampling.MergeFromString(sampling_bytes(req.sampling))
         if req.logprobs >= 0:
             verify.logprobs = req.logprobs

@@ -147,9 +147,11 @@ def main() -> None:
     prompts = load_prompts(args.prompts.split(","), args.per_set)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))   # `timeout` still stops the stack (finally)
     pki_dir = tempfile.TemporaryDirectory(prefix="specdec-pki-")
+    # The trace is read for its timings only: it shows what the accept rule read, as an untraced round asks
+    # (VerifyRequest.verdict_only), unless a variant sets o.SPECDEC_TRACE_REJECTED_ROWS=1 (the rows after it).
+    env = {"SPECDEC_TRACE_REJECTED_ROWS": "0", **(tls_env(pki_dir.name) if args.tls else {})}
     stack, orchestrators = start([int(x) for x in args.threads.split(",")], args.transports.split(","),
-                                 parse_variants(args.variants), tls_env(pki_dir.name) if args.tls else {},
-                                 args.draft_model)
+                                 parse_variants(args.variants), env, args.draft_model)
     stubs = {name: orchestrator_pb2_grpc.OrchestratorStub(channel_for(p.address, stack.tls()))
              for name, p in orchestrators.items()}
     cpu: dict[str, list[float]] = {}       # key -> [orchestrator CPU ms, rounds]

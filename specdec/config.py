@@ -414,6 +414,10 @@ class OrchestratorConfig:
     # ... but at most this many generations of one opening at once from this orchestrator; more (identical
     # openings arriving together) are spread over the other replicas (orchestrator/affinity.py).
     affinity_max_live: int = field(default_factory=lambda: env_int("SPECDEC_AFFINITY_MAX_LIVE", 4))
+    # A traced generation's rows show the target's argmax and the greedy comparison at every draft position, also
+    # after the first rejection (the article's trace). 0: only what the accept rule read, as untraced rounds ask
+    # (VerifyRequest.verdict_only), so a trace costs the round nothing (the benches read their timings so).
+    trace_rejected_rows: bool = field(default_factory=lambda: env_bool("SPECDEC_TRACE_REJECTED_ROWS", True))
     redis_url: str = field(default_factory=redis_url_from_env)
     redis_prefix: str = field(default_factory=lambda: env_str("SPECDEC_REDIS_PREFIX", "specdec:"))
     session_ttl_s: int = field(default_factory=lambda: env_int("SPECDEC_SESSION_TTL", 24 * 3600))

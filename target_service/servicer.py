@@ -52,7 +52,7 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
             draft_probs=sparse_from_proto(request.draft_probs),
             logprobs=request.logprobs if request.HasField("logprobs") else -1,
             position_base=position_base, checked_ids=len(context), prefix_hashes=hashes,
-            hidden_from=hidden_from(request, position_base),
+            hidden_from=hidden_from(request, position_base), verdict_only=request.verdict_only,
             on_forward=on_forward,
         )
         out, queue_ms = await batches.submit(request.session_id, inp, deadline_s)

@@ -34,7 +34,7 @@ from typing import Callable, Sequence, Union
 
 import torch
 
-from specdec.core.sampling import PROBS_DTYPE, argmax_ids, argmax_rows, sample
+from specdec.core.sampling import PROBS_DTYPE, argmax_ids, argmax_rows, argmax_until_mismatch, sample
 
 RECOVERED = "recovered"
 BONUS = "bonus"
@@ -52,7 +52,9 @@ class AcceptResult:
     bonus (m == k). target_ids: the target's argmax at each of the k+1 rows (for traces).
     matches: per draft position, was it accepted? Positions after the first rejection were
     never tested; for them the entry says what greedy comparison (d_i == target_ids[i])
-    would say.
+    would say. A verdict-only result (``accept(..., all_rows=False)``) stops both lists where
+    the rule stopped: target_ids has the argmax of rows 0..m (greedy) or none (sampling),
+    matches has m trues and, when m < k, one false.
     """
 
     num_accepted: int
@@ -109,12 +111,14 @@ def accept(
     draft_probs: torch.Tensor | None = None,  # [k, Vq] float32 dense q, None = point mass
     generators: Generators = None,  # (row index, purpose) -> Generator, or one Generator
     greedy: bool = False,
+    all_rows: bool = True,
 ) -> AcceptResult:
     """Reference accept rule for one round (see the module docstring for the exact rule).
 
     ``generators`` may be a factory ``(row_index, purpose) -> torch.Generator`` (normally
     ``sampling.round_generators(seed, context_len)``) or one Generator used sequentially;
-    it may be None only when ``greedy``.
+    it may be None only when ``greedy``. ``all_rows=False`` returns the verdict only (see
+    AcceptResult): the same m and next token, without the argmax of rows the rule did not read.
     """
     draft = ([int(t) for t in draft_ids.reshape(-1).tolist()] if isinstance(draft_ids, torch.Tensor)
              else [int(t) for t in draft_ids])
@@ -123,21 +127,40 @@ def accept(
         raise ValueError(f"target_probs must be [k+1={k + 1}, V], got {tuple(target_probs.shape)}")
     if draft_probs is not None and (draft_probs.dim() != 2 or draft_probs.shape[0] != k):
         raise ValueError(f"draft_probs must be [k={k}, V], got {tuple(draft_probs.shape)}")
+    if not all_rows:
+        return _verdict(draft, target_probs, draft_probs, generators, greedy)
     target_ids = argmax_ids(target_probs)
     greedy_matches = [d == t for d, t in zip(draft, target_ids)]
     if greedy:
         m = greedy_matches.index(False) if False in greedy_matches else k
         next_token = target_ids[m]
     else:
-        m = _first_rejection(draft, target_probs, draft_probs, generators)
-        if m < k:
-            q_row = None if draft_probs is None else draft_probs[m]
-            residual = _residual(target_probs[m], q_row, draft[m])
-            next_token = sample(residual, _generator(generators, m, "recover"))
-        else:
-            next_token = sample(target_probs[k], _generator(generators, k, "bonus"))
+        m, next_token = _sampled_verdict(draft, target_probs, draft_probs, generators)
     matches = [True] * m + [False] * (m < k) + greedy_matches[m + 1:]
     return AcceptResult(m, next_token, BONUS if m == k else RECOVERED, target_ids, matches)
+
+
+def _sampled_verdict(draft, target_probs, draft_probs, generators) -> tuple[int, int]:
+    """Sampling: (m, the recovered or bonus token)."""
+    k = len(draft)
+    m = _first_rejection(draft, target_probs, draft_probs, generators)
+    if m < k:
+        q_row = None if draft_probs is None else draft_probs[m]
+        residual = _residual(target_probs[m], q_row, draft[m])
+        return m, sample(residual, _generator(generators, m, "recover"))
+    return m, sample(target_probs[k], _generator(generators, k, "bonus"))
+
+
+def _verdict(draft, target_probs, draft_probs, generators, greedy: bool) -> AcceptResult:
+    """accept(..., all_rows=False): the rule's reads only (AcceptResult's verdict-only lists)."""
+    k = len(draft)
+    if greedy:
+        target_ids = argmax_until_mismatch(target_probs, draft)
+        m, next_token = len(target_ids) - 1, target_ids[-1]
+    else:
+        target_ids = []
+        m, next_token = _sampled_verdict(draft, target_probs, draft_probs, generators)
+    return AcceptResult(m, next_token, BONUS if m == k else RECOVERED, target_ids, [True] * m + [False] * (m < k))
 
 
 # ----------------------------------------------------------------------------- batched

@@ -233,6 +233,25 @@ def argmax_ids(scores: torch.Tensor) -> list[int]:  # [n, V] -> n ids
     return argmax_rows(scores).tolist()
 
 
+def argmax_until_mismatch(scores: torch.Tensor, draft: Sequence[int]) -> list[int]:  # [k+1, V], k ids
+    """The argmax of rows 0..m, where m is the first row whose argmax is not ``draft[m]`` (k if none): the
+    greedy accept rule's reads, and no more. On CPU row by row, so rows after a rejection are never read
+    (each is ≈ 200 KB of logits, cache-cold after the forward); elsewhere one call, cut after row m.
+
+    The CPU path asks the tensor nothing but its NumPy view: right after a forward each attribute read of
+    the tensor (device, dtype, requires_grad) costs several microseconds cold."""
+    try:
+        rows = scores.numpy()
+    except (TypeError, RuntimeError):          # not viewable by NumPy: CUDA, bfloat16, or requires grad
+        ids = argmax_ids(scores)
+        mismatch = next((i for i, (d, t) in enumerate(zip(draft, ids)) if d != t), len(draft))
+        return ids[:mismatch + 1]
+    ids = [int(np.argmax(rows[0]))]
+    while len(ids) <= len(draft) and ids[-1] == draft[len(ids) - 1]:
+        ids.append(int(np.argmax(rows[len(ids)])))
+    return ids
+
+
 def _numpy_argmax(scores: torch.Tensor) -> np.ndarray:
     return np.argmax((scores.detach() if scores.requires_grad else scores).numpy(), axis=-1)
 

@@ -98,6 +98,7 @@ class VerifyInput:
     checked_ids: int = 0            # leading context ids already checked against the vocabulary (ContextStore)
     prefix_hashes: PrefixHashes | None = None  # covering context_ids + draft_ids (ContextStore)
     prefilled: ComputeStatsData | None = None  # chunks already run for this call (TargetEngine.prefill_chunk)
+    verdict_only: bool = False      # the accept rule's reads only (VerifyRequest.verdict_only; accept(all_rows=))
     # Called (on the thread that ran it) once this call's verify forward has finished, before the accept
     # rule: the round lane tells the caller, whose wake-up then overlaps the rest (specdec/server/lane.py).
     on_forward: Callable[[], None] | None = field(default=None, repr=False, compare=False)

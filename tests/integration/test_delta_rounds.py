@@ -174,3 +174,28 @@ def test_release_drops_the_context(stack):
     assert all(sid in s.context_store()._held for s in servicers(stack).values())
     stack.call(stack.pair.release_session(sid))
     assert not any(sid in s.context_store()._held for s in servicers(stack).values())
+
+
+@pytest.mark.parametrize("trace, rejected_rows, asked", [(False, True, True), (True, True, False), (True, False, True)])
+def test_the_target_is_asked_for_the_verdict_only_unless_a_trace_shows_rejected_rows(stack, reference, trace,
+                                                                                      rejected_rows, asked):
+    """Untraced rounds (and traces with SPECDEC_TRACE_REJECTED_ROWS=0) ask for VerifyRequest.verdict_only, so the
+    target skips the argmax of rows after the rejection; the tokens are the same either way."""
+    engine, seen = stack.target_bundle.engines["target"], []
+    real = engine._judge
+    engine._judge = lambda inp, fwd: seen.append((len(inp.draft_ids), inp.verdict_only)) or real(inp, fwd)
+    stack.deps.cfg.trace_rejected_rows = rejected_rows
+    try:
+        channel, stub = stack.stub()
+        req = pb.GenerateRequest(prompt=LONG_PROMPT, k=K, max_new_tokens=MAX_NEW, ignore_eos=True, trace=trace)
+        reply = stub.Generate(req, timeout=120)
+        channel.close()
+    finally:
+        del engine._judge
+        stack.deps.cfg.trace_rejected_rows = True
+    assert list(reply.token_ids) == reference[0]
+    assert {flag for k, flag in seen if k} == {asked}               # rounds with a draft (k = 0: nothing to cut)
+    rejected = [r for r in reply.trace if r.num_accepted < len(r.draft_ids)]
+    assert not trace or rejected
+    cut = {len(r.matches) == r.num_accepted + 1 and len(r.target_ids) == r.num_accepted + 1 for r in rejected}
+    assert cut <= {asked}

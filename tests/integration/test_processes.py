@@ -28,7 +28,7 @@ import torch
 
 from specdec.launcher import LocalStack, StackConfig
 from specdec.models.loader import LoadConfig, load_causal_lm
-from specdec.v1 import common_pb2, target_pb2_grpc
+from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 from tests.grounded_prompts import CLI_PROMPT, GROUNDED_PROMPTS
@@ -377,3 +377,21 @@ def test_rounds_ride_the_target_round_lane(stack, stub, target_info):
         after = target.Stats(common_pb2.InfoRequest(), timeout=RPC_TIMEOUT_S)
     assert after.lane_calls - before.lane_calls == len(reply.trace) == after.calls - before.calls
     assert after.lane_forward_done - before.lane_forward_done == len(reply.trace)
+
+
+def test_a_verdict_only_verify_cuts_its_lists_where_the_accept_rule_stopped(stack, reference):
+    """VerifyRequest.verdict_only on the wire: the verdict of the full call; target_ids and matches stop at the
+    first rejection (rows 0..m), where the full call has the argmax of all k + 1 rows."""
+    ids = chat_prompt_ids(reference.tokenizer, GROUNDED_PROMPTS[0])
+    with grpc.insecure_channel(stack.targets[0].address) as channel:
+        target = target_pb2_grpc.TargetStub(channel)
+        first = target.Verify(target_pb2.VerifyRequest(session_id="verdict", context_ids=ids), timeout=RPC_TIMEOUT_S)
+        draft = [first.next_token] * K            # the greedy token, then (most likely) a rejected repeat of it
+        full, verdict = (target.Verify(target_pb2.VerifyRequest(session_id="verdict", context_ids=ids, draft_ids=draft,
+                                                                verdict_only=only), timeout=RPC_TIMEOUT_S)
+                         for only in (False, True))
+    m = full.num_accepted
+    assert 1 <= m < K and len(full.target_ids) == K + 1 and len(full.matches) == K
+    assert (verdict.num_accepted, verdict.next_token, verdict.next_kind) == (m, full.next_token, full.next_kind)
+    assert list(verdict.target_ids) == list(full.target_ids)[:m + 1]
+    assert list(verdict.matches) == [True] * m + [False]

@@ -238,3 +238,64 @@ def test_greedy_accept_over_the_penalised_scores_equals_it_over_the_one_hot_p():
             one_hot = accept(draft, logits_to_probs(logits, cfg, history), greedy=True)
             scores = accept(draft, penalised_scores(logits, cfg, history), greedy=True)
             assert one_hot == scores
+
+
+# ----------------------------------------------------------------------------- verdict only
+
+
+def _agreeing_prefix_round(gen: torch.Generator, greedy: bool):
+    """A draft of 0..MAX_K tokens that agrees with p's argmax for a random prefix, then a random tail."""
+    k = int(torch.randint(0, MAX_K + 1, (), generator=gen))
+    p = torch.softmax(torch.randn(k + 1, VOCAB, generator=gen) / NOISE, dim=-1)
+    agree = int(torch.randint(0, k + 1, (), generator=gen))
+    tail = torch.randint(0, VOCAB, (k - agree,), generator=gen).tolist()
+    draft = p[:agree].argmax(dim=-1).tolist() + tail
+    q = None if greedy or k == 0 else torch.softmax(torch.randn(k, VOCAB, generator=gen), dim=-1)
+    if q is not None:
+        q[torch.arange(k), torch.tensor(draft)] += 0.1     # the draft sampled its own tokens: q(d) > 0
+        q = q / q.sum(dim=-1, keepdim=True)
+    return draft, p, q
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_verdict_only_round_has_the_full_rounds_verdict_and_its_lists_stop_at_the_rejection(greedy):
+    gen = torch.Generator().manual_seed(7)
+    for case in range(NUM_RANDOM_CASES):
+        draft, p, q = _agreeing_prefix_round(gen, greedy)
+        full = accept(draft, p, q, None if greedy else gens(SEED + case), greedy=greedy)
+        verdict = accept(draft, p, q, None if greedy else gens(SEED + case), greedy=greedy, all_rows=False)
+        m, k = full.num_accepted, len(draft)
+        assert (verdict.num_accepted, verdict.next_token, verdict.next_kind) == (m, full.next_token, full.next_kind)
+        assert verdict.matches == full.matches[:m + 1] == [True] * m + [False] * (m < k)
+        assert verdict.target_ids == (full.target_ids[:m + 1] if greedy else [])
+
+
+def test_a_greedy_verdict_reads_no_row_after_the_first_rejection():
+    """On CPU the rows are read one argmax at a time, up to the first rejection; the full round reads all at once."""
+    import numpy as np
+
+    reads = []
+    real = np.argmax
+    p = one_hot_rows([3, 7, 5, 6])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(np, "argmax", lambda a, *args, **kw: reads.append(np.shape(a)) or real(a, *args, **kw))
+        verdict = accept([3, 4, 5], p, greedy=True, all_rows=False)
+        assert reads == [(VOCAB,), (VOCAB,)]                     # rows 0 and 1: d2 = 4 is rejected at row 1
+        reads.clear()
+        accept([3, 7, 5], p, greedy=True, all_rows=False)
+        assert reads == [(VOCAB,)] * 4                           # all accepted: the bonus row too
+        reads.clear()
+        full = accept([3, 4, 5], p, greedy=True)
+        assert reads == [(4, VOCAB)]
+    assert (verdict.num_accepted, verdict.next_token, verdict.target_ids, verdict.matches) == (1, 7, [3, 7], [True, False])
+    assert full.target_ids == [3, 7, 5, 6] and full.matches == [True, False, True]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_a_greedy_verdict_over_rows_numpy_cannot_view_is_the_same(dtype):
+    """bfloat16 and tensors that require grad take the one-call path (as a GPU's logits do): same verdict."""
+    p = one_hot_rows([3, 7, 5, 6]).to(dtype)
+    for scores in (p, p.float().requires_grad_()):
+        verdict = accept([3, 4, 5], scores, greedy=True, all_rows=False)
+        assert (verdict.num_accepted, verdict.next_token, verdict.target_ids) == (1, 7, [3, 7])
+        assert accept([3, 7, 5], scores, greedy=True, all_rows=False).target_ids == [3, 7, 5, 6]
