@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specdec.redis_server import EmbeddedRedis
+from tests.deploy_support import start_tools_in_background, uses_tools
 
 TEST_THREADS = 1
 pytest_plugins = ["tests.stall_monitor"]
@@ -22,3 +23,10 @@ def redis_server():
     """A real redis-server process on a free loopback port (no persistence)."""
     with EmbeddedRedis() as server:
         yield server
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The deploy tools' venv (a minute of pip) is made in the background from the start of a run that
+    will need it, instead of in the setup of its first test (`tests.deploy_support.tool`)."""
+    if any(uses_tools(getattr(item, "module", None)) for item in session.items):
+        start_tools_in_background()

@@ -10,6 +10,7 @@ import functools
 import json
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 OVERLAYS = {"base": REPO / "k8s/base", "cpu-dev": REPO / "k8s/overlays/cpu-dev",
             "gpu": REPO / "k8s/overlays/gpu"}
 TOOLS = REPO / ".deploy-tools"
+TOOLS_LOCK = REPO / ".deploy-tools.lock"   # one `make deploy-tools` at a time (pytest runs, xdist workers)
 COMPOSE_FILES = ("docker-compose.yml", "docker-compose.cpu.yml")
 RENDER_TIMEOUT_S = 60
 TOOLS_TIMEOUT_S = 900
@@ -44,6 +46,30 @@ def render(overlay: str) -> list[dict]:
     return list(_render(overlay))
 
 
+def _make_tools_cmd() -> list[str]:
+    return ["flock", str(TOOLS_LOCK), "make", "-s", "deploy-tools"] if shutil.which("flock") else \
+        ["make", "-s", "deploy-tools"]
+
+
+_background: subprocess.Popen | None = None
+
+
+def start_tools_in_background() -> None:
+    """Start `make deploy-tools` now, while other tests run: its pip install takes a minute, mostly
+    waiting on the network. `tool` waits for it; a failure shows there. No-op once the venv is made."""
+    global _background
+    if _background is not None or (TOOLS / ".installed").exists() or shutil.which("make") is None:
+        return
+    log = tempfile.TemporaryFile()   # pip -q writes little, but a pipe nobody reads could fill
+    _background = subprocess.Popen(_make_tools_cmd(), cwd=REPO, stdout=log, stderr=log,
+                                   stdin=subprocess.DEVNULL)
+
+
+def uses_tools(module: object) -> bool:
+    """Whether a test module calls `tool` or `compose_config` (so the tools' venv will be needed)."""
+    return getattr(module, "tool", None) is tool or getattr(module, "compose_config", None) is compose_config
+
+
 def tool(name: str) -> str:
     """Path of a deploy tool (checkov, hadolint, docker-compose) in .deploy-tools, made on demand.
 
@@ -51,8 +77,13 @@ def tool(name: str) -> str:
     the project's, so checkov's many pins never touch constraints.txt or torch.
     """
     path = TOOLS / "bin" / name
+    if _background is not None:
+        try:
+            _background.wait(timeout=TOOLS_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _background.kill()
     if not path.exists():
-        proc = subprocess.run(["make", "-s", "deploy-tools"], cwd=REPO, capture_output=True, text=True,
+        proc = subprocess.run(_make_tools_cmd(), cwd=REPO, capture_output=True, text=True,
                               timeout=TOOLS_TIMEOUT_S, check=False)
         if proc.returncode != 0 or not path.exists():
             pytest.skip(f"{name} unavailable: `make deploy-tools` failed (PyPI unreachable?): {proc.stderr[-300:]}")
