@@ -116,26 +116,27 @@ class Stacks:
         self.compare_stream, self.compare_env = args.compare_stream, args.compare_env
 
     def start(self) -> dict[str, tuple[str, str]]:
-        """Start everything; return (orchestrator address, target /metrics URL) of each stack."""
+        """Start everything; return (orchestrator address, target /metrics URL) of each stack.
+
+        The stacks after the first are spawned together and waited for together (their imports and model
+        loads overlap on the cores), each orchestrator beside the target it is given."""
         s = self.stack
         s.start()                                   # Redis, the batched target, its orchestrator
-        plain = s.start_target(max_batch=1)
-        orch = s.start_orchestrator(targets=[plain])
-        for proc in (plain, orch):
-            s.wait_ready(proc)
         url = "http://127.0.0.1:{}/metrics".format
-        addresses = {"batched": (s.orchestrator_address, url(s.targets[0].metrics_port)),
-                     "unbatched": (orch.address, url(plain.metrics_port))}
+        plain = s.start_target(max_batch=1)
+        spawned = {"unbatched": (s.start_orchestrator(targets=[plain]), plain)}
         if self.compare_stream:
-            streamed = s.start_orchestrator(targets=s.targets[:1], env={"SPECDEC_ROUND_LANE": "0"})
-            s.wait_ready(streamed)
-            addresses[STREAM_STACK] = (streamed.address, url(s.targets[0].metrics_port))
+            spawned[STREAM_STACK] = (s.start_orchestrator(targets=s.targets[:1], env={"SPECDEC_ROUND_LANE": "0"}),
+                                     s.targets[0])
         if self.compare_env:
             target = s.start_target(env=self.compare_env)
+            spawned[ENV_STACK] = (s.start_orchestrator(targets=[target]), target)
+        for orch, target in spawned.values():
             s.wait_ready(target)
-            orch = s.start_orchestrator(targets=[target])
             s.wait_ready(orch)
-            addresses[ENV_STACK] = (orch.address, url(target.metrics_port))
+            s.wait_connected(orch, [target])
+        addresses = {"batched": (s.orchestrator_address, url(s.targets[0].metrics_port))}
+        addresses.update({name: (orch.address, url(target.metrics_port)) for name, (orch, target) in spawned.items()})
         return addresses
 
     def stop(self) -> None:
