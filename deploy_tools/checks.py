@@ -1,5 +1,5 @@
 """What `make deploy-test` asks of a running stack, from the host: gRPC and HTTP generation,
-greedy identity with k = 0, replica spread (trace), a target killed mid-stream, tok/s.
+greedy identity with k = 0, replica spread (trace), rounds on the round lane, a target killed mid-stream, tok/s.
 
 Every call carries a deadline.
 """
@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import grpc
 
+from specdec.v1 import common_pb2, draft_pb2_grpc, orchestrator_pb2_grpc, target_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
-from specdec.v1 import orchestrator_pb2_grpc
 
 CALL_TIMEOUT_S = 300.0
+STATS_TIMEOUT_S = 10.0
 PROMPT = "Explain in a few sentences why the sky is blue, then list three uses of speculative decoding."
 GREEDY_TOKENS = 48
 SPEED_TOKENS = 128
@@ -86,6 +87,16 @@ def replica_spread(client: Orchestrator, prefix: str) -> tuple[set[str], set[str
         targets |= {r.target_replica for r in resp.trace if r.target_replica}
         drafts |= {r.draft_replica for r in resp.trace if r.draft_replica and r.draft_replica != "local"}
     return targets, drafts
+
+
+def lane_calls(address: str, role: str, service_token: str) -> int:
+    """A draft's or target's `ServiceStats.lane_calls`: its Propose/Verify calls answered on its round lane
+    (the rest came over gRPC). Asked over gRPC from the host with the token the orchestrator presents."""
+    stub = target_pb2_grpc.TargetStub if role == "target" else draft_pb2_grpc.DraftStub
+    with grpc.insecure_channel(address) as channel:
+        stats = stub(channel).Stats(common_pb2.InfoRequest(), timeout=STATS_TIMEOUT_S,
+                                    metadata=(("authorization", f"Bearer {service_token}"),))
+    return stats.lane_calls
 
 
 def kill_mid_stream(client: Orchestrator, reference: list[int], kill: Callable[[str], None],

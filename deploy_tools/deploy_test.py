@@ -97,6 +97,9 @@ def compose_run(stack: ComposeStack, facts: dict) -> None:
     facts["http_equals_grpc"] = checks.http_completion(stack.http_port, stack.client_token) == greedy["text"]
     targets, drafts = checks.replica_spread(client, "deploy-spread")
     facts["target_replicas_used"], facts["draft_replicas_used"] = len(targets), len(drafts)
+    facts["lane_calls"] = {f"{role} {address}": checks.lane_calls(address, role, stack.service_token)
+                           for role, addresses in (("target", targets), ("draft", drafts))
+                           for address in sorted(addresses)}
     facts["hardening"] = {c["Name"].lstrip("/"): hardening(c) for c in stack.containers()}
     facts["compose_run"], facts["local_run"] = speed_vs_specdec_up(client, stack.threads)
     facts["compose_tok_s"], facts["local_tok_s"] = facts["compose_run"]["tok_s"], facts["local_run"]["tok_s"]
@@ -124,6 +127,7 @@ def failures(facts: dict) -> list[str]:
         ("HTTP gateway text != gRPC text", facts.get("http_equals_grpc")),
         ("a target replica served no session", facts.get("target_replicas_used", 0) >= 2),
         ("a draft replica served no session", facts.get("draft_replicas_used", 0) >= 2),
+        ("a replica answered no call on its round lane", min(facts.get("lane_calls", {}).values(), default=0) > 0),
         ("tokens changed when a target was killed mid-stream", kill.get("identical")),
     ) if not ok]
     for name, h in facts.get("hardening", {}).items():
@@ -152,6 +156,8 @@ def table(facts: dict) -> str:
         ("greedy == k = 0 / HTTP == gRPC", f"{facts.get('greedy_equals_k0')} / {facts.get('http_equals_grpc')}",
          f"mean accepted length {facts.get('mal', 0):.2f}"),
         ("replicas used (target, draft)", f"{facts.get('target_replicas_used')}, {facts.get('draft_replicas_used')}", "trace"),
+        ("rounds on the round lane", "min {}".format(min(facts.get("lane_calls", {}).values(), default=0)),
+         "calls answered on each replica's lane (ServiceStats.lane_calls)"),
         ("target killed mid-stream", f"identical={kill.get('identical')}", f"at token {kill.get('killed_at_token')}"),
         ("replacement healthy / serving", f"{kill.get('replacement_healthy_s', float('nan')):.1f} s / "
          f"{kill.get('replacement_serving_s', float('nan')):.1f} s", f"goal <= {REPLACEMENT_GOAL_S:.0f} s"),

@@ -70,6 +70,7 @@ class ComposeStack:
     grpc_port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
     client_token: str = "deploy-test-client-token"
+    service_token: str = "deploy-test-service-token"   # what the orchestrator presents to drafts and targets
 
     @property
     def env(self) -> dict[str, str]:
@@ -79,7 +80,7 @@ class ComposeStack:
                 "SPECDEC_HTTP_HOST_PORT": str(self.http_port), "SPECDEC_AUTH_TOKENS": self.client_token,
                 "SPECDEC_DRAFT_THREADS": str(self.threads), "SPECDEC_TARGET_THREADS": str(self.threads),
                 "SPECDEC_DRAIN_SECONDS": "2", "REDIS_PASSWORD": "deploy-test-redis-password",
-                "SPECDEC_SERVICE_TOKEN": "deploy-test-service-token"}
+                "SPECDEC_SERVICE_TOKEN": self.service_token}
 
     def compose(self, *args: str, timeout: float = COMMAND_TIMEOUT_S, check: bool = True):
         """Run the compose tool on this project."""
