@@ -89,14 +89,13 @@ def replica_spread(client: Orchestrator, prefix: str) -> tuple[set[str], set[str
     return targets, drafts
 
 
-def lane_calls(address: str, role: str, service_token: str) -> int:
-    """A draft's or target's `ServiceStats.lane_calls`: its Propose/Verify calls answered on its round lane
-    (the rest came over gRPC). Asked over gRPC from the host with the token the orchestrator presents."""
+def service_stats(address: str, role: str, service_token: str = "") -> common_pb2.ServiceStats:
+    """A draft's or target's `Stats` over gRPC, with the token the orchestrator presents (none if empty).
+    `lane_calls` in it counts the Propose/Verify calls answered on the replica's round lane."""
     stub = target_pb2_grpc.TargetStub if role == "target" else draft_pb2_grpc.DraftStub
+    metadata = (("authorization", f"Bearer {service_token}"),) if service_token else ()
     with grpc.insecure_channel(address) as channel:
-        stats = stub(channel).Stats(common_pb2.InfoRequest(), timeout=STATS_TIMEOUT_S,
-                                    metadata=(("authorization", f"Bearer {service_token}"),))
-    return stats.lane_calls
+        return stub(channel).Stats(common_pb2.InfoRequest(), timeout=STATS_TIMEOUT_S, metadata=metadata)
 
 
 def kill_mid_stream(client: Orchestrator, reference: list[int], kill: Callable[[str], None],

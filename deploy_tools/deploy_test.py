@@ -97,7 +97,8 @@ def compose_run(stack: ComposeStack, facts: dict) -> None:
     facts["http_equals_grpc"] = checks.http_completion(stack.http_port, stack.client_token) == greedy["text"]
     targets, drafts = checks.replica_spread(client, "deploy-spread")
     facts["target_replicas_used"], facts["draft_replicas_used"] = len(targets), len(drafts)
-    facts["lane_calls"] = {f"{role} {address}": checks.lane_calls(address, role, stack.service_token)
+    facts["lane_calls"] = {f"{role} {address}": checks.service_stats(address, role,
+                                                                      stack.service_token).lane_calls
                            for role, addresses in (("target", targets), ("draft", drafts))
                            for address in sorted(addresses)}
     facts["hardening"] = {c["Name"].lstrip("/"): hardening(c) for c in stack.containers()}

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 OVERLAYS = {"base": REPO / "k8s/base", "cpu-dev": REPO / "k8s/overlays/cpu-dev",
             "gpu": REPO / "k8s/overlays/gpu"}
 TOOLS = REPO / ".deploy-tools"
-TOOLS_LOCK = REPO / ".deploy-tools.lock"   # one `make deploy-tools` at a time (pytest runs, xdist workers)
+TOOLS_LOCK = REPO / ".deploy-tools.lock"   # one `make deploy-tools` at a time (pytest runs started together)
 COMPOSE_FILES = ("docker-compose.yml", "docker-compose.cpu.yml")
 RENDER_TIMEOUT_S = 60
 TOOLS_TIMEOUT_S = 900
@@ -55,8 +55,8 @@ _background: subprocess.Popen | None = None
 
 
 def start_tools_in_background() -> None:
-    """Start `make deploy-tools` now, while other tests run: its pip install takes a minute, mostly
-    waiting on the network. `tool` waits for it; a failure shows there. No-op once the venv is made."""
+    """Start `make deploy-tools` now, while other tests run: its pip install takes a minute (about 50 s
+    of CPU here, the rest downloads). `tool` waits for it; a failure shows there. No-op once the venv is made."""
     global _background
     if _background is not None or (TOOLS / ".installed").exists() or shutil.which("make") is None:
         return

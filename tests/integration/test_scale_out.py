@@ -14,8 +14,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from deploy_tools.checks import service_stats
 from specdec.launcher import LocalStack, StackConfig
-from specdec.v1 import common_pb2, orchestrator_pb2 as pb, orchestrator_pb2_grpc, target_pb2_grpc, draft_pb2_grpc
+from specdec.v1 import orchestrator_pb2 as pb, orchestrator_pb2_grpc
 from tests.prompts import IDENTITY_PROMPTS
 from tests.support import make_tiny_pair, target_greedy
 
@@ -41,12 +42,6 @@ def run_session(address: str, i: int) -> pb.GenerateResponse:
         req = pb.GenerateRequest(prompt=IDENTITY_PROMPTS[i], k=K, max_new_tokens=MAX_NEW, trace=True,
                                  ignore_eos=True, session_id=f"scale-{i}", create_session=True)
         return stub.Generate(req, timeout=120)
-
-
-def service_stats(address: str, role: str) -> common_pb2.ServiceStats:
-    stub_cls = target_pb2_grpc.TargetStub if role == "target" else draft_pb2_grpc.DraftStub
-    with grpc.insecure_channel(address) as channel:
-        return stub_cls(channel).Stats(common_pb2.InfoRequest(), timeout=10)
 
 
 def test_sessions_spread_stick_and_match_the_target(stack):
