@@ -41,11 +41,10 @@ WARMUP_TOKENS = 8
 
 
 def run(args: BenchArgs) -> dict[str, Any]:
-    from tqdm import tqdm
-
+    """The whole bench: the HF anchors loaded, our stack measured on every configuration, v(n)
+    measured in process, then the report (with the llama.cpp anchor when asked)."""
     from specdec.bench import report
-    from specdec.bench.hf_baselines import HFBaselines, HFSettings
-    from specdec.launcher import LocalStack, StackConfig
+    from specdec.engine.kvcache import kv_bytes_per_token
     from specdec.params import DEFAULTS
 
     t_start = time.perf_counter()
@@ -55,6 +54,38 @@ def run(args: BenchArgs) -> dict[str, Any]:
     configs = make_configs(args.ks, args.with_default_k, args.with_hf, adaptive_cap, args.overlap_ks,
                            args.overlap_adaptive)
     prompts = load_prompts(args.prompts, args.prompts_per_set, Path(args.prompts_dir))
+    hf, hf_settings, configs = _load_hf(args, prompts, configs, phases)
+    records, rss, stats_error = _measure_stack(args, hf, prompts, configs, phases)
+    verify_hf, verify, layout, c = _measure_verify_costs(args, hf, phases)
+    rss["bench (HF in-process)"] = peak_rss_bytes(os.getpid())
+    identity = identity_report(records, prompts, configs, hf)
+    settings = _settings(args, prompts, configs, hf, adaptive_cap, layout)
+    result = report.build(records, configs, prompts, settings=settings, machine=machine,
+                          hf_settings=hf_settings.record(), verify=verify, draft_step_cost=c,
+                          identity=identity, rss=rss,
+                          kv_per_token_model={"target": kv_bytes_per_token(hf.model.config, 4)},
+                          default_k=DEFAULTS["k"], stats_error=stats_error)
+    if verify is not verify_hf:
+        result["verify_cost_hf_layout"] = {k: v for k, v in verify_hf.items() if k != "kv_bytes_per_token_measured"}
+    if hasattr(os, "getloadavg"):
+        result["machine"]["load_avg_at_end"] = list(os.getloadavg())
+    if args.with_llamacpp:   # after the stack stopped: nothing else competes for the cores
+        from specdec.bench.llamacpp import llamacpp_anchor
+
+        t0 = time.perf_counter()
+        result["llamacpp"] = llamacpp_anchor(args.target_model, prompts, args.max_new_tokens, args.repeats,
+                                             args.threads)
+        phases["llamacpp_s"] = time.perf_counter() - t0
+    phases["total_s"] = time.perf_counter() - t_start
+    result["runtime_s"] = {k: round(v, 1) for k, v in phases.items()}
+    return result
+
+
+def _load_hf(args: BenchArgs, prompts: list[Prompt], configs: list[Config],
+             phases: dict[str, float]) -> tuple[Any, Any, list[Config]]:
+    """The in-process HF model (anchors, chat template, v(n)); the prompts get their ids from its
+    template. Returns (hf, its settings, the configurations HF can run)."""
+    from specdec.bench.hf_baselines import HFBaselines, HFSettings
 
     hf_settings = HFSettings(draft_kind=args.draft_kind, prompt_lookup_num_tokens=args.hf_lookup_tokens,
                              max_matching_ngram_size=args.hf_ngram_size, assistant_model=args.draft_model)
@@ -65,11 +96,21 @@ def run(args: BenchArgs) -> dict[str, Any]:
     for p in prompts:
         p.ids = hf.chat_ids(p.user)
     phases["hf_load_s"] = time.perf_counter() - t0
+    return hf, hf_settings, configs
+
+
+def _measure_stack(args: BenchArgs, hf: Any, prompts: list[Prompt], configs: list[Config],
+                   phases: dict[str, float]) -> tuple[list[RunRecord], dict[str, int], str]:
+    """Every (repeat, prompt, configuration) once, interleaved, on one local stack.
+    Returns (records, peak RSS per process, the stats error if the services' stats failed)."""
+    from tqdm import tqdm
+
+    from specdec.launcher import LocalStack, StackConfig
 
     hop_env = {"SPECDEC_HOP_DELAY_MS": str(args.hop_delay_ms)} if args.hop_delay_ms > 0 else {}
-    stack_cfg = StackConfig(target_model=args.target_model, draft_kind=args.draft_kind,
-                            draft_model=args.draft_model, threads=args.threads, dtype=args.dtype, extra_env=hop_env)
-    stack = LocalStack(stack_cfg)
+    stack = LocalStack(StackConfig(target_model=args.target_model, draft_kind=args.draft_kind,
+                                   draft_model=args.draft_model, threads=args.threads, dtype=args.dtype,
+                                   extra_env=hop_env))
     records: list[RunRecord] = []
     t0 = time.perf_counter()
     try:
@@ -99,6 +140,15 @@ def run(args: BenchArgs) -> dict[str, Any]:
             client.close()
     finally:
         stack.stop()
+    return records, rss, stats_error
+
+
+def _measure_verify_costs(args: BenchArgs, hf: Any, phases: dict[str, float]) -> tuple[dict, dict, str, float]:
+    """v(n) in process after the stack stopped: HF's layout, the services' layout, and the draft's
+    step cost c relative to the target as served. Returns (verify_hf, verify, layout, c)."""
+    from tqdm import tqdm
+
+    from specdec.params import DEFAULTS
 
     t0 = time.perf_counter()
     default_k = DEFAULTS["k"] if isinstance(DEFAULTS["k"], int) else 0
@@ -106,24 +156,29 @@ def run(args: BenchArgs) -> dict[str, Any]:
     with tqdm(total=1, desc="verify cost v(n)", disable=not args.progress, file=sys.stderr) as bar:
         verify_hf = hf.verify_costs(n_max, args.verify_context, args.verify_reps)
         verify, layout = _services_verify_costs(hf, verify_hf, n_max, args)
-        c = hf.draft_step_cost(args.verify_context, args.verify_reps)   # relative to the target as served
+        c = hf.draft_step_cost(args.verify_context, args.verify_reps)
         bar.update()
     phases["verify_cost_s"] = time.perf_counter() - t0
-    rss["bench (HF in-process)"] = peak_rss_bytes(os.getpid())
-    identity = identity_report(records, prompts, configs, hf)
+    return verify_hf, verify, layout, c
 
-    from specdec.engine.kvcache import kv_bytes_per_token
 
-    settings = {
+def _settings(args: BenchArgs, prompts: list[Prompt], configs: list[Config], hf: Any, adaptive_cap: int,
+              layout: str) -> dict[str, Any]:
+    """What the run was: prompts, lengths, configurations, threads, order and timing rules."""
+    from specdec.params import DEFAULTS
+
+    model_draft = args.draft_kind in MODEL_DRAFT_KINDS
+    return {
         "prompt_sets": args.prompts, "prompts_per_set": args.prompts_per_set,
         "prompts": {s: [p.id for p in prompts if p.set == s] for s in args.prompts},
         "prompt_tokens": {s: [len(p.ids) for p in prompts if p.set == s] for s in args.prompts},
         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "k_sweep": args.ks,
-        "server_default_k": DEFAULTS["k"], "adaptive_k_cap": adaptive_cap or None, "greedy": True, "ignore_eos": True, "quick": args.quick,
+        "server_default_k": DEFAULTS["k"], "adaptive_k_cap": adaptive_cap or None, "greedy": True,
+        "ignore_eos": True, "quick": args.quick,
         "target_model": args.target_model, "target_model_id": hf.model_id, "dtype": hf.dtype,
         "draft_kind": args.draft_kind, "draft_model": args.draft_model or None,
         "threads": {"target_service": args.threads,
-                    "draft_service": args.threads if args.draft_kind in MODEL_DRAFT_KINDS else "n/a (n-gram draft, no torch work)",
+                    "draft_service": args.threads if model_draft else "n/a (n-gram draft, no torch work)",
                     "orchestrator": "n/a (no torch work)", "hf_in_process": args.threads},
         "order": "interleaved: for each repeat, for each prompt, every configuration once (A B C .. A B C ..)",
         "timing": "wall clock at the client from sending the request to the last token (prefill included)",
@@ -131,24 +186,6 @@ def run(args: BenchArgs) -> dict[str, Any]:
         "hop_delay_ms": args.hop_delay_ms,
         "target_weight_layout": layout,
     }
-    result = report.build(records, configs, prompts, settings=settings, machine=machine,
-                          hf_settings=hf_settings.record(), verify=verify, draft_step_cost=c,
-                          identity=identity, rss=rss,
-                          kv_per_token_model={"target": kv_bytes_per_token(hf.model.config, 4)},
-                          default_k=DEFAULTS["k"], stats_error=stats_error)
-    if verify is not verify_hf:
-        result["verify_cost_hf_layout"] = {k: v for k, v in verify_hf.items() if k != "kv_bytes_per_token_measured"}
-    if hasattr(os, "getloadavg"):
-        result["machine"]["load_avg_at_end"] = list(os.getloadavg())
-    if args.with_llamacpp:   # after the stack stopped: nothing else competes for the cores
-        from specdec.bench.llamacpp import llamacpp_anchor
-
-        t0 = time.perf_counter()
-        result["llamacpp"] = llamacpp_anchor(args.target_model, prompts, args.max_new_tokens, args.repeats, args.threads)
-        phases["llamacpp_s"] = time.perf_counter() - t0
-    phases["total_s"] = time.perf_counter() - t_start
-    result["runtime_s"] = {k: round(v, 1) for k, v in phases.items()}
-    return result
 
 
 def _warm_up(client: StackClient, hf: Any, prompts: list[Prompt], configs: list[Config]) -> None:
