@@ -72,64 +72,75 @@ def build(records: list[Any], configs: list[Any], prompts: list[Any], *, setting
 
     result: dict[str, Any] = {"schema": 1, "machine": machine, "settings": settings, "hf_settings": hf_settings}
     for s in sets:
-        runs = {(n, rep): [r for r in records if r.set == s and r.config == n and r.repeat == rep]
-                for n in names for rep in repeats}
-        tps = {key: (sum(len(r.tokens) for r in rs) / sum(r.wall_s for r in rs)) if rs else None
-               for key, rs in runs.items()}
-        dtps = {key: _ratio_mean([_decode_tps(r) for r in rs]) for key, rs in runs.items()}
-        out: dict[str, Any] = {m: {} for m in (
-            "tokens_per_s", "speedup", "speedup_decode", "vs_hf", "vs_hf_target", "overhead_ms_p50",
-            "overhead_share_p50", "overhead_e2e_ms_per_round", "acceptance_rate", "mean_accepted_length",
-            "per_position_acceptance", "target_passes_per_token", "itl_ms_p50", "itl_ms_p95", "ttft_ms_p50",
-            "draft_ms_per_round", "verify_ms_per_round", "verify_cost_ratio_stack", "bound", "bound_drafted",
-            "speedup_vs_bound", "mean_k", "wire_bytes_per_round_p50", "context_tokens_p50")}
-        for n in names:
-            out["tokens_per_s"][n] = spread([tps[(n, rep)] for rep in repeats])
-            out["speedup"][n] = spread([_div(tps[(n, rep)], tps.get((K0, rep))) for rep in repeats])
-            out["speedup_decode"][n] = spread([_div(dtps[(n, rep)], dtps.get((K0, rep))) for rep in repeats])
-            out["vs_hf"][n] = spread([_div(tps[(n, rep)], tps.get((HF_ASSISTED, rep))) for rep in repeats])
-            out["vs_hf_target"][n] = spread([_div(tps[(n, rep)], tps.get((HF_TARGET, rep))) for rep in repeats])
-            out["itl_ms_p50"][n] = spread([pct(sum((_itl_samples(r.arrivals) for r in runs[(n, rep)]), []), 50)
-                                           for rep in repeats])
-            out["itl_ms_p95"][n] = spread([pct(sum((_itl_samples(r.arrivals) for r in runs[(n, rep)]), []), 95)
-                                           for rep in repeats])
-            out["ttft_ms_p50"][n] = spread([pct([r.arrivals[0][0] * 1000 for r in runs[(n, rep)] if r.arrivals], 50)
-                                            for rep in repeats])
-            if n not in ks:
-                continue
-            _stack_measures(out, n, ks[n], runs, repeats, c, v)
-            vs = out["verify_ms_per_round"].get(n)
-            v0 = out["verify_ms_per_round"].get(K0)
-            if vs and v0 and v0["p50"]:
-                out["verify_cost_ratio_stack"][n] = vs["p50"] / v0["p50"]
-            sp = out["speedup_decode"][n]
-            if sp and out["bound_drafted"].get(n):
-                out["speedup_vs_bound"][n] = sp["median"] / out["bound_drafted"][n]
-        out["overlap"] = overlap_report.section(out, names, [r for r in records if r.set == s])
+        out = _set_section([r for r in records if r.set == s], names, ks, repeats, c, v)
         out["memory"] = _set_memory(records, s, kv_per_token_model, settings.get("draft_kind", "ngram"))
         out["identity"] = identity.get(s, {})
         result[s] = out
-
-    kv_target = [result[s]["memory"].get("target_kv_bytes_per_token") for s in sets]
-    kv_draft = [result[s]["memory"].get("draft_kv_bytes_per_token") for s in sets]
-    result["memory"] = {
-        "peak_rss_bytes": {role: m["bytes"] for role, m in rss.items()},
-        "peak_rss_source": sorted({m["source"] for m in rss.values()}),
-        "kv_bytes_per_token": {
-            "target": _first(kv_target), "draft": _first(kv_draft),
-            "target_from_config": kv_per_token_model.get("target"),
-            "target_measured_tensors": verify.get("kv_bytes_per_token_measured"),
-        },
-        "kv_source": _first([result[s]["memory"].get("kv_source") for s in sets]),
-        "stats_rpc_error": stats_error or None,
-        "note": "the n-gram draft holds no KV cache; Redis bytes = MEMORY USAGE of the session's two keys",
-    }
+    result["memory"] = _memory_summary([result[s]["memory"] for s in sets], rss, verify, kv_per_token_model,
+                                       stats_error)
     result["verify_cost"] = {k: v for k, v in verify.items() if k != "kv_bytes_per_token_measured"}
     result["draft_step_cost_c"] = draft_step_cost if draft_step_cost is not None else 0.0
     result["draft_step_cost_note"] = ("c measured in-process (draft 1-token step / target 1-token step)"
                                       if draft_step_cost is not None else "n-gram draft: c = 0 (no model)")
     result["runs"] = [r.compact() for r in records]
     return result
+
+
+def _set_section(records: list[Any], names: list[str], ks: dict[str, int | None], repeats: list[int], c: float,
+                 v: Any) -> dict[str, Any]:
+    """One prompt set's figures per configuration (records: that set's runs), with its overlap section."""
+    runs = {(n, rep): [r for r in records if r.config == n and r.repeat == rep] for n in names for rep in repeats}
+    tps = {key: (sum(len(r.tokens) for r in rs) / sum(r.wall_s for r in rs)) if rs else None
+           for key, rs in runs.items()}
+    dtps = {key: _ratio_mean([_decode_tps(r) for r in rs]) for key, rs in runs.items()}
+    out: dict[str, Any] = {m: {} for m in (
+        "tokens_per_s", "speedup", "speedup_decode", "vs_hf", "vs_hf_target", "overhead_ms_p50",
+        "overhead_share_p50", "overhead_e2e_ms_per_round", "acceptance_rate", "mean_accepted_length",
+        "per_position_acceptance", "target_passes_per_token", "itl_ms_p50", "itl_ms_p95", "ttft_ms_p50",
+        "draft_ms_per_round", "verify_ms_per_round", "verify_cost_ratio_stack", "bound", "bound_drafted",
+        "speedup_vs_bound", "mean_k", "wire_bytes_per_round_p50", "context_tokens_p50")}
+    for n in names:
+        out["tokens_per_s"][n] = spread([tps[(n, rep)] for rep in repeats])
+        out["speedup"][n] = spread([_div(tps[(n, rep)], tps.get((K0, rep))) for rep in repeats])
+        out["speedup_decode"][n] = spread([_div(dtps[(n, rep)], dtps.get((K0, rep))) for rep in repeats])
+        out["vs_hf"][n] = spread([_div(tps[(n, rep)], tps.get((HF_ASSISTED, rep))) for rep in repeats])
+        out["vs_hf_target"][n] = spread([_div(tps[(n, rep)], tps.get((HF_TARGET, rep))) for rep in repeats])
+        out["itl_ms_p50"][n] = spread([pct(sum((_itl_samples(r.arrivals) for r in runs[(n, rep)]), []), 50)
+                                       for rep in repeats])
+        out["itl_ms_p95"][n] = spread([pct(sum((_itl_samples(r.arrivals) for r in runs[(n, rep)]), []), 95)
+                                       for rep in repeats])
+        out["ttft_ms_p50"][n] = spread([pct([r.arrivals[0][0] * 1000 for r in runs[(n, rep)] if r.arrivals], 50)
+                                        for rep in repeats])
+        if n not in ks:
+            continue
+        _stack_measures(out, n, ks[n], runs, repeats, c, v)
+        vs = out["verify_ms_per_round"].get(n)
+        v0 = out["verify_ms_per_round"].get(K0)
+        if vs and v0 and v0["p50"]:
+            out["verify_cost_ratio_stack"][n] = vs["p50"] / v0["p50"]
+        sp = out["speedup_decode"][n]
+        if sp and out["bound_drafted"].get(n):
+            out["speedup_vs_bound"][n] = sp["median"] / out["bound_drafted"][n]
+    out["overlap"] = overlap_report.section(out, names, records)
+    return out
+
+
+def _memory_summary(set_memory: list[dict], rss: dict, verify: dict, kv_per_token_model: dict,
+                    stats_error: str) -> dict[str, Any]:
+    """The run's memory figures: peak RSS per process, KV bytes per token (the first set that has them)."""
+    return {
+        "peak_rss_bytes": {role: m["bytes"] for role, m in rss.items()},
+        "peak_rss_source": sorted({m["source"] for m in rss.values()}),
+        "kv_bytes_per_token": {
+            "target": _first([m.get("target_kv_bytes_per_token") for m in set_memory]),
+            "draft": _first([m.get("draft_kv_bytes_per_token") for m in set_memory]),
+            "target_from_config": kv_per_token_model.get("target"),
+            "target_measured_tensors": verify.get("kv_bytes_per_token_measured"),
+        },
+        "kv_source": _first([m.get("kv_source") for m in set_memory]),
+        "stats_rpc_error": stats_error or None,
+        "note": "the n-gram draft holds no KV cache; Redis bytes = MEMORY USAGE of the session's two keys",
+    }
 
 
 def _stack_measures(out: dict, n: str, k: int | None, runs: dict, repeats: list[int], c: float, v: Any) -> None:
