@@ -13,6 +13,7 @@ only translates (http_gateway/openai_schema.py) and forwards.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -27,6 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 
+from http_gateway import choices
 from http_gateway import openai_schema as schema
 
 log = logging.getLogger("specdec.http")
@@ -50,6 +52,7 @@ class GatewayConfig:
     request_timeout_s: float = 600.0         # gRPC deadline of one generation
     max_message_bytes: int = 4 * 1024 * 1024
     max_body_bytes: int = 4 * 1024 * 1024
+    max_n: int = 16                          # OpenAI `n`: choices per request, each one generation
 
 
 @dataclass
@@ -177,6 +180,8 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     metadata = gw.metadata(request)
     parsed = schema.parse_request(await _body(request), chat=chat,
                                   session_header=request.headers.get(schema.SESSION_HEADER))
+    if parsed.n > gw.cfg.max_n:
+        raise schema.bad_request(f"'n' must be at most {gw.cfg.max_n} on this server, got {parsed.n}", "n")
     if parsed.user:
         log.info("request from user %r", parsed.user)
     model = await gw.check_model(parsed.model, metadata)
@@ -189,51 +194,137 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
                 req.messages.messages.add(role=m["role"], content=m["content"])
     if parsed.stream:
         return await _stream(request, gw, parsed, model, metadata)
-    resp = await gw.stub.Generate(req, timeout=gw.cfg.request_timeout_s, metadata=metadata)
-    return _json(schema.response_body(parsed, resp, model), headers={schema.SESSION_HEADER: resp.session_id})
+    calls = [gw.stub.Generate(r, timeout=gw.cfg.request_timeout_s, metadata=metadata)
+             for r in choices.choice_requests(req, parsed.n)]
+    resps = await _all_choices(calls, calls)
+    body = choices.merged_body([schema.response_body(parsed, resp, model) for resp in resps])
+    return _json(body, headers={schema.SESSION_HEADER: resps[0].session_id} if parsed.n == 1 else None)
+
+
+async def _all_choices(awaitables: list[Any], calls: list[Any]) -> list[Any]:
+    """The results of the choices' awaitables, run concurrently. The first failure (in choice order) is
+    raised itself, so a refused admission stays a 429, and every call is cancelled: no choice runs on
+    for an answer that will not be sent."""
+    if len(awaitables) == 1:
+        try:
+            return [await awaitables[0]]
+        except BaseException:
+            calls[0].cancel()
+            raise
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    for task in tasks:
+        task.add_done_callback(_retrieved)
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()
+        return [task.result() for task in tasks]
+    except BaseException:
+        for call, task in zip(calls, tasks):
+            call.cancel()
+            task.cancel()
+        raise
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    """Marks a cancelled sibling's error as seen (asyncio would log it as never retrieved)."""
+    if not task.cancelled():
+        task.exception()
+
+
+async def _first_chunk(it: Any) -> pb.GenerateChunk:
+    """A stream's first message (awaited before the 200 is sent, so start errors keep their status)."""
+    try:
+        return await it.__anext__()
+    except StopAsyncIteration:
+        raise schema.ApiError(502, "the orchestrator closed the stream without a result", "server_error") from None
+
+
+async def _merged(iters: list[Any], firsts: list[pb.GenerateChunk]) -> Any:
+    """(choice index, chunk) from every stream in arrival order; a stream's error is raised here."""
+    if len(iters) == 1:
+        chunk = firsts[0]
+        while True:
+            yield 0, chunk
+            try:
+                chunk = await iters[0].__anext__()
+            except StopAsyncIteration:
+                return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int) -> None:
+        queue.put_nowait((i, firsts[i]))
+        try:
+            async for chunk in _rest(iters[i]):
+                queue.put_nowait((i, chunk))
+            queue.put_nowait((i, None))
+        except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it (else it would wait forever)
+            queue.put_nowait((i, exc))
+
+    pumps = [asyncio.ensure_future(pump(i)) for i in range(len(iters))]
+    try:
+        running = len(iters)
+        while running:
+            i, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:
+                running -= 1
+            else:
+                yield i, item
+    finally:
+        for p in pumps:
+            p.cancel()
+
+
+async def _rest(it: Any) -> Any:
+    while True:
+        try:
+            yield await it.__anext__()
+        except StopAsyncIteration:
+            return
 
 
 async def _stream(request: web.Request, gw: Gateway, parsed: schema.Parsed, model: str,
                   metadata: tuple[tuple[str, str], ...]) -> web.StreamResponse:
-    """Server-Sent Events. The first gRPC message is awaited before the 200 is sent, so errors the
-    orchestrator raises at the start (validation, unknown session, overload) keep their HTTP status."""
-    call = gw.stub.GenerateStream(parsed.request, timeout=gw.cfg.request_timeout_s, metadata=metadata)
-    it = call.__aiter__()
-    try:
-        first = await it.__anext__()
-    except StopAsyncIteration:
-        raise schema.ApiError(502, "the orchestrator closed the stream without a result", "server_error") from None
-    except BaseException:
-        call.cancel()
-        raise
+    """Server-Sent Events, the choices' chunks interleaved as they come. Each stream's first gRPC message
+    is awaited before the 200 is sent, so errors the orchestrator raises at the start (validation, unknown
+    session, overload) keep their HTTP status."""
+    calls = [gw.stub.GenerateStream(r, timeout=gw.cfg.request_timeout_s, metadata=metadata)
+             for r in choices.choice_requests(parsed.request, parsed.n)]
+    iters = [call.__aiter__() for call in calls]
+    firsts = await _all_choices([_first_chunk(it) for it in iters], calls)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
-    writer = schema.ChunkWriter(parsed, model)
-    chunk: pb.GenerateChunk | None = first
+    if parsed.n == 1 and firsts[0].session_id:
+        response.headers[schema.SESSION_HEADER] = firsts[0].session_id
+    stream_id = ("chatcmpl-" if parsed.chat else "cmpl-") + (firsts[0].request_id or parsed.request.request_id)
+    writers = [schema.ChunkWriter(parsed, model, id=stream_id, index=i, usage_chunk=parsed.n == 1)
+               for i in range(parsed.n)]
+    usages: dict[int, dict[str, Any]] = {}
     try:
-        while chunk is not None:
-            if not response.prepared:
-                if chunk.session_id:
-                    response.headers[schema.SESSION_HEADER] = chunk.session_id
-                await response.prepare(request)
-            for body in writer.chunks(chunk):
-                await response.write(_sse(body))
-            try:
-                chunk = await it.__anext__()
-            except StopAsyncIteration:
-                chunk = None
+        await response.prepare(request)
+        async with contextlib.aclosing(_merged(iters, firsts)) as merged:
+            async for i, chunk in merged:
+                for body in writers[i].chunks(chunk):
+                    await response.write(_sse(body))
+                if chunk.HasField("finish_reason"):
+                    usages[i] = schema.usage(chunk.usage)
+        if parsed.n > 1 and parsed.include_usage:
+            await response.write(_sse(writers[0].usage_body([usages[i] for i in sorted(usages)])))
         await response.write(_sse("[DONE]"))
     except grpc.aio.AioRpcError as exc:  # mid-stream: the status is sent already; an error event ends it
         log.warning("stream failed: %s: %s", exc.code().name, exc.details())
-        if not response.prepared:
-            await response.prepare(request)
         await response.write(_sse(schema.from_grpc(exc.code(), exc.details()).body()))
-    except (ConnectionResetError, asyncio.CancelledError):  # the client went away: stop the generation
-        call.cancel()
+    except (ConnectionResetError, asyncio.CancelledError):  # the client went away: stop the generations
+        for call in calls:
+            call.cancel()
         raise
     finally:
-        if not call.done():
-            call.cancel()
+        for call in calls:
+            if not call.done():
+                call.cancel()
     await response.write_eof()
     return response
 

@@ -4,7 +4,8 @@ Environment (flags override): SPECDEC_ORCHESTRATOR (orchestrator address),
 SPECDEC_HTTP_HOST, SPECDEC_HTTP_PORT, SPECDEC_AUTH_TOKENS or SPECDEC_AUTH_TOKENS_FILE (comma-separated bearer
 tokens; empty = no auth at the gateway, the token is still forwarded),
 SPECDEC_ORCHESTRATOR_TLS=1 and SPECDEC_TLS_CA (TLS to the orchestrator),
-SPECDEC_HTTP_REQUEST_TIMEOUT (seconds, the gRPC deadline of one generation).
+SPECDEC_HTTP_REQUEST_TIMEOUT (seconds, the gRPC deadline of one generation),
+SPECDEC_HTTP_MAX_N (the largest OpenAI `n`, choices per request; default 16).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def config_from_env() -> GatewayConfig:
         tls=env_bool("SPECDEC_ORCHESTRATOR_TLS"),
         tls_ca=env_str("SPECDEC_TLS_CA"),
         request_timeout_s=env_float("SPECDEC_HTTP_REQUEST_TIMEOUT", 600.0),
+        max_n=env_int("SPECDEC_HTTP_MAX_N", GatewayConfig.max_n),
     )
 
 

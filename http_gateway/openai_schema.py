@@ -25,7 +25,7 @@ from specdec.errors import IDEMPOTENCY_KEY_REUSED, REQUEST_IN_PROGRESS
 from specdec.proto_json import message_to_dict
 from specdec.v1 import orchestrator_pb2 as pb
 
-from http_gateway import validation
+from http_gateway import choices, validation
 from http_gateway.validation import BadField, assign, typed
 
 MODEL_ALIAS = "specdec"
@@ -110,6 +110,7 @@ class Parsed:
     session_id: str | None = None        # the session the request continues (header or extension)
     all_messages: list[dict[str, str]] = field(default_factory=list)
     user: str | None = None
+    n: int = 1                           # choices (http_gateway/choices.py)
 
 
 # -- messages, prompt, stop ------------------------------------------------------------------------
@@ -200,8 +201,8 @@ def _parse(body: dict[str, Any], chat: bool, session_header: str | None) -> Pars
     if model is not None and not isinstance(model, str):
         raise bad_request("'model' must be a string", "model")
     n = typed(body, "n", int)
-    if n is not None and n != 1:
-        raise bad_request("only n=1 is supported", "n")
+    if n is not None and n < 1:
+        raise bad_request(f"'n' must be >= 1, got {n}", "n")
     if typed(body, "best_of", int) not in (None, 1):
         raise bad_request("only best_of=1 is supported", "best_of")
     if body.get("echo"):
@@ -248,7 +249,13 @@ def _parse(body: dict[str, Any], chat: bool, session_header: str | None) -> Pars
     opts = body.get("stream_options") or {}
     include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
     user = body.get("user") if isinstance(body.get("user"), str) else None
-    return Parsed(req, chat, stream, model or MODEL_ALIAS, include_usage, logprobs, session_id, all_messages, user)
+    n = n or 1
+    if n > 1 and (session_id or req.HasField("resume_offset")):
+        what = "a session continues one conversation" if session_id else "a resumed request continues one choice"
+        raise bad_request(f"n > 1 cannot be combined with {'a session' if session_id else 'resume_offset'}: "
+                          f"{what}; send n = 1", "n")
+    return Parsed(req, chat, stream, model or MODEL_ALIAS, include_usage, logprobs, session_id, all_messages, user,
+                  n)
 
 
 def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
@@ -299,7 +306,8 @@ def model_matches(requested: str, served: str) -> bool:
 # -- responses -------------------------------------------------------------------------------------
 
 
-def _usage(u: pb.Usage) -> dict[str, Any]:
+def usage(u: pb.Usage) -> dict[str, Any]:
+    """The OpenAI usage object of one generation."""
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.total_tokens, "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens}}
 
@@ -356,7 +364,7 @@ def response_body(parsed: Parsed, resp: pb.GenerateResponse, model: str) -> dict
                   "finish_reason": finish}
         obj, prefix = "text_completion", "cmpl-"
     return {"id": prefix + resp.request_id, "object": obj, "created": int(time.time()), "model": model,
-            "choices": [choice], "usage": _usage(resp.usage),
+            "choices": [choice], "usage": usage(resp.usage),
             "specdec": extension(resp.session_id, resp.request_id, resp.finish_reason,
                                  token_ids=list(resp.token_ids), stats=resp.stats, trace=list(resp.trace))}
 
@@ -369,6 +377,8 @@ class ChunkWriter:
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = ""
+    index: int = 0                  # the choice this writer's chunks belong to
+    usage_chunk: bool = True        # False: with include_usage the caller sends one usage chunk for all choices
     _sent_role: bool = False
 
     def _base(self) -> dict[str, Any]:
@@ -383,10 +393,14 @@ class ChunkWriter:
                 self._sent_role = True
             if text is not None:
                 delta["content"] = text
-            return {"index": 0, "delta": delta, "logprobs": chat_logprobs(lps) if lps is not None else None,
-                    "finish_reason": finish}
-        return {"index": 0, "text": text or "", "logprobs": completion_logprobs(lps) if lps is not None else None,
-                "finish_reason": finish}
+            return {"index": self.index, "delta": delta,
+                    "logprobs": chat_logprobs(lps) if lps is not None else None, "finish_reason": finish}
+        return {"index": self.index, "text": text or "",
+                "logprobs": completion_logprobs(lps) if lps is not None else None, "finish_reason": finish}
+
+    def usage_body(self, usages: list[dict[str, Any]]) -> dict[str, Any]:
+        """The usage-only chunk (include_usage) for the usage of every choice."""
+        return {**self._base(), "choices": [], "usage": choices.merged_usage(usages)}
 
     def chunks(self, chunk: pb.GenerateChunk) -> list[dict[str, Any]]:
         """The OpenAI chunks for one GenerateChunk (the final one may give a usage-only chunk too)."""
@@ -410,8 +424,10 @@ class ChunkWriter:
                                         stats=chunk.stats)
             if self.parsed.include_usage:
                 out.append(body)
-                body = {**self._base(), "choices": [], "usage": _usage(chunk.usage)}
+                if not self.usage_chunk:
+                    return out
+                body = self.usage_body([usage(chunk.usage)])
             else:
-                body["usage"] = _usage(chunk.usage)
+                body["usage"] = usage(chunk.usage)
             out.append(body)
         return out

@@ -37,6 +37,8 @@ PROMPT = "The quick brown fox"
 RPC_TIMEOUT_S = 60.0
 LONG_MAX_TOKENS = 1500       # the request that holds the only admission slot while the next one is refused
 READY_TIMEOUT_S = 120.0
+LOGPROB_ATOL = 1e-4
+MAX_N = 16                   # GatewayConfig.max_n (SPECDEC_HTTP_MAX_N unset)
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +182,38 @@ def test_extension_trace_and_stats(client):
     assert ext["finish_reason"] in ("eos", "length") and ext["session_id"] and ext["request_id"]
 
 
+def test_n_choices_are_the_single_requests_with_seeds_seed_plus_i(client):
+    """OpenAI's n: choice i is the n = 1 request with seed + i; the prompt is counted once in usage."""
+    kw = dict(model="specdec", prompt=PROMPT, max_tokens=10, temperature=1.0, seed=11, logprobs=1)
+    many = client.completions.create(n=3, **kw)
+    singles = [client.completions.create(**{**kw, "seed": 11 + i}) for i in range(3)]
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    assert [c.text for c in many.choices] == [s.choices[0].text for s in singles]
+    assert [c["token_ids"] for c in many.model_extra["specdec"]["choices"]] == \
+        [s.model_extra["specdec"]["token_ids"] for s in singles]
+    for c, s in zip(many.choices, singles):   # choices run together share batched passes: float noise only
+        assert c.logprobs.token_logprobs == pytest.approx(s.choices[0].logprobs.token_logprobs, abs=LOGPROB_ATOL)
+    assert len({s.choices[0].text for s in singles}) > 1   # the seeds differ, so do the samples
+    assert many.usage.prompt_tokens == singles[0].usage.prompt_tokens
+    assert many.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+
+
+def test_n_choices_streamed_equal_the_whole_answer(client):
+    kw = dict(model="specdec", messages=CHAT, max_tokens=10, temperature=1.0, seed=3, n=2)
+    whole = client.chat.completions.create(**kw)
+    text, finish, usage = {0: "", 1: ""}, {}, None
+    for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finish[c.index] = c.finish_reason
+    assert text == {c.index: c.message.content for c in whole.choices}
+    assert finish == {c.index: c.finish_reason for c in whole.choices}
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+
+
 def test_stop_string(client):
     full = client.completions.create(model="specdec", prompt=PROMPT, max_tokens=MAX_TOKENS).choices[0].text
     stop = full[len(full) // 2: len(full) // 2 + 3]
@@ -225,9 +259,10 @@ def test_session_continuation(hs, client, stub):
 
 
 def test_400_validation(client):
-    with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model="specdec", prompt=PROMPT, n=2)
-    assert e.value.status_code == 400 and e.value.body["param"] == "n"
+    for n in (0, MAX_N + 1):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="specdec", prompt=PROMPT, n=n)
+        assert e.value.status_code == 400 and e.value.body["param"] == "n"
     with pytest.raises(openai.BadRequestError):  # orchestrator: INVALID_ARGUMENT
         client.completions.create(model="specdec", prompt=PROMPT, extra_body={"specdec": {"k": 99}})
     with pytest.raises(openai.BadRequestError):
@@ -289,6 +324,17 @@ def _spare_orchestrator(hs, max_concurrent: int) -> tuple[subprocess.Popen, str]
     return proc, address
 
 
+def _wait_for_a_free_slot(c: openai.OpenAI, wait_s: float = 30.0) -> None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            c.completions.create(model="specdec", prompt=PROMPT, max_tokens=2)
+            return
+        except openai.RateLimitError:
+            assert time.monotonic() < deadline, "the admission slot was never released"
+            time.sleep(0.2)
+
+
 def test_429_overload_then_503_orchestrator_stopped(hs):
     proc, address = _spare_orchestrator(hs, max_concurrent=1)
     gw = GatewayProcess(address, log_dir=str(hs.stack.log_dir)).start()
@@ -305,15 +351,13 @@ def test_429_overload_then_503_orchestrator_stopped(hs):
         with pytest.raises(openai.RateLimitError):
             c.chat.completions.create(model="specdec", messages=CHAT, max_tokens=2, stream=True)
         holder.close()
-        # the slot frees once the orchestrator sees the cancel
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                c.completions.create(model="specdec", prompt=PROMPT, max_tokens=2)
-                break
-            except openai.RateLimitError:
-                assert time.monotonic() < deadline, "the admission slot was never released"
-                time.sleep(0.2)
+        _wait_for_a_free_slot(c)   # the slot frees once the orchestrator sees the cancel
+        # n = 2 with one slot: the whole request is refused (not one choice of two), its admitted choice cancelled
+        for stream in (False, True):
+            with pytest.raises(openai.RateLimitError):
+                c.completions.create(model="specdec", prompt=PROMPT, max_tokens=LONG_MAX_TOKENS, n=2, stream=stream,
+                                     extra_body={"specdec": {"ignore_eos": True}})
+            _wait_for_a_free_slot(c)
         # Orchestrator stopped: UNAVAILABLE -> 503 (InternalServerError is openai's class for 5xx).
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
