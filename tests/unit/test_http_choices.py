@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import grpc
 import pytest
 
-from http_gateway import choices
+from http_gateway import app, choices
 from http_gateway import openai_schema as schema
 from specdec.v1 import orchestrator_pb2 as pb
 
@@ -83,3 +86,63 @@ def test_stream_chunks_carry_their_choice_and_leave_the_usage_chunk_to_the_calle
     alone = schema.ChunkWriter(schema.parse_request({"messages": [{"role": "user", "content": "hi"}], "stream": True,
                                                      "stream_options": {"include_usage": True}}, chat=True), "m")
     assert alone.chunks(final)[-1]["choices"] == []    # n = 1: the writer sends the usage chunk itself
+
+
+class _FakeCall:
+    """A stand-in for a grpc.aio call: an awaitable / async iterator that records cancel()."""
+
+    def __init__(self, chunks: list, error: BaseException | None = None, delay_s: float = 0.0) -> None:
+        self.chunks, self.error, self.delay_s, self.cancelled = list(chunks), error, delay_s, False
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        await asyncio.sleep(self.delay_s)
+        if self.chunks:
+            return self.chunks.pop(0)
+        if self.error is not None:
+            raise self.error
+        raise StopAsyncIteration
+
+    def __await__(self):
+        return self.__anext__().__await__()
+
+
+def _rpc_error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), "refused")
+
+
+def test_a_failed_choice_is_raised_itself_and_every_call_is_cancelled():
+    calls = [_FakeCall(["a"], delay_s=0.5), _FakeCall([], _rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED))]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        asyncio.run(app._all_choices(calls, calls))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert all(c.cancelled for c in calls)
+    ok = [_FakeCall(["a"]), _FakeCall(["b"])]
+    assert asyncio.run(app._all_choices(ok, ok)) == ["a", "b"] and not any(c.cancelled for c in ok)
+
+
+def test_merged_streams_give_every_chunk_with_its_choice_and_raise_a_mid_stream_error():
+    async def collect(calls):
+        firsts = [await c.__anext__() for c in calls]
+        got = []
+        try:
+            async for item in app._merged(calls, firsts):
+                got.append(item)
+        except grpc.aio.AioRpcError as exc:
+            got.append(exc.code())
+        return got
+
+    got = asyncio.run(collect([_FakeCall(["a0", "a1", "a2"]), _FakeCall(["b0", "b1"])]))
+    assert sorted(got) == [(0, "a0"), (0, "a1"), (0, "a2"), (1, "b0"), (1, "b1")]
+    assert [c for i, c in got if i == 0] == ["a0", "a1", "a2"]            # each choice in its own order
+    failing = asyncio.run(collect([_FakeCall(["a0", "a1"], delay_s=0.05),
+                                   _FakeCall(["b0"], _rpc_error(grpc.StatusCode.UNAVAILABLE))]))
+    assert failing[-1] == grpc.StatusCode.UNAVAILABLE and (1, "b0") in failing
+    alone = asyncio.run(collect([_FakeCall(["x0", "x1"])]))
+    assert alone == [(0, "x0"), (0, "x1")]
