@@ -266,7 +266,15 @@ def choose_k_drafted(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int
     """The k in [0, k_cap] for a round whose block was drafted ahead (orchestrator/overlap.py) and is
     usable: the draft's guess of the previous token was right, so the block costs no draft time and its
     position j is the tracker's position j + 1 (accepted given the position before it was)."""
-    rates = acceptance.rates()
+    return k_for_free_block(costs, acceptance.rates(), k_cap, proposer)
+
+
+def k_for_free_block(costs: CostModel, rates: list[float], k_cap: int, proposer: str = ANY_DRAFT) -> int:
+    """choose_k_drafted from the tracker's rates (AcceptanceTracker.rates): the most tokens per ms of a
+    round that verifies k free drafted tokens. 0 where even a free block does not pay for its longer
+    verify (a target whose passes cost much more per row than the acceptance gives back)."""
+    if k_cap <= 0 or not rates:
+        return 0
     shifted = rates[1:] + rates[-1:] * (k_cap + 1)
     base = costs.round_ms(0, proposer) - costs.pass_ms(1)            # a round's overhead without a draft hop
 

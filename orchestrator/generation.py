@@ -340,11 +340,11 @@ class Generation:
 
     def _ahead_k(self, state: State, k: int, proposer: str) -> int:
         """Overlap (docs/overlap.md): tokens to draft ahead while this round verifies (overlap.plan_ahead)."""
-        if not self.overlap or proposer != MODEL or (k == 0 and not self.params.adaptive_k):
+        p, deps = self.params, self.deps
+        if not self.overlap or proposer != MODEL or (k == 0 and not p.adaptive_k):
             return 0
-        cap = min(self.params.k, self.params.max_new_tokens - len(state.completion) - k - 2,
-                  self.deps.max_context - len(state.ids) - k - 2)
-        return plan_ahead(cap, k, self.deps.costs, self.deps.cfg.overlap, self._tracker(proposer).rates())
+        cap = min(p.k, p.max_new_tokens - len(state.completion) - k - 2, deps.max_context - len(state.ids) - k - 2)
+        return plan_ahead(cap, k, deps.costs, deps.cfg.overlap, self._tracker(proposer).rates(), p.adaptive_k)
 
     def _advance(self, state: State, outcome: RoundOutcome) -> list[int]:
         """Step 3: cut the round's tokens (EOS, max_new_tokens, the context end, max_rounds) and grow the

@@ -31,7 +31,7 @@ from specdec.errors import SpecDecError
 from specdec.params import MODEL
 from specdec.v1 import draft_pb2
 
-from orchestrator.adaptive import NO_DRAFT, CostModel
+from orchestrator.adaptive import NO_DRAFT, CostModel, k_for_free_block
 
 log = logging.getLogger("specdec.orchestrator")
 MS_PER_S = 1000.0
@@ -84,10 +84,15 @@ def worth_overlapping(hit: float, k_ahead: int, costs: AheadCosts) -> bool:
     return hit * saved_ms > costs.miss_cost_ms + wait_ms
 
 
-def plan_ahead(cap: int, k: int, costs: CostModel, cfg: OverlapConfig, rates: Sequence[float]) -> int:
-    """Tokens to draft ahead behind a k-token round: `cap` (the next round's k cap), or 0 under load (the
-    target's passes carry other sessions) or when not worth it, the pre-draft's cost to the verify beside
-    it being measured (CostModel.overlap_extra_ms) with OverlapConfig.miss_cost_ms as its floor."""
+def plan_ahead(cap: int, k: int, costs: CostModel, cfg: OverlapConfig, rates: Sequence[float],
+               adaptive: bool = False) -> int:
+    """Tokens to draft ahead behind a k-token round: `cap` (the next round's k cap; with adaptive k, only as
+    many as a round would verify from a free block, adaptive.k_for_free_block: the rest would never be
+    used), or 0 under load (the target's passes carry other sessions) or when not worth it, the pre-draft's
+    cost to the verify beside it being measured (CostModel.overlap_extra_ms) with OverlapConfig.miss_cost_ms
+    as its floor."""
+    if adaptive:
+        cap = k_for_free_block(costs, list(rates), cap, MODEL)
     if cap <= 0 or costs.batch > cfg.max_target_batch:
         return 0
     hop = max(0.0, costs.overhead_ms.get(MODEL, 0.0) - costs.overhead_ms.get(NO_DRAFT, 0.0))

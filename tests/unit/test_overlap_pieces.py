@@ -161,3 +161,24 @@ def test_a_block_base_compares_the_block_and_a_few_prefix_tokens_not_the_whole_c
     assert not base.continued_by_one(long_context + [7, 8])             # one short
     assert not base.continued_by_one(long_context[:-1] + [0, 7, 8, 1])  # the guard: round r's last token differs
     assert BlockBase.of([], [3]).continued_by_one([3, 4])               # an empty prefix
+
+
+def test_adaptive_k_drafts_ahead_only_what_a_round_would_verify_from_a_free_block():
+    """A block drafted ahead pays only if a round verifies it; where a target pass costs much more per row
+    (this box at 1 thread: v(2) = 1.7 v(1)) a free block at these rates is not worth its verify, so adaptive
+    k does not draft ahead at all; fixed k still does (its next round verifies k tokens anyway)."""
+    from orchestrator.adaptive import AcceptanceTracker, CostModel
+    from orchestrator.overlap import plan_ahead
+    from specdec.config import OverlapConfig
+
+    tracker = AcceptanceTracker(k_max=4)
+    for _ in range(40):                 # rates ~ [0.46, 0.51, 0.23, 0.23]
+        for accepted in (0, 0, 0, 1, 2):
+            tracker.observe(4, accepted)
+    draft = {"draft_step_ms": {"model": 2.75}, "overhead_ms": {"": 2.0, "model": 5.0}}
+    flat = CostModel(verify_ms={1: 26.0, 5: 33.0}, **draft)
+    steep = CostModel(verify_ms={1: 56.0, 2: 96.0, 5: 124.0}, **draft)
+    rates, cfg = tracker.rates(), OverlapConfig()
+    assert plan_ahead(4, 0, flat, cfg, rates, adaptive=True) == 2    # not 4: tokens 3 and 4 would go unused
+    assert plan_ahead(4, 0, steep, cfg, rates, adaptive=True) == 0
+    assert plan_ahead(4, 0, steep, cfg, rates, adaptive=False) == 4
