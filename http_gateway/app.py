@@ -205,12 +205,6 @@ async def _all_choices(awaitables: list[Any], calls: list[Any]) -> list[Any]:
     """The results of the choices' awaitables, run concurrently. The first failure (in choice order) is
     raised itself, so a refused admission stays a 429, and every call is cancelled: no choice runs on
     for an answer that will not be sent."""
-    if len(awaitables) == 1:
-        try:
-            return [await awaitables[0]]
-        except BaseException:
-            calls[0].cancel()
-            raise
     tasks = [asyncio.ensure_future(a) for a in awaitables]
     for task in tasks:
         task.add_done_callback(_retrieved)
@@ -243,14 +237,11 @@ async def _first_chunk(it: Any) -> pb.GenerateChunk:
 
 async def _merged(iters: list[Any], firsts: list[pb.GenerateChunk]) -> Any:
     """(choice index, chunk) from every stream in arrival order; a stream's error is raised here."""
-    if len(iters) == 1:
-        chunk = firsts[0]
-        while True:
+    if len(iters) == 1:   # one stream: no tasks, no queue
+        yield 0, firsts[0]
+        async for chunk in _rest(iters[0]):
             yield 0, chunk
-            try:
-                chunk = await iters[0].__anext__()
-            except StopAsyncIteration:
-                return
+        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int) -> None:
@@ -279,6 +270,7 @@ async def _merged(iters: list[Any], firsts: list[pb.GenerateChunk]) -> Any:
 
 
 async def _rest(it: Any) -> Any:
+    """The rest of a stream whose first message was taken (an async iterator over the call's messages)."""
     while True:
         try:
             yield await it.__anext__()
@@ -299,7 +291,7 @@ async def _stream(request: web.Request, gw: Gateway, parsed: schema.Parsed, mode
                                            "X-Accel-Buffering": "no"})
     if parsed.n == 1 and firsts[0].session_id:
         response.headers[schema.SESSION_HEADER] = firsts[0].session_id
-    stream_id = ("chatcmpl-" if parsed.chat else "cmpl-") + (firsts[0].request_id or parsed.request.request_id)
+    stream_id = schema.stream_id(parsed, firsts[0].request_id)
     writers = [schema.ChunkWriter(parsed, model, id=stream_id, index=i, usage_chunk=parsed.n == 1)
                for i in range(parsed.n)]
     usages: dict[int, dict[str, Any]] = {}

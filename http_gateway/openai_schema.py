@@ -250,10 +250,12 @@ def _parse(body: dict[str, Any], chat: bool, session_header: str | None) -> Pars
     include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
     user = body.get("user") if isinstance(body.get("user"), str) else None
     n = n or 1
-    if n > 1 and (session_id or req.HasField("resume_offset")):
-        what = "a session continues one conversation" if session_id else "a resumed request continues one choice"
-        raise bad_request(f"n > 1 cannot be combined with {'a session' if session_id else 'resume_offset'}: "
-                          f"{what}; send n = 1", "n")
+    if n > 1 and session_id:
+        raise bad_request("n > 1 cannot be combined with a session: a session continues one conversation; "
+                          "send n = 1", "n")
+    if n > 1 and req.HasField("resume_offset"):
+        raise bad_request("n > 1 cannot be combined with resume_offset: a resumed request continues one choice; "
+                          "send n = 1", "n")
     return Parsed(req, chat, stream, model or MODEL_ALIAS, include_usage, logprobs, session_id, all_messages, user,
                   n)
 
@@ -369,6 +371,12 @@ def response_body(parsed: Parsed, resp: pb.GenerateResponse, model: str) -> dict
                                  token_ids=list(resp.token_ids), stats=resp.stats, trace=list(resp.trace))}
 
 
+def stream_id(parsed: Parsed, request_id: str) -> str:
+    """The id every chunk of a stream carries: the request id of its first message (or of the request)."""
+    prefix = "chatcmpl-" if parsed.chat else "cmpl-"
+    return prefix + (request_id or parsed.request.request_id or "stream")
+
+
 @dataclass
 class ChunkWriter:
     """Turns GenerateChunks into OpenAI stream chunks (one id and creation time per stream)."""
@@ -405,8 +413,7 @@ class ChunkWriter:
     def chunks(self, chunk: pb.GenerateChunk) -> list[dict[str, Any]]:
         """The OpenAI chunks for one GenerateChunk (the final one may give a usage-only chunk too)."""
         if not self.id:
-            prefix = "chatcmpl-" if self.parsed.chat else "cmpl-"
-            self.id = prefix + (chunk.request_id or self.parsed.request.request_id or "stream")
+            self.id = stream_id(self.parsed, chunk.request_id)
         out = []
         lps = list(chunk.logprobs) if self.parsed.logprobs is not None else None
         final = chunk.HasField("finish_reason")
