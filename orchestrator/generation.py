@@ -58,7 +58,7 @@ from specdec.v1 import orchestrator_pb2 as pb
 
 from orchestrator.adaptive import (AcceptanceTracker, CostModel, DraftDemand, best_k, choose_k, choose_k_drafted,
                                    latency_cap)
-from orchestrator.detokenize import IncrementalDetokenizer
+from orchestrator.completion_text import CompletionText
 from orchestrator.features import HiddenRelay
 from orchestrator.idempotency import RunningRequests, check_id, check_reuse, request_fingerprint
 from orchestrator.lease import SessionLease, store_errors
@@ -68,7 +68,7 @@ from orchestrator.overlap import PreDraft, discard, plan_ahead, ready_block
 from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner, cancel_round
 from orchestrator.session_store import Session, SessionBusy, SessionStore
 from orchestrator.stats import StatsCollector, count_emitted
-from orchestrator.stops import StopMatcher, cut_at_limits, tokens_before_stop
+from orchestrator.stops import cut_at_limits, tokens_before_stop
 
 FINISH_NAMES = {pb.FINISH_REASON_EOS: "eos", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_STOP: "stop",
                 pb.FINISH_REASON_CONTEXT: "context", pb.FINISH_REASON_CANCELLED: "cancelled"}
@@ -138,15 +138,15 @@ class Generation:
         """The generation as a stream of chunks; the last one carries finish reason, usage, stats."""
         with store_errors():
             state = self.state = await self._begin()
-            detok, stops = self._text_pipeline(state)
-            catch_up = self._catch_up(state, detok, stops)
+            text = self._text_pipeline(state)
+            catch_up = self._catch_up(state, text)
             if catch_up is not None:
                 yield catch_up
             if state.finish != pb.FINISH_REASON_UNSPECIFIED:  # a retry of a request that already finished
                 yield self._final_chunk(state)
                 return
             try:
-                async with self.lease.renewing(), contextlib.aclosing(self._rounds(state, detok, stops)) as rounds:
+                async with self.lease.renewing(), contextlib.aclosing(self._rounds(state, text)) as rounds:
                     async for chunk in rounds:
                         yield chunk
                 await self._finish(state)
@@ -234,18 +234,18 @@ class Generation:
 
     # -- text ------------------------------------------------------------------------------
 
-    def _text_pipeline(self, state: State) -> tuple[IncrementalDetokenizer, StopMatcher]:
-        prompt = state.ids[: state.prompt_len]
-        return IncrementalDetokenizer(self.deps.prompter.tokenizer, prompt), StopMatcher(self.params.stop)
+    def _text_pipeline(self, state: State) -> CompletionText:
+        return CompletionText(self.deps.prompter.tokenizer, state.ids[: state.prompt_len], self.params.stop)
 
-    def _catch_up(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher) -> pb.GenerateChunk | None:
-        """A resumed request: replay stored completion tokens the client does not hold yet."""
+    def _catch_up(self, state: State, text: CompletionText) -> pb.GenerateChunk | None:
+        """A resumed request: replay stored completion tokens the client does not hold yet, with the text the
+        live stream gave them (a finished request's text released at its end as well: CompletionText.replay)."""
         if not state.completion:
             return None
         offset = min(int(field_or_default(self.request, "resume_offset")), len(state.completion))
-        state.text = stops.push(detok.push(state.completion[:offset])).emit
-        emitted = stops.push(detok.push(state.completion[offset:])).emit
-        state.text += emitted
+        ended = state.finish not in (pb.FINISH_REASON_UNSPECIFIED, pb.FINISH_REASON_STOP)
+        held, emitted = text.replay(state.completion, offset, ended)
+        state.text = held + emitted
         return pb.GenerateChunk(text_delta=emitted, token_ids=state.completion[offset:], offset=offset,
                                 session_id=self.session_id, request_id=self.request_id)
 
@@ -295,8 +295,7 @@ class Generation:
             self.deps.costs.observe(proposed, outcome.pass_tokens, outcome.draft_ms, outcome.target_ms,
                                     outcome.fixed_overhead_ms, outcome.proposer, overlapped=outcome.ahead is not None)
 
-    async def _rounds(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher
-                      ) -> AsyncIterator[pb.GenerateChunk]:
+    async def _rounds(self, state: State, text: CompletionText) -> AsyncIterator[pb.GenerateChunk]:
         """Steps 1-6 of the module docstring, round after round, until the generation finishes.
 
         Pipelined: as soon as round r's tokens are cut (3), round r+1 starts (1, 2) and runs on the
@@ -313,13 +312,13 @@ class Generation:
                 tokens = self._advance(state, outcome)                                         # 3
                 running = None if state.finish else self._start_round(state)                  # next 1, 2
                 await asyncio.sleep(0)   # the next round sends its calls before the bookkeeping below
-                tokens, text = await self._settle(state, detok, stops, outcome, start_len, tokens)  # 4
+                tokens, delta = await self._settle(state, text, outcome, start_len, tokens)     # 4
                 if state.finish and running is not None:   # a stop string: the round started is not needed
                     await cancel_round(running)
                     running = None
                 if tokens:
                     await self._store(state, tokens, outcome)                                  # 5
-                chunk = self._chunk(state, outcome, tokens, start_len, text)                    # 6
+                chunk = self._chunk(state, outcome, tokens, start_len, delta)                   # 6
                 if chunk is not None:
                     yield chunk
         finally:
@@ -360,15 +359,15 @@ class Generation:
             state.finish = pb.FINISH_REASON_LENGTH
         return tokens
 
-    async def _settle(self, state: State, detok: IncrementalDetokenizer, stops: StopMatcher,
-                      outcome: RoundOutcome, start_len: int, tokens: list[int]) -> tuple[list[int], str]:
+    async def _settle(self, state: State, text: CompletionText, outcome: RoundOutcome, start_len: int,
+                      tokens: list[int]) -> tuple[list[int], str]:
         """Step 4, while the next round runs: detokenize, handle a stop string (it ends the generation
         and cuts the tokens, also from the context); count the round.
 
         start_len: completion tokens before this round; tokens: what _advance added. Returns (tokens this
         round adds, text to stream). Redis gets the tokens in step 5.
         """
-        delta = stops.push(detok.push(tokens))
+        delta = text.push(tokens, last=state.finish != pb.FINISH_REASON_UNSPECIFIED)   # last: held text released
         if delta.stopped:
             state.finish = pb.FINISH_REASON_STOP
             keep = tokens_before_stop(self.deps.prompter.tokenizer, state.completion, len(state.text + delta.emit))
@@ -376,8 +375,6 @@ class Generation:
             await self._store_cut(state, keep, start_len)
             state.completion = state.completion[:keep]
             del state.ids[state.prompt_len + len(state.completion):]
-        elif state.finish != pb.FINISH_REASON_UNSPECIFIED:
-            delta = type(delta)(delta.emit + stops.push(detok.flush()).emit + stops.flush(), False, None)
         state.text += delta.emit
         counted = self.stats.add_round(outcome, len(tokens))     # only what was emitted counts
         self.deps.metrics.observe_round(outcome.draft_ids[:counted.drafted], counted.accepted, len(tokens),

@@ -102,7 +102,9 @@ def test_async_client(hs, client):
 
 
 def test_retry_of_a_finished_request_is_a_replay(client):
-    """The same request id twice: one generation (the second call replays it, nothing appended)."""
+    """The same request id twice: one generation (the second call replays it, nothing appended), with the same
+    text to the last character (a completion ending inside a UTF-8 character ends in U+FFFD in both: see
+    tests/unit/test_completion_text.py, which makes that case on purpose)."""
     sid, rid = uuid.uuid4().hex, uuid.uuid4().hex
     kw = dict(max_new_tokens=MAX_NEW, session_id=sid, create_session=True, request_id=rid,
               temperature=1.0)  # sampled: a second generation would (almost surely) differ
@@ -113,6 +115,8 @@ def test_retry_of_a_finished_request_is_a_replay(client):
     # a stream that says it holds the first 5 tokens gets exactly the rest
     rest = list(client.stream(PROMPT, resume_offset=5, **kw))
     assert rest[0].offset == 5 and sum((c.token_ids for c in rest), []) == first.token_ids[5:]
+    rest_text = "".join(c.text for c in rest)
+    assert first.text.endswith(rest_text)   # the rest of the same text, its end included
 
 
 def test_deadline(client):
