@@ -24,6 +24,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from specdec.models.compat import cache_argument, causal_lm_output, returned_cache
 from specdec.models.draft_format import (
     HEAD_KEY, WEIGHTS, cfg_layers, init_layer_indices, read_draft_config, write_draft,
 )
@@ -87,9 +88,13 @@ class DraftForCausalLM(LlamaForCausalLM):
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache: Any = None, inputs_embeds: torch.Tensor | None = None,
                 labels: Any = None, use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
-                **kwargs: Any) -> CausalLMOutputWithPast:
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                         inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+                past_key_values: Any = None, **kwargs: Any) -> CausalLMOutputWithPast:
+        """Logits [B, n, V] of the last `logits_to_keep` positions (all when 0); the cache comes as `cache`
+        (the engine, transformers >= 5.2x) or `past_key_values` (generate in earlier releases)."""
+        cache = cache if cache is not None else past_key_values
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         inputs_embeds=inputs_embeds, use_cache=use_cache, **{cache_argument(self.model): cache},
+                         **kwargs)
         hidden = out.last_hidden_state                                   # [B, T, H]
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden = hidden[:, -logits_to_keep:]
@@ -98,7 +103,7 @@ class DraftForCausalLM(LlamaForCausalLM):
         sub = self.restricted_logits(hidden)                             # [B, n, N]
         logits = sub.new_full((*sub.shape[:-1], self.logits_width), float("-inf"))  # [B, n, V]
         logits[..., self.head_ids] = sub
-        return CausalLMOutputWithPast(logits=logits, cache=out.cache)
+        return causal_lm_output(logits, returned_cache(out))
 
 
 def draft_config_for(target_config: Any, layers: int) -> LlamaConfig:

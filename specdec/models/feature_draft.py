@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaModel
 
+from specdec.models.compat import cache_argument
 from specdec.models.draft_format import HEAD_KEY, WEIGHTS, cfg_layers, init_layer_indices, read_draft_config, write_draft
 from specdec.models.layout import head_logits, input_major_head, use_input_major_linears
 
@@ -143,8 +144,8 @@ class FeatureDraftModel(nn.Module):
     def forward(self, next_ids: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor,
                 cache: Any = None) -> torch.Tensor:
         """One pass: next_ids [B, t], features [B, t, H], position_ids [B, t] -> predicted features [B, t, H]."""
-        out = self.model(inputs_embeds=self.inputs(next_ids, features), position_ids=position_ids, cache=cache,
-                         use_cache=cache is not None)
+        out = self.model(inputs_embeds=self.inputs(next_ids, features), position_ids=position_ids,
+                         use_cache=cache is not None, **{cache_argument(self.model): cache})
         return out.last_hidden_state
 
     # -- what the services' loading code asks of any model --------------------------------

@@ -63,6 +63,26 @@ def test_runs_under_the_kv_cache_runner(target):
     assert pool.bytes_per_token == 2 * 2 * 2 * (64 // 4) * 4  # 2 draft layers, not the target's 3
 
 
+@pytest.mark.parametrize("name", ["cache", "past_key_values"])
+def test_a_cache_passed_under_either_name_is_used_and_returned(target, name):
+    """The engine passes `cache`; Hugging Face's generate passes `past_key_values` in transformers
+    releases before 5.2x (seen on 5.17). Either way the draft fills that cache and returns it."""
+    from transformers import DynamicCache
+
+    from specdec.models.compat import returned_cache
+
+    draft = build_draft(target, 2, HEAD)
+    ids = torch.tensor([[11, 12, 13, 14, 15, 16]])
+    with torch.inference_mode():
+        cache = DynamicCache(config=draft.config)
+        first = draft(input_ids=ids[:, :4], use_cache=True, **{name: cache})
+        step = draft(input_ids=ids[:, 4:], position_ids=torch.tensor([[4, 5]]), use_cache=True, **{name: cache})
+        full = draft(input_ids=ids).logits[0, 4:]
+    assert returned_cache(first) is cache and cache.get_seq_length() == 6
+    inside = torch.isfinite(full)
+    assert torch.allclose(step.logits[0][inside], full[inside], atol=1e-4, rtol=1e-4)
+
+
 def test_save_load_roundtrip_stores_only_the_layers(target, tmp_path):
     draft = build_draft(target, 2, HEAD)
     with torch.no_grad():
