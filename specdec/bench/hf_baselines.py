@@ -95,7 +95,8 @@ class HFBaselines:
         self.threads = threads
         self.settings = settings
         quant = weight_quantization(dtype)   # the same int8 / int4 linears as the services (HF runs that target too)
-        cfg = LoadConfig(device="cpu", dtype="float32" if quant else dtype, threads=threads)
+        # The services' device ("auto": CUDA when present); the int8 / int4 linears are CPU kernels.
+        cfg = LoadConfig(device="cpu" if quant else "auto", dtype="float32" if quant else dtype, threads=threads)
         torch.set_num_threads(threads)
         loaded = load_causal_lm(target_model, cfg)
         if quant:
@@ -133,7 +134,7 @@ class HFBaselines:
     def generate(self, ids: list[int], max_new_tokens: int, assisted: bool) -> HFRun:
         """Greedy generation of exactly max_new_tokens tokens; timed from the call to the return."""
         torch.set_num_threads(self.threads)
-        input_ids = torch.tensor([ids], dtype=torch.long)
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.model.device)
         config = copy.deepcopy(self.gen_config)
         config.max_new_tokens = max_new_tokens
         config.min_new_tokens = 0

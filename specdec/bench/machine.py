@@ -10,7 +10,7 @@ from typing import Any
 
 def machine_info() -> dict[str, Any]:
     """The machine a result was measured on: the CPU (model, the flags that decide kernels: AVX-512,
-    AMX, bf16), cores, memory, library versions and load average."""
+    AMX, bf16), cores, memory, the GPU if any, library versions and load average."""
     import torch
     import transformers
 
@@ -29,7 +29,18 @@ def machine_info() -> dict[str, Any]:
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "platform": platform.platform(),
             "load_avg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-            "round_transport": round_transport()}
+            "round_transport": round_transport(), "gpu": gpu_summary()}
+
+
+def gpu_summary() -> dict[str, Any] | None:
+    """The CUDA device the services load onto by default (device "auto"), or None without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return {"name": props.name, "count": torch.cuda.device_count(), "memory_bytes": props.total_memory,
+            "cuda": torch.version.cuda}
 
 
 def round_transport() -> str:

@@ -276,8 +276,9 @@ def table(result: dict[str, Any]) -> str:
     """The human-readable summary printed at the end of a run."""
     lines = []
     st, m = result["settings"], result["machine"]
-    lines.append(f"machine: {m['cpu_model']}{cpu_features(m)} | {m['cores']} cores ({m['usable_cores']} usable) | torch {m['torch']} "
-                 f"| transformers {m['transformers']}")
+    gpu = f" | GPU {m['gpu']['name']}" if m.get("gpu") else ""
+    lines.append(f"machine: {m['cpu_model']}{cpu_features(m)} | {m['cores']} cores ({m['usable_cores']} usable){gpu} "
+                 f"| torch {m['torch']} | transformers {m['transformers']}")
     load = m.get("load_avg_at_start")
     if load and load[0] > 0.5 * (m.get("usable_cores") or 1):
         lines.append(f"WARNING: the machine was busy (1-minute load average {load[0]:.1f} at the start on "
