@@ -142,3 +142,4 @@ class BenchArgs:
     overlap_ks: list[int] = field(default_factory=list)   # overlapped twins of these fixed k
     overlap_adaptive: bool = False                         # and of adaptive k
     hop_delay_ms: float = 0.0             # TEST/BENCH ONLY: SPECDEC_HOP_DELAY_MS of the orchestrator
+    time_budget_s: float = 0.0            # 0: none; else no prompt is started after this many seconds of measuring

@@ -62,8 +62,8 @@ def build(records: list[Any], configs: list[Any], prompts: list[Any], *, setting
     names = [c.name for c in configs]
     dk = default_k if isinstance(default_k, int) else None      # None: the server picks k (adaptive)
     ks = {c.name: (None if c.adaptive else dk if c.k is None else c.k) for c in configs if c.kind == "stack"}
-    repeats = sorted({r.repeat for r in records})
-    sets = list(dict.fromkeys(p.set for p in prompts))
+    measured = {r.set for r in records}     # a run stopped at its time budget may lack a set
+    sets = [s for s in dict.fromkeys(p.set for p in prompts) if s in measured]
     c = draft_step_cost if draft_step_cost is not None else 0.0
     ratio = {int(n): v for n, v in verify["ratio"].items()}
 
@@ -72,7 +72,9 @@ def build(records: list[Any], configs: list[Any], prompts: list[Any], *, setting
 
     result: dict[str, Any] = {"schema": 1, "machine": machine, "settings": settings, "hf_settings": hf_settings}
     for s in sets:
-        out = _set_section([r for r in records if r.set == s], names, ks, repeats, c, v)
+        in_set = [r for r in records if r.set == s]
+        out = _set_section(in_set, names, ks, sorted({r.repeat for r in in_set}), c, v)
+        out["prompts_measured"] = len({r.prompt for r in in_set})
         out["memory"] = _set_memory(records, s, kv_per_token_model, settings.get("draft_kind", "ngram"))
         out["identity"] = identity.get(s, {})
         result[s] = out
@@ -279,6 +281,10 @@ def table(result: dict[str, Any]) -> str:
     gpu = f" | GPU {m['gpu']['name']}" if m.get("gpu") else ""
     lines.append(f"machine: {m['cpu_model']}{cpu_features(m)} | {m['cores']} cores ({m['usable_cores']} usable){gpu} "
                  f"| torch {m['torch']} | transformers {m['transformers']}")
+    gens = st.get("generations") or {}
+    if gens and gens["measured"] < gens["planned"]:
+        lines.append(f"stopped at the time budget ({st.get('time_budget_s')} s): {gens['measured']} of "
+                     f"{gens['planned']} generations, every configuration on each prompt measured")
     load = m.get("load_avg_at_start")
     if load and load[0] > 0.5 * (m.get("usable_cores") or 1):
         lines.append(f"WARNING: the machine was busy (1-minute load average {load[0]:.1f} at the start on "
@@ -292,7 +298,7 @@ def table(result: dict[str, Any]) -> str:
     for s in (k for k in result if isinstance(result[k], dict) and "tokens_per_s" in result[k]):
         r = result[s]
         lines.append("")
-        lines.append(f"== {s} ({len(st['prompts'].get(s, []))} prompts) ==")
+        lines.append(f"== {s} ({r.get('prompts_measured', len(st['prompts'].get(s, [])))} prompts) ==")
         lines.append("  ".join(name.ljust(w) for name, w in cols))
         for n, label in st["configs"].items():
             ident = r["identity"].get(n)

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from specdec.bench.identity import identity_report
 from specdec.bench.machine import machine_info, peak_rss_bytes
@@ -60,6 +60,7 @@ def run(args: BenchArgs) -> dict[str, Any]:
     rss["bench (HF in-process)"] = peak_rss_bytes(os.getpid())
     identity = identity_report(records, prompts, configs, hf)
     settings = _settings(args, prompts, configs, hf, adaptive_cap, layout)
+    settings["generations"] = {"measured": len(records), "planned": args.repeats * len(prompts) * len(configs)}
     result = report.build(records, configs, prompts, settings=settings, machine=machine,
                           hf_settings=hf_settings.record(), verify=verify, draft_step_cost=c,
                           identity=identity, rss=rss,
@@ -124,12 +125,12 @@ def _measure_stack(args: BenchArgs, hf: Any, prompts: list[Prompt], configs: lis
             t0 = time.perf_counter()
             total = args.repeats * len(prompts) * len(configs)
             with tqdm(total=total, desc="bench", unit="gen", disable=not args.progress, file=sys.stderr) as bar:
-                for rep in range(args.repeats):
-                    for p in prompts:
-                        for cfg in configs:
-                            bar.set_postfix_str(f"rep {rep + 1} {p.set}/{p.id} {cfg.name}", refresh=False)
-                            records.append(_one(client, hf, p, cfg, rep, args.max_new_tokens))
-                            bar.update()
+                def one(p: Prompt, cfg: Config, rep: int) -> RunRecord:
+                    bar.set_postfix_str(f"rep {rep + 1} {p.set}/{p.id} {cfg.name}", refresh=False)
+                    record = _one(client, hf, p, cfg, rep, args.max_new_tokens)
+                    bar.update()
+                    return record
+                records = measure_loop(one, prompts, configs, args.repeats, args.time_budget_s)
             phases["measure_s"] = time.perf_counter() - t0
             rss = {proc.role: peak_rss_bytes(proc.popen.pid) for proc in stack.procs}
             redis_proc = getattr(stack.redis, "_proc", None)
@@ -141,6 +142,32 @@ def _measure_stack(args: BenchArgs, hf: Any, prompts: list[Prompt], configs: lis
     finally:
         stack.stop()
     return records, rss, stats_error
+
+
+def measure_loop(one: Callable[[Prompt, Config, int], RunRecord], prompts: list[Prompt], configs: list[Config],
+                 repeats: int, budget_s: float = 0.0,
+                 clock: Callable[[], float] = time.perf_counter) -> list[RunRecord]:
+    """Every (repeat, prompt, configuration) once through `one`: for each repeat, the prompt sets taken
+    in turn (one prompt of each, then the next), every configuration on each prompt (A B C .. A B C ..).
+    With a budget (seconds, > 0), no prompt is started once it is spent; the prompts measured so far
+    have every configuration, so the ratios of a stopped run compare like with like."""
+    order = interleave_sets(prompts)
+    start, records = clock(), []
+    for rep in range(repeats):
+        for p in order:
+            if budget_s > 0 and records and clock() - start >= budget_s:
+                return records
+            records.extend(one(p, cfg, rep) for cfg in configs)
+    return records
+
+
+def interleave_sets(prompts: list[Prompt]) -> list[Prompt]:
+    """The prompts with the sets taken in turn (g1 o1 g2 o2 ..), each set in its own order."""
+    by_set: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        by_set.setdefault(p.set, []).append(p)
+    columns = list(by_set.values())
+    return [col[i] for i in range(max(map(len, columns), default=0)) for col in columns if i < len(col)]
 
 
 def _measure_verify_costs(args: BenchArgs, hf: Any, phases: dict[str, float]) -> tuple[dict, dict, str, float]:
@@ -180,7 +207,9 @@ def _settings(args: BenchArgs, prompts: list[Prompt], configs: list[Config], hf:
         "threads": {"target_service": args.threads,
                     "draft_service": args.threads if model_draft else "n/a (n-gram draft, no torch work)",
                     "orchestrator": "n/a (no torch work)", "hf_in_process": args.threads},
-        "order": "interleaved: for each repeat, for each prompt, every configuration once (A B C .. A B C ..)",
+        "order": "interleaved: for each repeat, the sets' prompts in turn, every configuration once on each "
+                 "(A B C .. A B C ..)",
+        "time_budget_s": args.time_budget_s or None,
         "timing": "wall clock at the client from sending the request to the last token (prefill included)",
         "configs": {cfg.name: cfg.label(DEFAULTS["k"]) for cfg in configs},
         "hop_delay_ms": args.hop_delay_ms,
@@ -266,6 +295,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hop-delay-ms", type=float, default=0.0,
                    help="TEST/BENCH ONLY: delay added to each hop of the orchestrator's draft/target calls "
                         "(SPECDEC_HOP_DELAY_MS), to measure a distant draft")
+    p.add_argument("--time-budget", type=float, default=0.0, metavar="SECONDS",
+                   help="start no prompt after this many seconds of measuring (every configuration of the prompts "
+                        "measured so far is kept; the table says how many generations ran); 0: no limit")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -293,7 +325,7 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
         with_hf=not ns.no_hf, with_llamacpp=not ns.no_llamacpp, verify_reps=QUICK["verify_reps"] if quick else 7, quick=quick,
         progress=not ns.no_progress, prompts_dir=ns.prompts_dir, with_adaptive=not ns.no_adaptive,
         adaptive_cap=ns.adaptive_cap, dtype=ns.dtype, overlap_ks=[int(x) for x in overlap if x.isdigit()],
-        overlap_adaptive="adaptive" in overlap, hop_delay_ms=ns.hop_delay_ms)
+        overlap_adaptive="adaptive" in overlap, hop_delay_ms=ns.hop_delay_ms, time_budget_s=ns.time_budget)
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:
