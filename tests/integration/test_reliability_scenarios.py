@@ -37,6 +37,7 @@ from transformers import AutoModelForCausalLM
 from http_gateway.process import GatewayProcess, get_health
 from specdec.config import OrchestratorConfig
 from specdec.healthcheck import check as health_check
+from specdec.models.compat import cache_argument, returned_cache
 from specdec.server.app import LIVENESS_SERVICE
 from specdec.launcher import LocalStack, Proc, StackConfig
 from specdec.redis_server import EmbeddedRedis
@@ -103,7 +104,7 @@ def greedy_with_gaps(model, ids: list[int], n: int) -> tuple[list[int], list[flo
             gaps.append(float(top[0] - top[1]))
             token = int(torch.argmax(logits))
             out.append(token)
-            res = model(torch.tensor([[token]]), past_key_values=res.past_key_values, use_cache=True)
+            res = model(torch.tensor([[token]]), use_cache=True, **{cache_argument(model): returned_cache(res)})
     return out, gaps
 
 
