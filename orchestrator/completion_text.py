@@ -39,15 +39,23 @@ class CompletionText:
         rest = self._stops.push(self._detok.flush()).emit + self._stops.flush()
         return StopResult(delta.emit + rest, False, None)
 
-    def replay(self, ids: Sequence[int], offset: int, ended: bool) -> tuple[str, str]:
+    def replay(self, ids: Sequence[int], offset: int, ended: bool, chars: int = -1) -> tuple[str, str]:
         """A stored completion's text as its live stream gave it: (the text of ``ids[:offset]``, which a
         resuming client holds already, the text of the rest).
 
         ``ended``: the generation finished other than at a stop string, so its last ids released what was
-        held (``push(..., last=True)``, as its last round did). After a stop string nothing is released: the
-        stored ids end with the token in which the stop began (stops.tokens_before_stop), and the matcher finds
-        the stop again or holds its beginning, which the live stream never sent either.
+        held (``push(..., last=True)``, as its last round did). ``chars``: how many characters the finished
+        request delivered (-1: not known). After a stop string the stored ids end with the token in which the
+        stop began (stops.tokens_before_stop); with ``chars`` known, everything is released and cut there,
+        exactly the live text. Without it the matcher finds the stop again or holds its beginning, which
+        differs where two stop strings overlap (stops "ab" and "cad" on "xca|b": live "xc", held "ca").
         """
+        if chars >= 0:
+            held, rest = self._split(ids, offset, True)
+            return held[:chars], rest[:max(chars - len(held), 0)]
+        return self._split(ids, offset, ended)
+
+    def _split(self, ids: Sequence[int], offset: int, ended: bool) -> tuple[str, str]:
         if offset >= len(ids):
             return self.push(ids, ended).emit, ""
         held = self.push(ids[:offset]).emit

@@ -244,7 +244,8 @@ class Generation:
             return None
         offset = min(int(field_or_default(self.request, "resume_offset")), len(state.completion))
         ended = state.finish not in (pb.FINISH_REASON_UNSPECIFIED, pb.FINISH_REASON_STOP)
-        held, emitted = text.replay(state.completion, offset, ended)
+        chars = state.session.last_text_chars if state.finish != pb.FINISH_REASON_UNSPECIFIED else -1
+        held, emitted = text.replay(state.completion, offset, ended, chars)
         state.text = held + emitted
         return pb.GenerateChunk(text_delta=emitted, token_ids=state.completion[offset:], offset=offset,
                                 session_id=self.session_id, request_id=self.request_id)
@@ -414,7 +415,7 @@ class Generation:
 
     async def _finish(self, state: State) -> None:
         state.session = await self.deps.store.finish_request(
-            self.session_id, self.deps.owner, FINISH_NAMES[state.finish], state.version)
+            self.session_id, self.deps.owner, FINISH_NAMES[state.finish], state.version, text_chars=len(state.text))
         state.version = state.session.version
         self.deps.metrics.observe_generation(FINISH_NAMES[state.finish], self.stats.first_token_ms)
 

@@ -151,7 +151,8 @@ redis.call('APPEND', I, ARGV[4])
 redis.call('HSET', H, 'prompt_tokens', #ARGV[4] / ID_BYTES,
   'params', ARGV[5], 'status', 'generating', 'owner', ARGV[2],
   'lease_until', now + tonumber(ARGV[3]), 'request_id', ARGV[1],
-  'request_base_len', base / ID_BYTES, 'delivered', 0, 'last_finish_reason', '', 'fingerprint', ARGV[8])
+  'request_base_len', base / ID_BYTES, 'delivered', 0, 'last_finish_reason', '', 'last_text_chars', -1,
+  'fingerprint', ARGV[8])
 redis.call('HINCRBY', H, 'turns', 1)
 touch(now, ARGV[6], '')
 return full('OK')
@@ -171,14 +172,14 @@ expire(ARGV[3])
 return {'OK', tostring(lease_until)}
 """
 
-# ARGV: owner, finish_reason, expected_version, ttl, write_id
+# ARGV: owner, finish_reason, expected_version, ttl, write_id, text_chars
 _LUA_FINISH = """
 if present() and applied(ARGV[3], ARGV[5]) then return full('APPLIED') end
 local now = now_ms()
 local err = check(ARGV[3], ARGV[1], now)
 if err then return err end
 redis.call('HSET', H, 'status', 'idle', 'owner', '', 'lease_until', 0,
-  'last_finish_reason', ARGV[2])
+  'last_finish_reason', ARGV[2], 'last_text_chars', ARGV[6])
 touch(now, ARGV[4], ARGV[5])
 return full('OK')
 """

@@ -10,6 +10,7 @@ is a hash with fields
     status              "idle" | "generating"
     rounds drafted accepted delivered   counters (HINCRBY)
     last_finish_reason  "" until a request finished
+    last_text_chars     characters of text that request delivered (-1: not known; a replay's cut)
     created_at updated_at lease_until   Redis server time, integer milliseconds
     version             bumped by every state-changing write (not by renew_lease)
     owner               orchestrator instance holding the lease ("" = none)
@@ -303,16 +304,18 @@ class SessionStore:
         return int(reply[1]) / MS_PER_SECOND
 
     async def finish_request(
-        self, session_id: str, owner: str, finish_reason: str, expected_version: int, write_id: str = ""
+        self, session_id: str, owner: str, finish_reason: str, expected_version: int, write_id: str = "",
+        text_chars: int = -1,
     ) -> Session:
-        """Mark the request finished: status idle, lease cleared, last_finish_reason set.
+        """Mark the request finished: status idle, lease cleared, last_finish_reason set, and the
+        characters of text it delivered (``text_chars``; -1: not known), which a replay is cut to.
 
         The request_id is kept so that a retry of a finished request is recognised. Idempotent per
         ``write_id`` (module docstring).
         """
         reply = await self._script(
             "finish", session_id, owner, finish_reason, int(expected_version), self.ttl_seconds,
-            _write_id(write_id),
+            _write_id(write_id), int(text_chars),
         )
         self._raise_for(session_id, reply, expected_version)
         return session_from_reply(session_id, reply)

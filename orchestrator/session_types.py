@@ -93,6 +93,7 @@ class Session:
     request_id: str
     request_base_len: int
     fingerprint: str = ""   # of the latest request (orchestrator/idempotency.py); "" = stored before they existed
+    last_text_chars: int = -1   # characters of text the finished request delivered; -1 = not known
 
     @property
     def completion_ids(self) -> list[int]:
@@ -171,6 +172,7 @@ def session_from_reply(session_id: str, reply: Sequence[Any]) -> Session:
         request_id=decode_text(h.get("request_id")),
         request_base_len=num("request_base_len"),
         fingerprint=decode_text(h.get("fingerprint")),
+        last_text_chars=int(h.get("last_text_chars") or -1),
     )
 
 

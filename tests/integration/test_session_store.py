@@ -223,12 +223,13 @@ def test_begin_request_retry_resumes_and_appends_turn_once(server: EmbeddedRedis
         s = await store.append(sid, again.version, [4, 5], {"delivered": 2}, "o1")
         with pytest.raises(SessionBusy):
             await store.begin_request(sid, "r2", "o1", LEASE_S, [6], PARAMS)
-        done = await store.finish_request(sid, "o1", "stop", s.version)
-        assert (done.status, done.owner, done.last_finish_reason) == ("idle", "", "stop")
+        assert first.last_text_chars == -1                     # not known until the request finishes
+        done = await store.finish_request(sid, "o1", "stop", s.version, text_chars=0)
+        assert (done.status, done.owner, done.last_finish_reason, done.last_text_chars) == ("idle", "", "stop", 0)
         retry, resumed = await store.begin_request(sid, "r1", "o2", LEASE_S, [1, 2, 3], PARAMS)
-        assert resumed and retry.status == "idle" and retry.completion_ids == [4, 5]
+        assert resumed and retry.status == "idle" and retry.completion_ids == [4, 5] and retry.last_text_chars == 0
         second, resumed = await store.begin_request(sid, "r2", "o2", LEASE_S, [6, 7], {"n": 1})
-        assert not resumed and second.ids == [1, 2, 3, 4, 5, 6, 7]
+        assert not resumed and second.ids == [1, 2, 3, 4, 5, 6, 7] and second.last_text_chars == -1
         assert (second.turns, second.request_base_len, second.prompt_tokens) == (2, 5, 2)
         assert (second.delivered, second.params, second.completion_ids) == (0, {"n": 1}, [])
         with pytest.raises(SessionNotFound):

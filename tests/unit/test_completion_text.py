@@ -94,6 +94,33 @@ def test_replay_after_a_stop_string_gives_the_text_before_it(tok, prompt_ids, co
         assert held + rest == emitted
 
 
+OVERLAP_TEXT = ("Hello x", "ca", "bz")   # pieces tokenized apart: the stop "ab" begins in the "ca" token
+OVERLAP_STOPS = ["ab", "cad"]            # ... whose "ca" is also the beginning of "cad"
+
+
+def _overlap_completion(tok: Any) -> list[int]:
+    return [i for piece in OVERLAP_TEXT for i in tok.encode(piece, add_special_tokens=False)]
+
+
+def test_replay_of_overlapping_stop_strings_is_cut_at_the_delivered_text(tok, prompt_ids):
+    """Live, "ab" completes and "Hello xc" is delivered; the stored ids end with the "ca" token, where the
+    matcher alone would hold "ca" (the beginning of "cad") and give "Hello x". The delivered length cuts it."""
+    ids = _overlap_completion(tok)
+    text, emitted = CompletionText(tok, prompt_ids, OVERLAP_STOPS), ""
+    for i in range(len(ids)):
+        delta = text.push(ids[i:i + 1])
+        emitted += delta.emit
+        if delta.stopped:
+            break
+    assert emitted == "Hello xc"
+    kept = ids[:len(_overlap_completion(tok)) - len(tok.encode("bz", add_special_tokens=False))]
+    unknown = CompletionText(tok, prompt_ids, OVERLAP_STOPS).replay(kept, len(kept), ended=False)
+    assert "".join(unknown) == "Hello x"                      # what the matcher alone gives: one character short
+    for offset in range(len(kept) + 1):
+        held, rest = CompletionText(tok, prompt_ids, OVERLAP_STOPS).replay(kept, offset, False, len(emitted))
+        assert held + rest == emitted and emitted.startswith(held), (offset, held, rest)
+
+
 # -- the whole Generation: live, then replays --------------------------------------------------------
 
 
@@ -125,8 +152,10 @@ class MemoryStore:
         del self.session.ids[length:]
         return self._bump()
 
-    async def finish_request(self, session_id: str, owner: str, reason: str, version: int) -> Session:
-        self.session = dataclasses.replace(self.session, status="idle", last_finish_reason=reason)
+    async def finish_request(self, session_id: str, owner: str, reason: str, version: int,
+                             text_chars: int = -1) -> Session:
+        self.session = dataclasses.replace(self.session, status="idle", last_finish_reason=reason,
+                                           last_text_chars=text_chars)
         self._bump()
         return self.session
 
@@ -183,3 +212,22 @@ def test_a_finished_generation_replays_its_live_text(tok, prompt_ids, completion
         held += chunk.text_delta
         rest, _ = _generate(deps, completion, resume_offset=chunk.offset + len(chunk.token_ids))
         assert held + "".join(c.text_delta for c in rest) == live_text
+
+
+def test_a_generation_ended_by_overlapping_stop_strings_replays_its_live_text(tok, prompt_ids):
+    completion = _overlap_completion(tok)
+    store = MemoryStore()
+    deps = Deps(OrchestratorConfig(), store, ScriptedRunner(len(prompt_ids), completion), Prompter(tok),
+                frozenset({tok.eos_token_id}), 8192, "me", "m")
+    live, generation = _generate(deps, completion, stop=OVERLAP_STOPS)
+    live_text = "".join(c.text_delta for c in live)
+    assert live[-1].finish_reason == pb.FINISH_REASON_STOP and live_text == "Hello xc"
+    assert store.session.last_text_chars == len(live_text)
+    again, retried = _generate(deps, completion, stop=OVERLAP_STOPS)
+    assert "".join(c.text_delta for c in again) == live_text == retried.response().text
+    kept = len(store.session.completion_ids)
+    for offset in range(kept + 1):     # a resume: the client's text and the rest make the live text
+        rest, resumed = _generate(deps, completion, stop=OVERLAP_STOPS, resume_offset=offset)
+        rest_text = "".join(c.text_delta for c in rest)
+        assert resumed.response().text == live_text and live_text.endswith(rest_text), (offset, rest_text)
+        assert offset > 0 or rest_text == live_text
