@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specdec import forkserver
+from specdec.forkserver import inherit_niceness
 from specdec.config import TLSConfig
 from specdec.params import MODEL_DRAFT_KINDS
 from specdec.healthcheck import check
@@ -82,31 +84,13 @@ class StackConfig:
 class Proc:
     role: str
     port: int
-    popen: subprocess.Popen
+    popen: "subprocess.Popen | forkserver.ForkedProcess"
     log_path: Path
     metrics_port: int = 0
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-
-def inherit_niceness(pid: int) -> bool:
-    """Give a child started in a session of its own (start_new_session) our niceness as its autogroup's.
-
-    With the kernel's autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled = 1) every new
-    session is its own scheduling group and groups share the CPU as equals whatever their processes'
-    nice values: services started by a `nice -n 19` test or bench would compete with a timed benchmark
-    at full weight. Writing our niceness to /proc/PID/autogroup restores what `nice` meant. Returns
-    whether it was set (False: not niced, or no autogroup on this kernel)."""
-    niceness = os.nice(0)
-    if niceness <= 0:
-        return False
-    try:
-        Path(f"/proc/{pid}/autogroup").write_text(str(niceness))
-    except OSError:
-        return False
-    return True
 
 
 class LocalStack:
@@ -131,9 +115,12 @@ class LocalStack:
         metrics_port = free_port() if self.cfg.metrics else 0
         cmd = [sys.executable, "-m", "specdec.cli", "serve", role, "--host", self.cfg.host, "--port", str(port),
                "--metrics-port", str(metrics_port), *args]
-        popen = subprocess.Popen(cmd, stdout=log_path.open("ab"), stderr=subprocess.STDOUT, env=env,
-                                 start_new_session=True)
-        inherit_niceness(popen.pid)
+        if forkserver.start_method() == forkserver.FORKSERVER and forkserver.forkable(env):
+            popen: subprocess.Popen | forkserver.ForkedProcess = forkserver.spawn(cmd, env, log_path)
+        else:
+            with log_path.open("ab") as log:
+                popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            inherit_niceness(popen.pid)
         proc = Proc(role, port, popen, log_path, metrics_port)
         self.procs.append(proc)
         return proc

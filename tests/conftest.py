@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
+from specdec import forkserver
 from specdec.redis_server import EmbeddedRedis
 from tests.deploy_support import start_tools_in_background, uses_tools
 
 TEST_THREADS = 1
 pytest_plugins = ["tests.stall_monitor"]
+# Stacks started by the tests (and by the CLIs they run) fork their services from one process that imported
+# torch and transformers once (specdec/forkserver.py): ~7 s of CPU less per service. test_processes and the
+# README's `specdec up` keep the exec start a deployment uses.
+os.environ.setdefault(forkserver.START_METHOD_ENV, forkserver.FORKSERVER)
 
 
 @pytest.fixture(autouse=True, scope="session")

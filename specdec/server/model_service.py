@@ -190,6 +190,8 @@ async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase,
 def settle_threads(cfg: ModelServiceConfig, servicer: ModelServiceBase, lane: RoundLaneServer | None) -> None:
     """What the loaded model's torch threads decide: forwards on the event loop (the model thread exits),
     whether the loop polls in expected windows, and whether the lane offers FORWARD_DONE."""
+    if cfg.threads > 0:   # on this, the event loop's, thread too: the model was loaded on another, and a thread
+        torch.set_num_threads(cfg.threads)   # that ran torch before (a forked service's) keeps its own team size
     if servicer.bundle.loop_forwards:
         servicer.worker.use_the_loop()
     threads, cores = torch.get_num_threads(), cpu_budget_cores()

@@ -26,6 +26,7 @@ import grpc
 import pytest
 import torch
 
+from specdec import forkserver
 from specdec.launcher import LocalStack, StackConfig
 from specdec.models.loader import LoadConfig, load_causal_lm
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
@@ -67,7 +68,9 @@ def stack():
     started = time.perf_counter()
     s = LocalStack(StackConfig(target_model="embedded", draft_kind="ngram", threads=1))
     try:
-        s.start()
+        with pytest.MonkeyPatch.context() as env:   # `python -m specdec.cli serve`, as deployed (no fork server)
+            env.setenv(forkserver.START_METHOD_ENV, forkserver.EXEC)
+            s.start()
     except BaseException:
         s.stop()
         raise

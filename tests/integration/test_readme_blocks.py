@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from specdec import forkserver
 from specdec.redis_server import free_port
 from tests.readme_support import HTTP_ADDRESS, ORCH_ADDRESS, README, ROOT, Block, code_blocks
 
@@ -81,8 +82,9 @@ def stack():
     orch_port, http_port = free_port(), free_port()
     cmd = _local(UP.code.strip(), orch_port, http_port)
     assert str(orch_port) in cmd and str(http_port) in cmd, cmd
+    env = {**os.environ, forkserver.START_METHOD_ENV: forkserver.EXEC}   # as a user runs it (tests/conftest.py)
     proc = subprocess.Popen(["bash", "-c", f"exec {cmd}"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
     try:
         _wait_ready(proc, STACK_READY_S)
         yield orch_port, http_port
