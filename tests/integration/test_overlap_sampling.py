@@ -30,6 +30,7 @@ from specdec.core.sampling import SamplingConfig, logits_to_probs
 from specdec.engine.draft import ModelDraft
 from specdec.engine.target import TargetEngine
 from specdec.engine.types import ProposeInput, SparseDist, VerifyInput
+from tests.fork_map import fork_map
 from tests.integration.test_sampling_engines import ALPHA, CFG, CONTEXT, DRAFT_NOISE, VOCAB, pvalue, runner, tiny
 
 pytestmark = pytest.mark.integration
@@ -96,10 +97,16 @@ def exact_joint(model, cfg: SamplingConfig) -> np.ndarray:
 
 
 def sample_counts(target, draft, q_rows: Slicer, stats: dict) -> np.ndarray:
+    """Counts of the three tokens over SAMPLES seeds (split across forks of this process: tests/fork_map.py);
+    stats["used"] adds up the generations that used a block drafted ahead."""
+    def one(seed: int) -> tuple[list[int], int]:
+        mine = {"used": 0}
+        return generate(target, draft, SamplingConfig(seed=seed, **CFG), True, q_rows, mine), mine["used"]
+
     counts = np.zeros((VOCAB, VOCAB, VOCAB), dtype=np.int64)
-    for seed in range(SAMPLES):
-        t1, t2, t3 = generate(target, draft, SamplingConfig(seed=seed, **CFG), True, q_rows, stats)
+    for (t1, t2, t3), used in fork_map(one, range(SAMPLES)):
         counts[t1, t2, t3] += 1
+        stats["used"] += used
     return counts
 
 
@@ -123,6 +130,9 @@ def test_blocks_drafted_ahead_with_lying_draft_rows_are_detected(engines):
 
 def test_overlapped_rounds_give_the_sequential_tokens_at_fixed_seed(engines):
     target, draft, _ = engines
-    for seed in range(IDENTITY_SEEDS):
+    def both(seed: int) -> tuple[list[int], list[int]]:
         cfg = SamplingConfig(seed=seed, **CFG)
-        assert generate(target, draft, cfg, True) == generate(target, draft, cfg, False), seed
+        return generate(target, draft, cfg, True), generate(target, draft, cfg, False)
+
+    for seed, (overlapped, sequential) in enumerate(fork_map(both, range(IDENTITY_SEEDS))):
+        assert overlapped == sequential, seed

@@ -27,6 +27,7 @@ from specdec.engine.types import ProposeInput, SparseDist, VerifyInput
 from specdec.params import resolve_sampling
 from specdec.errors import InvalidArgument
 from specdec.v1 import common_pb2
+from tests.fork_map import fork_map
 
 # 10,000 rounds per test (~30 s on 2 cores): the lying draft below is still rejected with p < 1e-300
 # (measured), far past ALPHA; 20,000 took 66 s, over the suite's 60 s budget for one test.
@@ -95,15 +96,17 @@ def pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
 
 
 def sample_pairs(target, draft, q_override=None, samples: int = SAMPLES) -> np.ndarray:
-    out = np.zeros((VOCAB, VOCAB), dtype=np.int64)
-    for seed in range(samples):
+    """Counts of the first two tokens over `samples` seeds (split across forks of this process: tests/fork_map.py)."""
+    def first_two(seed: int) -> tuple[int, int]:
         cfg = SamplingConfig(seed=seed, **CFG)
         toks = speculative_round(target, draft, cfg, q_override=q_override)
         if len(toks) < 2:  # first token rejected: the second comes from the next round
-            cfg2 = cfg
-            nxt = target.verify(VerifyInput("s2", list(CONTEXT) + toks, [], cfg2)).result.next_token
-            toks = toks + [nxt]
-        out[toks[0], toks[1]] += 1
+            toks = toks + [target.verify(VerifyInput("s2", list(CONTEXT) + toks, [], cfg)).result.next_token]
+        return toks[0], toks[1]
+
+    out = np.zeros((VOCAB, VOCAB), dtype=np.int64)
+    for t1, t2 in fork_map(first_two, range(samples)):
+        out[t1, t2] += 1
     return out
 
 
@@ -150,13 +153,17 @@ def test_ngram_point_mass_through_the_target_engine(engines):
     cfg0 = SamplingConfig(seed=0, **CFG)
     with torch.inference_mode():
         p1 = logits_to_probs(model(torch.tensor([context])).logits[0, -1:], cfg0)[0].numpy().astype(np.float64)
-    counts = np.zeros(VOCAB, dtype=np.int64)
-    for seed in range(SAMPLES):
+
+    def first(seed: int) -> tuple[list[int], int]:
         cfg = SamplingConfig(seed=seed, **CFG)
         prop = ngram.propose(ProposeInput("n", context, K, cfg))
-        assert prop.draft_ids == [1, 3] and not prop.draft_probs
         r = target.verify(VerifyInput("n", context, prop.draft_ids, cfg)).result
-        counts[(prop.draft_ids[: r.num_accepted] + [r.next_token])[0]] += 1
+        return prop.draft_ids + [len(prop.draft_probs)], (prop.draft_ids[: r.num_accepted] + [r.next_token])[0]
+
+    counts = np.zeros(VOCAB, dtype=np.int64)
+    for proposed, token in fork_map(first, range(SAMPLES)):
+        assert proposed == [1, 3, 0]   # the n-gram's block, with no q' rows
+        counts[token] += 1
     assert pvalue(counts, p1) > ALPHA
 
 

@@ -21,6 +21,7 @@ from specdec.models.draft_format import read_draft_config
 from specdec.models.loader import load_causal_lm
 from specdec.models.spec import EMBEDDED_DRAFTS, SHIPPED_DRAFTS_DIR, parse_model_spec
 from specdec.v1 import orchestrator_pb2 as pb
+from tests.fork_map import InBackground, fork_map
 from tests.support import InProcessStack, target_greedy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -76,17 +77,19 @@ def test_shares_tokenizer_and_greedy_output_equals_target(stack):
     eos = sorted(stack.deps.eos_ids)
     channel, stub = stack.stub()
     drafted = 0
-    for prompt in build_corpus().held_out[:IDENTITY_PROMPTS]:
-        req = pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=prompt)]), k=4,
-                                 max_new_tokens=IDENTITY_TOKENS)
-        resp = stub.Generate(req, timeout=300)
-        ids = chat_ids(tok, prompt)
-        want = target_greedy(model, ids, IDENTITY_TOKENS, eos)
-        got = list(resp.token_ids)
-        if got != want:  # only a near-tie between a batched and a one-token forward may differ
-            j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-            assert _top2_gap(model, ids + want[:j]) < TIE_EPSILON, f"{prompt!r} diverged at {j}"
-        drafted += resp.stats.draft_tokens
+    prompts = build_corpus().held_out[:IDENTITY_PROMPTS]
+    prompt_ids = [chat_ids(tok, prompt) for prompt in prompts]
+    # the target alone, computed by a fork of this process while the stack generates (tests/fork_map.py)
+    with InBackground(lambda ids: target_greedy(model, ids, IDENTITY_TOKENS, eos), prompt_ids) as refs:
+        responses = [stub.Generate(pb.GenerateRequest(messages=pb.ChatMessages(messages=[
+            pb.ChatMessage(role="user", content=prompt)]), k=4, max_new_tokens=IDENTITY_TOKENS), timeout=300)
+            for prompt in prompts]
+        for prompt, ids, resp, want in zip(prompts, prompt_ids, responses, refs.results()):
+            got = list(resp.token_ids)
+            if got != want:  # only a near-tie between a batched and a one-token forward may differ
+                j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+                assert _top2_gap(model, ids + want[:j]) < TIE_EPSILON, f"{prompt!r} diverged at {j}"
+            drafted += resp.stats.draft_tokens
     channel.close()
     assert drafted > 0
 
@@ -102,24 +105,34 @@ def test_the_report_measured_all_held_out_prompts_and_the_floor():
     assert report["combined"]["mean_accepted_length"] >= ISSUE_FLOOR
 
 
-def _mean_accepted_length(stack, kind: str, prompts: list[str]) -> tuple[float, list[int]]:
-    """Greedy k = 4 rounds of the served engines over `prompts` (the report's own decode loop)."""
-    target, draft = stack.target_bundle.engines["target"], stack.draft_bundle.engines[kind]
-    eos = set(stack.target_bundle.info["eos_token_ids"])
-    tokens, rounds = 0, []
-    for i, prompt in enumerate(prompts):
-        run = decode(target, draft, chat_ids(stack.tokenizer, prompt), 4, MEASURE_TOKENS, eos, f"floor-{kind}-{i}")
-        tokens += len(run["tokens"])
-        rounds.append(run["rounds"])
-    return tokens / sum(rounds), rounds
+def _mean_accepted_lengths(stack, kinds: tuple[str, ...], prompts: list[str], rounds_hint: list[int]) -> dict:
+    """Greedy k = 4 rounds of the served engines over `prompts` (the report's own decode loop), per draft kind:
+    {kind: (mean accepted length, rounds per prompt)}. The (kind, prompt) runs are split across forks of this
+    process (tests/fork_map.py), dealt by the report's rounds per prompt."""
+    target, eos = stack.target_bundle.engines["target"], set(stack.target_bundle.info["eos_token_ids"])
+    items = [(kind, i) for kind in kinds for i in range(len(prompts))]
+    prompt_ids = [chat_ids(stack.tokenizer, p) for p in prompts]   # here: a tokenizer does not survive a fork
+
+    def run(item: tuple[str, int]) -> tuple[int, int]:
+        kind, i = item
+        out = decode(target, stack.draft_bundle.engines[kind], prompt_ids[i], 4, MEASURE_TOKENS, eos, f"floor-{kind}-{i}")
+        return len(out["tokens"]), out["rounds"]
+
+    done = dict(zip(items, fork_map(run, items, weights=[rounds_hint[i] for _, i in items])))
+    result = {}
+    for kind in kinds:
+        tokens, rounds = zip(*(done[kind, i] for i in range(len(prompts))))
+        result[kind] = (sum(tokens) / sum(rounds), list(rounds))
+    return result
 
 
 def test_held_out_mean_accepted_length_holds_on_a_few_prompts(stack):
     report = json.loads((SHIPPED / "report.json").read_text())
     prompts = build_corpus().held_out[:FLOOR_PROMPTS]
     assert [r["prompt"] for r in report["per_prompt"][:FLOOR_PROMPTS]] == prompts
-    alone, rounds = _mean_accepted_length(stack, "model", prompts)
-    both, _ = _mean_accepted_length(stack, "combined", prompts)
+    hint = [row["rounds"] for row in report["per_prompt"][:FLOOR_PROMPTS]]
+    runs = _mean_accepted_lengths(stack, ("model", "combined"), prompts, hint)
+    (alone, rounds), (both, _) = runs["model"], runs["combined"]
     print(f"\nheld-out x{FLOOR_PROMPTS}: mean accepted length {alone:.3f} alone (report rows {FEW_MAL:.3f}), "
           f"{both:.3f} combined; rounds per prompt {rounds}")
     assert alone >= FEW_MAL - MARGIN
