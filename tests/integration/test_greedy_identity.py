@@ -18,7 +18,6 @@ from specdec.core.ngram import NgramProposer
 from specdec.v1 import common_pb2
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import target_pb2
-from tests.fork_map import InBackground
 from tests.prompts import IDENTITY_PROMPTS
 from tests.support import divergence, served_pair, target_greedy, tiny_pair_and_reference
 
@@ -52,21 +51,17 @@ def test_greedy_identity_and_branches(stack, tiny):
     eos = sorted(stack.deps.eos_ids)
     seen = {"bonus": 0, "rejected_first": 0, "partial": 0, "eos_in_draft": 0, "length_clipped_round": 0, "eos_finish": 0}
     ties, failures, runs = 0, [], 0
-    prompts = IDENTITY_PROMPTS[::BRANCH_PROMPT_STRIDE]
-    lengths = {(pi, k): 12 + (pi * 7 + k) % 29 for pi in range(len(prompts)) for k in K_VALUES}
-    prompt_ids = [stack.tokenizer.encode(prompt) for prompt in prompts]
-    # The target alone, computed by a fork of this process while the stack generates: one run per prompt as long
-    # as its longest request; greedy, so a shorter request's reference is its prefix.
-    longest = [max(lengths[pi, k] for k in K_VALUES) for pi in range(len(prompts))]
-    with InBackground(lambda pi: target_greedy(model, prompt_ids[pi], longest[pi], eos), range(len(prompts))) as refs:
-        responses = {(pi, k): generate(stub, prompts[pi], k, n) for (pi, k), n in lengths.items()}
-        for (pi, k), resp in responses.items():
-            want = refs.results()[pi][:lengths[pi, k]]
-            verdict = divergence(model, prompt_ids[pi], list(resp.token_ids), want, tie_epsilon=TIE_EPSILON)
+    for pi, prompt in enumerate(IDENTITY_PROMPTS[::BRANCH_PROMPT_STRIDE]):
+        prompt_ids = stack.tokenizer.encode(prompt)
+        for k in K_VALUES:
+            max_new = 12 + (pi * 7 + k) % 29
+            resp = generate(stub, prompt, k, max_new)
+            want = target_greedy(model, prompt_ids, max_new, eos)
+            verdict = divergence(model, prompt_ids, list(resp.token_ids), want, tie_epsilon=TIE_EPSILON)
             runs += 1
             ties += verdict == "tie"
             if verdict not in ("", "tie"):
-                failures.append(f"{prompts[pi]!r} k={k}: {verdict}")
+                failures.append(f"{prompt!r} k={k}: {verdict}")
             _count_branches(resp, k, eos, seen)
     channel.close()
     print(f"\n{runs} generations, {ties} near-tie divergences (eps={TIE_EPSILON}), branches: {seen}")
@@ -129,15 +124,13 @@ def test_combined_draft_mixes_lookup_and_model_rounds_and_matches_target(stack, 
     eos = sorted(stack.deps.eos_ids)
     repeated = [f"{p} {p}" for p in IDENTITY_PROMPTS[:4]]  # the tail occurred before: round 1 has a lookup hit
     prompt_ids = {p: stack.tokenizer.encode(p) for p in IDENTITY_PROMPTS + repeated}
-    # the target alone, once for both passes, computed by a fork of this process while the stack generates
-    refs = InBackground(lambda p: target_greedy(model, prompt_ids[p], 40, eos), list(prompt_ids))
+    want = {p: target_greedy(model, ids, 40, eos) for p, ids in prompt_ids.items()}   # once for both passes
     try:
         for local in (None, NgramProposer(2, 4)):
             stack.deps.runner.local_ngram = local
             kinds: dict[str, int] = {}
-            responses = [(p, generate(stub, p, 4, 40, draft_kind="combined")) for p in IDENTITY_PROMPTS + repeated]
-            want = dict(zip(prompt_ids, refs.results()))
-            for prompt, resp in responses:
+            for prompt in IDENTITY_PROMPTS + repeated:
+                resp = generate(stub, prompt, 4, 40, draft_kind="combined")
                 verdict = divergence(model, prompt_ids[prompt], list(resp.token_ids), want[prompt], tie_epsilon=TIE_EPSILON)
                 assert verdict in ("", "tie"), f"{prompt!r}: {verdict}"
                 for r in resp.trace:
@@ -150,7 +143,6 @@ def test_combined_draft_mixes_lookup_and_model_rounds_and_matches_target(stack, 
         runs = [generate(stub, repeated[0], 4, 24, draft_kind="combined", sampling=sampling) for _ in range(2)]
         assert list(runs[0].token_ids) == list(runs[1].token_ids)  # seeded per request, whichever draft proposed
     finally:
-        refs.close()
         stack.deps.runner.local_ngram = None
         channel.close()
 

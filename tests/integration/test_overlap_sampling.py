@@ -19,6 +19,7 @@ catches both.)
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import numpy as np
@@ -27,11 +28,9 @@ import torch
 
 from orchestrator.overlap import BlockBase, usable_block
 from specdec.core.sampling import SamplingConfig, logits_to_probs
-from specdec.engine.draft import ModelDraft
-from specdec.engine.target import TargetEngine
 from specdec.engine.types import ProposeInput, SparseDist, VerifyInput
-from tests.fork_map import fork_map
-from tests.integration.test_sampling_engines import ALPHA, CFG, CONTEXT, DRAFT_NOISE, VOCAB, pvalue, runner, tiny
+from tests.worker_pool import pool_map
+from tests.integration.test_sampling_engines import ALPHA, CFG, CONTEXT, DRAFT_NOISE, VOCAB, built_engines, pvalue
 
 pytestmark = pytest.mark.integration
 
@@ -58,10 +57,7 @@ def lying(rows: Sequence, n: int) -> list:
 
 @pytest.fixture(scope="module")
 def engines():
-    target_model, draft_model = tiny(0), tiny(0, noise=NOISE)
-    target = TargetEngine(runner(target_model), max_context=64, max_k=8)
-    draft = ModelDraft(runner(draft_model), max_context=64, eos_ids=[])
-    return target, draft, target_model
+    return built_engines(NOISE)
 
 
 def generate(target, draft, cfg: SamplingConfig, overlap: bool, q_rows: Slicer = aligned,
@@ -96,25 +92,35 @@ def exact_joint(model, cfg: SamplingConfig) -> np.ndarray:
     return (p1[:, None, None] * p2[:, :, None] * p3).numpy().astype(np.float64)
 
 
-def sample_counts(target, draft, q_rows: Slicer, stats: dict) -> np.ndarray:
-    """Counts of the three tokens over SAMPLES seeds (split across forks of this process: tests/fork_map.py);
-    stats["used"] adds up the generations that used a block drafted ahead."""
-    def one(seed: int) -> tuple[list[int], int]:
-        mine = {"used": 0}
-        return generate(target, draft, SamplingConfig(seed=seed, **CFG), True, q_rows, mine), mine["used"]
+def overlapped_sample(q_rows: Slicer, seed: int) -> tuple[list[int], int]:
+    """(the seeded overlapped generation's tokens, blocks drafted ahead it used)."""
+    target, draft, _ = built_engines(NOISE)
+    used = {"used": 0}
+    return generate(target, draft, SamplingConfig(seed=seed, **CFG), True, q_rows, used), used["used"]
 
+
+def both_ways(seed: int) -> tuple[list[int], list[int]]:
+    """The seeded generation overlapped and sequential."""
+    target, draft, _ = built_engines(NOISE)
+    cfg = SamplingConfig(seed=seed, **CFG)
+    return generate(target, draft, cfg, True), generate(target, draft, cfg, False)
+
+
+def sample_counts(q_rows: Slicer, stats: dict) -> np.ndarray:
+    """Counts of the three tokens over SAMPLES seeds, on both cores (tests/worker_pool.py); stats["used"] adds
+    up the blocks drafted ahead that the generations used."""
     counts = np.zeros((VOCAB, VOCAB, VOCAB), dtype=np.int64)
-    for (t1, t2, t3), used in fork_map(one, range(SAMPLES)):
+    for (t1, t2, t3), used in pool_map(functools.partial(overlapped_sample, q_rows), range(SAMPLES)):
         counts[t1, t2, t3] += 1
         stats["used"] += used
     return counts
 
 
 def test_overlapped_rounds_preserve_the_target_distribution(engines):
-    target, draft, model = engines
+    _, _, model = engines
     joint = exact_joint(model, SamplingConfig(seed=0, **CFG))
     stats = {"used": 0}
-    counts = sample_counts(target, draft, aligned, stats)
+    counts = sample_counts(aligned, stats)
     pv = [pvalue(counts.sum((0, 1)), joint.sum((0, 1))), pvalue(counts.sum(0), joint.sum(0))]
     print(f"\npre-drafted blocks used: {stats['used']} of {SAMPLES} generations; p-values third/second+third: {pv}")
     assert stats["used"] > SAMPLES // 10      # the path under test ran often (measured: ~22 %)
@@ -122,17 +128,12 @@ def test_overlapped_rounds_preserve_the_target_distribution(engines):
 
 
 def test_blocks_drafted_ahead_with_lying_draft_rows_are_detected(engines):
-    target, draft, model = engines
+    _, _, model = engines
     joint = exact_joint(model, SamplingConfig(seed=0, **CFG))
-    counts = sample_counts(target, draft, lying, {"used": 0})
+    counts = sample_counts(lying, {"used": 0})
     assert min(pvalue(counts.sum((0, 1)), joint.sum((0, 1))), pvalue(counts.sum(0), joint.sum(0))) < ALPHA
 
 
-def test_overlapped_rounds_give_the_sequential_tokens_at_fixed_seed(engines):
-    target, draft, _ = engines
-    def both(seed: int) -> tuple[list[int], list[int]]:
-        cfg = SamplingConfig(seed=seed, **CFG)
-        return generate(target, draft, cfg, True), generate(target, draft, cfg, False)
-
-    for seed, (overlapped, sequential) in enumerate(fork_map(both, range(IDENTITY_SEEDS))):
+def test_overlapped_rounds_give_the_sequential_tokens_at_fixed_seed():
+    for seed, (overlapped, sequential) in enumerate(pool_map(both_ways, range(IDENTITY_SEEDS))):
         assert overlapped == sequential, seed

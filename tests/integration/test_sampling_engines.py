@@ -12,6 +12,8 @@ top_k = 1 reproduce greedy, bad values are refused.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -27,7 +29,7 @@ from specdec.engine.types import ProposeInput, SparseDist, VerifyInput
 from specdec.params import resolve_sampling
 from specdec.errors import InvalidArgument
 from specdec.v1 import common_pb2
-from tests.fork_map import fork_map
+from tests.worker_pool import pool_map
 
 # 10,000 rounds per test (~30 s on 2 cores): the lying draft below is still rejected with p < 1e-300
 # (measured), far past ALPHA; 20,000 took 66 s, over the suite's 60 s budget for one test.
@@ -57,12 +59,19 @@ def runner(model):
     return CausalLMRunner(model, KVCachePool(1 << 26, per, model.config))
 
 
-@pytest.fixture(scope="module")
-def engines():
-    target_model, draft_model = tiny(0), tiny(0, noise=DRAFT_NOISE)
+@functools.cache
+def built_engines(noise: float = DRAFT_NOISE):
+    """(target engine, draft engine, target model) over tiny(0) and tiny(0, noise): built once per process, the
+    same in every process (the pool's workers build their own: tests/worker_pool.py)."""
+    target_model, draft_model = tiny(0), tiny(0, noise=noise)
     target = TargetEngine(runner(target_model), max_context=64, max_k=8)
     draft = ModelDraft(runner(draft_model), max_context=64, eos_ids=[])
     return target, draft, target_model
+
+
+@pytest.fixture(scope="module")
+def engines():
+    return built_engines(DRAFT_NOISE)
 
 
 def speculative_round(target, draft, cfg: SamplingConfig, session: str = "s", q_override=None):
@@ -95,25 +104,33 @@ def pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
     return float(stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
 
 
-def sample_pairs(target, draft, q_override=None, samples: int = SAMPLES) -> np.ndarray:
-    """Counts of the first two tokens over `samples` seeds (split across forks of this process: tests/fork_map.py)."""
-    def first_two(seed: int) -> tuple[int, int]:
-        cfg = SamplingConfig(seed=seed, **CFG)
-        toks = speculative_round(target, draft, cfg, q_override=q_override)
-        if len(toks) < 2:  # first token rejected: the second comes from the next round
-            toks = toks + [target.verify(VerifyInput("s2", list(CONTEXT) + toks, [], cfg)).result.next_token]
-        return toks[0], toks[1]
+def uniform_rows(rows):
+    """A lying draft report: q' uniform over each row's support instead of what the draft sampled from."""
+    return [SparseDist(r.token_ids, [1.0 / len(r.token_ids)] * len(r.token_ids)) for r in rows]
 
+
+def first_two(q_override, seed: int) -> tuple[int, int]:
+    """The first two tokens of the seeded generation (one k = 2 round, and the next round's token if needed)."""
+    target, draft, _ = built_engines(DRAFT_NOISE)
+    cfg = SamplingConfig(seed=seed, **CFG)
+    toks = speculative_round(target, draft, cfg, q_override=q_override)
+    if len(toks) < 2:  # first token rejected: the second comes from the next round
+        toks = toks + [target.verify(VerifyInput("s2", list(CONTEXT) + toks, [], cfg)).result.next_token]
+    return toks[0], toks[1]
+
+
+def sample_pairs(q_override=None, samples: int = SAMPLES) -> np.ndarray:
+    """Counts of the first two tokens over `samples` seeds, on both cores (tests/worker_pool.py)."""
     out = np.zeros((VOCAB, VOCAB), dtype=np.int64)
-    for t1, t2 in fork_map(first_two, range(samples)):
+    for t1, t2 in pool_map(functools.partial(first_two, q_override), range(samples)):
         out[t1, t2] += 1
     return out
 
 
 def test_engines_preserve_the_target_distribution(engines):
-    target, draft, model = engines
+    _, _, model = engines
     p1, joint = exact_target(model, SamplingConfig(seed=0, **CFG))
-    counts = sample_pairs(target, draft)
+    counts = sample_pairs()
     pv = [pvalue(counts.sum(1), p1), pvalue(counts.sum(0), joint.sum(0)), pvalue(counts, joint)]
     print(f"\np-values first/second/joint: {pv}")
     assert min(pv) > ALPHA
@@ -122,10 +139,9 @@ def test_engines_preserve_the_target_distribution(engines):
 def test_a_lying_draft_report_is_detected(engines):
     """If the draft reported a uniform q' over its support instead of what it sampled from,
     the output would no longer follow p: the same test must reject it."""
-    target, draft, model = engines
+    _, _, model = engines
     p1, joint = exact_target(model, SamplingConfig(seed=0, **CFG))
-    uniform = lambda rows: [SparseDist(r.token_ids, [1.0 / len(r.token_ids)] * len(r.token_ids)) for r in rows]  # noqa: E731
-    counts = sample_pairs(target, draft, q_override=uniform, samples=LIE_SAMPLES)
+    counts = sample_pairs(q_override=uniform_rows, samples=LIE_SAMPLES)
     pv = min(pvalue(counts.sum(1), p1), pvalue(counts, joint))
     print(f"\nlying draft: p-value {pv:.3g} from {LIE_SAMPLES} samples")
     assert pv < ALPHA
@@ -146,22 +162,25 @@ def test_low_temperature_and_top_k_1_reproduce_greedy(engines):
     assert speculative_round(target, draft, SamplingConfig(temperature=0.8, top_k=1, seed=5)) == greedy
 
 
+NGRAM_CONTEXT = [3, 7, 1, 3, 7]  # "3 7" repeats: proposes [1, 3]
+
+
+def ngram_first(seed: int) -> tuple[list[int], int]:
+    """(the n-gram's block and its number of q' rows, the first token the target emits) for the seed."""
+    target, _, _ = built_engines(DRAFT_NOISE)
+    cfg = SamplingConfig(seed=seed, **CFG)
+    prop = NgramDraft(1, 3).propose(ProposeInput("n", NGRAM_CONTEXT, K, cfg))
+    r = target.verify(VerifyInput("n", NGRAM_CONTEXT, prop.draft_ids, cfg)).result
+    return prop.draft_ids + [len(prop.draft_probs)], (prop.draft_ids[: r.num_accepted] + [r.next_token])[0]
+
+
 def test_ngram_point_mass_through_the_target_engine(engines):
-    target, _, model = engines
-    ngram = NgramDraft(1, 3)
-    context = [3, 7, 1, 3, 7]  # "3 7" repeats: proposes [1, 3]
+    _, _, model = engines
     cfg0 = SamplingConfig(seed=0, **CFG)
     with torch.inference_mode():
-        p1 = logits_to_probs(model(torch.tensor([context])).logits[0, -1:], cfg0)[0].numpy().astype(np.float64)
-
-    def first(seed: int) -> tuple[list[int], int]:
-        cfg = SamplingConfig(seed=seed, **CFG)
-        prop = ngram.propose(ProposeInput("n", context, K, cfg))
-        r = target.verify(VerifyInput("n", context, prop.draft_ids, cfg)).result
-        return prop.draft_ids + [len(prop.draft_probs)], (prop.draft_ids[: r.num_accepted] + [r.next_token])[0]
-
+        p1 = logits_to_probs(model(torch.tensor([NGRAM_CONTEXT])).logits[0, -1:], cfg0)[0].numpy().astype(np.float64)
     counts = np.zeros(VOCAB, dtype=np.int64)
-    for proposed, token in fork_map(first, range(SAMPLES)):
+    for proposed, token in pool_map(ngram_first, range(SAMPLES)):
         assert proposed == [1, 3, 0]   # the n-gram's block, with no q' rows
         counts[token] += 1
     assert pvalue(counts, p1) > ALPHA

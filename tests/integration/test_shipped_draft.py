@@ -9,20 +9,23 @@ is `specdec distill`'s report (report.json next to the draft, checked here) and 
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
 import torch
 
+from specdec.config import ModelServiceConfig
 from specdec.distill.corpus import build_corpus
 from specdec.distill.data import chat_ids
 from specdec.distill.evaluate import decode
+from specdec.engine.loading import load_draft, load_target
 from specdec.models.draft_format import read_draft_config
 from specdec.models.loader import load_causal_lm
 from specdec.models.spec import EMBEDDED_DRAFTS, SHIPPED_DRAFTS_DIR, parse_model_spec
 from specdec.v1 import orchestrator_pb2 as pb
-from tests.fork_map import InBackground, fork_map
 from tests.support import InProcessStack, target_greedy
+from tests.worker_pool import pool_map
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -77,19 +80,17 @@ def test_shares_tokenizer_and_greedy_output_equals_target(stack):
     eos = sorted(stack.deps.eos_ids)
     channel, stub = stack.stub()
     drafted = 0
-    prompts = build_corpus().held_out[:IDENTITY_PROMPTS]
-    prompt_ids = [chat_ids(tok, prompt) for prompt in prompts]
-    # the target alone, computed by a fork of this process while the stack generates (tests/fork_map.py)
-    with InBackground(lambda ids: target_greedy(model, ids, IDENTITY_TOKENS, eos), prompt_ids) as refs:
-        responses = [stub.Generate(pb.GenerateRequest(messages=pb.ChatMessages(messages=[
-            pb.ChatMessage(role="user", content=prompt)]), k=4, max_new_tokens=IDENTITY_TOKENS), timeout=300)
-            for prompt in prompts]
-        for prompt, ids, resp, want in zip(prompts, prompt_ids, responses, refs.results()):
-            got = list(resp.token_ids)
-            if got != want:  # only a near-tie between a batched and a one-token forward may differ
-                j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-                assert _top2_gap(model, ids + want[:j]) < TIE_EPSILON, f"{prompt!r} diverged at {j}"
-            drafted += resp.stats.draft_tokens
+    for prompt in build_corpus().held_out[:IDENTITY_PROMPTS]:
+        req = pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=prompt)]), k=4,
+                                 max_new_tokens=IDENTITY_TOKENS)
+        resp = stub.Generate(req, timeout=300)
+        ids = chat_ids(tok, prompt)
+        want = target_greedy(model, ids, IDENTITY_TOKENS, eos)
+        got = list(resp.token_ids)
+        if got != want:  # only a near-tie between a batched and a one-token forward may differ
+            j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            assert _top2_gap(model, ids + want[:j]) < TIE_EPSILON, f"{prompt!r} diverged at {j}"
+        drafted += resp.stats.draft_tokens
     channel.close()
     assert drafted > 0
 
@@ -105,25 +106,33 @@ def test_the_report_measured_all_held_out_prompts_and_the_floor():
     assert report["combined"]["mean_accepted_length"] >= ISSUE_FLOOR
 
 
-def _mean_accepted_lengths(stack, kinds: tuple[str, ...], prompts: list[str], rounds_hint: list[int]) -> dict:
-    """Greedy k = 4 rounds of the served engines over `prompts` (the report's own decode loop), per draft kind:
-    {kind: (mean accepted length, rounds per prompt)}. The (kind, prompt) runs are split across forks of this
-    process (tests/fork_map.py), dealt by the report's rounds per prompt."""
-    target, eos = stack.target_bundle.engines["target"], set(stack.target_bundle.info["eos_token_ids"])
-    items = [(kind, i) for kind in kinds for i in range(len(prompts))]
-    prompt_ids = [chat_ids(stack.tokenizer, p) for p in prompts]   # here: a tokenizer does not survive a fork
+# What a pool worker decodes with (tests/worker_pool.py): this process's stack's engines, set by the test; a
+# worker loads its own, as the stack's services do.
+_BUNDLES: dict[str, tuple] = {}
 
-    def run(item: tuple[str, int]) -> tuple[int, int]:
-        kind, i = item
-        out = decode(target, stack.draft_bundle.engines[kind], prompt_ids[i], 4, MEASURE_TOKENS, eos, f"floor-{kind}-{i}")
-        return len(out["tokens"]), out["rounds"]
 
-    done = dict(zip(items, fork_map(run, items, weights=[rounds_hint[i] for _, i in items])))
-    result = {}
-    for kind in kinds:
-        tokens, rounds = zip(*(done[kind, i] for i in range(len(prompts))))
-        result[kind] = (sum(tokens) / sum(rounds), list(rounds))
-    return result
+def _served_bundles() -> tuple:
+    if "served" not in _BUNDLES:
+        target = load_target(ModelServiceConfig(role="target", model="embedded", threads=1, cache_budget_bytes=1 << 30))
+        draft = load_draft(ModelServiceConfig(role="draft", model=SPEC, threads=1, cache_budget_bytes=1 << 30))
+        _BUNDLES["served"] = (target, draft)
+    return _BUNDLES["served"]
+
+
+def accepted_run(kind: str, item: tuple[int, list[int]]) -> tuple[int, int]:
+    """(tokens, rounds) of greedy k = 4 rounds of the served engines over one prompt (the report's decode loop)."""
+    i, prompt_ids = item
+    target, draft = _served_bundles()
+    eos = set(target.info["eos_token_ids"])
+    run = decode(target.engines["target"], draft.engines[kind], prompt_ids, 4, MEASURE_TOKENS, eos, f"floor-{kind}-{i}")
+    return len(run["tokens"]), run["rounds"]
+
+
+def _mean_accepted_length(kind: str, prompt_ids: list[list[int]], rounds_hint: list[int]) -> tuple[float, list[int]]:
+    """Mean accepted length and rounds per prompt, the prompts shared by this process and a worker (dealt by the
+    report's rounds per prompt)."""
+    runs = pool_map(functools.partial(accepted_run, kind), list(enumerate(prompt_ids)), weights=rounds_hint)
+    return sum(t for t, _ in runs) / sum(r for _, r in runs), [r for _, r in runs]
 
 
 def test_held_out_mean_accepted_length_holds_on_a_few_prompts(stack):
@@ -131,8 +140,13 @@ def test_held_out_mean_accepted_length_holds_on_a_few_prompts(stack):
     prompts = build_corpus().held_out[:FLOOR_PROMPTS]
     assert [r["prompt"] for r in report["per_prompt"][:FLOOR_PROMPTS]] == prompts
     hint = [row["rounds"] for row in report["per_prompt"][:FLOOR_PROMPTS]]
-    runs = _mean_accepted_lengths(stack, ("model", "combined"), prompts, hint)
-    (alone, rounds), (both, _) = runs["model"], runs["combined"]
+    prompt_ids = [chat_ids(stack.tokenizer, prompt) for prompt in prompts]
+    _BUNDLES["served"] = (stack.target_bundle, stack.draft_bundle)
+    try:
+        alone, rounds = _mean_accepted_length("model", prompt_ids, hint)
+        both, _ = _mean_accepted_length("combined", prompt_ids, hint)
+    finally:
+        _BUNDLES.clear()
     print(f"\nheld-out x{FLOOR_PROMPTS}: mean accepted length {alone:.3f} alone (report rows {FEW_MAL:.3f}), "
           f"{both:.3f} combined; rounds per prompt {rounds}")
     assert alone >= FEW_MAL - MARGIN
