@@ -48,9 +48,10 @@ def _one_torch_thread() -> None:
 
 
 def pool(size: int) -> ProcessPoolExecutor:
-    """The session's worker pool (started on first use, shut down at exit), at least `size` workers."""
+    """The session's worker pool (started on first use, shut down at exit), at least `size` workers; a pool
+    broken by a worker that died is replaced."""
     global _pool
-    if _pool is None or _pool._max_workers < size:  # noqa: SLF001 - grow by replacing
+    if _pool is None or _pool._max_workers < size or _pool._broken:  # noqa: SLF001 - grow or replace a broken one
         if _pool is not None:
             _pool.shutdown(cancel_futures=True)
         context = multiprocessing.get_context("forkserver")

@@ -59,3 +59,17 @@ def test_workers_from_the_environment(monkeypatch):
     assert {pid for _, pid in pool_map(square_and_pid, range(4))} == {os.getpid()}
     monkeypatch.delenv("SPECDEC_TEST_WORKERS")
     assert 1 <= workers() <= 2
+
+
+def dies(x: int) -> int:
+    if x % 2:
+        os._exit(3)
+    return x
+
+
+def test_a_worker_that_dies_fails_the_call_and_the_next_call_gets_a_new_pool():
+    from concurrent.futures.process import BrokenProcessPool
+
+    with pytest.raises(BrokenProcessPool):
+        pool_map(dies, range(4), n_workers=2)
+    assert pool_map(square_and_pid, range(4), n_workers=2)[3][0] == 9
