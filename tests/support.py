@@ -208,6 +208,26 @@ def target_greedy(model: Any, ids: list[int], max_new_tokens: int, eos_ids: list
     return out[0, len(ids):].tolist()
 
 
+# The reference models of embedded_greedy, by model spec, in whichever process runs it: a test sets the one it
+# loaded (use_reference), a pool worker (tests/worker_pool.py) loads its own.
+_REFERENCES: dict[str, Any] = {}
+
+
+def use_reference(spec: str, model: Any) -> None:
+    """Make `model` this process's reference for `spec` (instead of loading another copy)."""
+    _REFERENCES[spec] = model
+
+
+def reference_greedy(spec: str, max_new_tokens: int, eos_ids: tuple[int, ...], ids: list[int]) -> list[int]:
+    """target_greedy of the reference model `spec` (fp32 on CPU, one torch thread), loaded once per process."""
+    if spec not in _REFERENCES:
+        from specdec.models.loader import LoadConfig, load_causal_lm
+
+        _REFERENCES[spec] = load_causal_lm(spec, LoadConfig(device="cpu", dtype="float32")).model
+        torch.set_num_threads(1)      # the loader sets the service default
+    return target_greedy(_REFERENCES[spec], ids, max_new_tokens, list(eos_ids))
+
+
 def divergence(model: Any, prompt_ids: list[int], got: list[int], want: list[int], tie_epsilon: float = 1e-4) -> str:
     """"" when equal, "tie" when they first differ where the target's top-2 logits are within
     tie_epsilon (a (k+1)-token forward may round differently from one-token steps), else a message."""

@@ -15,6 +15,7 @@ overhead per round).
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -33,7 +34,8 @@ from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 from tests.grounded_prompts import CLI_PROMPT, GROUNDED_PROMPTS
-from tests.support import divergence, target_greedy
+from tests.support import divergence, reference_greedy, target_greedy, use_reference
+from tests.worker_pool import pool_map
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -100,6 +102,7 @@ def reference():
     """The embedded target in this process, fp32 on CPU: the decoding every identity check compares to."""
     loaded = load_causal_lm("embedded", LoadConfig(device="cpu", dtype="float32"))
     torch.set_num_threads(1)  # the loader may change it; the services need the other core
+    use_reference("embedded", loaded.model)
     return loaded
 
 
@@ -149,10 +152,11 @@ def test_grounded_prompts_identity_and_acceptance(grounded_runs, reference, eos)
     failures, ties = [], 0
     rounds = accepted = drafted = delivered = 0
     overhead_ms = target_ms = draft_ms = 0.0
-    for prompt, resp in grounded_runs:
-        ids = chat_prompt_ids(tok, prompt)
+    prompt_ids = [chat_prompt_ids(tok, prompt) for prompt, _ in grounded_runs]
+    # the target alone, the prompts shared by this process and a pool worker (tests/worker_pool.py)
+    wants = pool_map(functools.partial(reference_greedy, "embedded", MAX_NEW, tuple(eos)), prompt_ids)
+    for (prompt, resp), ids, want in zip(grounded_runs, prompt_ids, wants):
         assert resp.usage.prompt_tokens == len(ids), f"prompt ids differ for {prompt[:40]!r}"
-        want = target_greedy(model, ids, MAX_NEW, eos)
         verdict = divergence(model, ids, list(resp.token_ids), want, tie_epsilon=TIE_EPSILON)
         ties += verdict == "tie"
         if verdict not in ("", "tie"):
