@@ -174,12 +174,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     def _stop(*_: object) -> None:
         nonlocal stopped
         stopped = True
-    signal.signal(signal.SIGTERM, _stop)
-    try:
-        while not stopped:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
+    # SIGINT too, explicitly: a command started in the background by a non-interactive shell (`specdec up &` in
+    # a script, a CI step) inherits SIGINT ignored, and Ctrl-C / kill -INT would leave the whole stack running.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop)
+    while not stopped:
+        time.sleep(0.5)
     if gateway is not None:
         gateway.stop()
     stack.stop()
