@@ -39,6 +39,7 @@ from orchestrator.servicer import SERVICE_NAME as ORCH_NAME
 from orchestrator.servicer import Admission, OrchestratorServicer
 from orchestrator.session_store import SessionStore, open_redis
 from target_service import servicer as target_servicer
+from tests.worker_pool import per_process
 
 TINY_NOISE = 0.03
 TINY_INIT_RANGE = 0.5
@@ -208,24 +209,24 @@ def target_greedy(model: Any, ids: list[int], max_new_tokens: int, eos_ids: list
     return out[0, len(ids):].tolist()
 
 
-# The reference models of embedded_greedy, by model spec, in whichever process runs it: a test sets the one it
-# loaded (use_reference), a pool worker (tests/worker_pool.py) loads its own.
-_REFERENCES: dict[str, Any] = {}
+def reference_key(spec: str) -> str:
+    """The tests.worker_pool.per_process key of the reference model `spec` (a test lends the one it loaded)."""
+    return f"reference:{spec}"
 
 
-def use_reference(spec: str, model: Any) -> None:
-    """Make `model` this process's reference for `spec` (instead of loading another copy)."""
-    _REFERENCES[spec] = model
+def _load_reference(spec: str) -> Any:
+    from specdec.models.loader import LoadConfig, load_causal_lm
+
+    model = load_causal_lm(spec, LoadConfig(device="cpu", dtype="float32")).model
+    torch.set_num_threads(1)      # the loader sets the service default
+    return model
 
 
 def reference_greedy(spec: str, max_new_tokens: int, eos_ids: tuple[int, ...], ids: list[int]) -> list[int]:
-    """target_greedy of the reference model `spec` (fp32 on CPU, one torch thread), loaded once per process."""
-    if spec not in _REFERENCES:
-        from specdec.models.loader import LoadConfig, load_causal_lm
-
-        _REFERENCES[spec] = load_causal_lm(spec, LoadConfig(device="cpu", dtype="float32")).model
-        torch.set_num_threads(1)      # the loader sets the service default
-    return target_greedy(_REFERENCES[spec], ids, max_new_tokens, list(eos_ids))
+    """target_greedy of the reference model `spec` (fp32 on CPU, one torch thread): the one lent in this process,
+    else loaded once per process (a pool worker, tests/worker_pool.py)."""
+    model = per_process(reference_key(spec), lambda: _load_reference(spec))
+    return target_greedy(model, ids, max_new_tokens, list(eos_ids))
 
 
 def divergence(model: Any, prompt_ids: list[int], got: list[int], want: list[int], tie_epsilon: float = 1e-4) -> str:

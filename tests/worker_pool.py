@@ -18,10 +18,11 @@ therefore pickle: a module-level function, or a functools.partial of one.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing
 import os
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 
@@ -34,6 +35,7 @@ TIMEOUT_S = 600.0         # how long this process waits for a worker's share onc
 PRELOAD = ["torch", "transformers", "scipy.stats", "specdec.engine.target", "specdec.engine.draft"]
 
 _pool: ProcessPoolExecutor | None = None
+_objects: dict[str, Any] = {}      # per_process: what this process computes items with
 
 
 def workers() -> int:
@@ -59,6 +61,25 @@ def pool(size: int) -> ProcessPoolExecutor:
         _pool = ProcessPoolExecutor(max_workers=size, mp_context=context, initializer=_one_torch_thread)
         atexit.register(_pool.shutdown, cancel_futures=True)
     return _pool
+
+
+def per_process(key: str, load: Callable[[], T]) -> T:
+    """This process's object for `key` (the models an item function computes with): the one a test lent
+    (`lend`), else `load()`, once per process (what a worker does)."""
+    if key not in _objects:
+        _objects[key] = load()
+    return _objects[key]
+
+
+@contextlib.contextmanager
+def lend(key: str, value: Any) -> Iterator[None]:
+    """Within the block, per_process(key, ...) in this process is `value` (e.g. models the test already loaded,
+    instead of a second copy); afterwards this process holds no reference to it."""
+    _objects[key] = value
+    try:
+        yield
+    finally:
+        _objects.pop(key, None)
 
 
 def deal(n_items: int, n_workers: int, weights: Sequence[float] | None = None) -> list[list[int]]:

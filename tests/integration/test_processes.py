@@ -34,8 +34,8 @@ from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 from tests.grounded_prompts import CLI_PROMPT, GROUNDED_PROMPTS
-from tests.support import divergence, reference_greedy, target_greedy, use_reference
-from tests.worker_pool import pool_map
+from tests.support import divergence, reference_greedy, reference_key, target_greedy
+from tests.worker_pool import lend, pool_map
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -102,8 +102,8 @@ def reference():
     """The embedded target in this process, fp32 on CPU: the decoding every identity check compares to."""
     loaded = load_causal_lm("embedded", LoadConfig(device="cpu", dtype="float32"))
     torch.set_num_threads(1)  # the loader may change it; the services need the other core
-    use_reference("embedded", loaded.model)
-    return loaded
+    with lend(reference_key("embedded"), loaded.model):   # reference_greedy's model in this process
+        yield loaded
 
 
 @pytest.fixture(scope="module")

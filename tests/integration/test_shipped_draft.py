@@ -25,7 +25,7 @@ from specdec.models.loader import load_causal_lm
 from specdec.models.spec import EMBEDDED_DRAFTS, SHIPPED_DRAFTS_DIR, parse_model_spec
 from specdec.v1 import orchestrator_pb2 as pb
 from tests.support import InProcessStack, target_greedy
-from tests.worker_pool import pool_map
+from tests.worker_pool import lend, per_process, pool_map
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -106,23 +106,20 @@ def test_the_report_measured_all_held_out_prompts_and_the_floor():
     assert report["combined"]["mean_accepted_length"] >= ISSUE_FLOOR
 
 
-# What a pool worker decodes with (tests/worker_pool.py): this process's stack's engines, set by the test; a
-# worker loads its own, as the stack's services do.
-_BUNDLES: dict[str, tuple] = {}
+SERVED = "shipped draft: served bundles"   # tests.worker_pool.per_process: the test lends its stack's
 
 
-def _served_bundles() -> tuple:
-    if "served" not in _BUNDLES:
-        target = load_target(ModelServiceConfig(role="target", model="embedded", threads=1, cache_budget_bytes=1 << 30))
-        draft = load_draft(ModelServiceConfig(role="draft", model=SPEC, threads=1, cache_budget_bytes=1 << 30))
-        _BUNDLES["served"] = (target, draft)
-    return _BUNDLES["served"]
+def _load_served() -> tuple:
+    """The target and draft bundles as the stack's services load them (what a pool worker decodes with)."""
+    target = load_target(ModelServiceConfig(role="target", model="embedded", threads=1, cache_budget_bytes=1 << 30))
+    draft = load_draft(ModelServiceConfig(role="draft", model=SPEC, threads=1, cache_budget_bytes=1 << 30))
+    return target, draft
 
 
 def accepted_run(kind: str, item: tuple[int, list[int]]) -> tuple[int, int]:
     """(tokens, rounds) of greedy k = 4 rounds of the served engines over one prompt (the report's decode loop)."""
     i, prompt_ids = item
-    target, draft = _served_bundles()
+    target, draft = per_process(SERVED, _load_served)
     eos = set(target.info["eos_token_ids"])
     run = decode(target.engines["target"], draft.engines[kind], prompt_ids, 4, MEASURE_TOKENS, eos, f"floor-{kind}-{i}")
     return len(run["tokens"]), run["rounds"]
@@ -141,12 +138,9 @@ def test_held_out_mean_accepted_length_holds_on_a_few_prompts(stack):
     assert [r["prompt"] for r in report["per_prompt"][:FLOOR_PROMPTS]] == prompts
     hint = [row["rounds"] for row in report["per_prompt"][:FLOOR_PROMPTS]]
     prompt_ids = [chat_ids(stack.tokenizer, prompt) for prompt in prompts]
-    _BUNDLES["served"] = (stack.target_bundle, stack.draft_bundle)
-    try:
+    with lend(SERVED, (stack.target_bundle, stack.draft_bundle)):
         alone, rounds = _mean_accepted_length("model", prompt_ids, hint)
         both, _ = _mean_accepted_length("combined", prompt_ids, hint)
-    finally:
-        _BUNDLES.clear()
     print(f"\nheld-out x{FLOOR_PROMPTS}: mean accepted length {alone:.3f} alone (report rows {FEW_MAL:.3f}), "
           f"{both:.3f} combined; rounds per prompt {rounds}")
     assert alone >= FEW_MAL - MARGIN

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from tests.worker_pool import deal, pool_map, workers
+from tests.worker_pool import deal, lend, per_process, pool_map, workers
 
 
 def square_and_pid(x: int) -> tuple[int, int]:
@@ -73,3 +73,19 @@ def test_a_worker_that_dies_fails_the_call_and_the_next_call_gets_a_new_pool():
     with pytest.raises(BrokenProcessPool):
         pool_map(dies, range(4), n_workers=2)
     assert pool_map(square_and_pid, range(4), n_workers=2)[3][0] == 9
+
+
+def loaded_here() -> str:
+    return f"loaded in {os.getpid()}"
+
+
+def what_per_process_gives(_: int) -> tuple[str, int]:
+    return per_process("unit-test object", loaded_here), os.getpid()
+
+
+def test_a_lent_object_is_used_here_and_a_worker_loads_its_own():
+    with lend("unit-test object", "lent"):
+        out = pool_map(what_per_process_gives, range(4), n_workers=2)
+    assert {v for v, pid in out if pid == os.getpid()} == {"lent"}
+    assert {v for v, pid in out if pid != os.getpid()} == {f"loaded in {pid}" for _, pid in out if pid != os.getpid()}
+    assert per_process("unit-test object", lambda: "after") == "after"    # the loan ended with the block
