@@ -12,7 +12,7 @@ from specdec.errors import FailedPrecondition
 from specdec.protocol import (
     hidden_from_proto, resolve_context, sampling_from_proto, sparse_to_proto, stats_to_proto,
 )
-from specdec.server.lane import PROPOSE, LaneMethod
+from specdec.server.lane import PROPOSE, LaneMethod, call_arrival, ms_since
 from specdec.server.model_service import ModelServiceBase
 from specdec.v1 import draft_pb2, draft_pb2_grpc
 
@@ -26,6 +26,7 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
         super().__init__("draft")
 
     async def Propose(self, request: draft_pb2.ProposeRequest, context: grpc.aio.ServicerContext) -> Any:
+        arrived = call_arrival(context)
         bundle = self.loaded()
         kind = request.draft_kind if request.HasField("draft_kind") and request.draft_kind else bundle.default_kind
         engine = bundle.engines.get(kind)
@@ -49,6 +50,7 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
                                              stats=stats_to_proto(out.stats), draft_kind=out.draft_kind)
         if out.target_hidden_from >= 0:
             response.target_hidden_from = out.target_hidden_from
+        response.stats.service_ms = ms_since(arrived)
         return response
 
     async def _prefill_in_chunks(self, engine: Any, inp: ProposeInput, chunk: int) -> float:

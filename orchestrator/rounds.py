@@ -71,6 +71,8 @@ class RoundOutcome:
     target_batch: int = 0           # sessions the target verified in the same forward pass
     target_batch_tokens: int = 0    # tokens that pass computed over all its sessions (0 = not reported)
     target_queue_ms: float = 0.0    # time the verify waited at the target (session lock, the pass before)
+    target_service_ms: float = 0.0  # time the target held the verify (ComputeStats.service_ms; 0 = not reported)
+    draft_service_ms: float = 0.0   # time the draft service held this round's Propose (0 = none or not reported)
     draft_computed: int = 0
     wall_ms: float = 0.0
     wire_bytes: int = 0
@@ -239,6 +241,7 @@ class RoundRunner:
         out.target_ms, out.target_cached = stats.forward_ms, stats.cached_tokens
         out.target_computed, out.target_batch = stats.computed_tokens, stats.batch_size
         out.target_batch_tokens, out.target_queue_ms = stats.batch_tokens, stats.queue_ms
+        out.target_service_ms = stats.service_ms
         out.wire_bytes += verify.ByteSize() + verdict.ByteSize()
         out.retries += retries
         out.wall_ms = (time.perf_counter() - start) * MS_PER_S
@@ -288,6 +291,7 @@ class RoundRunner:
         if relay is not None and response.HasField("target_hidden_from"):
             relay.after_propose(response.target_hidden_from)
         out.draft_ms += response.stats.forward_ms
+        out.draft_service_ms = response.stats.service_ms
         out.draft_kind = response.draft_kind if response.draft_ids else ""
         out.draft_computed = response.stats.computed_tokens
         out.context_resends = send.resends

@@ -133,4 +133,5 @@ class StatsCollector:
                         target_computed_tokens=o.target_computed, draft_computed_tokens=o.draft_computed,
                         target_batch_size=o.target_batch, wire_bytes=o.wire_bytes,
                         context_tokens=o.context_tokens, context_resends=o.context_resends,
-                        draft_hidden_ms=o.draft_hidden_ms, predrafted=o.predrafted)
+                        draft_hidden_ms=o.draft_hidden_ms, predrafted=o.predrafted,
+                        target_service_ms=o.target_service_ms, draft_service_ms=o.draft_service_ms)

@@ -47,6 +47,26 @@ def band(tokens: int) -> str:
     return f"{lo}-{hi}"
 
 
+def split(r) -> dict[str, float]:
+    """Where a round's overhead went (the services report how long they held its calls: service_ms):
+    in_target = the target's time around its forward (queue included), in_draft = the draft service's around its
+    forward, outside_services = the rest (wire, wake-ups, the orchestrator); drafted_overhead = the overhead of a
+    round that carried a draft (the n-gram lookup found one), apart from the rounds that did not."""
+    out: dict[str, float] = {}
+    if r.target_service_ms:
+        out["in_target"] = max(0.0, r.target_service_ms - r.target_ms)
+        in_draft = max(0.0, r.draft_service_ms - r.draft_ms) if r.draft_service_ms else 0.0
+        if r.draft_service_ms:
+            out["in_draft"] = in_draft
+        out["outside_services"] = r.overhead_ms - out["in_target"] - in_draft
+    out["drafted_overhead" if r.draft_ids else "undrafted_overhead"] = r.overhead_ms
+    return out
+
+
+def fmt(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms:.3f} ms"
+
+
 def generate(stub, user: str, k: int, tokens: int) -> tuple[list, list[float]]:
     """(the decode rounds, the cycle overhead of each round that came in a chunk of its own after another
     such chunk: the time between the two chunks' arrival here minus the round's forwards, ms)."""
@@ -159,6 +179,7 @@ def main() -> None:
     samples: dict[str, list[float]] = {}
     forwards: dict[str, list[float]] = {}  # key -> the target's forward ms per decode round (target_ms)
     cycles: dict[str, list[float]] = {}    # key -> cycle overheads (see generate)
+    parts: dict[str, dict[str, list[float]]] = {}  # key -> where the overhead went (see split) -> ms per round
     try:
         for name, stub in stubs.items():     # warm-up, discarded
             generate(stub, prompts[0].user, ks[-1], 8)
@@ -174,8 +195,11 @@ def main() -> None:
                             acc = cpu.setdefault(f"{name} k={k} ctx={band(rounds[0].context_tokens)}", [0.0, 0])
                             acc[0], acc[1] = acc[0] + used, acc[1] + len(rounds) + 1
                         for r in rounds:
-                            samples.setdefault(f"{name} k={k} ctx={band(r.context_tokens)}", []).append(r.overhead_ms)
-                            forwards.setdefault(f"{name} k={k} ctx={band(r.context_tokens)}", []).append(r.target_ms)
+                            key = f"{name} k={k} ctx={band(r.context_tokens)}"
+                            samples.setdefault(key, []).append(r.overhead_ms)
+                            forwards.setdefault(key, []).append(r.target_ms)
+                            for part, ms in split(r).items():
+                                parts.setdefault(key, {}).setdefault(part, []).append(ms)
                         if rounds:
                             cycles.setdefault(f"{name} k={k} ctx={band(rounds[0].context_tokens)}", []).extend(cycle)
                         print(f"{p.set}/{p.id} {name} k={k}: context {rounds[0].context_tokens if rounds else 0}, "
@@ -188,6 +212,8 @@ def main() -> None:
     table = {key: {"p50": statistics.median(v), "n": len(v),
                    "cycle_p50": statistics.median(cycles[key]) if cycles.get(key) else None,
                    "target_forward_ms_p50": statistics.median(forwards[key]),
+                   **{f"{part}_ms_p50": statistics.median(ms) for part, ms in parts.get(key, {}).items()},
+                   "drafted_rounds": len(parts.get(key, {}).get("drafted_overhead", [])),
                    "orchestrator_cpu_ms_per_round": cpu[key][0] / cpu[key][1] if key in cpu else None}
              for key, v in sorted(samples.items())}
     print(f"load average at start {load_start}, at end {load_end}")
@@ -196,7 +222,9 @@ def main() -> None:
         cycle = row["cycle_p50"]
         print(f"{key:40s} overhead p50 {row['p50']:6.3f} ms  cycle p50 {'-' if cycle is None else f'{cycle:6.3f}'} ms"
               f"  (n={row['n']})  orchestrator CPU/round {'-' if cpu_round is None else f'{cpu_round:.2f}'} ms"
-              f"  forward p50 {row['target_forward_ms_p50']:.1f} ms")
+              f"  forward p50 {row['target_forward_ms_p50']:.1f} ms  in the target {fmt(row.get('in_target_ms_p50'))}"
+              f"  wire+orchestrator {fmt(row.get('outside_services_ms_p50'))}"
+              f"  drafted rounds {fmt(row.get('drafted_overhead_ms_p50'))} (n={row['drafted_rounds']})")
     if args.out:
         Path(args.out).write_text(json.dumps({"machine": machine, "load_start": load_start, "load_end": load_end,
                                               "args": vars(args),

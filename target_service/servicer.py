@@ -13,7 +13,7 @@ from specdec.errors import InvalidArgument
 from specdec.protocol import (
     hidden_to_proto, logprobs_to_proto, resolve_context, sampling_from_proto, sparse_from_proto, stats_to_proto,
 )
-from specdec.server.lane import VERIFY, LaneCallContext, LaneMethod
+from specdec.server.lane import VERIFY, LaneCallContext, LaneMethod, call_arrival, ms_since
 from specdec.server.model_service import ModelServiceBase
 from specdec.server.streams import call_timeout_s
 from specdec.v1 import target_pb2, target_pb2_grpc
@@ -41,6 +41,7 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
         return self._batches
 
     async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext) -> Any:
+        arrived = call_arrival(context)
         batches = self.batches()
         deadline_s = call_timeout_s(request, context)    # before `context` names the token ids below
         on_forward = context.forward_done if isinstance(context, LaneCallContext) else None
@@ -64,6 +65,7 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
             matches=r.matches, logprobs=logprobs_to_proto(out.logprobs), stats=stats_to_proto(out.stats))
         if out.hidden is not None:
             response.hidden.CopyFrom(hidden_to_proto(out.hidden))
+        response.stats.service_ms = ms_since(arrived)
         return response
 
     def lane_methods(self) -> dict[int, LaneMethod]:

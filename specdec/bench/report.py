@@ -100,7 +100,8 @@ def _set_section(records: list[Any], names: list[str], ks: dict[str, int | None]
         "overhead_share_p50", "overhead_e2e_ms_per_round", "acceptance_rate", "mean_accepted_length",
         "per_position_acceptance", "target_passes_per_token", "itl_ms_p50", "itl_ms_p95", "ttft_ms_p50",
         "draft_ms_per_round", "verify_ms_per_round", "verify_cost_ratio_stack", "bound", "bound_drafted",
-        "speedup_vs_bound", "mean_k", "wire_bytes_per_round_p50", "context_tokens_p50")}
+        "speedup_vs_bound", "mean_k", "wire_bytes_per_round_p50", "context_tokens_p50",
+        "target_outside_forward_ms_p50")}
     for n in names:
         out["tokens_per_s"][n] = spread([tps[(n, rep)] for rep in repeats])
         out["speedup"][n] = spread([_div(tps[(n, rep)], tps.get((K0, rep))) for rep in repeats])
@@ -180,6 +181,9 @@ def _stack_measures(out: dict, n: str, k: int | None, runs: dict, repeats: list[
     # Bytes on the wire per decode round (round 0 carries the prompt) and the context the rounds ran at.
     out["wire_bytes_per_round_p50"][n] = pct([rd["wire_bytes"] for rd in decode_rounds if "wire_bytes" in rd], 50)
     out["context_tokens_p50"][n] = pct([rd["context_tokens"] for rd in rounds if "context_tokens" in rd], 50)
+    # The part of the overhead spent inside the target around its forward (the rest: wire, orchestrator, draft).
+    out["target_outside_forward_ms_p50"][n] = pct([rd["target_service_ms"] - rd["target_ms"] for rd in decode_rounds
+                                                   if rd.get("target_service_ms")], 50)
     out["draft_ms_per_round"][n] = _p50_mean([rd["draft_ms"] for rd in decode_rounds])
     out["verify_ms_per_round"][n] = _p50_mean([rd["target_ms"] for rd in decode_rounds])
     # The bound, in units of one target step: tokens per round / cost of a round.

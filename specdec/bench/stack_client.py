@@ -120,7 +120,8 @@ class StackClient:
 def round_dict(r: Any) -> dict[str, Any]:
     return {"k": r.k, "drafted": len(r.draft_ids), "accepted": r.num_accepted, "draft_ms": r.draft_ms,
             "target_ms": r.target_ms, "overhead_ms": r.overhead_ms, "wire_bytes": r.wire_bytes,
-            "context_tokens": r.context_tokens, "predrafted": r.predrafted, "draft_hidden_ms": r.draft_hidden_ms}
+            "context_tokens": r.context_tokens, "predrafted": r.predrafted, "draft_hidden_ms": r.draft_hidden_ms,
+            "target_service_ms": r.target_service_ms, "draft_service_ms": r.draft_service_ms}
 
 
 def stats_dict(stats: Any) -> dict[str, Any]:

@@ -37,6 +37,7 @@ import logging
 import ssl
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -57,6 +58,18 @@ RESULT_WITHIN_S = 0.002           # after a forward the loop polls this long for
 HELLO, PROPOSE, VERIFY, OK, ERROR, FORWARD_DONE = 1, 2, 3, 4, 5, 6
 NOTIFY = 0x80                     # request kind bit: send FORWARD_DONE when the call's forward has finished
 METHOD_KINDS = {"Propose": PROPOSE, "Verify": VERIFY}
+
+
+def call_arrival(context: Any) -> float:
+    """time.perf_counter() when a call reached the service: its frame's read for a round-lane call, now (the
+    handler starting) for a gRPC call. ComputeStats.service_ms counts from it."""
+    received = context.received if isinstance(context, LaneCallContext) else None
+    return received if received is not None else time.perf_counter()
+
+
+def ms_since(started: float) -> float:
+    """Milliseconds from `started` (time.perf_counter()) to now."""
+    return (time.perf_counter() - started) * 1000.0
 
 
 def frame(kind: int, payload: bytes = b"") -> bytes:
@@ -102,10 +115,12 @@ class LaneCallContext:
 
     forward_done: for a call that asked (NOTIFY), what the engine calls, on any thread, once the call's
     forward has finished (None: nobody asked).
+    received: time.perf_counter() when the event loop read the call's frame (None: not known).
     """
 
-    def __init__(self, forward_done: Callable[[], None] | None = None) -> None:
+    def __init__(self, forward_done: Callable[[], None] | None = None, received: float | None = None) -> None:
         self.forward_done = forward_done
+        self.received = received
 
     def time_remaining(self) -> float | None:
         return None
@@ -212,6 +227,7 @@ class _LaneConnection(asyncio.Protocol):
             self.call.cancel()
 
     def data_received(self, data: bytes) -> None:
+        received = time.perf_counter()
         try:
             frames = self.frames.feed(data)
         except ValueError as exc:
@@ -220,9 +236,9 @@ class _LaneConnection(asyncio.Protocol):
         for kind, payload in frames:
             if self.transport.is_closing():
                 return
-            self._frame(kind, payload)
+            self._frame(kind, payload, received)
 
-    def _frame(self, kind: int, payload: bytes) -> None:
+    def _frame(self, kind: int, payload: bytes, received: float) -> None:
         if kind == HELLO:
             if self.lane.authorized(payload):
                 self.greeted = True
@@ -242,11 +258,12 @@ class _LaneConnection(asyncio.Protocol):
             self.started += 1
             asks = kind & NOTIFY and self.lane.forward_done
             notify = functools.partial(self._forward_done, self.started) if asks else None
-            self.call = asyncio.get_running_loop().create_task(self._run(kind & ~NOTIFY, payload, notify))
+            context = LaneCallContext(notify, received)
+            self.call = asyncio.get_running_loop().create_task(self._run(kind & ~NOTIFY, payload, context))
 
-    async def _run(self, kind: int, payload: bytes, notify: Callable[[], None] | None) -> None:
+    async def _run(self, kind: int, payload: bytes, context: LaneCallContext) -> None:
         with self.lane.gate.track():
-            answer = await self.lane.answer(kind, payload, LaneCallContext(notify))
+            answer = await self.lane.answer(kind, payload, context)
         self.call = None
         if not self.transport.is_closing():
             if self.polling is not None:

@@ -151,7 +151,7 @@ class ReleaseResponse(_message.Message):
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class ComputeStats(_message.Message):
-    __slots__ = ("cached_tokens", "computed_tokens", "rolled_back", "forward_ms", "queue_ms", "batch_size", "batch_tokens")
+    __slots__ = ("cached_tokens", "computed_tokens", "rolled_back", "forward_ms", "queue_ms", "batch_size", "batch_tokens", "service_ms")
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROLLED_BACK_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +159,7 @@ class ComputeStats(_message.Message):
     QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_MS_FIELD_NUMBER: _ClassVar[int]
     cached_tokens: int
     computed_tokens: int
     rolled_back: int
@@ -166,7 +167,8 @@ class ComputeStats(_message.Message):
     queue_ms: float
     batch_size: int
     batch_tokens: int
-    def __init__(self, cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., rolled_back: _Optional[int] = ..., forward_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ...) -> None: ...
+    service_ms: float
+    def __init__(self, cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., rolled_back: _Optional[int] = ..., forward_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., service_ms: _Optional[float] = ...) -> None: ...
 
 class ServiceStats(_message.Message):
     __slots__ = ("calls", "failures", "in_flight", "cached_sessions", "cache_used_bytes", "cache_budget_bytes", "cache_hits", "cache_misses", "cache_rollbacks", "rolled_back_tokens", "cache_evictions", "computed_tokens", "reused_tokens", "last_call_ok", "last_error", "batches", "batched_calls", "context_hits", "context_misses", "context_evictions", "lane_calls", "lane_forward_done")

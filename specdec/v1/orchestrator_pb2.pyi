@@ -147,7 +147,7 @@ class Stats(_message.Message):
     def __init__(self, rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., recovered_tokens: _Optional[int] = ..., bonus_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., overhead_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., wire_bytes: _Optional[int] = ..., wire_bytes_per_round: _Optional[float] = ..., target_passes: _Optional[int] = ..., degraded_rounds: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., time_to_first_token_ms: _Optional[float] = ..., retries: _Optional[int] = ..., target_computed_tokens: _Optional[int] = ..., draft_computed_tokens: _Optional[int] = ..., context_resends: _Optional[int] = ..., draft_hidden_ms: _Optional[float] = ..., predrafts: _Optional[int] = ..., predrafts_used: _Optional[int] = ...) -> None: ...
 
 class Round(_message.Message):
-    __slots__ = ("index", "k", "draft_ids", "matches", "target_ids", "num_accepted", "next_token", "next_kind", "text", "draft_ms", "target_ms", "overhead_ms", "draft_replica", "target_replica", "target_cached_tokens", "target_computed_tokens", "draft_computed_tokens", "target_batch_size", "draft_kind", "wire_bytes", "context_tokens", "context_resends", "draft_hidden_ms", "predrafted")
+    __slots__ = ("index", "k", "draft_ids", "matches", "target_ids", "num_accepted", "next_token", "next_kind", "text", "draft_ms", "target_ms", "overhead_ms", "draft_replica", "target_replica", "target_cached_tokens", "target_computed_tokens", "draft_computed_tokens", "target_batch_size", "draft_kind", "wire_bytes", "context_tokens", "context_resends", "draft_hidden_ms", "predrafted", "target_service_ms", "draft_service_ms")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     DRAFT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,8 @@ class Round(_message.Message):
     CONTEXT_RESENDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_HIDDEN_MS_FIELD_NUMBER: _ClassVar[int]
     PREDRAFTED_FIELD_NUMBER: _ClassVar[int]
+    TARGET_SERVICE_MS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_SERVICE_MS_FIELD_NUMBER: _ClassVar[int]
     index: int
     k: int
     draft_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -196,7 +198,9 @@ class Round(_message.Message):
     context_resends: int
     draft_hidden_ms: float
     predrafted: bool
-    def __init__(self, index: _Optional[int] = ..., k: _Optional[int] = ..., draft_ids: _Optional[_Iterable[int]] = ..., matches: _Optional[_Iterable[bool]] = ..., target_ids: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., next_kind: _Optional[_Union[_target_pb2.NextKind, str]] = ..., text: _Optional[str] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., overhead_ms: _Optional[float] = ..., draft_replica: _Optional[str] = ..., target_replica: _Optional[str] = ..., target_cached_tokens: _Optional[int] = ..., target_computed_tokens: _Optional[int] = ..., draft_computed_tokens: _Optional[int] = ..., target_batch_size: _Optional[int] = ..., draft_kind: _Optional[str] = ..., wire_bytes: _Optional[int] = ..., context_tokens: _Optional[int] = ..., context_resends: _Optional[int] = ..., draft_hidden_ms: _Optional[float] = ..., predrafted: _Optional[bool] = ...) -> None: ...
+    target_service_ms: float
+    draft_service_ms: float
+    def __init__(self, index: _Optional[int] = ..., k: _Optional[int] = ..., draft_ids: _Optional[_Iterable[int]] = ..., matches: _Optional[_Iterable[bool]] = ..., target_ids: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., next_kind: _Optional[_Union[_target_pb2.NextKind, str]] = ..., text: _Optional[str] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., overhead_ms: _Optional[float] = ..., draft_replica: _Optional[str] = ..., target_replica: _Optional[str] = ..., target_cached_tokens: _Optional[int] = ..., target_computed_tokens: _Optional[int] = ..., draft_computed_tokens: _Optional[int] = ..., target_batch_size: _Optional[int] = ..., draft_kind: _Optional[str] = ..., wire_bytes: _Optional[int] = ..., context_tokens: _Optional[int] = ..., context_resends: _Optional[int] = ..., draft_hidden_ms: _Optional[float] = ..., predrafted: _Optional[bool] = ..., target_service_ms: _Optional[float] = ..., draft_service_ms: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("session_id", "request_id", "text", "token_ids", "finish_reason", "usage", "stats", "trace", "logprobs", "model")

@@ -60,6 +60,10 @@ def check_trace(resp) -> None:
     assert all(r.draft_hidden_ms > 0 and r.draft_kind == "model" and r.draft_ids for r in used)
     assert resp.stats.draft_hidden_ms == pytest.approx(sum(r.draft_hidden_ms for r in used))
     assert resp.stats.context_resends == 0
+    for r in resp.trace:    # the services report how long they held each call (ComputeStats.service_ms)
+        assert r.target_service_ms >= r.target_ms > 0
+        if r.draft_ids and not r.predrafted:
+            assert r.draft_service_ms >= r.draft_ms > 0
 
 
 def test_greedy_overlap_is_the_target_alone_and_the_sequential_rounds(stack, tiny):

@@ -44,6 +44,7 @@ MAX_NEW = 64
 RPC_TIMEOUT_S = 120.0
 TIE_EPSILON = 1e-4
 MAX_TIES = 1
+FLOAT_SLACK_MS = 1e-6  # two durations measured on one clock in two processes, rounded as doubles
 # Measured on this machine (2 CPU cores, k=4, 12 grounded prompts): 1.96 tokens per round with the
 # default n-gram min_n = 2 (2.27 with min_n = 1, which drafts in more rounds and wastes more verify
 # passes), stats.mean_accepted_length aggregated over all rounds. The floor is ~80 % of that; an
@@ -166,6 +167,10 @@ def test_grounded_prompts_identity_and_acceptance(grounded_runs, reference, eos)
         assert s.accepted_tokens == sum(r.num_accepted for r in resp.trace)
         assert s.draft_tokens == sum(len(r.draft_ids) for r in resp.trace)
         assert all(r.k <= K for r in resp.trace)
+        for r in resp.trace:  # the target's time around its forward is inside the round's overhead
+            assert r.target_service_ms >= r.target_ms > 0
+            own = r.target_service_ms - r.target_ms + (r.draft_service_ms - r.draft_ms if r.draft_service_ms else 0.0)
+            assert own <= r.overhead_ms + FLOAT_SLACK_MS, (r.index, own, r.overhead_ms)
         rounds += s.rounds
         accepted += s.accepted_tokens
         drafted += s.draft_tokens
