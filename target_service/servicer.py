@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import grpc
 
 from specdec.core.accept import BONUS
-from specdec.engine.types import VerifyInput
+from specdec.engine.types import VerifyInput, VerifyOutput
 from specdec.engine.batch_queue import BatchQueue
 from specdec.errors import InvalidArgument
 from specdec.protocol import (
@@ -41,6 +42,14 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
         return self._batches
 
     async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext) -> Any:
+        answer = self.verify_now(request, context)
+        return await answer if inspect.isawaitable(answer) else answer
+
+    def verify_now(self, request: target_pb2.VerifyRequest, context: Any) -> Any:
+        """Verify, answered at once where it can be: a lone session's decode round runs right here
+        (BatchQueue.run_now) and its response is returned; any other call returns the awaitable that queues
+        it and answers (BatchQueue.submit). The round lane calls this from the frame's read, so such a round
+        needs no task either."""
         arrived = call_arrival(context)
         batches = self.batches()
         deadline_s = call_timeout_s(request, context)    # before `context` names the token ids below
@@ -56,20 +65,17 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
             hidden_from=hidden_from(request, position_base), verdict_only=request.verdict_only,
             on_forward=on_forward,
         )
-        out, queue_ms = await batches.submit(request.session_id, inp, deadline_s)
-        out.stats.queue_ms = queue_ms
-        r = out.result
-        kind = target_pb2.NEXT_KIND_BONUS if r.next_kind == BONUS else target_pb2.NEXT_KIND_RECOVERED
-        response = target_pb2.VerifyResponse(
-            num_accepted=r.num_accepted, next_token=r.next_token, next_kind=kind, target_ids=r.target_ids,
-            matches=r.matches, logprobs=logprobs_to_proto(out.logprobs), stats=stats_to_proto(out.stats))
-        if out.hidden is not None:
-            response.hidden.CopyFrom(hidden_to_proto(out.hidden))
-        response.stats.service_ms = ms_since(arrived)
-        return response
+        out = batches.run_now(request.session_id, inp)
+        if out is None:
+            return self._queued(inp, deadline_s, arrived)
+        return verify_response(out, 0.0, arrived)
+
+    async def _queued(self, inp: VerifyInput, deadline_s: float | None, arrived: float) -> target_pb2.VerifyResponse:
+        out, queue_ms = await self.batches().submit(inp.session_id, inp, deadline_s)
+        return verify_response(out, queue_ms, arrived)
 
     def lane_methods(self) -> dict[int, LaneMethod]:
-        return {VERIFY: LaneMethod("Verify", target_pb2.VerifyRequest.FromString, self.Verify)}
+        return {VERIFY: LaneMethod("Verify", target_pb2.VerifyRequest.FromString, self.Verify, self.verify_now)}
 
     lane_forward_done = True
 
@@ -77,6 +83,20 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
         """Verify calls one after another on one stream (specdec/server/streams.py)."""
         async for response in self.round_stream(requests, lambda request: self.Verify(request, context)):
             yield response
+
+
+def verify_response(out: VerifyOutput, queue_ms: float, arrived: float) -> target_pb2.VerifyResponse:
+    """engine -> proto; `arrived`: when the call reached the service (ComputeStats.service_ms counts from it)."""
+    out.stats.queue_ms = queue_ms
+    r = out.result
+    kind = target_pb2.NEXT_KIND_BONUS if r.next_kind == BONUS else target_pb2.NEXT_KIND_RECOVERED
+    response = target_pb2.VerifyResponse(
+        num_accepted=r.num_accepted, next_token=r.next_token, next_kind=kind, target_ids=r.target_ids,
+        matches=r.matches, logprobs=logprobs_to_proto(out.logprobs), stats=stats_to_proto(out.stats))
+    if out.hidden is not None:
+        response.hidden.CopyFrom(hidden_to_proto(out.hidden))
+    response.stats.service_ms = ms_since(arrived)
+    return response
 
 
 def hidden_from(request: target_pb2.VerifyRequest, position_base: int) -> int:

@@ -298,9 +298,7 @@ class BatchQueue(Generic[I, T]):
         """One batch_fn call on the model thread (or inline: None = as `_small_items` says); each caller gets
         its result. With `turn` (entry, tokens, long_context), batch_turn runs that prefill's turn in the same
         pass (a failed turn fails its own call alone)."""
-        self._last = {sid for sid, _, _, _ in batch}
-        self.worker.state.observe_batch(len(batch), FILL_WEIGHT)
-        prefill_tokens = self._prefill_tokens(batch) + (turn[1] if turn else 0)
+        prefill_tokens = self._begin_pass(batch) + (turn[1] if turn else 0)
         items = [item for _, item, _, _ in batch]
         started = time.perf_counter()
         try:
@@ -315,10 +313,7 @@ class BatchQueue(Generic[I, T]):
             results = [exc] * len(batch)
             if turn:
                 self._fail_turn(turn[0], exc)
-        if prefill_tokens:
-            self.worker.state.prefill_ms += (time.perf_counter() - started) * MS_PER_S
-            self._learn_speed(prefill_tokens, time.perf_counter() - started, turn is not None and turn[2])
-        self._batch_ended = time.perf_counter()
+        self._end_pass(prefill_tokens, started, turn is not None and turn[2])
         for (_, _, future, queued), result in zip(batch, results):
             if future.done():
                 continue  # the caller went away (cancelled)
@@ -326,6 +321,45 @@ class BatchQueue(Generic[I, T]):
                 future.set_exception(result)
             else:
                 future.set_result((result, (started - queued) * MS_PER_S))
+
+    def _begin_pass(self, batch: list[Entry]) -> int:
+        """Count a pass of `batch` (its sessions are the group the next batch waits for); returns the tokens it
+        prefills (0: a pass of decode rounds)."""
+        self._last = {entry[0] for entry in batch}
+        self.worker.state.observe_batch(len(batch), FILL_WEIGHT)
+        return self._prefill_tokens(batch)
+
+    def _end_pass(self, prefill_tokens: int, started: float, long_context: bool) -> None:
+        """After a pass that began at `started` (time.perf_counter()): its prefill speed, when it prefilled."""
+        if prefill_tokens:
+            self.worker.state.prefill_ms += (time.perf_counter() - started) * MS_PER_S
+            self._learn_speed(prefill_tokens, time.perf_counter() - started, long_context)
+        self._batch_ended = time.perf_counter()
+
+    def run_now(self, session_id: str, item: I) -> T | None:
+        """A lone session's small call, run at once on the event loop: no session lock, future or loop turn.
+        Lone: no call in flight or queued, the model thread idle and the last pass held this session alone (or
+        none), so no other session's call can join it (a second session shows as a call in flight or in the last
+        pass, and its calls go through `submit`, which batches). Small: a forward `submit` would run inline
+        anyway (`_small_items`). What `submit` does for it, less the machinery a lone session never uses, which
+        on a CPU is cold Python after every forward (docs/performance.md, "Where a round's time goes in the
+        target"). Returns its result (its error is raised), or None when the call is not such a call (submit it).
+        """
+        if not (self._lone(session_id) and self._small_items([item])):
+            return None
+        entry = (session_id, item, None, time.perf_counter())
+        prefill_tokens, started = self._begin_pass([entry]), time.perf_counter()
+        try:
+            result = self.worker.call_now(lambda: self.batch_fn([item]))[0]
+        finally:
+            self._end_pass(prefill_tokens, started, False)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def _lone(self, session_id: str) -> bool:
+        return (not self._solo and self.worker.state.in_flight == 0 and self._idle()
+                and self._last <= {session_id} and self.worker.model_thread_idle())
 
     @staticmethod
     def _fail_turn(entry: Entry, left: object) -> None:

@@ -134,6 +134,12 @@ class ModelWorker:
         finally:
             self._on_thread -= 1
 
+    def call_now(self, fn: Callable[[], T]) -> T:
+        """Run fn right here on the event loop (BatchQueue.run_now: a lone session's small call, with nothing on
+        the model thread, as run_on_thread runs an inline call)."""
+        self.state.inline_calls += 1
+        return self._call(fn)
+
     def model_thread_idle(self) -> bool:
         """Whether no call is on the model thread (a small call would run inline now)."""
         return self._on_thread == 0

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import inspect
 import logging
-from typing import Any, Awaitable, Callable, Iterable, Iterator
+from typing import Any, Awaitable, Callable, Iterable
 
 import grpc
 
@@ -146,20 +145,12 @@ class DrainGate(grpc.aio.ServerInterceptor):
         """Return once no counted call is in flight."""
         await self._idle.wait()
 
-    @contextlib.contextmanager
-    def track(self) -> Iterator[None]:
-        """Count a call served outside gRPC (the round lane) as in flight while the block runs."""
-        self._enter()
-        try:
-            yield
-        finally:
-            self._leave()
-
-    def _enter(self) -> None:
+    def enter(self) -> None:
+        """Count a call in flight (track() as two calls, for a call that ends in another task: leave())."""
         self._in_flight += 1
         self._idle.clear()
 
-    def _leave(self) -> None:
+    def leave(self) -> None:
         self._in_flight -= 1
         if self._in_flight == 0:
             self._idle.set()
@@ -167,20 +158,20 @@ class DrainGate(grpc.aio.ServerInterceptor):
     def _counted(self, behavior: Callable[..., Any]) -> Callable[..., Any] | None:
         if inspect.isasyncgenfunction(behavior):
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                self._enter()
+                self.enter()
                 try:
                     async for item in behavior(request, context):
                         yield item
                 finally:
-                    self._leave()
+                    self.leave()
             return stream
         if inspect.iscoroutinefunction(behavior):
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                self._enter()
+                self.enter()
                 try:
                     return await behavior(request, context)
                 finally:
-                    self._leave()
+                    self.leave()
             return unary
         return None
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
+import inspect
 import logging
 import ssl
 import struct
@@ -128,11 +129,16 @@ class LaneCallContext:
 
 @dataclass(frozen=True)
 class LaneMethod:
-    """A method the lane serves: its request parser and the servicer's handler."""
+    """A method the lane serves: its request parser and the servicer's handler.
+
+    now: the handler's form that may answer at once (TargetServicer.verify_now): returns the response, or an
+    awaitable of it for a call it could not answer at once; then the frame is answered without a task.
+    """
 
     name: str
     parse: Callable[[bytes], Any]
     handle: Callable[[Any, Any], Awaitable[Any]]
+    now: Callable[[Any, Any], Any] | None = None
 
 
 class RoundLaneServer:
@@ -178,8 +184,9 @@ class RoundLaneServer:
     def authorized(self, presented: bytes) -> bool:
         return not self.token or hmac.compare_digest(presented, self.token.encode())
 
-    async def answer(self, kind: int, payload: bytes, context: LaneCallContext | None = None) -> bytes:
-        """The OK or ERROR frame for one call."""
+    def answer_now(self, kind: int, payload: bytes, context: LaneCallContext) -> bytes | Awaitable[bytes]:
+        """The OK or ERROR frame for one call when it was answered at once (LaneMethod.now), else an awaitable
+        of it."""
         method = self.methods.get(kind)
         self.calls += 1
         try:
@@ -189,10 +196,19 @@ class RoundLaneServer:
                 request = method.parse(payload)
             except DecodeError as exc:
                 raise InvalidArgument(f"malformed {method.name} request: {exc}") from None
-            response = await method.handle(request, context or LaneCallContext())
+            response = method.now(request, context) if method.now is not None else method.handle(request, context)
+            if inspect.isawaitable(response):
+                return self._answer_later(method.name, response)
             return frame(OK, response.SerializeToString())
         except Exception as exc:  # noqa: BLE001 - every failure is answered with its status, as gRPC would
             return error_frame(*status_of(exc, f"round lane {method.name if method else kind}"))
+
+    @staticmethod
+    async def _answer_later(name: str, response: Awaitable[Any]) -> bytes:
+        try:
+            return frame(OK, (await response).SerializeToString())
+        except Exception as exc:  # noqa: BLE001 - as in answer_now
+            return error_frame(*status_of(exc, f"round lane {name}"))
 
 
 class _LaneConnection(asyncio.Protocol):
@@ -202,7 +218,8 @@ class _LaneConnection(asyncio.Protocol):
         self.lane = lane
         self.frames = FrameBuffer(lane.max_bytes)
         self.greeted = False               # said HELLO with an accepted token
-        self.call: asyncio.Task | None = None
+        self.call: asyncio.Task | None = None    # the call being answered, when it waits (see _frame)
+        self.answering = False             # a call was read and is not answered yet (at once or by self.call)
         self.started = 0                   # calls started on this connection
         self.polling: spin.Window | None = None   # the loop polls for this connection's next request / result
         self.transport: asyncio.Transport
@@ -248,7 +265,7 @@ class _LaneConnection(asyncio.Protocol):
                              "missing or invalid bearer token (the round lane's HELLO frame)")
         elif not self.greeted:
             self._refuse(grpc.StatusCode.UNAUTHENTICATED, "a round-lane connection opens with a HELLO frame")
-        elif self.call is not None:
+        elif self.answering:
             self._refuse(grpc.StatusCode.INVALID_ARGUMENT, "round lane: a second call before the first was answered")
         elif self.lane.gate.closed:
             self._refuse(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)   # never run: the caller retries elsewhere
@@ -258,13 +275,29 @@ class _LaneConnection(asyncio.Protocol):
             self.started += 1
             asks = kind & NOTIFY and self.lane.forward_done
             notify = functools.partial(self._forward_done, self.started) if asks else None
-            context = LaneCallContext(notify, received)
-            self.call = asyncio.get_running_loop().create_task(self._run(kind & ~NOTIFY, payload, context))
+            self.answering = True
+            self.lane.gate.enter()         # in flight until answered, here or in the task below (no gap a drain sees)
+            answer: bytes | Awaitable[bytes] = b""
+            try:
+                answer = self.lane.answer_now(kind & ~NOTIFY, payload, LaneCallContext(notify, received))
+            finally:
+                if isinstance(answer, bytes):
+                    self.lane.gate.leave()
+            if isinstance(answer, bytes):
+                self._send(answer)
+            else:
+                self.call = asyncio.get_running_loop().create_task(self._run(answer))
 
-    async def _run(self, kind: int, payload: bytes, context: LaneCallContext) -> None:
-        with self.lane.gate.track():
-            answer = await self.lane.answer(kind, payload, context)
-        self.call = None
+    async def _run(self, answer: Awaitable[bytes]) -> None:
+        try:
+            sent = await answer
+        finally:
+            self.lane.gate.leave()
+        self._send(sent)
+
+    def _send(self, answer: bytes) -> None:
+        """Send a call's answer (the connection is free for the next call)."""
+        self.call, self.answering = None, False
         if not self.transport.is_closing():
             if self.polling is not None:
                 self.polling.cancel()
@@ -280,7 +313,7 @@ class _LaneConnection(asyncio.Protocol):
         if threading.get_ident() != self.loop_thread:
             self.loop.call_soon_threadsafe(self._forward_done, call)
             return
-        if self.call is not None and self.started == call and not self.transport.is_closing():
+        if self.answering and self.started == call and not self.transport.is_closing():
             self.transport.write(FORWARD_DONE_FRAME)
             self.lane.forward_done_frames += 1
             self.polling = spin.expect_soon(RESULT_WITHIN_S)

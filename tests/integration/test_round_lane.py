@@ -25,6 +25,7 @@ import grpc
 import pytest
 
 from specdec.config import RetryConfig, ServerConfig
+from specdec.errors import InvalidArgument
 from specdec.metrics import OrchestratorMetrics
 from specdec.server.app import GrpcApp
 from specdec.server.lane import HEADER, HELLO, OK, VERIFY, LaneMethod, RoundLaneServer, frame
@@ -316,6 +317,57 @@ def test_forward_done_reaches_a_caller_that_asks_before_its_answer(offered, aske
         assert sent == servicer.client.forward_done == 2   # "a" and "stale": the stale notice sent nothing
     else:
         assert servicer.notifiers == [None] * 3 and sent == servicer.client.forward_done == 0
+
+
+class AnswersAtOnce:
+    """A LaneMethod.now handler (as TargetServicer.verify_now): session "now" reports its forward and is answered
+    at once, "bad" fails at once, any other session is answered later (an awaitable, as a queued call)."""
+
+    def __init__(self) -> None:
+        self.in_task: dict[str, bool] = {}     # session -> whether the handler ran inside an asyncio task
+
+    def now(self, request, context):
+        self.in_task[request.session_id] = asyncio.current_task() is not None
+        if request.session_id == "bad":
+            raise InvalidArgument("bad request")
+        if request.session_id == "now":
+            context.forward_done()
+            return target_pb2.VerifyResponse(next_token=len(request.context_ids))
+        return self.later(request)
+
+    @staticmethod
+    async def later(request):
+        await asyncio.sleep(0.01)
+        return target_pb2.VerifyResponse(next_token=10 * len(request.context_ids))
+
+
+def test_a_call_answered_at_once_runs_without_a_task_and_keeps_forward_done_errors_and_the_drain_count():
+    loop = asyncio.new_event_loop()
+    handler = AnswersAtOnce()
+
+    async def body():
+        app = GrpcApp("specdec.v1.Target", ServerConfig(host="127.0.0.1", port=0, drain_seconds=30.0))
+        await app.start(lambda s: None)
+        methods = {VERIFY: LaneMethod("Verify", target_pb2.VerifyRequest.FromString, None, handler.now)}
+        lane = RoundLaneServer(methods, app.gate, "", MAX_BYTES, forward_done=True)
+        caller = RoundLane("127.0.0.1", await lane.start("127.0.0.1", 0), "", MAX_BYTES, idle_max=4,
+                           connect_timeout_s=1.0, retry_s=60.0, notify=True)
+        answers = [(await caller.call("Verify", verify(session=s, n=n), 5.0)).next_token
+                   for s, n in (("now", 1), ("later", 2), ("now", 3))]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await caller.call("Verify", verify(session="bad"), 5.0)
+        after = (await caller.call("Verify", verify(session="now", n=4), 5.0)).next_token
+        in_flight = app.gate.in_flight
+        await app.server.stop(grace=None)
+        return answers, err.value.code(), after, lane.forward_done_frames, caller.forward_done, in_flight
+    try:
+        answers, code, after, sent, heard, in_flight = loop.run_until_complete(body())
+    finally:
+        loop.close()
+    assert answers == [1, 20, 3] and after == 4 and code == grpc.StatusCode.INVALID_ARGUMENT
+    assert handler.in_task == {"now": False, "later": False, "bad": False}   # each handler ran at the frame's read
+    assert sent == heard == 3              # the calls answered at once still told the caller of their forward
+    assert in_flight == 0                  # every call, at once or later, left the drain count
 
 
 class CancelsFirst(target_pb2_grpc.TargetServicer):

@@ -212,6 +212,41 @@ def test_what_a_batch_writes_to_its_caches_decides_inline_not_only_what_it_compu
     assert run(scenario()) == [True, False]
 
 
+def test_a_lone_sessions_small_call_runs_at_once_and_any_other_call_is_left_to_submit():
+    async def scenario():
+        recorded, on_loop = recording_batch_fn()
+
+        def batch_fn(items):     # an item with a third field fails (its error in its place)
+            return [InvalidArgument(item[2]) if len(item) > 2 else r for item, r in zip(items, recorded(items))]
+
+        worker = ModelWorker("t")
+        queue = BatchQueue(worker, batch_fn, max_batch=8, work_tokens=lambda item: item[1], inline_max_tokens=16)
+        seen = {"first": queue.run_now("s", ("s", 5)),          # nothing ran yet: lone
+                "again": queue.run_now("s", ("s", 5)),          # its own last pass: still lone
+                "large": queue.run_now("s", ("s", 17)),         # not small: submit it (the model thread)
+                "bad": None}
+        try:
+            queue.run_now("s", ("s", 3, "bad 3"))
+        except InvalidArgument as exc:                          # an item's error is raised, as submit does
+            seen["bad"] = str(exc)
+        await queue.submit("t", ("t", 5))                       # another session's pass ...
+        seen["after another"] = queue.run_now("s", ("s", 5))    # ... so "s" may have company: submit
+        await queue.submit("s", ("s", 5))                       # alone again
+        held = asyncio.ensure_future(worker.run("u", lambda: time.sleep(STEP_S)))  # a call in flight (thread)
+        await asyncio.sleep(STEP_S / 5)
+        seen["call in flight"] = queue.run_now("s", ("s", 5))
+        await held
+        worker.shutdown()
+        return seen, on_loop, worker.state
+
+    seen, on_loop, state = run(scenario())
+    assert seen == {"first": 5, "again": 5, "large": None, "bad": "bad 3", "after another": None,
+                    "call in flight": None}
+    # at once: first, again, bad (the large one did not run); then t's and s's passes, inline through submit
+    assert on_loop == [True, True, True, True, True]
+    assert (state.batches, state.batched_calls) == (5, 5) and state.inline_calls == 5
+
+
 def test_the_model_is_loaded_on_the_thread_that_runs_its_forwards_and_not_counted_as_a_call():
     """One thread for all torch work: a second thread running torch ops gets its own OpenMP team."""
     import threading
