@@ -21,6 +21,7 @@ import hashlib
 import inspect
 import logging
 import socket
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +34,8 @@ HASH_KEY_SEPARATOR = "|"
 DNS_SCHEME = "dns:"
 DEFAULT_MAX_IN_FLIGHT_PER_REPLICA = 64
 DEFAULT_REFRESH_SECONDS = 5.0
+#: sessions whose replica preference order a ReplicaSet remembers (its list unchanged): a round's pick hashes nothing.
+RANK_MEMO_SESSIONS = 4096
 
 Resolver = Callable[[], Awaitable[list[str]]] | Callable[[], list[str]]
 
@@ -89,7 +92,13 @@ def pick_replica(
     """
     if max_in_flight < 1:
         raise ValueError("max_in_flight must be >= 1")
-    for replica in rendezvous_rank(session_id, replicas):
+    return first_available(rendezvous_rank(session_id, replicas), in_flight, max_in_flight, unhealthy)
+
+
+def first_available(ranked: Sequence[str], in_flight: Mapping[str, int], max_in_flight: int,
+                    unhealthy: set[str] | frozenset[str]) -> str | None:
+    """The first of `ranked` (a session's preference order) that is healthy and not saturated, else None."""
+    for replica in ranked:
         if replica in unhealthy:
             continue
         if in_flight.get(replica, 0) >= max_in_flight:
@@ -212,6 +221,7 @@ class ReplicaSet:
         self._resolve = resolve
         self.config = config or RoutingConfig()
         self._state = _State()
+        self._ranks: OrderedDict[str, tuple[tuple[str, ...], list[str]]] = OrderedDict()   # see rank()
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -270,9 +280,24 @@ class ReplicaSet:
         self._state.unhealthy.discard(replica)
 
     def pick(self, session_id: str) -> str | None:
-        """Where the next round of `session_id` should go, or None."""
-        return pick_replica(session_id, self._state.replicas, self._state.in_flight,
-                            self.config.max_in_flight_per_replica, self._state.unhealthy)
+        """Where the next round of `session_id` should go, or None (pick_replica, with the session's preference
+        order remembered while the replica list stays the same: a round costs no hashing, at any pool size)."""
+        return first_available(self.rank(session_id), self._state.in_flight,
+                               self.config.max_in_flight_per_replica, self._state.unhealthy)
+
+    def rank(self, session_id: str) -> list[str]:
+        """rendezvous_rank of the session over the known replicas, remembered for the RANK_MEMO_SESSIONS
+        sessions used last."""
+        replicas = self._state.replicas
+        known = self._ranks.get(session_id)
+        if known is not None and known[0] == replicas:
+            self._ranks.move_to_end(session_id)
+            return known[1]
+        ranked = rendezvous_rank(session_id, replicas)
+        self._ranks[session_id] = (replicas, ranked)
+        if len(self._ranks) > RANK_MEMO_SESSIONS:
+            self._ranks.popitem(last=False)
+        return ranked
 
     def acquire(self, replica: str) -> None:
         """Count one more outstanding round on `replica`."""

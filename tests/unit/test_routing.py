@@ -179,6 +179,33 @@ def test_replica_set_health_and_in_flight():
             pass
 
 
+def test_a_replica_sets_remembered_preference_orders_pick_what_the_pure_rule_picks(monkeypatch):
+    import specdec.routing as routing
+
+    monkeypatch.setattr(routing, "RANK_MEMO_SESSIONS", 3)
+    rs = ReplicaSet(lambda: list(FOUR), RoutingConfig(max_in_flight_per_replica=1))
+    rs.set_replicas(FOUR)
+    hashed = []
+    real = routing.rendezvous_rank
+    monkeypatch.setattr(routing, "rendezvous_rank", lambda s, r: hashed.append(s) or real(s, r))
+
+    def pure(session):     # pick_replica's rule, unrecorded
+        return routing.first_available(real(session, rs.replicas), {r: rs.in_flight(r) for r in rs.replicas}, 1,
+                                       rs.unhealthy)
+
+    for session in ["a", "b", "a", "c", "a"]:
+        assert rs.pick(session) == pure(session)
+    assert hashed == ["a", "b", "c"]                      # a session's order is hashed once, then remembered
+    rs.mark_unhealthy(rs.pick("a"))
+    rs.acquire(rs.pick("b"))
+    assert [rs.pick(s) for s in "abc"] == [pure(s) for s in "abc"] and hashed == ["a", "b", "c"]
+    rs.set_replicas(FOUR[:3])                             # a new list: every order is worked out again
+    assert [rs.pick(s) for s in "abc"] == [pure(s) for s in "abc"] and hashed == ["a", "b", "c"] * 2
+    rs.pick("d")                                          # a fourth session: the least recently used goes
+    rs.pick("a")
+    assert hashed[-2:] == ["d", "a"]
+
+
 def test_make_resolver_static_and_dns():
     static = make_resolver("b:2,a:1")
     assert static() == ["b:2", "a:1"]
