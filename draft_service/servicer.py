@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import grpc
 
-from specdec.engine.types import ProposeInput
+from specdec.engine.types import ProposeInput, ProposeOutput
 from specdec.engine.worker import fits_inline
 from specdec.errors import FailedPrecondition
 from specdec.protocol import (
@@ -26,6 +27,14 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
         super().__init__("draft")
 
     async def Propose(self, request: draft_pb2.ProposeRequest, context: grpc.aio.ServicerContext) -> Any:
+        answer = self.propose_now(request, context)
+        return await answer if inspect.isawaitable(answer) else answer
+
+    def propose_now(self, request: draft_pb2.ProposeRequest, context: Any) -> Any:
+        """Propose, answered at once where it can be: with no other call in flight and the model thread idle, a
+        small proposal (a decode round's) runs right here (ModelWorker.call_now) and its response is returned;
+        any other call returns the awaitable that runs it (prefill chunks, the session lock, the model thread).
+        The round lane calls this from the frame's read (see TargetServicer.verify_now)."""
         arrived = call_arrival(context)
         bundle = self.loaded()
         kind = request.draft_kind if request.HasField("draft_kind") and request.draft_kind else bundle.default_kind
@@ -42,16 +51,15 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
         )
         if getattr(engine, "needs_target_hidden", False):
             inp.target_hidden = hidden_from_proto(request.target_hidden, engine.hidden_size)
+        if self.worker.idle_now() and small_call(engine, inp, bundle.inline_max_tokens):
+            return propose_response(self.worker.call_now(lambda: engine.propose(inp)), 0.0, arrived)
+        return self._propose_queued(engine, inp, bundle, arrived)
+
+    async def _propose_queued(self, engine: Any, inp: ProposeInput, bundle: Any, arrived: float) -> Any:
         queue_ms = await self._prefill_in_chunks(engine, inp, bundle.prefill_chunk_tokens)
-        out, last_queue_ms = await self.worker.run(request.session_id, lambda: engine.propose(inp),
+        out, last_queue_ms = await self.worker.run(inp.session_id, lambda: engine.propose(inp),
                                                    lambda: small_call(engine, inp, bundle.inline_max_tokens))
-        out.stats.queue_ms = queue_ms + last_queue_ms
-        response = draft_pb2.ProposeResponse(draft_ids=out.draft_ids, draft_probs=sparse_to_proto(out.draft_probs),
-                                             stats=stats_to_proto(out.stats), draft_kind=out.draft_kind)
-        if out.target_hidden_from >= 0:
-            response.target_hidden_from = out.target_hidden_from
-        response.stats.service_ms = ms_since(arrived)
-        return response
+        return propose_response(out, queue_ms + last_queue_ms, arrived)
 
     async def _prefill_in_chunks(self, engine: Any, inp: ProposeInput, chunk: int) -> float:
         """A proposal over a long new context (a prompt's first round) prefills it `chunk` tokens a call, each its
@@ -69,7 +77,7 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
         return queue_ms
 
     def lane_methods(self) -> dict[int, LaneMethod]:
-        return {PROPOSE: LaneMethod("Propose", draft_pb2.ProposeRequest.FromString, self.Propose)}
+        return {PROPOSE: LaneMethod("Propose", draft_pb2.ProposeRequest.FromString, self.Propose, self.propose_now)}
 
     async def ProposeStream(self, requests: Any, context: grpc.aio.ServicerContext) -> Any:
         """Propose calls one after another on one stream (specdec/server/streams.py)."""
@@ -79,6 +87,17 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
 
 def add_to_server(servicer: DraftServicer, server: grpc.aio.Server) -> None:
     draft_pb2_grpc.add_DraftServicer_to_server(servicer, server)
+
+
+def propose_response(out: ProposeOutput, queue_ms: float, arrived: float) -> draft_pb2.ProposeResponse:
+    """engine -> proto; `arrived`: when the call reached the service (ComputeStats.service_ms counts from it)."""
+    out.stats.queue_ms = queue_ms
+    response = draft_pb2.ProposeResponse(draft_ids=out.draft_ids, draft_probs=sparse_to_proto(out.draft_probs),
+                                         stats=stats_to_proto(out.stats), draft_kind=out.draft_kind)
+    if out.target_hidden_from >= 0:
+        response.target_hidden_from = out.target_hidden_from
+    response.stats.service_ms = ms_since(arrived)
+    return response
 
 
 def small_call(engine: Any, inp: ProposeInput, limit: int) -> bool:

@@ -358,8 +358,7 @@ class BatchQueue(Generic[I, T]):
         return result
 
     def _lone(self, session_id: str) -> bool:
-        return (not self._solo and self.worker.state.in_flight == 0 and self._idle()
-                and self._last <= {session_id} and self.worker.model_thread_idle())
+        return not self._solo and self.worker.idle_now() and self._idle() and self._last <= {session_id}
 
     @staticmethod
     def _fail_turn(entry: Entry, left: object) -> None:

@@ -134,9 +134,14 @@ class ModelWorker:
         finally:
             self._on_thread -= 1
 
+    def idle_now(self) -> bool:
+        """No call in flight (none holds or waits for a session slot) and nothing on the model thread: a call run
+        right now (call_now) can meet no other."""
+        return self.state.in_flight == 0 and self._on_thread == 0
+
     def call_now(self, fn: Callable[[], T]) -> T:
-        """Run fn right here on the event loop (BatchQueue.run_now: a lone session's small call, with nothing on
-        the model thread, as run_on_thread runs an inline call)."""
+        """Run fn right here on the event loop (a small call with the worker idle_now: BatchQueue.run_now,
+        DraftServicer.propose_now), as run_on_thread runs an inline call."""
         self.state.inline_calls += 1
         return self._call(fn)
 

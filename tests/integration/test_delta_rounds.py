@@ -199,3 +199,37 @@ def test_the_target_is_asked_for_the_verdict_only_unless_a_trace_shows_rejected_
     assert not trace or rejected
     cut = {len(r.matches) == r.num_accepted + 1 and len(r.target_ids) == r.num_accepted + 1 for r in rejected}
     assert cut <= {asked}
+
+
+def test_a_round_is_answered_at_once_when_the_service_is_idle_and_through_its_queue_otherwise(stack):
+    """verify_now / propose_now (what the round lane calls at a frame's read): with nothing else in flight a
+    decode round's call returns its response (no task, lock or queue); with another call in flight it returns
+    the awaitable that queues it. Both give the same answer; the target answers at once only a session whose
+    last pass it ran alone (a second session's call goes through the queue, which batches)."""
+    import inspect
+
+    from specdec.server.lane import LaneCallContext
+
+    ids = stack.tokenizer.encode(IDENTITY_PROMPTS[0])[:6]
+
+    async def body():
+        draft, target = stack.draft_servicer, stack.target_servicer
+        out = {}
+        for name, servicer, call, request in (
+                ("draft", draft, draft.propose_now, draft_pb2.ProposeRequest(session_id="now", context_ids=ids, k=2)),
+                ("target", target, target.verify_now,
+                 target_pb2.VerifyRequest(session_id="now", context_ids=ids, draft_ids=[ids[1]]))):
+            first = call(request, LaneCallContext())
+            first = await first if inspect.isawaitable(first) else first      # the target: another session ran last
+            at_once = call(request, LaneCallContext())
+            async with servicer.worker.session_slot("someone-else"):          # another call in flight
+                queued = call(request, LaneCallContext())
+            out[name] = (first, at_once, inspect.isawaitable(at_once), inspect.isawaitable(queued), await queued)
+        return out
+
+    for name, (first, at_once, awaitable_idle, awaitable_busy, queued) in stack.call(body()).items():
+        assert not awaitable_idle and awaitable_busy, name
+        fields = ("draft_ids",) if name == "draft" else ("num_accepted", "next_token", "target_ids")
+        for f in fields:
+            assert getattr(at_once, f) == getattr(queued, f) == getattr(first, f), (name, f)
+        assert at_once.stats.service_ms >= at_once.stats.forward_ms > 0
