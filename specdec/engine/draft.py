@@ -12,7 +12,9 @@ from typing import Sequence
 import torch
 
 from specdec.core.ngram import DEFAULT_PREFER, NgramProposer
-from specdec.core.sampling import argmax_rows, draw_generator, logits_to_probs, sample, token_counts, truncate_top_n
+from specdec.core.sampling import (
+    argmax_ids, draw_generator, logits_to_probs, penalised_scores, sample, token_counts, truncate_top_n,
+)
 from specdec.engine.checks import check_lengths, check_token_ids
 from specdec.engine.runner import CausalLMRunner
 from specdec.engine.types import ComputeStatsData, ProposeInput, ProposeOutput, SparseDist, prefilled_after
@@ -102,8 +104,7 @@ class ModelDraft:
         for i in range(inp.k):
             fwd = self.runner.extend(inp.session_id, ids, len(ids) - 1, hashes)  # logits: [1, V]
             stats.add(ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms))
-            probs = logits_to_probs(fwd.logits, cfg, counts)  # [1, V]
-            token = self._pick(probs, cfg, inp.position_base + len(ids), dists)
+            token = self.pick(fwd.logits, cfg, counts, inp.position_base + len(ids), dists)
             ids.append(token)
             if hashes is not None:
                 hashes.extend((token,))
@@ -116,9 +117,13 @@ class ModelDraft:
         return ProposeOutput(ids[len(inp.context_ids):], dists, MODEL, stats)
 
     @staticmethod
-    def _pick(probs: torch.Tensor, cfg, position: int, dists: list[SparseDist]) -> int:
+    def pick(logits: torch.Tensor, cfg, counts: torch.Tensor | None, position: int, dists: list[SparseDist]) -> int:
+        """The draft token at `position` from its logits ([1, V]; `counts`: the penalties' history): greedy, the
+        argmax of the penalised scores (the token logits_to_probs' one-hot marks, without building it: each
+        torch op after a step's forward runs cache-cold); sampling, a draw from q' (appended to `dists`)."""
         if cfg.greedy:
-            return int(argmax_rows(probs[0]))
+            return argmax_ids(penalised_scores(logits, cfg, counts))[0]
+        probs = logits_to_probs(logits, cfg, counts)  # [1, V]
         top_ids, top_probs = truncate_top_n(probs, cfg.draft_top_n)  # [1, N], [1, N]
         choice = sample(top_probs[0], draw_generator(cfg.seed, position, "draft"))
         keep = top_probs[0] > 0

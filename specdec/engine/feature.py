@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from specdec.core.sampling import logits_to_probs, token_counts
+from specdec.core.sampling import token_counts
 from specdec.engine.checks import check_lengths, check_token_ids
 from specdec.engine.draft import MODEL, ModelDraft
 from specdec.engine.kvcache import KVCachePool, SessionKV, common_prefix_len
@@ -120,8 +120,8 @@ class FeatureDraft:
         ids, dists = list(inp.context_ids), []
         start = time.perf_counter()
         for i in range(inp.k):
-            probs = logits_to_probs(self.model.full_logits(feature[0]).float(), cfg, counts)  # [1, V]
-            token = ModelDraft._pick(probs, cfg, inp.position_base + len(ids), dists)
+            token = ModelDraft.pick(self.model.full_logits(feature[0]).float(), cfg, counts,  # logits [1, V]
+                                    inp.position_base + len(ids), dists)
             ids.append(token)
             if counts is not None:
                 counts[token] += 1
