@@ -22,18 +22,27 @@ def _flags(flags: Iterable[bool]) -> str:
 
 
 def round_table(rounds: Iterable[pb.Round]) -> str:
-    """One line per round: draft kind and ids, match flags, target ids, accepted, next token and appended text.
+    """One line per round: draft kind and ids, match flags, target ids, accepted, next token, where the round's
+    time went and appended text.
 
     Rows show what the round emitted: after an EOS, length or stop cut inside the round, the positions beyond
-    it (draft tokens the target accepted too) are neither shown nor counted, and `next` shows as cut."""
+    it (draft tokens the target accepted too) are neither shown nor counted, and `next` shows as cut. Times,
+    ms: the draft's and the target's forwards, and the rest of the round (`other`: hops, serialisation, the
+    services' own work), of which the target's around its forward in brackets (when the target reports it)."""
     header = (f"{'round':>5} {'k':>2} {'draft':<5}  {'draft tokens':<34} {'match':<12} {'target tokens':<34} {'acc':>3}  "
-              f"{'next':<16} text")
+              f"{'next':<16} {'draft':>6} {'target':>7} {'other (target)':<15} text")
     lines = [header, "-" * len(header)]
     for r in rounds:
         nxt = f"{r.next_token} ({KIND[r.next_kind]})" if r.next_kind in KIND else "- (cut)"  # cut: EOS/length/stop
         lines.append(f"{r.index + 1:>5} {r.k:>2} {r.draft_kind or '-':<5}  {_ids(r.draft_ids):<34} {_flags(r.matches):<12} "
-                     f"{_ids(r.target_ids):<34} {r.num_accepted:>3}  {nxt:<16} {r.text!r}")
+                     f"{_ids(r.target_ids):<34} {r.num_accepted:>3}  {nxt:<16} {_times(r)} {r.text!r}")
     return "\n".join(lines)
+
+
+def _times(r: pb.Round) -> str:
+    """The round's draft / target / other ms (see round_table)."""
+    in_target = f"({max(0.0, r.target_service_ms - r.target_ms):.2f})" if r.target_service_ms else ""
+    return f"{r.draft_ms:>6.1f} {r.target_ms:>7.1f} {f'{r.overhead_ms:.2f} {in_target}':<15}"
 
 
 def stats_lines(stats: pb.Stats, usage: pb.Usage, finish: Any) -> str:
