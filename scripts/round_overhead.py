@@ -36,6 +36,7 @@ from specdec.bench.plan import load_prompts
 from specdec.healthcheck import channel_for
 from specdec.launcher import LocalStack, StackConfig
 from specdec.redis_server import EmbeddedRedis
+from specdec.report import in_target_ms
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 
@@ -53,8 +54,9 @@ def split(r) -> dict[str, float]:
     forward, outside_services = the rest (wire, wake-ups, the orchestrator); drafted_overhead = the overhead of a
     round that carried a draft (the n-gram lookup found one), apart from the rounds that did not."""
     out: dict[str, float] = {}
-    if r.target_service_ms:
-        out["in_target"] = max(0.0, r.target_service_ms - r.target_ms)
+    in_target = in_target_ms(r)
+    if in_target is not None:
+        out["in_target"] = in_target
         in_draft = max(0.0, r.draft_service_ms - r.draft_ms) if r.draft_service_ms else 0.0
         if r.draft_service_ms:
             out["in_draft"] = in_draft

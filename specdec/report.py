@@ -39,9 +39,15 @@ def round_table(rounds: Iterable[pb.Round]) -> str:
     return "\n".join(lines)
 
 
+def in_target_ms(r: pb.Round) -> float | None:
+    """The part of a round's overhead spent inside the target around its forward (None: not reported)."""
+    return max(0.0, r.target_service_ms - r.target_ms) if r.target_service_ms else None
+
+
 def _times(r: pb.Round) -> str:
     """The round's draft / target / other ms (see round_table)."""
-    in_target = f"({max(0.0, r.target_service_ms - r.target_ms):.2f})" if r.target_service_ms else ""
+    own = in_target_ms(r)
+    in_target = "" if own is None else f"({own:.2f})"
     return f"{r.draft_ms:>6.1f} {r.target_ms:>7.1f} {f'{r.overhead_ms:.2f} {in_target}':<15}"
 
 

@@ -331,10 +331,10 @@ class BatchQueue(Generic[I, T]):
 
     def _end_pass(self, prefill_tokens: int, started: float, long_context: bool) -> None:
         """After a pass that began at `started` (time.perf_counter()): its prefill speed, when it prefilled."""
-        if prefill_tokens:
-            self.worker.state.prefill_ms += (time.perf_counter() - started) * MS_PER_S
-            self._learn_speed(prefill_tokens, time.perf_counter() - started, long_context)
         self._batch_ended = time.perf_counter()
+        if prefill_tokens:
+            self.worker.state.prefill_ms += (self._batch_ended - started) * MS_PER_S
+            self._learn_speed(prefill_tokens, self._batch_ended - started, long_context)
 
     def run_now(self, session_id: str, item: I) -> T | None:
         """A lone session's small call, run at once on the event loop: no session lock, future or loop turn.
@@ -347,8 +347,8 @@ class BatchQueue(Generic[I, T]):
         """
         if not (self._lone(session_id) and self._small_items([item])):
             return None
-        entry = (session_id, item, None, time.perf_counter())
-        prefill_tokens, started = self._begin_pass([entry]), time.perf_counter()
+        started = time.perf_counter()
+        prefill_tokens = self._begin_pass([(session_id, item, None, started)])
         try:
             result = self.worker.call_now(lambda: self.batch_fn([item]))[0]
         finally:

@@ -146,7 +146,8 @@ class DrainGate(grpc.aio.ServerInterceptor):
         await self._idle.wait()
 
     def enter(self) -> None:
-        """Count a call in flight (track() as two calls, for a call that ends in another task: leave())."""
+        """Count a call served outside gRPC (the round lane) as in flight until leave(), which may come from
+        another task (a call answered later)."""
         self._in_flight += 1
         self._idle.clear()
 
