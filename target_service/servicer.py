@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from typing import Any
 
 import grpc
 
-from specdec.core.accept import BONUS
+from specdec.core.accept import BONUS, AcceptResult
 from specdec.engine.types import VerifyInput, VerifyOutput
 from specdec.engine.batch_queue import BatchQueue
 from specdec.errors import InvalidArgument
@@ -68,7 +69,22 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
         out = batches.run_now(request.session_id, inp)
         if out is None:
             return self._queued(inp, deadline_s, arrived)
+        asyncio.get_running_loop().call_soon(self.prepare_next, inp, out.result)   # runs once the answer is sent
         return verify_response(out, 0.0, arrived)
+
+    def prepare_next(self, inp: VerifyInput, result: AcceptResult) -> None:
+        """After a lone session's round is answered, while the caller works on the answer: do the first steps
+        of the session's next round, which continues from this round's context and the tokens it emitted. The
+        context store holds that context (the next delta then finds its tokens held), and the KV cache drops the
+        rejected draft positions. Both are soft state, as before: a next request that differs (a retry, a resent
+        context) is served as any other. Done only while no other call is in flight or queued (the KV cache
+        changes between forwards only); measured in docs/performance.md ("The next round prepared")."""
+        emitted = inp.draft_ids[:result.num_accepted] + [result.next_token]
+        self.context_store().hold_next(inp.session_id, len(inp.context_ids), emitted)
+        if self.batches().lone(inp.session_id):
+            pool = self.loaded().pool
+            if pool is not None:
+                pool.roll_back(inp.session_id, len(inp.context_ids) + result.num_accepted)
 
     async def _queued(self, inp: VerifyInput, deadline_s: float | None, arrived: float) -> target_pb2.VerifyResponse:
         out, queue_ms = await self.batches().submit(inp.session_id, inp, deadline_s)

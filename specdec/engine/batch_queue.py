@@ -345,7 +345,7 @@ class BatchQueue(Generic[I, T]):
         on a CPU is cold Python after every forward (docs/performance.md, "Where a round's time goes in the
         target"). Returns its result (its error is raised), or None when the call is not such a call (submit it).
         """
-        if not (self._lone(session_id) and self._small_items([item])):
+        if not (self.lone(session_id) and self._small_items([item])):
             return None
         started = time.perf_counter()
         prefill_tokens = self._begin_pass([(session_id, item, None, started)])
@@ -357,7 +357,8 @@ class BatchQueue(Generic[I, T]):
             raise result
         return result
 
-    def _lone(self, session_id: str) -> bool:
+    def lone(self, session_id: str) -> bool:
+        """No call in flight or queued, the model thread idle, and the last pass held this session alone (or none)."""
         return not self._solo and self.worker.idle_now() and self._idle() and self._last <= {session_id}
 
     @staticmethod

@@ -35,6 +35,7 @@ class HeldContext:
 
     tokens: list[int]
     hashes: PrefixHashes = field(default_factory=PrefixHashes)   # len(hashes) == len(tokens)
+    ready: PrefixHashes | None = None    # a copy of `hashes` made ahead (hold_next), for the call that continues them
 
 
 @dataclass
@@ -85,6 +86,11 @@ class ContextStore:
         if held.hashes.at(position_base) != prefix_hash:
             return self._miss("hash-mismatch", f"session {session_id!r}: the {position_base} context tokens "
                                                "held differ from the request's prefix")
+        if len(held.tokens) == position_base + len(ids) and held.tokens[position_base:] == list(ids):
+            self.counters.hits += 1                 # held already (hold_next, or a call sent again): no copy
+            self._held.move_to_end(session_id)
+            hashes, held.ready = held.ready or held.hashes.copy(), None
+            return held.tokens, hashes
         self.check_ids(ids, position_base)
         self.counters.hits += 1
         context = held.tokens[:position_base]
@@ -108,6 +114,17 @@ class ContextStore:
         hashes.extend(context[same:])
         self._store(session_id, HeldContext(context, hashes))
         return context, hashes.copy()
+
+    def hold_next(self, session_id: str, n: int, ids: Sequence[int]) -> bool:
+        """Extend the session's held context of exactly `n` tokens by `ids` (checked: tokens a verify emitted)
+        before a request asks for it: the request that continues position n with these ids then finds them held.
+        False (nothing changed) when the store does not hold exactly n tokens for the session."""
+        held = self._held.get(session_id)
+        if held is None or len(held.tokens) != n:
+            return False
+        held.hashes.extend(ids)
+        self._store(session_id, HeldContext(held.tokens + list(ids), held.hashes, held.hashes.copy()))
+        return True
 
     def check_ids(self, ids: Sequence[int], first_position: int) -> None:
         """INVALID_ARGUMENT for an id outside [0, width) (first_position: the position of ids[0])."""

@@ -197,3 +197,28 @@ def test_is_context_miss():
     assert is_context_miss(error(grpc.StatusCode.FAILED_PRECONDITION, [(CONTEXT_MISS_METADATA, "shorter")]))
     assert not is_context_miss(error(grpc.StatusCode.FAILED_PRECONDITION, []))
     assert not is_context_miss(error(grpc.StatusCode.UNAVAILABLE, [(CONTEXT_MISS_METADATA, "shorter")]))
+
+
+def test_a_next_round_held_ahead_is_found_held_and_any_other_request_is_served_as_before():
+    """hold_next (the target's next-round preparation): the store extends a context of exactly n tokens by the
+    tokens a round emitted; the request continuing position n with them finds them held (the same list, hashes made
+    ahead, no id checks, a hit); a request that differs truncates and extends as before."""
+    store = ContextStore(max_tokens=100, width=WIDTH)
+    first = resolve(store, "s", [1, 2, 3, 4], 0, None)
+    assert not store.hold_next("s", 3, [7]) and not store.hold_next("other", 4, [7])   # not exactly n held
+    assert store.hold_next("s", 4, [5, 6]) and first == [1, 2, 3, 4]                    # never mutated
+    assert store.held_tokens() == 6
+    held = store._held["s"]
+    context, hashes = store.resolve("s", [5, 6], 4, prefix_hash(first))
+    assert context is held.tokens and context == [1, 2, 3, 4, 5, 6] and held.ready is None
+    assert len(hashes) == 6 and hashes.at(6) == prefix_hash(context)
+    hashes.extend([8, 9])                                  # the caller's own copy: the store's are untouched
+    assert store._held["s"].hashes.at(6) == prefix_hash(context) and len(store._held["s"].hashes) == 6
+    assert store.counters.hits == 1 and store.counters.misses == 0
+    again, _ = store.resolve("s", [5, 6], 4, prefix_hash(first))                    # sent again: still held
+    assert again == context and store.counters.hits == 2
+    # A different continuation (another round's tokens) after a next round held ahead: truncated and extended.
+    assert store.hold_next("s", 6, [10])
+    assert resolve(store, "s", [11, 12], 6, prefix_hash(context)) == [1, 2, 3, 4, 5, 6, 11, 12]
+    with pytest.raises(InvalidArgument):                   # ids not held are checked as before
+        store.resolve("s", [WIDTH], 8, prefix_hash([1, 2, 3, 4, 5, 6, 11, 12]))
