@@ -11,7 +11,7 @@ from specdec.engine.types import ProposeInput, ProposeOutput
 from specdec.engine.worker import fits_inline
 from specdec.errors import FailedPrecondition
 from specdec.protocol import (
-    hidden_from_proto, resolve_context, sampling_from_proto, sparse_to_proto, stats_to_proto,
+    fill_stats, hidden_from_proto, resolve_context, sampling_from_proto, sparse_to_proto,
 )
 from specdec.server.lane import PROPOSE, LaneMethod, call_arrival, ms_since
 from specdec.server.model_service import ModelServiceBase
@@ -93,7 +93,8 @@ def propose_response(out: ProposeOutput, queue_ms: float, arrived: float) -> dra
     """engine -> proto; `arrived`: when the call reached the service (ComputeStats.service_ms counts from it)."""
     out.stats.queue_ms = queue_ms
     response = draft_pb2.ProposeResponse(draft_ids=out.draft_ids, draft_probs=sparse_to_proto(out.draft_probs),
-                                         stats=stats_to_proto(out.stats), draft_kind=out.draft_kind)
+                                         draft_kind=out.draft_kind)
+    fill_stats(response.stats, out.stats)
     if out.target_hidden_from >= 0:
         response.target_hidden_from = out.target_hidden_from
     response.stats.service_ms = ms_since(arrived)

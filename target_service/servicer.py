@@ -13,7 +13,7 @@ from specdec.engine.types import VerifyInput, VerifyOutput
 from specdec.engine.batch_queue import BatchQueue
 from specdec.errors import InvalidArgument
 from specdec.protocol import (
-    hidden_to_proto, logprobs_to_proto, resolve_context, sampling_from_proto, sparse_from_proto, stats_to_proto,
+    fill_stats, hidden_to_proto, logprobs_to_proto, resolve_context, sampling_from_proto, sparse_from_proto,
 )
 from specdec.server.lane import VERIFY, LaneCallContext, LaneMethod, call_arrival, ms_since
 from specdec.server.model_service import ModelServiceBase
@@ -108,7 +108,10 @@ def verify_response(out: VerifyOutput, queue_ms: float, arrived: float) -> targe
     kind = target_pb2.NEXT_KIND_BONUS if r.next_kind == BONUS else target_pb2.NEXT_KIND_RECOVERED
     response = target_pb2.VerifyResponse(
         num_accepted=r.num_accepted, next_token=r.next_token, next_kind=kind, target_ids=r.target_ids,
-        matches=r.matches, logprobs=logprobs_to_proto(out.logprobs), stats=stats_to_proto(out.stats))
+        matches=r.matches)
+    if out.logprobs:
+        response.logprobs.extend(logprobs_to_proto(out.logprobs))
+    fill_stats(response.stats, out.stats)
     if out.hidden is not None:
         response.hidden.CopyFrom(hidden_to_proto(out.hidden))
     response.stats.service_ms = ms_since(arrived)
