@@ -9,7 +9,9 @@ The delta form (docs/protocol.md, "Delta rounds"): a request carries the tokens 
 
 Per round this costs the new tokens' hash steps and id checks plus two copies (the context handed to
 the engine is a fresh list the store never mutates, its prefix hashes a copy of the store's array):
-nothing hashes or compares the whole context. The engines use those hashes to find what their KV
+nothing hashes or compares the whole context. A request whose tokens the store already holds (the target
+held them ahead with `hold_next` after answering the round before, or the call is sent again) costs
+neither: it gets the held list as it is and a copy of the hashes made ahead. The engines use those hashes to find what their KV
 cache shares with the context (SessionKV.common_prefix) in O(log n). A full-form call (an older
 orchestrator) is compared once with the held context and hashes only what differs.
 
