@@ -182,8 +182,8 @@ def _stack_measures(out: dict, n: str, k: int | None, runs: dict, repeats: list[
     out["wire_bytes_per_round_p50"][n] = pct([rd["wire_bytes"] for rd in decode_rounds if "wire_bytes" in rd], 50)
     out["context_tokens_p50"][n] = pct([rd["context_tokens"] for rd in rounds if "context_tokens" in rd], 50)
     # The part of the overhead spent inside the target around its forward (the rest: wire, orchestrator, draft).
-    out["target_outside_forward_ms_p50"][n] = pct([rd["target_service_ms"] - rd["target_ms"] for rd in decode_rounds
-                                                   if rd.get("target_service_ms")], 50)
+    out["target_outside_forward_ms_p50"][n] = pct([rd["in_target_ms"] for rd in decode_rounds
+                                                   if rd.get("in_target_ms") is not None], 50)
     out["draft_ms_per_round"][n] = _p50_mean([rd["draft_ms"] for rd in decode_rounds])
     out["verify_ms_per_round"][n] = _p50_mean([rd["target_ms"] for rd in decode_rounds])
     # The bound, in units of one target step: tokens per round / cost of a round.

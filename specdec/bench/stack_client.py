@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 from specdec.bench.plan import Prompt
+from specdec.report import in_target_ms
 
 log = logging.getLogger("specdec.bench")
 
@@ -121,7 +122,8 @@ def round_dict(r: Any) -> dict[str, Any]:
     return {"k": r.k, "drafted": len(r.draft_ids), "accepted": r.num_accepted, "draft_ms": r.draft_ms,
             "target_ms": r.target_ms, "overhead_ms": r.overhead_ms, "wire_bytes": r.wire_bytes,
             "context_tokens": r.context_tokens, "predrafted": r.predrafted, "draft_hidden_ms": r.draft_hidden_ms,
-            "target_service_ms": r.target_service_ms, "draft_service_ms": r.draft_service_ms}
+            "target_service_ms": r.target_service_ms, "draft_service_ms": r.draft_service_ms,
+            "in_target_ms": in_target_ms(r)}
 
 
 def stats_dict(stats: Any) -> dict[str, Any]:
