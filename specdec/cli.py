@@ -298,7 +298,8 @@ def _print_stream(chunks, args: argparse.Namespace) -> int:
 def _cmd_bench_load(ns: argparse.Namespace) -> int:
     """`specdec bench-load`: the rate/concurrency matrix, or with --long-mix the long-prompt mix (which
     builds on the matrix's pieces, so the dependency runs one way: load_longmix -> load)."""
-    from specdec.bench.load import args_from_cli, cmd_bench_load
+    from specdec.bench.load import cmd_bench_load
+    from specdec.bench.load_args import args_from_cli
     from specdec.bench.load_longmix import cmd_long_mix
 
     if ns.long_mix:
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.bench.runner import cmd_bench
     _bench_parser(sub)
     _concurrency_parser(sub)
-    from specdec.bench.load import add_parser as _load_parser
+    from specdec.bench.load_args import add_parser as _load_parser
     _load_parser(sub)
     from specdec.distill.cli import add_parser as _distill_parser
     from specdec.distill.cli import run as cmd_distill

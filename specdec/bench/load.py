@@ -1,10 +1,10 @@
 """`specdec bench-load`: latency-throughput curves of the OpenAI endpoint under load, measured by guidellm.
 
-Starts the local stack (embedded Redis, target, n-gram draft, orchestrator) and the HTTP gateway, then
-runs guidellm (the vLLM project's load generator, installed by `make bench-load` in its own virtual
-environment, .venv-load) against /v1/chat/completions for every configuration (k = 0, fixed k,
-adaptive k, and k = 0 again as the A/A repeat) at the same points: closed-loop concurrency levels,
-then Poisson rates derived once from k = 0's saturation throughput. Each point is run by every
+Starts the local stack (embedded Redis, target, n-gram draft or a draft service, orchestrator) and the
+HTTP gateway, then runs guidellm (the vLLM project's load generator, installed by `make bench-load` in its
+own virtual environment, .venv-load) against /v1/chat/completions for every configuration (k = 0, fixed
+k, adaptive k, overlapped twins with --overlap, and k = 0 again as the A/A repeat) at the same points:
+closed-loop concurrency levels, then Poisson rates derived once from k = 0's saturation throughput. Each point is run by every
 configuration in turn before the next point (one guidellm run each), in the listed order at one
 point and reversed at the next (`point_order`): whatever drifts over a ~30-minute run (the stack's
 state, the machine's other load) falls on all configurations alike instead of on the last one.
@@ -27,8 +27,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from specdec.bench.load_plan import (CHAT_SETS, CONCURRENCY, DATASETS, DEFAULT_MODE, FULL_MODE, GUIDELLM_VERSION,
-                                     K0, QUICK_MODE, RATE, LoadConfig, Mode, ScenarioInputs, configurations,
+from specdec.bench.load_args import LoadArgs, args_from_cli
+from specdec.bench.load_overlap import overlap_goals, twins
+from specdec.bench.load_plan import (CHAT_SETS, CONCURRENCY, GUIDELLM_VERSION, K0, RATE, LoadConfig, ScenarioInputs,
                                      data_inputs, invocation_seed, rate_list, scenario, sets_by_content,
                                      write_chat_jsonl)
 from specdec.bench.load_results import (SERVER_SAMPLES, add_ratios, goals, noise_band, parse_report, saturation_rps,
@@ -37,12 +38,6 @@ from specdec.config import OrchestratorConfig
 
 log = logging.getLogger("specdec.bench.load")
 
-DEFAULT_GUIDELLM = ".venv-load/bin/guidellm"
-DEFAULT_WORK_DIR = "bench/out/load"
-DEFAULT_ADAPTIVE_CAP = 8
-DEFAULT_OUT = "bench/results/load.json"
-LONG_MIX_OUT = "bench/results/load_longmix.json"
-MIB = 1024 * 1024
 WARMUP_TOKENS = 8
 WARMUP_TIMEOUT_S = 300.0
 SCRAPE_TIMEOUT_S = 10.0
@@ -51,105 +46,6 @@ GUIDELLM_TIMEOUT_S = 4 * 3600.0
 #: guidellm's worker processes (its default: one per stream up to 10, each a Python with its own imports,
 #: on the cores the stack needs); the streams are async inside each worker, so 2 carry 16 streams.
 GUIDELLM_WORKERS = 2
-
-
-@dataclass
-class LoadArgs:
-    mode: Mode
-    mode_name: str
-    adaptive_cap: int = DEFAULT_ADAPTIVE_CAP
-    threads: int = 1
-    max_batch: int = 0
-    max_seconds_per_point: float = 0.0
-    cache_budget_bytes: int = 0             # 0: the target service's default
-    prefix_share_min_tokens: int = 0        # the services' SPECDEC_PREFIX_SHARE_MIN_TOKENS (-1: their default)
-    target_model: str = "embedded"
-    guidellm: str = DEFAULT_GUIDELLM
-    work_dir: str = DEFAULT_WORK_DIR
-    out: str = "bench/results/load.json"
-    plot: str = "bench/results/load.png"
-    configs: list[LoadConfig] = field(default_factory=list)
-    metrics_urls: list[str] = field(default_factory=list)   # set once the stack runs
-    note: str = ""
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench-load", help="latency/throughput vs load through the OpenAI endpoint (guidellm)")
-    p.add_argument("--quick", action="store_true", help="2 concurrencies, 2 rates, 3 requests each (smoke test)")
-    p.add_argument("--full", action="store_true", help="the full matrix: 6 concurrencies, 8 rates, k 2/4/8, "
-                                                       "100 requests per point, bench prompts and synthetic data")
-    p.add_argument("--concurrency", help="closed-loop points, e.g. 1,4,16")
-    p.add_argument("--rate-fractions", help="Poisson rates as fractions of k = 0's saturation, e.g. 0.2,0.4,1 "
-                                            "(none: closed-loop points only)")
-    p.add_argument("--requests", type=int, help="requests per point")
-    p.add_argument("--max-tokens", type=int, help="output tokens per request (ignore_eos)")
-    p.add_argument("--k", help="fixed k configurations besides k = 0, e.g. 4 or 2,4,8")
-    p.add_argument("--adaptive-cap", type=int, default=DEFAULT_ADAPTIVE_CAP, help="k cap of adaptive k (0: none)")
-    p.add_argument("--data", help=f"data sets: {','.join(DATASETS)} (prompts: the bench's grounded and open "
-                                  "prompts mixed; grounded: those alone)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads of the target service")
-    p.add_argument("--max-batch", type=int, default=0, help="target sessions per forward pass (0: its default)")
-    p.add_argument("--max-seconds-per-point", type=float, default=0.0, help="also stop a point after N s (0: off)")
-    p.add_argument("--target-model", default="embedded")
-    p.add_argument("--guidellm", default=DEFAULT_GUIDELLM, help="the guidellm executable (make bench-load installs it)")
-    p.add_argument("--work-dir", default=DEFAULT_WORK_DIR, help="scenarios, guidellm reports and logs")
-    p.add_argument("--out", default=None, help=f"the JSON (default {DEFAULT_OUT}; --long-mix: {LONG_MIX_OUT})")
-    p.add_argument("--plot", default="bench/results/load.png")
-    p.add_argument("--note", default="", help="a note stored in the JSON (e.g. why a run is small)")
-    p.add_argument("--reparse", metavar="JSON", help="run nothing: rebuild this bench-load JSON from the guidellm "
-                                                      "reports it names (kept in the work dir); --out defaults to it")
-    p.add_argument("--long-mix", action="store_true",
-                   help="instead of the curves: 16 sessions, 4 with long prompts, vs the short ones alone "
-                        "(KV budget, short TTFT, failures; specdec/bench/load_longmix.py)")
-    p.add_argument("--long-mix-seconds", type=float, default=0.0, help="each long-mix phase's length (0: default)")
-    p.add_argument("--prefix-share-min-tokens", type=int, default=0,
-                   help="the model services' prefix sharing (SPECDEC_PREFIX_SHARE_MIN_TOKENS; -1: their default). "
-                        "Default 0, off: the bench's prompts repeat across configurations and points, and with "
-                        "sharing whichever configuration meets a prompt first would pay its prefill for the rest")
-    p.add_argument("--cache-budget-mib", type=int, default=0,
-                   help="the target's KV budget in MiB (0: the service default; --long-mix: its own default)")
-
-
-def _ints(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        return tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
-    except ValueError:
-        raise SystemExit(f"specdec bench-load: {flag} must be integers separated by commas, got {text!r}") from None
-
-
-def args_from_cli(ns: argparse.Namespace) -> LoadArgs:
-    if ns.quick and ns.full:
-        raise SystemExit("specdec bench-load: --quick and --full exclude each other")
-    name, mode = ("quick", QUICK_MODE) if ns.quick else ("full", FULL_MODE) if ns.full else ("default", DEFAULT_MODE)
-    if ns.concurrency:
-        mode = replace(mode, concurrency=_ints(ns.concurrency, "--concurrency"))
-    if ns.rate_fractions == "none":
-        mode = replace(mode, rate_fractions=())
-    elif ns.rate_fractions:
-        try:
-            mode = replace(mode, rate_fractions=tuple(float(x) for x in ns.rate_fractions.split(",") if x.strip()))
-        except ValueError:
-            raise SystemExit(f"specdec bench-load: --rate-fractions must be numbers, got {ns.rate_fractions!r}") from None
-    if ns.requests is not None:
-        mode = replace(mode, requests_per_point=ns.requests)
-    if ns.max_tokens is not None:
-        mode = replace(mode, max_tokens=ns.max_tokens)
-    if ns.k:
-        mode = replace(mode, fixed_ks=_ints(ns.k, "--k"))
-    if ns.data:
-        data = tuple(d.strip() for d in ns.data.split(",") if d.strip())
-        if not data or set(data) - set(DATASETS):
-            raise SystemExit(f"specdec bench-load: --data takes {', '.join(DATASETS)}, got {ns.data!r}")
-        mode = replace(mode, datasets=data)
-    if mode.requests_per_point < 1 or mode.max_tokens < 1 or not mode.concurrency:
-        raise SystemExit("specdec bench-load: --requests and --max-tokens must be >= 1, --concurrency not empty")
-    return LoadArgs(mode=mode, mode_name=name, adaptive_cap=ns.adaptive_cap, threads=ns.threads,
-                    max_batch=ns.max_batch, max_seconds_per_point=ns.max_seconds_per_point,
-                    cache_budget_bytes=max(0, ns.cache_budget_mib) * MIB,
-                    prefix_share_min_tokens=ns.prefix_share_min_tokens,
-                    target_model=ns.target_model, guidellm=str(Path(ns.guidellm).absolute()), work_dir=ns.work_dir,
-                    out=ns.out or (LONG_MIX_OUT if ns.long_mix else DEFAULT_OUT),
-                    plot=ns.plot, note=ns.note, configs=configurations(mode.fixed_ks, ns.adaptive_cap))
 
 
 def guidellm_env() -> dict[str, str]:
@@ -212,13 +108,14 @@ def uptime() -> str:
 
 @contextlib.contextmanager
 def serving(args: LoadArgs, max_concurrent: int) -> Iterator[tuple[Any, Any]]:
-    """The local stack (embedded Redis, target, n-gram draft, orchestrator) and the HTTP gateway, running;
+    """The local stack (embedded Redis, target, the draft of --draft-kind, orchestrator) and the HTTP gateway, running;
     sets args.metrics_urls (target and orchestrator /metrics). Yields (stack, gateway); stops both."""
     from http_gateway.process import GatewayProcess
     from specdec.launcher import LocalStack, StackConfig
 
     work = Path(args.work_dir).resolve()
-    stack = LocalStack(StackConfig(target_model=args.target_model, threads=args.threads, max_batch=args.max_batch,
+    stack = LocalStack(StackConfig(target_model=args.target_model, draft_model=args.draft_model,
+                                   draft_kind=args.draft_kind, threads=args.threads, max_batch=args.max_batch,
                                    cache_budget_bytes=args.cache_budget_bytes, max_concurrent=max_concurrent,
                                    log_dir=str(work / "logs"), metrics=True, extra_env=_service_env(args)))
     gateway = None
@@ -336,7 +233,8 @@ def summarize(results: dict[str, dict[str, dict[str, Any]]], rates: list[float],
     band = noise_band(results)
     sat = saturation_rps(list(results[K0].values()))
     return {"saturation_rps_k0": sat, "rates": rates, "configs": results, "noise_band": band,
-            "goals": {name: goals(results, name, band) for name in configs if name != K0}}
+            "goals": {name: goals(results, name, band) for name in configs if name != K0},
+            "overlap": overlap_goals(results, twins(configs), band)}
 
 
 def reparse(record: dict[str, Any]) -> dict[str, Any]:
@@ -362,7 +260,9 @@ def _settings(args: LoadArgs) -> dict[str, Any]:
             "synthetic_prompt_tokens": m.synthetic_prompt_tokens,
             "configs": {c.name: c.extension() for c in args.configs},
             "config_order": "interleaved: each point run by every configuration, reversed at every other point",
-            "threads": {"target": args.threads, "draft": "n-gram (no torch)", "cores": os.cpu_count()},
+            "threads": {"target": args.threads, "cores": os.cpu_count(),
+                        "draft": "n-gram (no torch)" if args.draft_kind == "ngram" else args.threads},
+            "draft": {"kind": args.draft_kind, "model": args.draft_model},
             "max_batch": args.max_batch or "service default",
             "latency_slack": OrchestratorConfig().latency_slack,   # adaptive k's latency cap (< 0: off)
             "cache_budget_bytes": args.cache_budget_bytes or "service default", "max_seconds_per_point": args.max_seconds_per_point,

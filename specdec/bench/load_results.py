@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from specdec.bench.load_overlap import overlap_lines
 from specdec.bench.load_plan import CONCURRENCY, K0, K0_AA, P99_MIN_REQUESTS, RATE, round_sig
 
 #: Metrics compared between configurations; True: higher is better.
@@ -295,7 +296,7 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
         lines.append(f"\n[{name}] k = 0 saturation {ds['saturation_rps_k0']:.3f} req/s; rates {ds['rates']}; "
                      f"A/A band: tok/s ±{_fmt((ds['noise_band'].get('output_tokens_per_s') or 0) * 100)}%, "
                      f"ITL p50 ±{_fmt((ds['noise_band'].get('itl_ms_p50') or 0) * 100)}%")
-        lines.append(f"{'point':<18}{'config':<10}{'tok/s':>8}{'x k0':>7}{'TTFT p50':>10}{'ITL p50':>9}"
+        lines.append(f"{'point':<18}{'config':<17}{'tok/s':>8}{'x k0':>7}{'TTFT p50':>10}{'ITL p50':>9}"
                      f"{'x k0':>7}{'ITL p90':>9}{'err':>5}")
         points = sorted({p for rows in ds["configs"].values() for p in rows},
                         key=lambda p: (p.split("@")[0], float(p.split("@")[1])))
@@ -305,7 +306,7 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
                 if r is None:
                     continue
                 vs = r.get("vs_k0") or {}
-                lines.append(f"{point:<18}{config:<10}{_fmt(r['output_tokens_per_s']):>8}"
+                lines.append(f"{point:<18}{config:<17}{_fmt(r['output_tokens_per_s']):>8}"
                              f"{_fmt(vs.get('output_tokens_per_s'), 2):>7}{_fmt(r['ttft_ms_p50'], 0):>10}"
                              f"{_fmt(r['itl_ms_p50']):>9}{_fmt(vs.get('itl_ms_p50'), 2):>7}"
                              f"{_fmt(r['itl_ms_p90']):>9}{r['errors']:>5}")
@@ -318,6 +319,7 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
                              + (f" (judged per prompt set; mixed set: {len(g['mixed_latency_violations'])} "
                                 f"violations, low-rate gain {g['mixed_low_rate_itl_p50_gain']})"
                                 if g.get("judged_on") == "by_set" else ""))
+        lines += overlap_lines(ds.get("overlap") or {})
     return lines
 
 
@@ -326,7 +328,7 @@ def _set_lines(ds: dict[str, Any], points: list[str]) -> list[str]:
     names = set_names(ds["configs"])
     if not names:
         return []
-    lines = [f"per prompt set: {'point':<16}{'set':<10}{'config':<10}{'n':>4}{'TTFT p50':>10}{'x k0':>7}"
+    lines = [f"per prompt set: {'point':<16}{'set':<10}{'config':<17}{'n':>4}{'TTFT p50':>10}{'x k0':>7}"
              f"{'ITL p50':>9}{'x k0':>7}{'ITL p90':>9}{'x k0':>7}"]
     for point in points:
         for name in names:
@@ -335,7 +337,7 @@ def _set_lines(ds: dict[str, Any], points: list[str]) -> list[str]:
                 if part is None:
                     continue
                 vs = part.get("vs_k0") or {}
-                lines.append(f"{'':<16}{point:<16}{name:<10}{config:<10}{part['requests']:>4}"
+                lines.append(f"{'':<16}{point:<16}{name:<10}{config:<17}{part['requests']:>4}"
                              f"{_fmt(part['ttft_ms_p50'], 0):>10}{_fmt(vs.get('ttft_ms_p50'), 2):>7}"
                              f"{_fmt(part['itl_ms_p50']):>9}{_fmt(vs.get('itl_ms_p50'), 2):>7}"
                              f"{_fmt(part['itl_ms_p90']):>9}{_fmt(vs.get('itl_ms_p90'), 2):>7}")
@@ -390,27 +392,33 @@ def _plotted(row: dict[str, Any], metric: str) -> float | None:
     return ((row.get("by_set") or {}).get(name) or {}).get(inner)
 
 
-#: Prometheus samples bench-load reads around each guidellm run (target and orchestrator /metrics).
+#: Prometheus samples bench-load reads around each guidellm run (target and orchestrator /metrics);
+#: "name:value" counts only the samples whose `outcome` label is value.
 SERVER_SAMPLES = ("specdec_batch_size_sum", "specdec_batch_size_count", "specdec_spec_decode_k_sum",
                   "specdec_spec_decode_k_count", "specdec_round_target_batch_size_sum",
-                  "specdec_round_target_batch_size_count", "specdec_spec_decode_latency_capped_rounds_total")
+                  "specdec_round_target_batch_size_count", "specdec_spec_decode_latency_capped_rounds_total",
+                  "specdec_predrafts_total:started", "specdec_predrafts_total:used",
+                  "specdec_draft_hidden_seconds_total")
 
 
 def server_samples(text: str, names: tuple[str, ...] = SERVER_SAMPLES) -> dict[str, float]:
-    """The samples `names` of one /metrics page, summed over their labels (k: over fixed and adaptive)."""
+    """The samples `names` of one /metrics page, summed over their labels (k: over fixed and adaptive), or
+    over one `outcome` with "name:outcome"."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in names:
-                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+            for key in (sample.name, f"{sample.name}:{sample.labels.get('outcome', '')}"):
+                if key in names:
+                    out[key] = out.get(key, 0.0) + float(sample.value)
     return out
 
 
 def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
-    """What the servers saw during one guidellm run: mean sessions per target pass, mean k per round, and
-    the rounds whose adaptive k the latency cap lowered."""
+    """What the servers saw during one guidellm run: mean sessions per target pass, mean k per round, the
+    rounds whose adaptive k the latency cap lowered, and the overlapped rounds' pre-drafts (started, used,
+    draft seconds hidden behind verification)."""
     d = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in SERVER_SAMPLES}
     def mean(prefix: str) -> float | None:
         count = d[f"{prefix}_count"]
@@ -418,4 +426,7 @@ def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
     return {"target_passes": d["specdec_batch_size_count"], "mean_target_batch": mean("specdec_batch_size"),
             "rounds": d["specdec_spec_decode_k_count"], "mean_k": mean("specdec_spec_decode_k"),
             "mean_round_target_batch": mean("specdec_round_target_batch_size"),
-            "latency_capped_rounds": d["specdec_spec_decode_latency_capped_rounds_total"]}
+            "latency_capped_rounds": d["specdec_spec_decode_latency_capped_rounds_total"],
+            "predrafts_started": d["specdec_predrafts_total:started"],
+            "predrafts_used": d["specdec_predrafts_total:used"],
+            "draft_hidden_s": round(d["specdec_draft_hidden_seconds_total"], 3)}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench.load import add_parser
+from specdec.bench.load_args import add_parser
 from specdec.bench.load_plan import (CHAT_SETS, CONCURRENCY, DATA_GROUNDED, GUIDELLM_VERSION, K0, K0_AA, RATE,
                                      LoadConfig, ScenarioInputs, chat_rows, configurations, rate_list, scenario)
 from specdec.bench.load_results import (add_ratios, goals, noise_band, parse_benchmark, parse_report, point_key,
@@ -90,7 +90,8 @@ def test_multiturn_conversations_differ_per_invocation_and_other_data_sets_repea
     """With prefix sharing a conversation met twice is served from the cache the second time: multiturn gets
     new conversations per invocation (the same ones again in a rerun, for an A/B); other data sets give every
     configuration the same requests. The bench starts the services with sharing off unless asked."""
-    from specdec.bench.load import _service_env, args_from_cli
+    from specdec.bench.load import _service_env
+    from specdec.bench.load_args import args_from_cli
     from specdec.bench.load_plan import invocation_seed
     seeds = {invocation_seed(42, "multiturn", f"multiturn-concurrency-1-{c}") for c in ("k0", "k4", "k0_aa")}
     assert len(seeds) == 3 and invocation_seed(42, "multiturn", "multiturn-concurrency-1-k0") in seeds
@@ -213,13 +214,14 @@ def test_server_delta_reads_batch_fill_and_k_from_metrics_pages():
 def test_the_gateway_maps_every_field_bench_load_sends():
     from http_gateway.openai_schema import parse_request
 
-    for cfg in configurations((4,), 8):
+    for cfg in configurations((4,), 8, overlap_ks=(4,), overlap_adaptive=True):
         body = {"model": "specdec", "max_completion_tokens": 12, "temperature": 0.0, "stream": True,
                 "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "stop": None,
                 "ignore_eos": True, "messages": [{"role": "user", "content": "hi"}], "specdec": cfg.extension()}
         req = parse_request(body, chat=True).request
         assert (req.k, req.ignore_eos, req.max_new_tokens, req.adaptive_k) == (cfg.k, True, 12, cfg.adaptive)
         assert req.HasField("adaptive_k") == cfg.adaptive
+        assert req.HasField("overlap") == cfg.overlap and req.overlap == cfg.overlap
 
 
 def test_the_saturation_goal_counts_tokens_streamed_by_requests_cut_at_the_time_cap():
