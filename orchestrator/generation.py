@@ -344,7 +344,8 @@ class Generation:
         if not self.overlap or proposer != MODEL or (k == 0 and not p.adaptive_k):
             return 0
         cap = min(p.k, p.max_new_tokens - len(state.completion) - k - 2, deps.max_context - len(state.ids) - k - 2)
-        return plan_ahead(cap, k, deps.costs, deps.cfg.overlap, self._tracker(proposer).rates(), p.adaptive_k)
+        running = len(deps.running) / deps.runner.target_replicas()      # generations per target replica
+        return plan_ahead(cap, k, deps.costs, deps.cfg.overlap, self._tracker(proposer).rates(), p.adaptive_k, running)
 
     def _advance(self, state: State, outcome: RoundOutcome) -> list[int]:
         """Step 3: cut the round's tokens (EOS, max_new_tokens, the context end, max_rounds) and grow the

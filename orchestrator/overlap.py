@@ -85,15 +85,19 @@ def worth_overlapping(hit: float, k_ahead: int, costs: AheadCosts) -> bool:
 
 
 def plan_ahead(cap: int, k: int, costs: CostModel, cfg: OverlapConfig, rates: Sequence[float],
-               adaptive: bool = False) -> int:
+               adaptive: bool = False, running: float = 1.0) -> int:
     """Tokens to draft ahead behind a k-token round: `cap` (the next round's k cap; with adaptive k, only as
     many as a round would verify from a free block, adaptive.k_for_free_block: the rest would never be
-    used), or 0 under load (the target's passes carry other sessions) or when not worth it, the pre-draft's
-    cost to the verify beside it being measured (CostModel.overlap_extra_ms) with OverlapConfig.miss_cost_ms
-    as its floor."""
+    used), or 0 under load (the target's passes carry other sessions on average, or more than
+    OverlapConfig.max_running generations per target replica run in this orchestrator now: `running`) or
+    when not worth it,
+    the pre-draft's cost to the verify beside it being measured (CostModel.overlap_extra_ms) with
+    OverlapConfig.miss_cost_ms as its floor."""
+    if running > cfg.max_running or costs.batch > cfg.max_target_batch:
+        return 0
     if adaptive:
         cap = k_for_free_block(costs, list(rates), cap, MODEL)
-    if cap <= 0 or costs.batch > cfg.max_target_batch:
+    if cap <= 0:
         return 0
     hop = max(0.0, costs.overhead_ms.get(MODEL, 0.0) - costs.overhead_ms.get(NO_DRAFT, 0.0))
     contention = max(cfg.miss_cost_ms, costs.overlap_extra_ms or 0.0)

@@ -341,6 +341,10 @@ class OverlapConfig:
     # average (CostModel.batch) or the draft replica has other calls in flight, a pre-draft would
     # only delay other sessions' work.
     max_target_batch: float = field(default_factory=lambda: env_float("SPECDEC_OVERLAP_MAX_TARGET_BATCH", 1.5))
+    # ... and while this orchestrator runs more than this many generations per target replica: their rounds
+    # share the target's passes now, which the averaged batch above learns only after some rounds (a Poisson
+    # arrival's first rounds would draft ahead beside a full pass).
+    max_running: float = field(default_factory=lambda: env_float("SPECDEC_OVERLAP_MAX_RUNNING", 1.0))
     max_draft_in_flight: int = field(default_factory=lambda: env_int("SPECDEC_OVERLAP_MAX_DRAFT_IN_FLIGHT", 0))
     # TEST AND BENCH ONLY: a fixed delay added to every hop of the orchestrator's draft/target calls
     # (request and response: 2 x this per call) to measure a distant draft. Never set it in production.

@@ -182,3 +182,19 @@ def test_adaptive_k_drafts_ahead_only_what_a_round_would_verify_from_a_free_bloc
     assert plan_ahead(4, 0, flat, cfg, rates, adaptive=True) == 2    # not 4: tokens 3 and 4 would go unused
     assert plan_ahead(4, 0, steep, cfg, rates, adaptive=True) == 0
     assert plan_ahead(4, 0, steep, cfg, rates, adaptive=False) == 4
+
+
+def test_drafting_ahead_stops_at_once_when_other_generations_run_here():
+    """The averaged batch learns load only after some rounds; the count of generations running in this
+    orchestrator says it now: with another one running, their rounds share the target's passes."""
+    from orchestrator.adaptive import CostModel
+    from orchestrator.overlap import plan_ahead
+    from specdec.config import OverlapConfig
+
+    costs = CostModel(verify_ms={1: 26.0, 5: 33.0}, draft_step_ms={"model": 2.75}, overhead_ms={"": 2.0, "model": 5.0})
+    rates, cfg = [0.6, 0.6, 0.6, 0.6], OverlapConfig(max_running=1)
+    assert plan_ahead(4, 4, costs, cfg, rates, running=1) == 4                  # alone: drafts ahead
+    assert plan_ahead(4, 4, costs, cfg, rates, running=2) == 0                  # another generation runs
+    assert plan_ahead(4, 4, costs, OverlapConfig(max_running=4), rates, running=2) == 4
+    costs.batch = 2.0                                                           # passes shared on average
+    assert plan_ahead(4, 4, costs, cfg, rates, running=1) == 0
