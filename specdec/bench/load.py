@@ -4,10 +4,11 @@ Starts the local stack (embedded Redis, target, n-gram draft or a draft service,
 HTTP gateway, then runs guidellm (the vLLM project's load generator, installed by `make bench-load` in its
 own virtual environment, .venv-load) against /v1/chat/completions for every configuration (k = 0, fixed
 k, adaptive k, overlapped twins with --overlap, and k = 0 again as the A/A repeat) at the same points:
-closed-loop concurrency levels, then Poisson rates derived once from k = 0's saturation throughput. Each point is run by every
-configuration in turn before the next point (one guidellm run each), in the listed order at one
-point and reversed at the next (`point_order`): whatever drifts over a ~30-minute run (the stack's
-state, the machine's other load) falls on all configurations alike instead of on the last one.
+closed-loop concurrency levels, then Poisson rates derived once from k = 0's saturation throughput.
+Each point is run by every configuration in turn before the next point (one guidellm run each), in the
+listed order at one point and reversed at the next (`point_order`): whatever drifts over a ~30-minute
+run (the stack's state, the machine's other load) falls on all configurations alike instead of on the
+last one.
 guidellm gets the target's tokenizer as a local directory exported from the model (never a hub id).
 What the figures mean: specdec/bench/load_results.py; how to run: bench/README.md.
 """

@@ -58,7 +58,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--adaptive-cap", type=int, default=DEFAULT_ADAPTIVE_CAP, help="k cap of adaptive k (0: none)")
     p.add_argument("--data", help=f"data sets: {','.join(DATASETS)} (prompts: the bench's grounded and open "
                                   "prompts mixed; grounded: those alone)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads of the target service")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the target service (and of the draft "
+                   "service, with --draft-kind model / combined)")
     p.add_argument("--max-batch", type=int, default=0, help="target sessions per forward pass (0: its default)")
     p.add_argument("--max-seconds-per-point", type=float, default=0.0, help="also stop a point after N s (0: off)")
     p.add_argument("--target-model", default="embedded")
