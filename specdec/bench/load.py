@@ -116,8 +116,9 @@ def serving(args: LoadArgs, max_concurrent: int) -> Iterator[tuple[Any, Any]]:
 
     work = Path(args.work_dir).resolve()
     stack = LocalStack(StackConfig(target_model=args.target_model, draft_model=args.draft_model,
-                                   draft_kind=args.draft_kind, threads=args.threads, max_batch=args.max_batch,
-                                   cache_budget_bytes=args.cache_budget_bytes, max_concurrent=max_concurrent,
+                                   draft_kind=args.draft_kind, dtype=args.dtype, threads=args.threads,
+                                   max_batch=args.max_batch, cache_budget_bytes=args.cache_budget_bytes,
+                                   max_concurrent=max_concurrent,
                                    log_dir=str(work / "logs"), metrics=True, extra_env=_service_env(args)))
     gateway = None
     try:
@@ -263,7 +264,7 @@ def _settings(args: LoadArgs) -> dict[str, Any]:
             "config_order": "interleaved: each point run by every configuration, reversed at every other point",
             "threads": {"target": args.threads, "cores": os.cpu_count(),
                         "draft": "n-gram (no torch)" if args.draft_kind == "ngram" else args.threads},
-            "draft": {"kind": args.draft_kind, "model": args.draft_model},
+            "draft": {"kind": args.draft_kind, "model": args.draft_model}, "dtype": args.dtype or "service default",
             "max_batch": args.max_batch or "service default",
             "latency_slack": OrchestratorConfig().latency_slack,   # adaptive k's latency cap (< 0: off)
             "cache_budget_bytes": args.cache_budget_bytes or "service default", "max_seconds_per_point": args.max_seconds_per_point,

@@ -35,6 +35,7 @@ class LoadArgs:
     target_model: str = "embedded"
     draft_kind: str = "ngram"               # the stack's draft (model / combined: a draft service of its own)
     draft_model: str = ""                   # model / combined: its spec ("": the shipped one of the embedded target)
+    dtype: str = ""                         # the model services' weights ("": their default, auto)
     guidellm: str = DEFAULT_GUIDELLM
     work_dir: str = DEFAULT_WORK_DIR
     out: str = "bench/results/load.json"
@@ -67,6 +68,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the stack's draft (model / combined start a draft service with --threads torch threads)")
     p.add_argument("--draft-model", default="", help="model / combined: the draft's spec (default with the embedded "
                    "target: its shipped draft)")
+    p.add_argument("--dtype", default="", choices=["", "float32", "bfloat16", "int8", "int4"],
+                   help="the model services' weights (default: theirs, auto; bfloat16 on a CPU with AMX batches "
+                        "almost for free, docs/performance.md)")
     p.add_argument("--overlap", default="", help="overlapped-round twins (docs/overlap.md; model / combined drafts): "
                    "k values and/or 'adaptive', e.g. 4,adaptive -> overlap_k4, overlap_adaptive")
     p.add_argument("--guidellm", default=DEFAULT_GUIDELLM, help="the guidellm executable (make bench-load installs it)")
@@ -122,7 +126,7 @@ def args_from_cli(ns: argparse.Namespace) -> LoadArgs:
     if mode.requests_per_point < 1 or mode.max_tokens < 1 or not mode.concurrency:
         raise SystemExit("specdec bench-load: --requests and --max-tokens must be >= 1, --concurrency not empty")
     return LoadArgs(mode=mode, mode_name=name, adaptive_cap=ns.adaptive_cap, threads=ns.threads,
-                    draft_kind=ns.draft_kind, draft_model=_draft_model(ns),
+                    draft_kind=ns.draft_kind, draft_model=_draft_model(ns), dtype=ns.dtype,
                     max_batch=ns.max_batch, max_seconds_per_point=ns.max_seconds_per_point,
                     cache_budget_bytes=max(0, ns.cache_budget_mib) * MIB,
                     prefix_share_min_tokens=ns.prefix_share_min_tokens,

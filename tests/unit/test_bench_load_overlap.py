@@ -39,7 +39,8 @@ def test_the_flags_start_a_model_draft_and_refuse_overlap_without_one():
     assert args.draft_kind == "combined" and args.draft_model == DEFAULT_MODELS["draft"]   # the shipped draft
     assert [c.name for c in args.configs] == [K0, "k4", "overlap_k4", "adaptive", "overlap_adaptive", K0_AA]
     assert _parse("--draft-kind", "model", "--draft-model", "runs/d").draft_model == "runs/d"
-    assert _parse().draft_kind == "ngram" and _parse().draft_model == ""
+    assert _parse().draft_kind == "ngram" and _parse().draft_model == "" and _parse().dtype == ""
+    assert _parse("--dtype", "bfloat16").dtype == "bfloat16"                # the services' weights, as bench-concurrency
     with pytest.raises(SystemExit, match="model or combined"):
         _parse("--overlap", "adaptive")                    # the n-gram draft is local: nothing to draft ahead
     with pytest.raises(SystemExit, match="twin"):
