@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specdec.bench.load_plan import DATASETS, DEFAULT_MODE, FULL_MODE, QUICK_MODE, LoadConfig, Mode, configurations
+from specdec.bench.plan import parse_overlap
 from specdec.config import DEFAULT_MODELS
 
 DEFAULT_GUIDELLM = ".venv-load/bin/guidellm"
@@ -146,11 +147,13 @@ def _draft_model(ns: argparse.Namespace) -> str:
 
 def _configs(ns: argparse.Namespace, mode: Mode) -> list[LoadConfig]:
     """configurations() of the mode, with the overlapped twins --overlap asks for."""
-    overlap = [x.strip() for x in ns.overlap.split(",") if x.strip()]
-    if overlap and ns.draft_kind == "ngram":
+    try:
+        overlap_ks, overlap_adaptive = parse_overlap(ns.overlap)
+    except ValueError as exc:
+        raise SystemExit(f"specdec bench-load: {exc}") from None
+    if (overlap_ks or overlap_adaptive) and ns.draft_kind == "ngram":
         raise SystemExit("specdec bench-load: --overlap drafts ahead with a model: add --draft-kind model or combined")
     try:
-        return configurations(mode.fixed_ks, ns.adaptive_cap, _ints(",".join(x for x in overlap if x != "adaptive"),
-                                                                     "--overlap"), "adaptive" in overlap)
+        return configurations(mode.fixed_ks, ns.adaptive_cap, tuple(overlap_ks), overlap_adaptive)
     except ValueError as exc:
         raise SystemExit(f"specdec bench-load: --overlap: {exc}") from None

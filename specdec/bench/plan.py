@@ -18,6 +18,15 @@ K0, KDEF, ADAPTIVE, HF_TARGET, HF_ASSISTED = "k0", "kdefault", "adaptive", "hf_t
 OVERLAP_PREFIX = "overlap"      # overlapped rounds (docs/overlap.md): overlap_k4, overlap_adaptive
 
 
+def parse_overlap(text: str) -> tuple[list[int], bool]:
+    """The benches' `--overlap` value, e.g. '4,adaptive' -> ([4], True): the fixed k values and whether adaptive k
+    get an overlapped twin. ValueError for any other entry."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if any(x != ADAPTIVE and not x.isdigit() for x in items):
+        raise ValueError(f"--overlap takes k values and 'adaptive', got {text!r}")
+    return sorted({int(x) for x in items if x.isdigit()}), ADAPTIVE in items
+
+
 @dataclass(frozen=True)
 class Config:
     """One configuration of the comparison."""

@@ -26,7 +26,7 @@ from specdec.bench.identity import identity_report
 from specdec.bench.machine import machine_info, peak_rss_bytes
 from specdec.bench.plan import (
     HF_ASSISTED, PROMPT_SETS, PROMPTS_DIR, BenchArgs, Config, Prompt, RunRecord, adaptive_supported, load_prompts,
-    make_configs,
+    make_configs, parse_overlap,
 )
 from specdec.bench.stack_client import StackClient, round_dict, stats_dict
 from specdec.params import MODEL_DRAFT_KINDS
@@ -309,9 +309,10 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
         ks = sorted({int(x) for x in ns.k.split(",") if x.strip()})
     except ValueError:
         raise SystemExit(f"specdec bench: --k must be integers separated by commas, got {ns.k!r}") from None
-    overlap = [x.strip() for x in ns.overlap.split(",") if x.strip()]
-    if any(x != "adaptive" and not x.isdigit() for x in overlap):
-        raise SystemExit(f"specdec bench: --overlap takes k values and 'adaptive', got {ns.overlap!r}")
+    try:
+        overlap_ks, overlap_adaptive = parse_overlap(ns.overlap)
+    except ValueError as exc:
+        raise SystemExit(f"specdec bench: {exc}") from None
     if ns.draft_kind in MODEL_DRAFT_KINDS and not ns.draft_model:
         raise SystemExit(f"specdec bench: --draft-kind {ns.draft_kind} needs --draft-model SPEC")
     return BenchArgs(
@@ -324,8 +325,8 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
         draft_model=ns.draft_model, hf_lookup_tokens=ns.hf_lookup_tokens, hf_ngram_size=ns.hf_ngram_size,
         with_hf=not ns.no_hf, with_llamacpp=not ns.no_llamacpp, verify_reps=QUICK["verify_reps"] if quick else 7, quick=quick,
         progress=not ns.no_progress, prompts_dir=ns.prompts_dir, with_adaptive=not ns.no_adaptive,
-        adaptive_cap=ns.adaptive_cap, dtype=ns.dtype, overlap_ks=[int(x) for x in overlap if x.isdigit()],
-        overlap_adaptive="adaptive" in overlap, hop_delay_ms=ns.hop_delay_ms, time_budget_s=ns.time_budget)
+        adaptive_cap=ns.adaptive_cap, dtype=ns.dtype, overlap_ks=overlap_ks,
+        overlap_adaptive=overlap_adaptive, hop_delay_ms=ns.hop_delay_ms, time_budget_s=ns.time_budget)
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:

@@ -95,3 +95,21 @@ def test_the_summary_names_the_overlap_goal():
           "overlap": overlap_goals(results, {"overlap_adaptive": "adaptive"}, {})}
     text = "\n".join(summary_lines({"datasets": {"prompts": ds}}))
     assert "overlap_adaptive vs adaptive: lowest streamed tok/s x0.9" in text and "concurrency@4 x0.9" in text
+
+
+def test_both_benches_read_overlap_with_one_parser_and_refuse_other_entries():
+    from specdec.bench.plan import parse_overlap
+    from specdec.bench.runner import add_parser as bench_parser
+    from specdec.bench.runner import args_from_cli as bench_args
+
+    assert parse_overlap("4, adaptive,2,4") == ([2, 4], True) and parse_overlap("") == ([], False)
+    with pytest.raises(ValueError, match="k values and 'adaptive'"):
+        parse_overlap("4,adaptve")
+    with pytest.raises(SystemExit, match="specdec bench-load: --overlap takes k values"):
+        _parse("--draft-kind", "model", "--overlap", "-1")
+    parser = argparse.ArgumentParser()
+    bench_parser(parser.add_subparsers())
+    with pytest.raises(SystemExit, match="specdec bench: --overlap takes k values"):
+        bench_args(parser.parse_args(["bench", "--overlap", "four"]))
+    args = bench_args(parser.parse_args(["bench", "--overlap", "4,adaptive"]))
+    assert (args.overlap_ks, args.overlap_adaptive) == ([4], True)
