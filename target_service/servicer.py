@@ -79,8 +79,7 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
         rejected draft positions. Both are soft state, as before: a next request that differs (a retry, a resent
         context) is served as any other. Done only while no other call is in flight or queued (the KV cache
         changes between forwards only); measured in docs/performance.md ("The next round prepared")."""
-        emitted = inp.draft_ids[:result.num_accepted] + [result.next_token]
-        self.context_store().hold_next(inp.session_id, len(inp.context_ids), emitted)
+        self.context_store().hold_next(inp.session_id, len(inp.context_ids), result.emitted(inp.draft_ids))
         if self.batches().lone(inp.session_id):
             pool = self.loaded().pool
             if pool is not None:

@@ -63,6 +63,10 @@ class AcceptResult:
     target_ids: list[int]
     matches: list[bool]
 
+    def emitted(self, draft_ids: Sequence[int]) -> list[int]:
+        """The tokens this round emits: the accepted drafts of `draft_ids`, then the recovered or bonus token."""
+        return list(draft_ids[: self.num_accepted]) + [self.next_token]
+
 
 def _generator(generators: Generators, index: int, purpose: str) -> torch.Generator:
     """Resolve the generator for draw ``purpose`` at target row ``index``."""

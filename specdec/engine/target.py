@@ -150,7 +150,7 @@ class TargetEngine:
         result = accept(inp.draft_ids, p, q,
                         generators=None if inp.sampling.greedy else round_generators(inp.sampling.seed, first_position),
                         greedy=inp.sampling.greedy, all_rows=not inp.verdict_only)
-        emitted = inp.draft_ids[: result.num_accepted] + [result.next_token]
+        emitted = result.emitted(inp.draft_ids)
         logprobs = token_logprobs(fwd.logits, emitted, inp.logprobs)
         stats = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms,
                                  batch_size=fwd.batch_size, batch_tokens=fwd.batch_tokens)

@@ -46,6 +46,7 @@ def test_greedy_perfect_match_gives_bonus():
     assert (res.num_accepted, res.next_token, res.next_kind) == (3, 6, BONUS)
     assert res.matches == [True, True, True]
     assert res.target_ids == [3, 4, 5, 6]
+    assert res.emitted([3, 4, 5]) == [3, 4, 5, 6]                               # every draft + the bonus
 
 
 def test_draft_ids_as_a_list_or_a_tensor_give_the_same_round():
@@ -62,6 +63,7 @@ def test_greedy_early_mismatch_gives_recovered():
     assert (res.num_accepted, res.next_token, res.next_kind) == (1, 4, RECOVERED)
     # position 3 was never tested: matches reports the greedy comparison (5 == 5)
     assert res.matches == [True, False, True]
+    assert res.emitted([3, 9, 5]) == [3, 4] and res.emitted((3, 9, 5)) == [3, 4]   # accepted drafts + recovered
 
 
 def test_greedy_all_rejected():
