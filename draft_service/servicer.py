@@ -47,7 +47,7 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
             sampling=sampling_from_proto(request.sampling), draft_kind=kind,
             ngram_min_n=request.ngram.min_n if request.ngram.HasField("min_n") else None,
             ngram_max_n=request.ngram.max_n if request.ngram.HasField("max_n") else None,
-            position_base=position_base, checked_ids=len(context), prefix_hashes=hashes,
+            position_base=position_base, checked_ids=len(context), prefix_hashes=hashes, runner_up=request.runner_up,
         )
         if getattr(engine, "needs_target_hidden", False):
             inp.target_hidden = hidden_from_proto(request.target_hidden, engine.hidden_size)
@@ -93,7 +93,7 @@ def propose_response(out: ProposeOutput, queue_ms: float, arrived: float) -> dra
     """engine -> proto; `arrived`: when the call reached the service (ComputeStats.service_ms counts from it)."""
     out.stats.queue_ms = queue_ms
     response = draft_pb2.ProposeResponse(draft_ids=out.draft_ids, draft_probs=sparse_to_proto(out.draft_probs),
-                                         draft_kind=out.draft_kind)
+                                         draft_kind=out.draft_kind, runner_up_ids=out.runner_up_ids)
     fill_stats(response.stats, out.stats)
     if out.target_hidden_from >= 0:
         response.target_hidden_from = out.target_hidden_from

@@ -58,7 +58,7 @@ INTERNAL = (500, "server_error")
 _EXT_REQUEST = {"k": int, "draft_kind": str, "trace": bool, "session_id": str, "create_session": bool,
                 "request_id": str, "resume_offset": int, "ignore_eos": bool, "min_tokens": int,
                 "max_rounds": int, "add_generation_prompt": bool, "adaptive_k": bool,
-                "overlap": bool}
+                "overlap": bool, "overlap_branches": int}
 _EXT_SAMPLING = {"top_k": int, "repetition_penalty": float, "draft_top_n": int}
 # Top-level OpenAI fields we map (others are ignored: OpenAI clients send many optional ones,
 # except the features of http_gateway/validation.UNSUPPORTED, which are refused).

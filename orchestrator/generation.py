@@ -30,10 +30,8 @@ Reliability (see docs/reliability.md):
     client (UNAVAILABLE / DEADLINE_EXCEEDED), the request stays "generating" with its
     lease released at once, so the client's retry resumes it immediately.
   * Client cancel / disconnect: the round in flight is abandoned (its gRPC calls are
-    cancelled), no further round runs, the request is finished as "cancelled" (session
-    back to idle).
-  * Deadlines: the client's deadline (`deadline`, from context.time_remaining()) caps
-    every draft/target call (orchestrator/rounds.py).
+    cancelled), no further round runs, the request is finished as "cancelled" (session idle).
+  * Deadlines: the client's deadline (from context.time_remaining()) caps every call (rounds.py).
   * ignore_eos (off by default): EOS never ends the generation, it runs to max_new_tokens
     (or the context end) -- for benchmarks and kill tests. min_tokens (default 0): EOS is
     not honoured before that many completion tokens. Neither changes which tokens the
@@ -56,15 +54,14 @@ from specdec.metrics import OrchestratorMetrics
 from specdec.params import MODEL, GenerationParams, field_or_default, resolve_generation
 from specdec.v1 import orchestrator_pb2 as pb
 
-from orchestrator.adaptive import (AcceptanceTracker, CostModel, DraftDemand, best_k, choose_k, choose_k_drafted,
-                                   latency_cap)
+from orchestrator.adaptive import AcceptanceTracker, CostModel, DraftDemand, best_k, choose_k, choose_k_drafted, latency_cap
 from orchestrator.completion_text import CompletionText
 from orchestrator.features import HiddenRelay
 from orchestrator.idempotency import RunningRequests, check_id, check_reuse, request_fingerprint
 from orchestrator.lease import SessionLease, store_errors
 from orchestrator.prompting import Message, Prompter
 from orchestrator.delta import ContextWire
-from orchestrator.overlap import PreDraft, discard, plan_ahead, ready_block
+from orchestrator.overlap import AheadPlan, NO_AHEAD, PreDraft, RunnerUpTracker, discard, plan_ahead, ready_block
 from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner, cancel_round
 from orchestrator.session_store import Session, SessionBusy, SessionStore
 from orchestrator.stats import StatsCollector, count_emitted
@@ -132,6 +129,8 @@ class Generation:
         self.wire = ContextWire()           # what each replica holds of the context (delta rounds)
         self.overlap = deps.cfg.overlap.enabled if self.params.overlap is None else self.params.overlap
         self.ahead: PreDraft | None = None  # the next round's block, drafted ahead (orchestrator/overlap.py)
+        self.runner_ups = RunnerUpTracker()  # how often the target recovers with the draft's runner-up (branches)
+        self.branches = deps.cfg.overlap.branches if self.params.overlap_branches is None else self.params.overlap_branches
         self.state: State | None = None
 
     async def chunks(self) -> AsyncIterator[pb.GenerateChunk]:
@@ -292,6 +291,7 @@ class Generation:
         self.deps.costs.observe_batch(outcome.target_batch)
         if proposed and not outcome.predrafted:   # a used pre-draft's positions are shifted by its guess
             self._tracker(outcome.proposer).observe(proposed, outcome.num_accepted)
+        self.runner_ups.observe(outcome.draft_ids, outcome.runner_up_ids, outcome.num_accepted, outcome.next_token)
         if outcome.target_computed <= proposed + 1 and not outcome.degraded and not outcome.predrafted:
             self.deps.costs.observe(proposed, outcome.pass_tokens, outcome.draft_ms, outcome.target_ms,
                                     outcome.fixed_overhead_ms, outcome.proposer, overlapped=outcome.ahead is not None)
@@ -330,27 +330,27 @@ class Generation:
     def _start_round(self, state: State) -> asyncio.Task:
         """Steps 1-2 (draft proposes, target verifies) for the context so far, as a task."""
         self.lease.check()
-        k, proposer = self._round_k(state)
+        (k, proposer), p = self._round_k(state), self.params
         ahead, self.ahead = self.ahead, None     # the round uses the block drafted ahead or discards it
-        p = self.params
         return asyncio.create_task(self.deps.runner.run(RoundRequest(
             self.session_id, self.request_id, list(state.ids), k, p.sampling, p.draft_kind, p.logprobs, self.deadline,
-            self.relay, proposer, self.wire, ahead, self._ahead_k(state, k, proposer), self.route,
+            self.relay, proposer, self.wire, ahead, ahead_plan=self._ahead_plan(state, k, proposer),
+            runner_up=self.overlap and self.branches > 0 and proposer == MODEL, route=self.route,
             verdict_only=not (p.trace and self.deps.cfg.trace_rejected_rows))))
 
-    def _ahead_k(self, state: State, k: int, proposer: str) -> int:
-        """Overlap (docs/overlap.md): tokens to draft ahead while this round verifies (overlap.plan_ahead)."""
+    def _ahead_plan(self, state: State, k: int, proposer: str) -> AheadPlan:
+        """Overlap (docs/overlap.md): what to draft ahead while this round verifies (overlap.plan_ahead)."""
         p, deps = self.params, self.deps
         if not self.overlap or proposer != MODEL or (k == 0 and not p.adaptive_k):
-            return 0
+            return NO_AHEAD
         cap = min(p.k, p.max_new_tokens - len(state.completion) - k - 2, deps.max_context - len(state.ids) - k - 2)
         running = len(deps.running) / deps.runner.target_replicas()      # generations per target replica
-        return plan_ahead(cap, k, deps.costs, deps.cfg.overlap, self._tracker(proposer).rates(), p.adaptive_k, running)
+        return plan_ahead(cap, k, deps.costs, deps.cfg.overlap, self._tracker(proposer).rates(), p.adaptive_k, running,
+                          self.runner_ups.rate(), self.branches)
 
     def _advance(self, state: State, outcome: RoundOutcome) -> list[int]:
-        """Step 3: cut the round's tokens (EOS, max_new_tokens, the context end, max_rounds) and grow the
-        context, so the next round can start; adaptive k learns from the round first. Returns the tokens
-        (a stop string may still cut them: _settle)."""
+        """Step 3: cut the round's tokens (EOS, max_new_tokens, the context end, max_rounds) and grow the context, so
+        the next round can start; adaptive k learns from the round. Returns the tokens (_settle may still cut them)."""
         tokens, finish = cut_at_limits(outcome.emitted, len(state.completion), len(state.ids), self.params,
                                        self.deps.eos_ids, self.deps.max_context)
         state.finish = finish or state.finish
@@ -383,7 +383,8 @@ class Generation:
                                         outcome.draft_ms, outcome.target_ms, outcome.overhead_ms, outcome.wall_ms,
                                         outcome.degraded)
         self.deps.metrics.observe_load(outcome.k, outcome.target_batch, self.params.adaptive_k)
-        self.deps.metrics.observe_overlap(outcome.ahead is not None, outcome.predrafted, outcome.draft_hidden_ms)
+        self.deps.metrics.observe_overlap(len(outcome.ahead.branches) if outcome.ahead is not None else 0,
+                                          outcome.predrafted, outcome.draft_hidden_ms, outcome.predraft_runner_up_at > 0)
         return tokens, delta.emit
 
     async def _store(self, state: State, tokens: list[int], outcome: RoundOutcome) -> None:

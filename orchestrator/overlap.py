@@ -11,6 +11,13 @@ bonus were e1 (PEARL's post-verify, docs/overlap.md). When the verify returns:
     to its Verify (the draft's time and hop were hidden behind round r's verify);
   * anything else -> the pre-draft is discarded and round r+1 drafts as usual.
 
+Branches (docs/overlap.md, "Branches"): at low acceptance the likeliest outcome of a round is a rejection
+at position 1, where the target recovers with a token the post-verify block cannot guess. A round that
+knows the draft's runner-up per position (ProposeResponse.runner_up_ids) may also draft ahead behind it:
+the block from C + d1..d(i-1) + r_i, used when the target rejects d_i and recovers with r_i. One
+pre-draft runs its branches one after another on the session's draft replica, likeliest first
+(`plan_ahead` chooses them), and a round takes the one whose context is the accepted one.
+
 Why the output cannot change: every random draw is keyed by (seed, absolute position, purpose)
 (specdec/core/sampling.py), so a block drafted from context X is the block a sequential round drafts
 from X, and the verify of the same block at the same position decides the same tokens. A pre-draft is
@@ -31,24 +38,35 @@ from specdec.errors import SpecDecError
 from specdec.params import MODEL
 from specdec.v1 import draft_pb2
 
-from orchestrator.adaptive import NO_DRAFT, CostModel, k_for_free_block
+from orchestrator.adaptive import DECAY, NO_DRAFT, CostModel, k_for_free_block
 
 log = logging.getLogger("specdec.orchestrator")
 MS_PER_S = 1000.0
 PREFIX_CHECK_TOKENS = 8     # round r's last context tokens a BlockBase re-checks (a guard, not the proof)
+# RunnerUpTracker's prior: the shipped draft's runner-up is the target's token about one time in five when
+# its top token is not (held-out, teacher-forced; docs/overlap.md, "Branches"), worth this many rounds.
+RUNNER_UP_PRIOR = 0.2
+RUNNER_UP_PRIOR_TRIES = 4.0
 
 
-def usable_block(base: BlockBase, drafted: Sequence[int], context: Sequence[int], k: int) -> int:
+def usable_block(base: BlockBase, drafted: Sequence[int], context: Sequence[int], k: int,
+                 guess: int | None = None) -> int:
     """How many tokens of a pre-drafted block a round from `context` asking for k draft tokens can use.
 
-    The pre-draft continued `base` (round r's context + its draft block) with `drafted` = e1..en: e1 is
-    the draft's guess of the target's bonus, e2..en the next block. It is usable only when the accepted
-    context is exactly base + [e1]; then the round takes e2..e(1 + min(k, n - 1)) (draws are keyed by
-    position, so the first j tokens of a longer block are the block a j-token round drafts). 0 = none.
+    Post-verify (`guess` None): the pre-draft continued `base` (round r's context + its draft block) with
+    `drafted` = e1..en: e1 is the draft's guess of the target's bonus, e2..en the next block. It is usable
+    only when the accepted context is exactly base + [e1]; then the round takes e2..e(1 + min(k, n - 1))
+    (draws are keyed by position, so the first j tokens of a longer block are the block a j-token round
+    drafts). A branch (`guess` = the runner-up it was drafted behind): `drafted` is the block from
+    base + [guess], usable when the accepted context is exactly that; the round takes its first min(k, n).
+    0 = none.
     """
-    if k <= 0 or len(drafted) < 2 or not base.continued_by_one(context) or context[-1] != drafted[0]:
+    skip = 1 if guess is None else 0
+    if k <= 0 or len(drafted) <= skip or not base.continued_by_one(context):
         return 0
-    return min(k, len(drafted) - 1)
+    if context[-1] != (drafted[0] if guess is None else guess):
+        return 0
+    return min(k, len(drafted) - skip)
 
 
 def hit_probability(rates: Sequence[float], k: int) -> float:
@@ -84,25 +102,88 @@ def worth_overlapping(hit: float, k_ahead: int, costs: AheadCosts) -> bool:
     return hit * saved_ms > costs.miss_cost_ms + wait_ms
 
 
+def branch_chances(rates: Sequence[float], k: int, runner_up_rate: float) -> list[tuple[int, float]]:
+    """(i, the chance that a block drafted ahead behind position i of a k-token round is used), likeliest
+    first. i <= k: the drafts before i accepted, d_i rejected, and the target recovered with the draft's
+    runner-up there (`runner_up_rate`: how often it does, RunnerUpTracker); i = k + 1: all k accepted and the
+    draft's guess of the bonus right (hit_probability: PEARL's post-verify)."""
+    if not rates:
+        return []
+    chances, survive = [], 1.0
+    for i in range(1, k + 1):
+        rate = rates[min(i - 1, len(rates) - 1)]
+        chances.append((i, survive * (1.0 - rate) * runner_up_rate))
+        survive *= rate
+    chances.append((k + 1, hit_probability(rates, k)))
+    return sorted(chances, key=lambda chance: -chance[1])
+
+
+@dataclass(frozen=True)
+class AheadPlan:
+    """What a round drafts ahead while it verifies: blocks of `k` tokens behind the positions `at`, in that
+    order (i <= the round's k: behind the runner-up at position i; the round's k + 1: behind all its drafts)."""
+
+    k: int = 0
+    at: tuple[int, ...] = ()
+
+    def wants_runner_up(self, round_k: int) -> bool:
+        """Whether a branch needs the round's runner-up tokens (ProposeRequest.runner_up)."""
+        return self.k > 0 and any(i <= round_k for i in self.at)
+
+
+NO_AHEAD = AheadPlan()
+
+
 def plan_ahead(cap: int, k: int, costs: CostModel, cfg: OverlapConfig, rates: Sequence[float],
-               adaptive: bool = False, running: float = 1.0) -> int:
-    """Tokens to draft ahead behind a k-token round: `cap` (the next round's k cap; with adaptive k, only as
-    many as a round would verify from a free block, adaptive.k_for_free_block: the rest would never be
-    used), or 0 under load (the target's passes carry other sessions on average, or more than
-    OverlapConfig.max_running generations per target replica run in this orchestrator now: `running`) or
-    when not worth it,
-    the pre-draft's cost to the verify beside it being measured (CostModel.overlap_extra_ms) with
+               adaptive: bool = False, running: float = 1.0, runner_up_rate: float = 0.0,
+               branches: int | None = None) -> AheadPlan:
+    """What to draft ahead behind a k-token round. Blocks of `cap` tokens (the next round's k cap; with
+    adaptive k, only as many as a round would verify from a free block, adaptive.k_for_free_block: the rest
+    would never be used); branches likeliest first (branch_chances), at most `branches` (None:
+    OverlapConfig.branches) behind a runner-up, each only while worth it with the branches before it ahead in the queue (worth_overlapping
+    against the verify time they leave). Nothing under load (the target's passes carry other sessions on
+    average, or more than OverlapConfig.max_running generations per target replica run in this orchestrator
+    now: `running`). A pre-draft's cost to the verify beside it is measured (CostModel.overlap_extra_ms) with
     OverlapConfig.miss_cost_ms as its floor."""
     if running > cfg.max_running or costs.batch > cfg.max_target_batch:
-        return 0
+        return NO_AHEAD
     if adaptive:
         cap = k_for_free_block(costs, list(rates), cap, MODEL)
     if cap <= 0:
-        return 0
+        return NO_AHEAD
     hop = max(0.0, costs.overhead_ms.get(MODEL, 0.0) - costs.overhead_ms.get(NO_DRAFT, 0.0))
     contention = max(cfg.miss_cost_ms, costs.overlap_extra_ms or 0.0)
-    weights = AheadCosts(costs.draft_step_ms.get(MODEL, 0.0), hop, costs.pass_ms(k + 1), contention)
-    return cap if worth_overlapping(hit_probability(rates, k), cap, weights) else 0
+    step, verify = costs.draft_step_ms.get(MODEL, 0.0), costs.pass_ms(k + 1)
+    at, queued, runner_ups = [], 0.0, 0
+    most = cfg.branches if branches is None else branches
+    for i, hit in branch_chances(rates, k, runner_up_rate):
+        if i <= k and runner_ups >= most:
+            continue
+        if not worth_overlapping(hit, cap, AheadCosts(step, hop, verify - queued, contention)):
+            continue
+        at.append(i)
+        runner_ups += i <= k
+        queued += (cap + 1) * step + hop
+    return AheadPlan(cap, tuple(at)) if at else NO_AHEAD
+
+
+@dataclass
+class RunnerUpTracker:
+    """How often the target, rejecting a draft token, recovers with the draft's runner-up there (decayed
+    like AcceptanceTracker; from a prior until measured): the chance behind branch_chances."""
+
+    hits: float = RUNNER_UP_PRIOR * RUNNER_UP_PRIOR_TRIES
+    tries: float = RUNNER_UP_PRIOR_TRIES
+
+    def observe(self, draft_ids: Sequence[int], runner_up_ids: Sequence[int], accepted: int, next_token: int) -> None:
+        """A round that proposed `draft_ids` (runner-ups `runner_up_ids`) and accepted `accepted` of them."""
+        if accepted >= min(len(draft_ids), len(runner_up_ids)):
+            return                  # all accepted (the bonus is no recovery), or no runner-up known there
+        self.hits = self.hits * DECAY + (runner_up_ids[accepted] == next_token)
+        self.tries = self.tries * DECAY + 1.0
+
+    def rate(self) -> float:
+        return self.hits / self.tries
 
 
 @dataclass(frozen=True)
@@ -132,48 +213,84 @@ class BlockBase:
                 and tuple(context[end - len(self.prefix_tail):end]) == self.prefix_tail)
 
 
+Call = Callable[[], Awaitable[tuple[draft_pb2.ProposeResponse, str, int]]]   # -> (response, replica, retries)
+
+
 @dataclass
-class PreDraft:
-    """A block being drafted ahead from `base` (round r's context + its draft block)."""
+class Branch:
+    """One block drafted ahead: from base + [guess] (a branch: `guess` is the runner-up at a position of round
+    r's block), or, `guess` None, from base with the draft's own guess of the next token as its first token
+    (post-verify). Its call's answer lands in `response` (or `error`); `done` is set either way, also when the
+    pre-draft stopped before this branch ran."""
 
     base: BlockBase
+    guess: int | None
+    call: Call
+    response: draft_pb2.ProposeResponse | None = None
+    replica: str = ""
+    error: Exception | None = None
+    started: float | None = None            # perf_counter when its call was sent
+    finished: float | None = None           # ... and when its answer came
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def matches(self, context: Sequence[int]) -> bool:
+        """Whether a round from `context` could use this block (the post-verify guess is known only from the answer)."""
+        return self.base.continued_by_one(context) and (self.guess is None or context[-1] == self.guess)
+
+    def hidden_ms(self, verified: float | None) -> float:
+        """Wall time of this branch's call (hop + draft forward) that ran while round r's verify was in flight."""
+        if self.started is None or self.finished is None or verified is None:
+            return 0.0
+        return max(0.0, min(self.finished, verified) - self.started) * MS_PER_S
+
+
+@dataclass
+class PreDraft:
+    """Round r + 1's candidate blocks being drafted ahead, one branch after another on one task."""
+
+    branches: list[Branch]
     kind: str                               # the remote draft kind asked ("model")
-    task: asyncio.Task                      # -> (ProposeResponse, replica address)
-    started: float = field(default_factory=time.perf_counter)
-    finished: float | None = None           # perf_counter when its answer came
+    task: asyncio.Task                      # runs the branches' calls in order
     verified: float | None = None           # perf_counter when round r's verify returned
 
-    def hidden_ms(self) -> float:
-        """Wall time of the pre-draft (hop + draft forward) that ran while round r's verify was in flight."""
-        if self.finished is None or self.verified is None:
-            return 0.0
-        return max(0.0, min(self.finished, self.verified) - self.started) * MS_PER_S
+    def branch_for(self, context: Sequence[int]) -> Branch | None:
+        """The branch a round from `context` could use (at most one: their contexts differ), or None."""
+        return next((branch for branch in self.branches if branch.matches(context)), None)
 
 
-def start_predraft(base: BlockBase, kind: str,
-                   call: Callable[[], Awaitable[tuple[draft_pb2.ProposeResponse, str, int]]]) -> PreDraft:
-    """Start the pre-draft's Propose (`call`) as a task; it records when its answer came."""
-    holder: list[PreDraft] = []
+async def _run_branches(branches: Sequence[Branch]) -> None:
+    """The branches' calls one after another (the draft replica serialises a session's calls anyway); a failed
+    call ends the pre-draft (the replica is likely gone). Every branch's `done` is set when this returns. Between two
+    calls it yields once, so that a round which was waiting for the branch before stops it before the next call."""
+    try:
+        for branch in branches:
+            await asyncio.sleep(0)   # a round already waiting for the branch before stops the rest here
+            branch.started = time.perf_counter()
+            try:
+                branch.response, branch.replica, _ = await branch.call()
+            except Exception as exc:   # noqa: BLE001 - kept for take(): a lost pre-draft costs time, never a token
+                branch.error = exc
+                return
+            finally:
+                branch.finished = time.perf_counter()
+                branch.done.set()
+    finally:
+        for branch in branches:
+            branch.done.set()
 
-    async def run() -> tuple[draft_pb2.ProposeResponse, str]:
-        try:
-            response, address, _ = await call()
-            return response, address
-        finally:
-            holder[0].finished = time.perf_counter()
 
-    ahead = PreDraft(base, kind, asyncio.create_task(run()))
-    holder.append(ahead)
-    return ahead
+def start_predraft(branches: list[Branch], kind: str) -> PreDraft:
+    """Start drafting `branches` ahead (in this order) as one task."""
+    return PreDraft(branches, kind, asyncio.create_task(_run_branches(branches)))
 
 
 def ready_block(ahead: PreDraft | None, context: Sequence[int], k: int) -> int:
     """Tokens of a pre-draft that has already answered which a round from `context` could use (0: none,
     or not answered yet). Lets adaptive k choose knowing the block is free (adaptive.choose_k_drafted)."""
-    if ahead is None or not ahead.task.done() or ahead.task.cancelled() or ahead.task.exception() is not None:
+    branch = ahead.branch_for(context) if ahead is not None else None
+    if branch is None or branch.response is None:
         return 0
-    response, _ = ahead.task.result()
-    return usable_block(ahead.base, response.draft_ids, context, k)
+    return usable_block(branch.base, branch.response.draft_ids, context, k, branch.guess)
 
 
 @dataclass
@@ -184,37 +301,40 @@ class Taken:
     replica: str
     forward_ms: float                   # the pre-draft's draft forward time
     hidden_ms: float                    # its wall time behind the previous round's verify
+    runner_up_at: int = 0               # drafted behind the runner-up at this position of round r's block (0: post-verify)
 
 
 async def take(ahead: PreDraft | None, context: Sequence[int], k: int, kind: str) -> Taken | None:
     """The pre-drafted block for a round from `context` with k draft tokens of `kind`, or None (the
-    pre-draft is discarded: another context, another kind, or it failed). A pre-draft that cannot be
-    used is cancelled if still running, so it never holds the draft replica past this point."""
-    if ahead is None:
+    pre-draft is discarded: another context, another kind, or it failed). Waits for the matching branch's
+    answer, then stops the pre-draft (its later branches are of no use now), so it never holds the draft
+    replica past this point."""
+    branch = ahead.branch_for(context) if ahead is not None and k > 0 and kind == ahead.kind else None
+    if branch is not None:
+        await branch.done.wait()
+    await discard(ahead)
+    if branch is None:
         return None
-    if k <= 0 or kind != ahead.kind or not ahead.base.continued_by_one(context):
-        await discard(ahead)
+    if branch.response is None:
+        if branch.error is not None and not isinstance(branch.error, SpecDecError):
+            raise branch.error
+        log.info("a pre-draft was lost (%s): the round drafts as usual", branch.error or "cancelled")
         return None
-    await asyncio.wait({ahead.task})
-    failure = None if ahead.task.cancelled() else ahead.task.exception()
-    if ahead.task.cancelled() or isinstance(failure, SpecDecError):
-        log.info("a pre-draft was lost (%s): the round drafts as usual", failure or "cancelled")
-        return None
-    if failure is not None:
-        raise failure
-    response, replica = ahead.task.result()
-    n = usable_block(ahead.base, response.draft_ids, context, k)
+    response, skip = branch.response, 1 if branch.guess is None else 0
+    n = usable_block(branch.base, response.draft_ids, context, k, branch.guess)
     if n == 0:
         return None
-    sliced = draft_pb2.ProposeResponse(draft_ids=response.draft_ids[1:n + 1], draft_kind=response.draft_kind)
+    sliced = draft_pb2.ProposeResponse(draft_ids=response.draft_ids[skip:skip + n], draft_kind=response.draft_kind,
+                                       runner_up_ids=response.runner_up_ids[skip:skip + n])
     if response.draft_probs:
-        sliced.draft_probs.extend(response.draft_probs[1:n + 1])
+        sliced.draft_probs.extend(response.draft_probs[skip:skip + n])
     sliced.stats.CopyFrom(response.stats)
-    return Taken(sliced, replica, response.stats.forward_ms, ahead.hidden_ms())
+    at = len(branch.base.block) + 1 if branch.guess is not None else 0
+    return Taken(sliced, branch.replica, response.stats.forward_ms, branch.hidden_ms(ahead.verified), at)
 
 
 async def discard(ahead: PreDraft | None) -> None:
-    """Drop a pre-draft: cancel it if still running and wait until it stopped (errors are not needed)."""
+    """Drop a pre-draft: cancel it if still running and wait until it stopped (errors are kept in its branches)."""
     if ahead is None:
         return
     if not ahead.task.done():

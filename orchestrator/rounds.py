@@ -12,10 +12,11 @@ Context on the wire: a call carries only the tokens its replica does not hold ye
 the prefix it does (the delta form, orchestrator/delta.py); a replica that lost the session's
 context gets the whole context again in the same round (RoundOutcome.context_resends).
 
-Overlapped rounds (orchestrator/overlap.py, docs/overlap.md): with RoundRequest.ahead_k > 0 the
-round also asks the draft, while its Verify is in flight, for the next round's block drafted from
-this round's context + its draft block; the next round uses it (RoundRequest.ahead) only when the
-accepted context is the one it was drafted from, else discards it.
+Overlapped rounds (orchestrator/overlap.py, docs/overlap.md): with RoundRequest.ahead_plan the
+round also asks the draft, while its Verify is in flight, for the next round's candidate blocks: drafted
+from this round's context + its draft block (post-verify), and behind the draft's runner-up at the
+planned positions (branches); the next round uses one (RoundRequest.ahead) only when the accepted
+context is the one it was drafted from, else discards them.
 
 Deadlines: each call gets base + per_token x (tokens it must compute: the whole
 context, since a replica without the session's cache re-runs the prefill),
@@ -40,7 +41,9 @@ from specdec.v1 import draft_pb2, target_pb2
 
 from orchestrator.delta import ContextSend, ContextWire
 from orchestrator.features import HiddenRelay
-from orchestrator.overlap import BlockBase, PreDraft, Taken, start_predraft, take, with_hop_delay
+from orchestrator.overlap import (
+    NO_AHEAD, AheadPlan, BlockBase, Branch, PreDraft, Taken, start_predraft, take, with_hop_delay,
+)
 from orchestrator.replicas import ReplicaPool
 
 log = logging.getLogger("specdec.orchestrator")
@@ -85,6 +88,8 @@ class RoundOutcome:
     context_resends: int = 0        # calls resent with the whole context after a replica's context miss
     context_tokens: int = 0         # the context the round started from
     predrafted: bool = False        # the block was drafted ahead, during the previous round's verify
+    predraft_runner_up_at: int = 0  # ... behind the draft's runner-up at this position of the previous block (0: post-verify)
+    runner_up_ids: list[int] = field(default_factory=list)   # the draft's runner-up per position (when asked)
     draft_hidden_ms: float = 0.0    # the block's draft time (hop + forward) hidden behind that verify
     ahead: PreDraft | None = None   # the next round's block, drafted ahead during this round's verify
 
@@ -120,7 +125,8 @@ class RoundRequest:
     proposer: str = ""                # RoundRunner.proposer(): adaptive k's estimates are kept per proposer
     wire: ContextWire | None = None   # the generation's delta-round state (None: every call sends the whole context)
     ahead: PreDraft | None = None     # the previous round's pre-draft: used if drafted from this context, else discarded
-    ahead_k: int = 0                  # overlap: pre-draft the next round's block of this many tokens (0 = don't)
+    ahead_plan: AheadPlan = NO_AHEAD  # overlap: the next round's blocks to draft ahead while this one verifies
+    runner_up: bool = False           # ask the draft for its runner-up per position (branches; RunnerUpTracker)
     route: str = ""                   # replicas' routing key ("" = the session id; orchestrator/affinity.py)
     verdict_only: bool = False        # the target returns only the accept rule's reads (VerifyRequest.verdict_only)
 
@@ -236,6 +242,7 @@ class RoundRunner:
         out.draft_ids, out.target_ids, out.matches = drafted, list(verdict.target_ids), list(verdict.matches)
         out.num_accepted, out.next_token, out.next_kind = m, verdict.next_token, verdict.next_kind
         out.emitted = drafted[:m] + [verdict.next_token]
+        out.runner_up_ids = list(proposal.runner_up_ids)
         out.logprobs = list(verdict.logprobs)
         stats = verdict.stats
         out.target_ms, out.target_cached = stats.forward_ms, stats.cached_tokens
@@ -272,7 +279,8 @@ class RoundRunner:
         if self.draft is None:
             out.degraded = True
             return empty, out
-        propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id, k=req.k)
+        propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id, k=req.k,
+                                           runner_up=req.runner_up or req.ahead_plan.wants_runner_up(req.k))
         propose.sampling.MergeFromString(sampling_bytes(req.sampling))
         send = context_send(req, "draft")
         if remote_kind:
@@ -303,6 +311,7 @@ class RoundRunner:
         """The round's draft is a block drafted ahead (orchestrator/overlap.py)."""
         out.k = len(taken.response.draft_ids)
         out.predrafted, out.draft_hidden_ms = True, taken.hidden_ms
+        out.predraft_runner_up_at = taken.runner_up_at
         out.draft_ms, out.draft_replica, out.draft_kind = taken.forward_ms, taken.replica, taken.response.draft_kind
         out.draft_computed = taken.response.stats.computed_tokens
         out.wire_bytes = taken.response.ByteSize()
@@ -310,34 +319,48 @@ class RoundRunner:
 
     def _start_ahead(self, req: RoundRequest, proposal: draft_pb2.ProposeResponse,
                      out: RoundOutcome) -> PreDraft | None:
-        """Overlap: start drafting the next round's block (req.ahead_k tokens after a guess of the bonus)
-        from this round's context + its draft block (none in a k = 0 round), while the verify runs. None
-        when the round's draft was not the pool's model, it proposed fewer than k tokens, or the draft
-        replica has other work queued (OverlapConfig.max_draft_in_flight)."""
+        """Overlap: start drafting the next round's candidate blocks (req.ahead_plan) from this round's context
+        while the verify runs. None when the round's draft was not the pool's model, it proposed fewer than k
+        tokens, or the draft replica has other work queued (OverlapConfig.max_draft_in_flight)."""
         drafted = out.draft_kind == MODEL and len(proposal.draft_ids) == req.k    # k = 0: the guess alone
-        if (req.ahead_k <= 0 or self.draft is None or out.degraded or not self.remote_model(req)
+        if (req.ahead_plan.k <= 0 or self.draft is None or out.degraded or not self.remote_model(req)
                 or not (req.k == 0 or drafted)):
             return None
         address = out.draft_replica or self.draft.set.pick(req.replica_key)
         if not address or self.draft.set.in_flight(address) > self.overlap.max_draft_in_flight:
             return None
-        k = req.ahead_k + 1
+        branches = [self._branch(req, proposal, at) for at in req.ahead_plan.at]
+        branches = [branch for branch in branches if branch is not None]
+        return start_predraft(branches, MODEL) if branches else None
+
+    def _branch(self, req: RoundRequest, proposal: draft_pb2.ProposeResponse, at: int) -> Branch | None:
+        """One candidate block (overlap.Branch): behind the draft's runner-up at position `at` of this round's
+        block (at <= k: req.ahead_plan.k tokens from C + d1..d(at-1) + r_at), or behind the whole block (at = k + 1:
+        the draft's guess of the bonus, then the block). None where the runner-up is not known or no time is left."""
+        block, k = list(proposal.draft_ids), req.ahead_plan.k
+        if at <= len(block):
+            if len(proposal.runner_up_ids) < at:
+                return None
+            before, guess = block[:at - 1], proposal.runner_up_ids[at - 1]
+            sent, tokens = before + [guess], k
+        else:
+            before, guess, sent, tokens = block, None, block, k + 1
         try:
-            timeout = self._deadline(len(req.context_ids) + req.k + k, req.deadline)
+            timeout = self._deadline(len(req.context_ids) + len(sent) + tokens, req.deadline)
         except DeadlineExceeded:
             return None
-        propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id, k=k, draft_kind=MODEL)
+        propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id, k=tokens,
+                                           draft_kind=MODEL, runner_up=True)
         propose.sampling.MergeFromString(sampling_bytes(req.sampling))
-        block = list(proposal.draft_ids)
-        send = (req.wire.send_ahead("draft", req.context_ids, block) if req.wire is not None
-                else ContextSend(None, "draft", list(req.context_ids) + block))
-        return start_predraft(BlockBase.of(req.context_ids, block), MODEL,
-                              lambda: self._call(self.draft, req, "Propose", propose, timeout, send))
+        send = (req.wire.send_ahead("draft", req.context_ids, sent) if req.wire is not None
+                else ContextSend(None, "draft", list(req.context_ids) + sent))
+        return Branch(BlockBase.of(req.context_ids, before), guess,
+                      lambda: self._call(self.draft, req, "Propose", propose, timeout, send))
 
     async def _verify_and_ahead(self, req: RoundRequest, proposal: draft_pb2.ProposeResponse, out: RoundOutcome,
                                 verify: target_pb2.VerifyRequest, timeout: float, send: ContextSend) -> tuple:
         """The round's Verify; with overlap, the next round's pre-draft runs beside it (out.ahead)."""
-        if req.ahead_k <= 0:
+        if req.ahead_plan.k <= 0:
             return await self._call(self.target, req, "Verify", verify, timeout, send)
         verifying = asyncio.ensure_future(self._call(self.target, req, "Verify", verify, timeout, send))
         out.ahead = self._start_ahead(req, proposal, out)

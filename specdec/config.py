@@ -331,21 +331,21 @@ class OverlapConfig:
 
     # The default of GenerateRequest.overlap (a request's own value wins).
     enabled: bool = field(default_factory=lambda: env_bool("SPECDEC_OVERLAP", False))
-    # Overlap a round only when the block drafted ahead is expected to save more than it costs:
-    # P(used) x (draft time it hides) > what the pre-draft costs the verify beside it + the expected
-    # wait past the verify. That cost is measured (CostModel.overlap_extra_ms: verify time beside a
-    # pre-draft over v(n)); miss_cost_ms is its floor and its value until measured (the draft and the
-    # target may share CPU cores or a host's memory bandwidth).
+    # Overlap a round only when the block drafted ahead is expected to save more than it costs: P(used) x (draft
+    # time it hides) > what the pre-draft costs the verify beside it + the expected wait past the verify. That cost
+    # is measured (CostModel.overlap_extra_ms: verify time beside a pre-draft over v(n)); miss_cost_ms is its floor
+    # and its value until measured (the draft and the target may share CPU cores or a host's memory bandwidth).
     miss_cost_ms: float = field(default_factory=lambda: env_float("SPECDEC_OVERLAP_MISS_COST_MS", 1.0))
-    # Under load overlap is off: when the target's passes carry more than this many sessions on
-    # average (CostModel.batch) or the draft replica has other calls in flight, a pre-draft would
-    # only delay other sessions' work.
+    # Under load overlap is off: when the target's passes carry more than this many sessions on average
+    # (CostModel.batch) or the draft replica has other calls in flight, a pre-draft would delay other sessions.
     max_target_batch: float = field(default_factory=lambda: env_float("SPECDEC_OVERLAP_MAX_TARGET_BATCH", 1.5))
-    # ... and while this orchestrator runs more than this many generations per target replica: their rounds
-    # share the target's passes now, which the averaged batch above learns only after some rounds (a Poisson
-    # arrival's first rounds would draft ahead beside a full pass).
+    # ... and while this orchestrator runs more than this many generations per target replica: their rounds share
+    # the target's passes now, which the averaged batch above learns only after some rounds.
     max_running: float = field(default_factory=lambda: env_float("SPECDEC_OVERLAP_MAX_RUNNING", 1.0))
     max_draft_in_flight: int = field(default_factory=lambda: env_int("SPECDEC_OVERLAP_MAX_DRAFT_IN_FLIGHT", 0))
+    # Branches (docs/overlap.md): also draft ahead behind the draft's runner-up token at up to this many positions of
+    # a round's block, each while it pays. Off: where draft and target share cores they cost more than they hide.
+    branches: int = field(default_factory=lambda: env_int("SPECDEC_OVERLAP_BRANCHES", 0))
     # TEST AND BENCH ONLY: a fixed delay added to every hop of the orchestrator's draft/target calls
     # (request and response: 2 x this per call) to measure a distant draft. Never set it in production.
     hop_delay_ms: float = field(default_factory=lambda: env_float("SPECDEC_HOP_DELAY_MS", 0.0))

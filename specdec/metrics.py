@@ -206,7 +206,8 @@ class OrchestratorMetrics:
                                       "(refused or no answer; the lane is then skipped for lane_retry_s)",
                                       ["role"], registry=r)
         self.predrafts = Counter(f"{PREFIX}_predrafts", "overlapped rounds: blocks drafted ahead during a verify, "
-                                 "by outcome (started | used; discarded = started - used)",
+                                 "by outcome (started | used; discarded = started - used; used_runner_up: used "
+                                 "blocks drafted behind the draft's runner-up token)",
                                  ["outcome"], registry=r)
         self.draft_hidden = Counter(f"{PREFIX}_draft_hidden_seconds",
                                     "draft time (hop + forward) of used pre-drafts hidden behind verification", registry=r)
@@ -248,14 +249,17 @@ class OrchestratorMetrics:
         if target_batch > 0:
             self.target_batch.observe(target_batch)
 
-    def observe_overlap(self, issued: bool, used: bool, hidden_ms: float) -> None:
-        """A round that started a pre-draft (`issued`) and/or used one (`used`, hiding `hidden_ms`).
-        A pre-draft is counted when the round that used or discarded it ends: discarded = started - used."""
+    def observe_overlap(self, issued: int, used: bool, hidden_ms: float, runner_up: bool = False) -> None:
+        """A round that started `issued` blocks drafted ahead and/or used one (`used`, hiding `hidden_ms`;
+        `runner_up`: drafted behind the draft's runner-up). Blocks are counted when the round that started them
+        ends: discarded = started - used."""
         if issued:
-            self.predrafts.labels(outcome="started").inc()
+            self.predrafts.labels(outcome="started").inc(issued)
         if used:
             self.predrafts.labels(outcome="used").inc()
             self.draft_hidden.inc(hidden_ms / MS_PER_S)
+            if runner_up:
+                self.predrafts.labels(outcome="used_runner_up").inc()
 
     def observe_generation(self, finish_reason: str, ttft_ms: float) -> None:
         """Account for a finished generation."""

@@ -36,8 +36,9 @@ DEFAULTS: dict[str, Any] = {
     "create_session": False,
     "resume_offset": 0,
     "adaptive_k": False,         # true: k is the cap; each round picks k in [0, k] (orchestrator/adaptive.py)
-    "max_rounds": 0,
-    "overlap": None,             # None = the orchestrator's default (OverlapConfig.enabled; docs/overlap.md)             # 0 = no cap beyond max_new_tokens (every round yields >= 1 token)
+    "max_rounds": 0,             # 0 = no cap beyond max_new_tokens (every round yields >= 1 token)
+    "overlap": None,             # None = the orchestrator's default (OverlapConfig.enabled; docs/overlap.md)
+    "overlap_branches": None,    # None = the orchestrator's default (OverlapConfig.branches)
     # sampling (applied identically by draft and target)
     "temperature": 0.0,
     "top_k": 0,
@@ -82,6 +83,7 @@ class GenerationParams:
     max_rounds: int = 0
     adaptive_k: bool = False
     overlap: bool | None = None          # None: the orchestrator's default
+    overlap_branches: int | None = None  # None: the orchestrator's default
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -116,11 +118,14 @@ def resolve_generation(request: Any, limits: Limits) -> GenerationParams:
         raise InvalidArgument(f"min_tokens must be in [0, max_new_tokens={max_new}], got {min_tokens}")
     if request.HasField("logprobs") and not 0 <= logprobs <= limits.max_logprobs:  # unset = -1 = none
         raise InvalidArgument(f"logprobs must be in [0, {limits.max_logprobs}], got {logprobs}")
-    max_rounds = get("max_rounds")
+    max_rounds, branches = get("max_rounds"), get("overlap_branches")
     if max_rounds < 0:
         raise InvalidArgument(f"max_rounds must be >= 0 (0 = no cap), got {max_rounds}")
+    if branches is not None and branches > limits.max_k:
+        raise InvalidArgument(f"overlap_branches must be in [0, {limits.max_k}] (positions of a block), got {branches}")
     return GenerationParams(
-        max_rounds=max_rounds, adaptive_k=get("adaptive_k"), overlap=get("overlap"), max_new_tokens=max_new, k=k, draft_kind=draft_kind,
+        max_rounds=max_rounds, adaptive_k=get("adaptive_k"), overlap=get("overlap"), overlap_branches=branches,
+        max_new_tokens=max_new, k=k, draft_kind=draft_kind,
         sampling=resolve_sampling(request.sampling if request.HasField("sampling") else None),
         stop=stop, trace=get("trace"), ignore_eos=get("ignore_eos"), min_tokens=min_tokens,
         logprobs=logprobs, add_generation_prompt=get("add_generation_prompt"),

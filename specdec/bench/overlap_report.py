@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec.bench.plan import ADAPTIVE, K0, OVERLAP_PREFIX
+from specdec.bench.plan import ADAPTIVE, K0, OVERLAP_PREFIX, without_branches
 
 
 def _median(spread: dict | None) -> float | None:
@@ -63,13 +63,17 @@ def section(out: dict, names: list[str], records: list[Any]) -> dict[str, Any] |
         rounds = [rd for r in records if r.config == n for rd in r.rounds]
         drafted = [rd for rd in rounds if rd["drafted"]]
         used = [rd for rd in drafted if rd.get("predrafted")]
-        twin = n[len(OVERLAP_PREFIX) + 1:]               # overlap_k4 -> k4, overlap_adaptive -> adaptive
+        base = without_branches(n)                      # overlap_adaptive_b0 -> overlap_adaptive
+        twin = base[len(OVERLAP_PREFIX) + 1:]            # overlap_k4 -> k4, overlap_adaptive -> adaptive
         result["configs"][n] = {
             "tokens_per_s": tps, "vs_k0": _ratio(tps, k0), "vs_sequential": _ratio(tps, seq),
             "vs_same_k_sequential": _ratio(tps, _median(out["tokens_per_s"].get(twin))),
+            **({"vs_server_branches": _ratio(tps, _median(out["tokens_per_s"].get(base)))} if base != n else {}),
             "vs_bound_all_hidden": _ratio(tps, bounds and bounds["all_hidden_tokens_per_s"]),
             "vs_bound_post_verify": _ratio(tps, bounds and bounds["post_verify_tokens_per_s"]),
             "predrafted_rounds": len(used), "drafted_rounds": len(drafted),
+            "predrafted_runner_up_rounds": sum(1 for rd in used if rd.get("predraft_runner_up_at")),
+            "predraft_branches": sum(r.stats.get("predraft_branches", 0) for r in records if r.config == n),
             "predraft_use_rate": len(used) / len(drafted) if drafted else None,
             "draft_hidden_ms_per_round": sum(rd.get("draft_hidden_ms", 0.0) for rd in rounds) / len(rounds) if rounds else None,
         }
@@ -95,8 +99,11 @@ def lines(result: dict[str, Any]) -> list[str]:
         for n, c in ov["configs"].items():
             out.append(f"    {n}: {_f(c['tokens_per_s'])} tok/s, {_f(c['vs_k0'], 2)}x k0, {_f(c['vs_sequential'], 2)}x "
                        f"sequential, {_f(c['vs_same_k_sequential'], 2)}x same k sequential, {_f(c['vs_bound_all_hidden'], 2)} "
-                       f"of the bound; pre-drafts used in {c['predrafted_rounds']}/{c['drafted_rounds']} rounds, "
-                       f"{_f(c['draft_hidden_ms_per_round'], 2)} ms hidden a round")
+                       f"of the bound; pre-drafts used in {c['predrafted_rounds']}/{c['drafted_rounds']} rounds "
+                       f"({c.get('predrafted_runner_up_rounds', 0)} behind a runner-up; {c.get('predraft_branches', 0)} "
+                       f"blocks drafted), "
+                       f"{_f(c['draft_hidden_ms_per_round'], 2)} ms hidden a round"
+                       + (f", {_f(c['vs_server_branches'], 3)}x the server's branches" if "vs_server_branches" in c else ""))
     return out
 
 

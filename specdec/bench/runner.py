@@ -52,7 +52,7 @@ def run(args: BenchArgs) -> dict[str, Any]:
     machine = machine_info()
     adaptive_cap = (args.adaptive_cap or max(args.ks, default=0)) if args.with_adaptive and adaptive_supported() else 0
     configs = make_configs(args.ks, args.with_default_k, args.with_hf, adaptive_cap, args.overlap_ks,
-                           args.overlap_adaptive)
+                           args.overlap_adaptive, args.overlap_branches)
     prompts = load_prompts(args.prompts, args.prompts_per_set, Path(args.prompts_dir))
     hf, hf_settings, configs = _load_hf(args, prompts, configs, phases)
     records, rss, stats_error = _measure_stack(args, hf, prompts, configs, phases)
@@ -213,6 +213,7 @@ def _settings(args: BenchArgs, prompts: list[Prompt], configs: list[Config], hf:
         "timing": "wall clock at the client from sending the request to the last token (prefill included)",
         "configs": {cfg.name: cfg.label(DEFAULTS["k"]) for cfg in configs},
         "hop_delay_ms": args.hop_delay_ms,
+        "overlap_branches": args.overlap_branches,
         "target_weight_layout": layout,
     }
 
@@ -222,7 +223,7 @@ def _warm_up(client: StackClient, hf: Any, prompts: list[Prompt], configs: list[
     p = prompts[0]
     for cfg in configs:
         if cfg.kind == "stack" and (cfg.k in (0, None) or cfg.adaptive or cfg.overlap):
-            _, _, _, final, _ = client.generate(p, cfg.k, WARMUP_TOKENS, cfg.adaptive, cfg.overlap)
+            _, _, _, final, _ = client.generate(p, cfg.k, WARMUP_TOKENS, cfg.adaptive, cfg.overlap, cfg.branches)
             client.memory_after(final.session_id)
         elif cfg.kind == "hf":
             hf.generate(p.ids, WARMUP_TOKENS, cfg.assisted)
@@ -232,7 +233,7 @@ def _one(client: StackClient, hf: Any, p: Prompt, cfg: Config, rep: int, max_new
     if cfg.kind == "hf":
         r = hf.generate(p.ids, max_new, cfg.assisted)
         return RunRecord(p.set, p.id, cfg.name, rep, r.token_ids, r.wall_s, r.arrivals)
-    tokens, wall, arrivals, final, rounds = client.generate(p, cfg.k, max_new, cfg.adaptive, cfg.overlap)
+    tokens, wall, arrivals, final, rounds = client.generate(p, cfg.k, max_new, cfg.adaptive, cfg.overlap, cfg.branches)
     if final is None:
         raise RuntimeError(f"{p.id} {cfg.name}: the stream ended without a final chunk")
     rec = RunRecord(p.set, p.id, cfg.name, rep, tokens, wall, arrivals, stats_dict(final.stats),
@@ -292,6 +293,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--adaptive-cap", type=int, default=0, help="k cap of adaptive k (default: largest k of --k)")
     p.add_argument("--overlap", default="", help="overlapped-round twins (docs/overlap.md): k values and/or "
                    "'adaptive', e.g. 4,adaptive -> configurations overlap_k4, overlap_adaptive")
+    p.add_argument("--overlap-branches", type=int, default=None, metavar="N",
+                   help="each overlapped configuration gets a twin drafting ahead behind at most N runner-up tokens "
+                        "(GenerateRequest.overlap_branches; e.g. 0: behind all drafts only), named overlap_adaptive_bN")
     p.add_argument("--hop-delay-ms", type=float, default=0.0,
                    help="TEST/BENCH ONLY: delay added to each hop of the orchestrator's draft/target calls "
                         "(SPECDEC_HOP_DELAY_MS), to measure a distant draft")
@@ -313,6 +317,8 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
         overlap_ks, overlap_adaptive = parse_overlap(ns.overlap)
     except ValueError as exc:
         raise SystemExit(f"specdec bench: {exc}") from None
+    if ns.overlap_branches is not None and (ns.overlap_branches < 0 or not (overlap_ks or overlap_adaptive)):
+        raise SystemExit("specdec bench: --overlap-branches takes N >= 0 and needs --overlap")
     if ns.draft_kind in MODEL_DRAFT_KINDS and not ns.draft_model:
         raise SystemExit(f"specdec bench: --draft-kind {ns.draft_kind} needs --draft-model SPEC")
     return BenchArgs(
@@ -326,7 +332,8 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
         with_hf=not ns.no_hf, with_llamacpp=not ns.no_llamacpp, verify_reps=QUICK["verify_reps"] if quick else 7, quick=quick,
         progress=not ns.no_progress, prompts_dir=ns.prompts_dir, with_adaptive=not ns.no_adaptive,
         adaptive_cap=ns.adaptive_cap, dtype=ns.dtype, overlap_ks=overlap_ks,
-        overlap_adaptive=overlap_adaptive, hop_delay_ms=ns.hop_delay_ms, time_budget_s=ns.time_budget)
+        overlap_adaptive=overlap_adaptive, overlap_branches=ns.overlap_branches, hop_delay_ms=ns.hop_delay_ms,
+        time_budget_s=ns.time_budget)
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:

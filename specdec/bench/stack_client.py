@@ -47,7 +47,8 @@ class StackClient:
             self._store = SessionStore(self._redis)
 
     def generate(self, prompt: Prompt, k: int | None, max_new_tokens: int,
-                 adaptive: bool = False, overlap: bool = False) -> tuple[list[int], float, list, Any, list]:
+                 adaptive: bool = False, overlap: bool = False,
+                 branches: int | None = None) -> tuple[list[int], float, list, Any, list]:
         from specdec.v1 import orchestrator_pb2 as pb
 
         req = pb.GenerateRequest(max_new_tokens=max_new_tokens, ignore_eos=True, trace=True,
@@ -60,6 +61,8 @@ class StackClient:
             req.adaptive_k = True
         if overlap:
             req.overlap = True
+        if branches is not None:
+            req.overlap_branches = branches
         tokens: list[int] = []
         arrivals: list[tuple[float, int]] = []
         rounds: list = []
@@ -122,6 +125,7 @@ def round_dict(r: Any) -> dict[str, Any]:
     return {"k": r.k, "drafted": len(r.draft_ids), "accepted": r.num_accepted, "draft_ms": r.draft_ms,
             "target_ms": r.target_ms, "overhead_ms": r.overhead_ms, "wire_bytes": r.wire_bytes,
             "context_tokens": r.context_tokens, "predrafted": r.predrafted, "draft_hidden_ms": r.draft_hidden_ms,
+            "predraft_runner_up_at": r.predraft_runner_up_at,
             "target_service_ms": r.target_service_ms, "draft_service_ms": r.draft_service_ms,
             "in_target_ms": in_target_ms(r)}
 

@@ -5,8 +5,9 @@ perturbed copy of the target (acceptance is high, so blocks drafted ahead get us
   * greedy with overlap is the target alone (tie rule of test_greedy_identity) and, token for token,
     the sequential rounds at the same k;
   * sampling at fixed k and seed: overlapped and sequential rounds give the same tokens;
-  * pre-drafts are both used and discarded (the test would prove nothing otherwise), the trace and stats
-    account for them, and a pre-draft never costs a delta-round context miss;
+  * pre-drafts are both used and discarded (the test would prove nothing otherwise), blocks drafted behind
+    the draft's runner-up (branches) as well as behind all drafts are used, the trace and stats account for
+    them, and a pre-draft never costs a delta-round context miss;
   * adaptive k with overlap keeps the output; the test-only hop delay is applied to every call.
 """
 
@@ -48,16 +49,24 @@ def always_worth_it(monkeypatch):
     monkeypatch.setattr("orchestrator.overlap.worth_overlapping", lambda hit, k_ahead, costs: k_ahead > 0)
 
 
+BRANCHES = 2     # overlapped requests draft ahead behind runner-ups too (GenerateRequest.overlap_branches; off by default)
+
+
 def generate(stub, prompt, k, max_new, **extra):
+    if extra.get("overlap"):
+        extra.setdefault("overlap_branches", BRANCHES)
     req = pb.GenerateRequest(prompt=prompt, k=k, max_new_tokens=max_new, trace=True, **extra)
     return stub.Generate(req, timeout=120)
 
 
 def check_trace(resp) -> None:
-    """The trace and stats agree on the pre-drafts; a used block hid draft time; no context was resent."""
+    """The trace and stats agree on the pre-drafts; used blocks hid draft time; no context was resent."""
     used = [r for r in resp.trace if r.predrafted]
-    assert resp.stats.predrafts_used == len(used) <= resp.stats.predrafts
-    assert all(r.draft_hidden_ms > 0 and r.draft_kind == "model" and r.draft_ids for r in used)
+    assert resp.stats.predrafts_used == len(used) <= resp.stats.predrafts <= resp.stats.predraft_branches
+    assert resp.stats.predrafts_used_runner_up == sum(r.predraft_runner_up_at > 0 for r in used)
+    assert all(r.predraft_runner_up_at <= prev.k for prev, r in zip(resp.trace, resp.trace[1:]) if r.predrafted)
+    assert all(r.draft_kind == "model" and r.draft_ids for r in used)
+    assert all(r.draft_hidden_ms >= 0 for r in used)   # 0: a branch queued behind others started after the verify
     assert resp.stats.draft_hidden_ms == pytest.approx(sum(r.draft_hidden_ms for r in used))
     assert resp.stats.context_resends == 0
     for r in resp.trace:    # the services report how long they held each call (ComputeStats.service_ms)
@@ -69,7 +78,7 @@ def check_trace(resp) -> None:
 def test_greedy_overlap_is_the_target_alone_and_the_sequential_rounds(stack, tiny):
     _, _, model = tiny
     channel, stub = stack.stub()
-    totals = {"predrafts": 0, "used": 0}
+    totals = {"predrafts": 0, "used": 0, "runner_up": 0, "hid": 0}
     try:
         for pi, prompt in enumerate(IDENTITY_PROMPTS[::3]):
             ids = stack.tokenizer.encode(prompt)
@@ -86,10 +95,14 @@ def test_greedy_overlap_is_the_target_alone_and_the_sequential_rounds(stack, tin
                 check_trace(overlapped)
                 totals["predrafts"] += overlapped.stats.predrafts
                 totals["used"] += overlapped.stats.predrafts_used
+                totals["runner_up"] += overlapped.stats.predrafts_used_runner_up
+                totals["hid"] += sum(r.predrafted and r.draft_hidden_ms > 0 for r in overlapped.trace)
     finally:
         channel.close()
     print(f"\npre-drafts: {totals}")
     assert 0 < totals["used"] < totals["predrafts"], totals   # some used, some discarded
+    assert 0 < totals["runner_up"] < totals["used"], totals   # blocks behind a runner-up and behind all drafts
+    assert totals["hid"] > totals["used"] / 2, totals         # most used blocks were drafted during the verify
 
 
 def test_sampled_overlap_equals_sequential_rounds_at_fixed_k_and_seed(stack):
@@ -117,10 +130,14 @@ def test_adaptive_k_with_overlap_keeps_the_output(stack):
         prompt = IDENTITY_PROMPTS[1]
         a = generate(stub, prompt, 6, 40, adaptive_k=True, overlap=True)
         b = generate(stub, prompt, 0, 40)
+        post_only = generate(stub, prompt, 6, 40, adaptive_k=True, overlap=True, overlap_branches=0)
     finally:
         channel.close()
-    assert list(a.token_ids) == list(b.token_ids)
+    assert list(a.token_ids) == list(b.token_ids) == list(post_only.token_ids)
     check_trace(a)
+    check_trace(post_only)       # no branches: one block per pre-draft, none behind a runner-up
+    assert post_only.stats.predraft_branches == post_only.stats.predrafts > 0
+    assert post_only.stats.predrafts_used_runner_up == 0
 
 
 def test_the_server_default_and_the_hop_delay(stack):

@@ -38,6 +38,7 @@ def refused(body: dict, chat: bool = False) -> schema.ApiError:
     ({**PROMPT, "specdec": {"resume_offset": 2**33}}, False, "specdec.resume_offset"),
     ({**PROMPT, "specdec": {"min_tokens": 2**40}}, False, "specdec.min_tokens"),
     ({**PROMPT, "specdec": {"max_rounds": 2**40}}, False, "specdec.max_rounds"),
+    ({**PROMPT, "specdec": {"overlap_branches": 2**40}}, False, "specdec.overlap_branches"),
     ({**PROMPT, "specdec": {"top_k": 2**40}}, False, "specdec.top_k"),
     ({**PROMPT, "specdec": {"draft_top_n": 2**40}}, False, "specdec.draft_top_n"),
     ({**PROMPT, "top_k": 2**40}, False, "top_k"),

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.bench import report
-from specdec.bench.plan import Config, Prompt, RunRecord, make_configs
+from specdec.bench import overlap_report, report
+from specdec.bench.plan import Config, Prompt, RunRecord, make_configs, without_branches
 
 VERIFY = {"context_tokens": 300, "reps": 1, "threads": 1, "ms": {"1": 26.0, "5": 33.0},
           "ratio": {"1": 1.0, "5": 1.27}, "spread_ms": {}, "kv_bytes_per_token_measured": 1.0}
@@ -59,3 +59,24 @@ def test_overlap_configurations_are_named_overlap() -> None:
     names = [c.name for c in make_configs([2, 4], with_hf=False, adaptive_cap=4, overlap_ks=[4], overlap_adaptive=True)]
     assert names[-2:] == ["overlap_k4", "overlap_adaptive"]
     assert [c.name for c in make_configs([4], with_hf=False)] == ["k0", "k4", "kdefault"]
+
+
+def test_a_branches_twin_follows_each_overlapped_configuration_and_is_judged_against_both() -> None:
+    """--overlap-branches N: overlap_k4_bN asks GenerateRequest.overlap_branches = N; its sequential twin stays
+    k4 and the report gives its ratio to the configuration with the server's branches (side by side)."""
+    configs = make_configs([4], with_hf=False, adaptive_cap=4, overlap_ks=[4], overlap_adaptive=True, overlap_branches=0)
+    by_name = {c.name: c for c in configs}
+    assert [c.name for c in configs][-4:] == ["overlap_k4", "overlap_k4_b0", "overlap_adaptive", "overlap_adaptive_b0"]
+    assert by_name["overlap_k4_b0"].branches == 0 and by_name["overlap_k4"].branches is None
+    assert by_name["overlap_adaptive_b0"].adaptive and by_name["overlap_adaptive_b0"].label(4).endswith("(0 branches)")
+    assert without_branches("overlap_adaptive_b0") == "overlap_adaptive" and without_branches("overlap_k4") == "overlap_k4"
+    configs = [Config("k0", "stack", 0), Config("k4", "stack", 4), Config("overlap_k4", "stack", 4, overlap=True),
+               Config("overlap_k4_b0", "stack", 4, overlap=True, branches=0)]
+    records = [_record("k0", 0.6, 0, [0] * 12, 0.0), _record("k4", 0.48, 4, ACCEPTED, 10.0),
+               _record("overlap_k4", 0.45, 4, ACCEPTED, 10.0, used=1), _record("overlap_k4_b0", 0.5, 4, ACCEPTED, 10.0)]
+    out = {"tokens_per_s": {r.config: {"median": 12 / r.wall_s} for r in records},
+           "overhead_ms_p50": {"k0": {"median": 2.0}}, "per_position_acceptance": {"k4": [0.5]}}
+    ov = overlap_report.section(out, [c.name for c in configs], records)
+    assert ov["configs"]["overlap_k4_b0"]["vs_same_k_sequential"] == pytest.approx(0.48 / 0.5)
+    assert ov["configs"]["overlap_k4_b0"]["vs_server_branches"] == pytest.approx(0.45 / 0.5)
+    assert "vs_server_branches" not in ov["configs"]["overlap_k4"]

@@ -11,7 +11,8 @@ import pytest
 
 from orchestrator.delta import ContextWire
 from orchestrator.overlap import (
-    AheadCosts, BlockBase, discard, hit_probability, start_predraft, take, usable_block, with_hop_delay, worth_overlapping,
+    AheadCosts, BlockBase, Branch, discard, hit_probability, start_predraft, take, usable_block, with_hop_delay,
+    worth_overlapping,
 )
 from specdec.errors import Unavailable
 from specdec.v1 import common_pb2, draft_pb2
@@ -75,7 +76,7 @@ async def _answer(response, delay_s=0.0):
 
 def test_take_slices_the_block_after_the_guess_and_reports_hidden_time():
     async def scenario():
-        ahead = start_predraft(BASE, "model", lambda: _answer(_response(DRAFTED)))
+        ahead = start_predraft([Branch(BASE, None, lambda: _answer(_response(DRAFTED)))], "model")
         await asyncio.sleep(0.01)
         ahead.verified = time.perf_counter()
         return await take(ahead, BASE_IDS + [9], 2, "model")
@@ -87,7 +88,7 @@ def test_take_slices_the_block_after_the_guess_and_reports_hidden_time():
 
 def test_take_discards_another_context_or_kind_and_cancels_a_running_pre_draft():
     async def scenario(context, kind):
-        ahead = start_predraft(BASE, "model", lambda: _answer(_response(DRAFTED), delay_s=10))
+        ahead = start_predraft([Branch(BASE, None, lambda: _answer(_response(DRAFTED), delay_s=10))], "model")
         got = await take(ahead, context, 3, kind)
         return got, ahead.task.cancelled()
     assert asyncio.run(scenario(BASE_IDS[:-1] + [4], "model")) == (None, True)
@@ -99,14 +100,14 @@ def test_a_failed_pre_draft_costs_time_never_a_token():
         raise Unavailable("the draft went away")
 
     async def scenario():
-        ahead = start_predraft(BASE, "model", failing)
+        ahead = start_predraft([Branch(BASE, None, failing)], "model")
         return await take(ahead, BASE_IDS + [9], 3, "model")
     assert asyncio.run(scenario()) is None
 
 
 def test_discard_waits_for_a_cancelled_pre_draft():
     async def scenario():
-        ahead = start_predraft(BASE, "model", lambda: _answer(_response(DRAFTED), delay_s=10))
+        ahead = start_predraft([Branch(BASE, None, lambda: _answer(_response(DRAFTED), delay_s=10))], "model")
         await discard(ahead)
         await discard(None)
         return ahead.task.done()
@@ -179,9 +180,9 @@ def test_adaptive_k_drafts_ahead_only_what_a_round_would_verify_from_a_free_bloc
     flat = CostModel(verify_ms={1: 26.0, 5: 33.0}, **draft)
     steep = CostModel(verify_ms={1: 56.0, 2: 96.0, 5: 124.0}, **draft)
     rates, cfg = tracker.rates(), OverlapConfig()
-    assert plan_ahead(4, 0, flat, cfg, rates, adaptive=True) == 2    # not 4: tokens 3 and 4 would go unused
-    assert plan_ahead(4, 0, steep, cfg, rates, adaptive=True) == 0
-    assert plan_ahead(4, 0, steep, cfg, rates, adaptive=False) == 4
+    assert plan_ahead(4, 0, flat, cfg, rates, adaptive=True).k == 2    # not 4: tokens 3 and 4 would go unused
+    assert plan_ahead(4, 0, steep, cfg, rates, adaptive=True).k == 0
+    assert plan_ahead(4, 0, steep, cfg, rates, adaptive=False).k == 4
 
 
 def test_drafting_ahead_stops_at_once_when_other_generations_run_here():
@@ -193,8 +194,8 @@ def test_drafting_ahead_stops_at_once_when_other_generations_run_here():
 
     costs = CostModel(verify_ms={1: 26.0, 5: 33.0}, draft_step_ms={"model": 2.75}, overhead_ms={"": 2.0, "model": 5.0})
     rates, cfg = [0.6, 0.6, 0.6, 0.6], OverlapConfig(max_running=1)
-    assert plan_ahead(4, 4, costs, cfg, rates, running=1) == 4                  # alone: drafts ahead
-    assert plan_ahead(4, 4, costs, cfg, rates, running=2) == 0                  # another generation runs
-    assert plan_ahead(4, 4, costs, OverlapConfig(max_running=4), rates, running=2) == 4
+    assert plan_ahead(4, 4, costs, cfg, rates, running=1).k == 4                  # alone: drafts ahead
+    assert plan_ahead(4, 4, costs, cfg, rates, running=2).k == 0                  # another generation runs
+    assert plan_ahead(4, 4, costs, OverlapConfig(max_running=4), rates, running=2).k == 4
     costs.batch = 2.0                                                           # passes shared on average
-    assert plan_ahead(4, 4, costs, cfg, rates, running=1) == 0
+    assert plan_ahead(4, 4, costs, cfg, rates, running=1).k == 0
