@@ -140,10 +140,10 @@ def plan_ahead(cap: int, k: int, costs: CostModel, cfg: OverlapConfig, rates: Se
     """What to draft ahead behind a k-token round. Blocks of `cap` tokens (the next round's k cap; with
     adaptive k, only as many as a round would verify from a free block, adaptive.k_for_free_block: the rest
     would never be used); branches likeliest first (branch_chances), at most `branches` (None:
-    OverlapConfig.branches) behind a runner-up, each only while worth it with the branches before it ahead in the queue (worth_overlapping
-    against the verify time they leave). Nothing under load (the target's passes carry other sessions on
-    average, or more than OverlapConfig.max_running generations per target replica run in this orchestrator
-    now: `running`). A pre-draft's cost to the verify beside it is measured (CostModel.overlap_extra_ms) with
+    OverlapConfig.branches) behind a runner-up, each only while worth it with the branches before it ahead in
+    the queue (worth_overlapping against the verify time they leave). Nothing under load (the target's passes
+    carry other sessions on average, or more than OverlapConfig.max_running generations per target replica run
+    in this orchestrator now: `running`). A pre-draft's cost to the verify beside it is measured (CostModel.overlap_extra_ms) with
     OverlapConfig.miss_cost_ms as its floor."""
     if running > cfg.max_running or costs.batch > cfg.max_target_batch:
         return NO_AHEAD
@@ -301,7 +301,7 @@ class Taken:
     replica: str
     forward_ms: float                   # the pre-draft's draft forward time
     hidden_ms: float                    # its wall time behind the previous round's verify
-    runner_up_at: int = 0               # drafted behind the runner-up at this position of round r's block (0: post-verify)
+    runner_up_at: int = 0               # behind the runner-up at this position of round r's block (0: post-verify)
 
 
 async def take(ahead: PreDraft | None, context: Sequence[int], k: int, kind: str) -> Taken | None:

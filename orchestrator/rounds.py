@@ -88,7 +88,7 @@ class RoundOutcome:
     context_resends: int = 0        # calls resent with the whole context after a replica's context miss
     context_tokens: int = 0         # the context the round started from
     predrafted: bool = False        # the block was drafted ahead, during the previous round's verify
-    predraft_runner_up_at: int = 0  # ... behind the draft's runner-up at this position of the previous block (0: post-verify)
+    predraft_runner_up_at: int = 0  # ... behind the runner-up at this position of the previous block (0: post-verify)
     runner_up_ids: list[int] = field(default_factory=list)   # the draft's runner-up per position (when asked)
     draft_hidden_ms: float = 0.0    # the block's draft time (hop + forward) hidden behind that verify
     ahead: PreDraft | None = None   # the next round's block, drafted ahead during this round's verify
