@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -32,6 +33,13 @@ import redis
 logger = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
+# free_port: listening ports come from [LISTEN_PORT_FLOOR, the ephemeral range's floor), PORT_PICK_TRIES random tries.
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+DEFAULT_EPHEMERAL_FLOOR = 32768
+LISTEN_PORT_FLOOR = 10_000
+PORT_PICK_TRIES = 200
+_PORT_PICKER = random.SystemRandom()     # no state a forked process would share: siblings pick apart
+_HANDED_OUT: set[int] = set()
 BINARY_NAME = "redis-server"
 STARTUP_TIMEOUT_S = 15.0
 """Bounded wait for the server to answer PING after start."""
@@ -70,9 +78,36 @@ def find_redis_server() -> str:
     )
 
 
-def free_port() -> int:
-    """Return a TCP port on the loopback interface that is free right now."""
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands out for outgoing connections (ip_local_port_range)."""
+    try:
+        return int(Path(EPHEMERAL_RANGE_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return DEFAULT_EPHEMERAL_FLOOR
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """Return a TCP port on the loopback interface that is free right now, for a server started a little later.
+
+    Picked below the kernel's ephemeral range: a port the kernel chose (bind to 0) is one it also hands to outgoing
+    connections (gRPC and Redis clients open many), so another socket could take it between this call and the
+    server's bind ("Address already in use"). Ports handed out by this process are not handed out again."""
+    floor = _ephemeral_floor()
+    for _ in range(PORT_PICK_TRIES):
+        port = _PORT_PICKER.randrange(LISTEN_PORT_FLOOR, floor) if floor > LISTEN_PORT_FLOOR + 1 else 0
+        if port and port not in _HANDED_OUT and _bindable(port):
+            _HANDED_OUT.add(port)
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:    # a kernel's choice as the last resort
         sock.bind((LOOPBACK, 0))
         return int(sock.getsockname()[1])
 
