@@ -102,9 +102,9 @@ def free_port() -> int:
     connections (gRPC and Redis clients open many), so another socket could take it between this call and the
     server's bind ("Address already in use"). Ports handed out by this process are not handed out again."""
     floor = _ephemeral_floor()
-    for _ in range(PORT_PICK_TRIES):
-        port = _PORT_PICKER.randrange(LISTEN_PORT_FLOOR, floor) if floor > LISTEN_PORT_FLOOR + 1 else 0
-        if port and port not in _HANDED_OUT and _bindable(port):
+    for _ in range(PORT_PICK_TRIES if floor > LISTEN_PORT_FLOOR else 0):
+        port = _PORT_PICKER.randrange(LISTEN_PORT_FLOOR, floor)
+        if port not in _HANDED_OUT and _bindable(port):
             _HANDED_OUT.add(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:    # a kernel's choice as the last resort

@@ -57,7 +57,7 @@ def decode(target: Any, draft: Any, prompt_ids: list[int], k: int, max_new: int,
         if rounds > 0:
             target_ms.append(ver.stats.forward_ms)
         m = ver.result.num_accepted
-        new = draft_ids[:m] + [ver.result.next_token]
+        new = ver.result.emitted(draft_ids)
         rounds += 1
         stop = next((i for i, t in enumerate(new) if t in eos), None)
         if stop is not None:

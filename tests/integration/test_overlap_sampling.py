@@ -97,7 +97,7 @@ def generate(target, draft, cfg: SamplingConfig, overlap: bool, q_rows: Slicer =
             ids, probs, runner_ups = list(prop.draft_ids), list(prop.draft_probs), prop.runner_up_ids
         ahead = drafted_ahead(draft, context, ids, runner_ups, cfg) if overlap else []
         r = target.verify(VerifyInput("s", list(context), ids, cfg, probs)).result
-        emitted = ids[: r.num_accepted] + [r.next_token]
+        emitted = r.emitted(ids)
         context, out = context + emitted, out + emitted
     return out[:TOKENS]
 
