@@ -3,22 +3,25 @@
 The model draft proposes k tokens per call from a context that grows by one token per call (the session's KV
 cache kept, as in a round), once back to back ("warm") and once with a sweep over SWEEP_MB of memory before
 each call, the bytes a target pass streams between two proposals on a shared box ("after a target pass").
-Reports the p50 proposal time and the draft's forward_ms for each, one torch thread, per --dtype
-(docs/overlap.md, "What co-location costs the draft").
+Reports the p50 proposal time and the draft's forward_ms for each, one torch thread, per --dtype, as one JSON
+document with the machine (CPU, load average at start and end; docs/overlap.md, "What co-location costs the draft").
 
-    PYTHONPATH=$PWD .venv/bin/python scripts/draft_cold_cache.py --dtype bfloat16 --k 2
+    PYTHONPATH=$PWD .venv/bin/python scripts/draft_cold_cache.py --dtype float32,bfloat16,int8 --k 2 \
+        --out bench/results/draft_cold_cache.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import time
 
 import torch
 
+from specdec.bench.machine import machine_info
 from specdec.config import ModelServiceConfig
 from specdec.core.sampling import SamplingConfig
 from specdec.engine.loading import load_draft
@@ -59,9 +62,15 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", help="comma-separated: float32,bfloat16,int8")
     p.add_argument("--k", type=int, default=2)
     p.add_argument("--draft", default="embedded:smollm2-draft")
+    p.add_argument("--out", default="", help="also write the JSON here")
     ns = p.parse_args()
-    for dtype in ns.dtype.split(","):
-        print(json.dumps(measure(dtype.strip(), ns.k, ns.draft)))
+    record = {"machine": machine_info(), "runs": [measure(dtype.strip(), ns.k, ns.draft) for dtype in ns.dtype.split(",")]}
+    record["machine"]["load_avg_at_end"] = list(os.getloadavg())
+    text = json.dumps(record, indent=1)
+    print(text)
+    if ns.out:
+        with open(ns.out, "w") as f:
+            f.write(text + "\n")
 
 
 if __name__ == "__main__":
