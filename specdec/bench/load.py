@@ -126,6 +126,7 @@ def serving(args: LoadArgs, max_concurrent: int) -> Iterator[tuple[Any, Any]]:
         args.metrics_urls = [f"http://127.0.0.1:{p.metrics_port}/metrics" for p in stack.procs
                              if p.role in ("target", "orchestrator") and p.metrics_port]
         gateway = GatewayProcess(stack.orchestrator_address, log_dir=str(work / "logs")).start()
+        args.service_pids = service_pids(stack, gateway)
         yield stack, gateway
     finally:
         if gateway is not None:
@@ -138,6 +139,43 @@ def _service_env(args: LoadArgs) -> dict[str, str]:
     if args.prefix_share_min_tokens < 0:
         return {}
     return {"SPECDEC_PREFIX_SHARE_MIN_TOKENS": str(args.prefix_share_min_tokens)}
+
+
+def service_pids(stack: Any, gateway: Any) -> dict[str, int]:
+    """role -> pid of every process of the stack (a second replica of a role gets "-2", ...), the HTTP gateway
+    ("http") and the embedded Redis ("redis"), for the CPU each one spends per guidellm run."""
+    pids: dict[str, int] = {}
+    for proc in stack.procs:
+        name, n = proc.role, 1
+        while name in pids:
+            n += 1
+            name = f"{proc.role}-{n}"
+        pids[name] = proc.popen.pid
+    if gateway is not None and gateway.popen is not None:
+        pids["http"] = gateway.popen.pid
+    redis_proc = getattr(stack.redis, "_proc", None)
+    if redis_proc is not None:
+        pids["redis"] = redis_proc.pid
+    return pids
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds the process `pid` has used so far (/proc/PID/stat; None where unreadable)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime, stime (fields 14, 15)
+
+
+def cpu_by_service(pids: dict[str, int]) -> dict[str, float | None]:
+    return {role: process_cpu_s(pid) for role, pid in pids.items()}
+
+
+def cpu_delta(before: dict[str, float | None], after: dict[str, float | None]) -> dict[str, float]:
+    """CPU seconds each service spent between two cpu_by_service readings (services unreadable in either left out)."""
+    return {role: round(after[role] - start, 2) for role, start in before.items()
+            if start is not None and after.get(role) is not None}
 
 
 def _children_cpu_s() -> float:
@@ -158,7 +196,7 @@ class Invocation:
     load_avg_before: list[float]
     load_avg_after: list[float]
     report: str
-    server: dict[str, Any] = field(default_factory=dict)   # mean target batch and mean k during the run
+    server: dict[str, Any] = field(default_factory=dict)   # mean target batch, mean k, CPU s per service (cpu_s)
 
 
 def run_guidellm(args: LoadArgs, cfg: LoadConfig, dataset: str, phase: str, values: list[Any],
@@ -174,7 +212,7 @@ def run_guidellm(args: LoadArgs, cfg: LoadConfig, dataset: str, phase: str, valu
     scenario_path = work / f"{tag}.scenario.json"
     scenario_path.write_text(json.dumps(scenario(cfg, phase, values, inp), indent=1))
     log.info("guidellm: %s %s %s at %s", dataset, cfg.name, phase, values)
-    scraped = scrape(args.metrics_urls)
+    scraped, services_before = scrape(args.metrics_urls), cpu_by_service(args.service_pids)
     load_before, cpu_before, started = list(os.getloadavg()), _children_cpu_s(), time.monotonic()
     with (work / f"{tag}.guidellm.log").open("wb") as out:
         proc = subprocess.run([args.guidellm, "run", "--scenario", str(scenario_path), "--disable-console-interactive"],
@@ -183,6 +221,7 @@ def run_guidellm(args: LoadArgs, cfg: LoadConfig, dataset: str, phase: str, valu
     inv = Invocation(cfg.name, dataset, phase, list(values), round(time.monotonic() - started, 2),
                      round(_children_cpu_s() - cpu_before, 2), load_before, list(os.getloadavg()), str(report_path))
     inv.server = server_delta(scraped, scrape(args.metrics_urls))
+    inv.server["cpu_s"] = cpu_delta(services_before, cpu_by_service(args.service_pids))
     if proc.returncode != 0 or not report_path.is_file():
         tail = (work / f"{tag}.guidellm.log").read_text(errors="replace").splitlines()[-30:]
         raise RuntimeError(f"guidellm failed ({proc.returncode}) for {tag}:\n" + "\n".join(tail))

@@ -43,6 +43,7 @@ class LoadArgs:
     plot: str = "bench/results/load.png"
     configs: list[LoadConfig] = field(default_factory=list)
     metrics_urls: list[str] = field(default_factory=list)   # set once the stack runs
+    service_pids: dict[str, int] = field(default_factory=dict)   # role -> pid, set once the stack runs
     note: str = ""
 
 
