@@ -62,6 +62,7 @@ on open-ended prompts: 7-token n-gram drafts verified and rejected round after r
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 EMA_WEIGHT = 0.2             # weight of a new observation in running means
@@ -94,6 +95,7 @@ class CostModel:
     overhead_ms: dict[str, float] = field(default_factory=dict)    # proposer or NO_DRAFT -> non-forward ms a round
     batch: float = 1.0                                             # sessions per target pass of recent rounds
     overlap_extra_ms: float | None = None     # how much longer a verify runs beside a pre-draft (shared CPU)
+    _sorted: tuple[dict, list[int]] = field(default=({}, []), repr=False, compare=False)   # _known()'s cache
 
     def observe_batch(self, size: int) -> None:
         """Account for the number of sessions the target verified in one round's forward pass (0: unknown)."""
@@ -123,20 +125,27 @@ class CostModel:
 
     def verify(self, n: float) -> float:
         """v(n), a pass computing n tokens: measured, or interpolated/extrapolated linearly from the measured
-        points."""
+        points (between the nearest ones around n; beyond them, along the two largest)."""
         if n in self.verify_ms:
             return self.verify_ms[n]
-        known = sorted(self.verify_ms)
+        known = self._known()
         if not known:
             return 1.0
         if len(known) == 1:
             return self.verify_ms[known[0]]
-        lo = max([x for x in known if x < n], default=known[0])
-        hi = min([x for x in known if x > n], default=known[-1])
+        i = bisect.bisect_left(known, n)                  # known[i - 1] < n < known[i]
+        lo = known[i - 1] if i > 0 else known[0]
+        hi = known[i] if i < len(known) else known[-1]
         if lo == hi:
             lo, hi = known[-2], known[-1]
         slope = (self.verify_ms[hi] - self.verify_ms[lo]) / (hi - lo)
         return max(self.verify_ms[lo] + slope * (n - lo), 0.0)
+
+    def _known(self) -> list[int]:
+        """verify_ms's pass sizes, sorted; re-sorted only when a size was added (every round calls verify)."""
+        if self._sorted[0] is not self.verify_ms or len(self._sorted[1]) != len(self.verify_ms):
+            self._sorted = (self.verify_ms, sorted(self.verify_ms))
+        return self._sorted[1]
 
     def round_ms(self, k: int, proposer: str = ANY_DRAFT) -> float:
         """Expected wall time of a round with k draft tokens from `proposer` (a cost not yet measured
@@ -189,11 +198,16 @@ class AcceptanceTracker:
 
     def expected_tokens(self, k: int) -> float:
         """1 + sum over positions of the probability that all positions up to it are accepted."""
-        total, survive = 1.0, 1.0
-        for rate in self.rates()[:k]:
-            survive *= rate
-            total += survive
-        return total
+        return self.expected_tokens_upto(k)[k] if k <= self.k_max else self.expected_tokens_upto(self.k_max)[-1]
+
+    def expected_tokens_upto(self, k_cap: int) -> list[float]:
+        """[expected_tokens(k) for k in 0..k_cap] in one pass over the rates (k beyond k_max adds nothing)."""
+        out, survive = [1.0], 1.0
+        rates = self.rates()
+        for k in range(k_cap):
+            survive = survive * rates[k] if k < len(rates) else 0.0
+            out.append(out[-1] + survive)
+        return out
 
 
 def latency_cap(costs: CostModel, k_cap: int, slack: float, sessions: float = 0.0, drafters: float = 0.0) -> int:
@@ -245,7 +259,8 @@ class DraftDemand:
 
 def best_k(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int, proposer: str = ANY_DRAFT) -> int:
     """The k in [0, k_cap] with the most expected tokens per ms (no probing; changes no state)."""
-    return max(range(k_cap + 1), key=lambda k: acceptance.expected_tokens(k) / max(costs.round_ms(k, proposer), 1e-6))
+    tokens = acceptance.expected_tokens_upto(k_cap)
+    return max(range(k_cap + 1), key=lambda k: tokens[k] / max(costs.round_ms(k, proposer), 1e-6))
 
 
 def choose_k(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int, proposer: str = ANY_DRAFT) -> int:

@@ -259,7 +259,7 @@ class Generation:
         cap = max(0, min(self.params.k, left_tokens - 1, left_context - 1))
         if cap == 0:
             return 0, ""
-        proposer = self.deps.runner.proposer(self.params.draft_kind, state.ids)
+        proposer = self.deps.runner.proposer(self.params.draft_kind, state.ids, self.wire)
         if not self.params.adaptive_k:
             return cap, proposer
         ready = ready_block(self.ahead, state.ids, cap) if proposer == MODEL else 0   # drafted ahead: free

@@ -179,13 +179,15 @@ class RoundRunner:
         usable = self.draft.usable() if self.draft is not None else []
         return usable[0].info.draft_kind if usable and usable[0].info.draft_kind else NGRAM
 
-    def proposer(self, requested: str, context_ids: Sequence[int]) -> str:
+    def proposer(self, requested: str, context_ids: Sequence[int], wire: ContextWire | None = None) -> str:
         """Which draft will propose a round for this context: the kind itself, except that a combined
         draft whose lookup runs here is resolved now (`ngram` when the context's tail occurred before,
-        `model` otherwise; the same lookup `_propose` makes). Adaptive k keeps acceptance and costs per
-        proposer."""
+        `model` otherwise; the same lookup `_propose` makes, through the generation's incremental index
+        when its `wire` is given). Adaptive k keeps acceptance and costs per proposer."""
         kind = self.draft_kind(requested)
         if kind == COMBINED and self.local_ngram is not None:
+            if wire is not None:
+                return NGRAM if wire.lookup(self.local_ngram).propose(context_ids, 1) else MODEL
             return NGRAM if self.local_ngram.has_match(context_ids) else MODEL
         return kind
 

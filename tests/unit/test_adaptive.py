@@ -290,3 +290,45 @@ def test_draft_demand_counts_the_generations_that_want_drafts_and_best_k_changes
     before = (acc.rounds_at_zero, acc.probe_every, acc.probing)
     assert [best_k(costs, acc, 8) for _ in range(3 * PROBE_EVERY)] == [0] * (3 * PROBE_EVERY)
     assert (acc.rounds_at_zero, acc.probe_every, acc.probing) == before       # no probing state moved
+
+
+def _verify_by_scan(points: dict[int, float], n: float) -> float:
+    """v(n) as the first version computed it: a scan of every measured point per call (the reference)."""
+    if n in points:
+        return points[n]
+    known = sorted(points)
+    if not known:
+        return 1.0
+    if len(known) == 1:
+        return points[known[0]]
+    lo = max([x for x in known if x < n], default=known[0])
+    hi = min([x for x in known if x > n], default=known[-1])
+    if lo == hi:
+        lo, hi = known[-2], known[-1]
+    return max(points[lo] + (points[hi] - points[lo]) / (hi - lo) * (n - lo), 0.0)
+
+
+def test_verify_by_bisection_equals_the_scan_as_points_are_added():
+    """CostModel.verify runs several times a round: it bisects a sorted copy of the measured sizes, re-sorted
+    only when a size is added. Between, below and beyond the points, as observe adds them, it must answer as
+    the scan did."""
+    import random
+
+    rng = random.Random(3)
+    costs = CostModel()
+    for _ in range(60):
+        costs.observe(0, rng.randrange(1, 80), 0.0, rng.uniform(20, 120), 1.0)
+        for n in [0.5, 1, 2.5, 7, 33.3, 79, 80, 95, 200] + [rng.uniform(0, 100) for _ in range(5)]:
+            assert costs.verify(n) == _verify_by_scan(costs.verify_ms, n), n
+    costs.verify_ms = {4: 30.0, 9: 45.0}                  # a replaced table is re-read, not the cached sizes
+    assert costs.verify(6.5) == _verify_by_scan(costs.verify_ms, 6.5) == 37.5
+
+
+def test_expected_tokens_upto_lists_expected_tokens():
+    tracker = AcceptanceTracker(k_max=5)
+    for accepted in (5, 2, 0, 3, 1, 4):
+        tracker.observe(5, accepted)
+    listed = tracker.expected_tokens_upto(8)
+    assert len(listed) == 9
+    assert listed == [tracker.expected_tokens(k) for k in range(9)]
+    assert listed[5] == listed[8]          # positions beyond k_max add nothing

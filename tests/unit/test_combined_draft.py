@@ -61,6 +61,30 @@ def test_the_orchestrator_knows_before_a_round_which_draft_will_propose():
     assert remote.proposer("combined", hit) == "combined"
 
 
+def test_the_proposer_through_the_generations_index_agrees_with_the_full_lookup():
+    """With the generation's ContextWire, RoundRunner.proposer looks up through its incremental index (O(new
+    tokens) a round, not O(context)); over a growing context, and one rewritten, it must answer as has_match."""
+    import random
+
+    from specdec.config import RetryConfig
+    from orchestrator.delta import ContextWire
+    from orchestrator.rounds import RoundRunner
+
+    lookup = NgramProposer(2, 4)
+    runner = RoundRunner(None, None, RetryConfig(), local_ngram=lookup)
+    rng = random.Random(7)
+    wire, context = ContextWire(), [rng.randrange(6) for _ in range(5)]
+    answers = set()
+    for step in range(300):
+        if step == 150:
+            context = context[:40]            # a rewritten context (shorter): indexed afresh
+        context.append(rng.randrange(6))
+        expected = NGRAM if lookup.has_match(context) else MODEL
+        assert runner.proposer("combined", context, wire) == expected, step
+        answers.add(expected)
+    assert answers == {NGRAM, MODEL}
+
+
 def test_a_combined_round_resolved_to_the_model_is_not_looked_up_twice():
     """RoundRunner.proposer looked the tail up before the round; _propose does not repeat a lookup that missed."""
     import asyncio
