@@ -53,6 +53,10 @@ the most draft tokens R with v(B + R) − v(B) ≤ slack · round_ms(0), is spli
 A session that does not draft then sees at most that growth, and a draft-friendly session (a
 grounded prompt) beside sessions that would not draft anyway (open prompts) keeps the budget they
 leave, instead of being held to 1/B of it (`latency_cap`'s `drafters`).
+The draft's own time counts too (`draft_delay`): a session that drafts sends its verify that much later, and
+the target holds the next pass for the sessions of the last one (SPECDEC_BATCH_WAIT_MS), so the others wait
+for it. Where passes cost about the same for any token count (bf16 on AMX) the tokens are nearly free and that
+wait is what a draft costs the others: a model draft with its hop then fits no 5 % slack, a lookup still does.
 Acceptance starts from an optimistic prior at position 1 (decayed with the data, so
 it fades). A deeper position leans on the rate of the position before it until it has
 data of its own: a draft rejected at position 1 says nothing about position 5, and
@@ -210,25 +214,48 @@ class AcceptanceTracker:
         return out
 
 
-def latency_cap(costs: CostModel, k_cap: int, slack: float, sessions: float = 0.0, drafters: float = 0.0) -> int:
-    """The largest k <= k_cap whose draft tokens lengthen the passes the other sessions wait for by at
-    most `slack` of a round without drafts (module docstring). sessions: those waiting for the target's
-    passes, this one included (0: not known, the orchestrator's average pass costs.batch). drafters: how
-    many of them want drafts, this one included (0: not known, every session drafting alike); they
-    share the passes' draft budget (`draft_budget`). slack < 0: no cap (throughput first)."""
+def latency_cap(costs: CostModel, k_cap: int, slack: float, sessions: float = 0.0, drafters: float = 0.0,
+                proposer: str | None = None) -> int:
+    """The largest k <= k_cap whose draft lengthens the passes the other sessions wait for by at most `slack`
+    of a round without drafts (module docstring). sessions: those waiting for the target's passes, this one
+    included (0: not known, the orchestrator's average pass costs.batch). drafters: how many of them want
+    drafts, this one included (0: not known, every session drafting alike); they share the passes' draft
+    budget (`draft_budget`). proposer: the draft that would propose (None: none to wait for, e.g. a block
+    drafted ahead); its time (`draft_delay`) is spent before this session's verify reaches the target, and
+    the target holds the next pass for the sessions of the last one (its batch wait), so the others wait for
+    it too: it comes off the slack first. slack < 0: no cap (throughput first)."""
     sessions = sessions if sessions > 0 else costs.batch
     others = max(0.0, sessions - 1.0) / max(sessions, 1.0)   # (B-1)/B: the others' part of the drafts
     if slack < 0 or others == 0.0:
         return k_cap
     allowed = slack * (costs.round_ms(0) - costs.pass_ms(1) + costs.pass_ms(1, sessions))
-    if drafters > 0:
-        # a session that does not draft sees all D drafts; when every session drafts, each sees D - 1
-        share = max(min(max(drafters, 1.0), sessions - 1.0), 1e-9)
-        return min(k_cap, int(draft_budget(costs, allowed, sessions, k_cap * share) / share))
     k = k_cap
-    while k > 0 and others * (costs.pass_ms(k + 1, sessions) - costs.pass_ms(1, sessions)) > allowed:
+    while k > 0 and not _tokens_fit(costs, k, allowed - draft_delay(costs, k, proposer), sessions, drafters, others):
         k -= 1
     return k
+
+
+def draft_delay(costs: CostModel, k: int, proposer: str | None) -> float:
+    """How much later a round of k tokens from `proposer` sends its verify than a round without a draft: k draft
+    steps and the draft's extra overhead per round (its hop). 0 for proposer None; an unmeasured proposer costs
+    nothing yet (optimistic, as round_ms)."""
+    if proposer is None or k <= 0:
+        return 0.0
+    base = costs.overhead_ms.get(NO_DRAFT)
+    hop = costs.overhead_ms.get(proposer, base or 0.0) - base if base is not None else 0.0
+    return k * costs.draft_step_ms.get(proposer, 0.0) + max(hop, 0.0)
+
+
+def _tokens_fit(costs: CostModel, k: int, allowed: float, sessions: float, drafters: float, others: float) -> bool:
+    """Whether k draft tokens a session fit what the passes may grow by (`allowed` ms): shared among `drafters`
+    when known (a session that does not draft sees all D drafts; when every session drafts, each sees D - 1),
+    else every session drafting alike."""
+    if allowed < 0:
+        return False
+    if drafters > 0:
+        share = max(min(max(drafters, 1.0), sessions - 1.0), 1e-9)
+        return k <= int(draft_budget(costs, allowed, sessions, k * share) / share)
+    return others * (costs.pass_ms(k + 1, sessions) - costs.pass_ms(1, sessions)) <= allowed
 
 
 def draft_budget(costs: CostModel, allowed_ms: float, sessions: float, most: float) -> int:

@@ -271,7 +271,7 @@ class Generation:
     def _latency_cap(self, cap: int, proposer: str, ready: bool) -> int:
         """adaptive.latency_cap for this round: B = the sessions waiting for the target (this orchestrator's
         generations per healthy replica, or the latest pass when it held more); D = those wanting drafts
-        (sessions of other orchestrators, seen only in the pass, count as drafters)."""
+        (sessions of other orchestrators, seen only in the pass, count as drafters); the draft's time unless `ready`."""
         if self.deps.cfg.latency_slack < 0:
             return cap
         best = choose_k_drafted if ready else best_k
@@ -280,7 +280,7 @@ class Generation:
         local = len(self.deps.running) / replicas
         waiting = max(self.stats.last_target_batch, local)
         drafters = self.deps.demand.drafters() / replicas + (waiting - local)
-        return latency_cap(self.deps.costs, cap, self.deps.cfg.latency_slack, waiting, drafters)
+        return latency_cap(self.deps.costs, cap, self.deps.cfg.latency_slack, waiting, drafters, None if ready else proposer)
 
     def _tracker(self, proposer: str) -> AcceptanceTracker:
         return self.acceptance.setdefault(proposer, AcceptanceTracker(k_max=max(self.params.k, 1)))

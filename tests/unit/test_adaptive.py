@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from orchestrator.adaptive import (
     ANY_DRAFT, NO_DRAFT, PROBE_EVERY, PROBE_EVERY_MAX, PROBE_K, AcceptanceTracker, CostModel, DraftDemand, best_k,
-    choose_k, draft_budget, latency_cap,
+    choose_k, draft_budget, draft_delay, latency_cap,
 )
 
 
@@ -332,3 +332,39 @@ def test_expected_tokens_upto_lists_expected_tokens():
     assert len(listed) == 9
     assert listed == [tracker.expected_tokens(k) for k in range(9)]
     assert listed[5] == listed[8]          # positions beyond k_max add nothing
+
+
+def flat_pass_costs(batch: float) -> CostModel:
+    """A target whose passes cost the same for 1 to 36 tokens (bf16 on AMX: v(n) = 65 ms), 2 ms a round outside
+    the forwards; a model draft at 5 ms a token plus a 3 ms hop, the n-gram lookup at 0.02 ms a token."""
+    costs = CostModel()
+    for n in (1, 4, 8, 20, 36):
+        costs.observe(k=0, pass_tokens=n, draft_ms=0.0, target_ms=65.0, overhead_ms=2.0)
+    costs.observe(k=4, pass_tokens=5, draft_ms=20.0, target_ms=65.0, overhead_ms=5.0, proposer="model")
+    costs.observe(k=4, pass_tokens=5, draft_ms=0.08, target_ms=65.0, overhead_ms=2.0, proposer="ngram")
+    for _ in range(40):                  # the EMAs settle on these figures
+        costs.observe(k=4, pass_tokens=5, draft_ms=20.0, target_ms=65.0, overhead_ms=5.0, proposer="model")
+        costs.observe(k=4, pass_tokens=5, draft_ms=0.08, target_ms=65.0, overhead_ms=2.0, proposer="ngram")
+    costs.batch = batch
+    return costs
+
+
+def test_the_cap_counts_the_draft_time_the_others_wait_for():
+    """The target holds a pass for the last pass's sessions, so a session's draft time before its verify delays
+    every session of it (bench-load, bf16 on AMX, capped adaptive k at 4 streams: open prompts' ITL 1.12-1.23x
+    k = 0's at a mean k of 0.14-0.19, where the passes themselves barely grow). With passes that cost the same
+    for any token count, only that time limits k: a model draft (5 ms a token + a 3 ms hop) fits no 5 % slack of
+    a 67 ms round, the in-process lookup keeps its tokens, a block drafted ahead (proposer None) costs nothing."""
+    four = flat_pass_costs(4.0)
+    assert draft_delay(four, 2, "model") == 13.0 and draft_delay(four, 2, None) == 0.0
+    assert latency_cap(four, 8, 0.05, sessions=4, drafters=1, proposer="model") == 0
+    assert latency_cap(four, 8, 0.05, sessions=4, drafters=1, proposer="ngram") == 8
+    assert latency_cap(four, 8, 0.05, sessions=4, drafters=1, proposer=None) == 8
+    assert latency_cap(four, 8, 0.25, sessions=4, drafters=1, proposer="model") == 2    # 5k + 3 <= 16.75 ms
+    assert latency_cap(four, 8, 0.05, sessions=1, proposer="model") == 8                # alone: nobody waits
+    for slack in (0.05, 0.1, 0.25, 0.5):
+        for drafters in (0, 1, 4):
+            k = latency_cap(four, 8, slack, sessions=4, drafters=drafters, proposer="model")
+            assert draft_delay(four, k, "model") <= slack * four.round_ms(0)
+            if k < 8:
+                assert draft_delay(four, k + 1, "model") > slack * four.round_ms(0)
