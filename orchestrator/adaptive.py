@@ -57,6 +57,10 @@ The draft's own time counts too (`draft_delay`): a session that drafts sends its
 the target holds the next pass for the sessions of the last one (SPECDEC_BATCH_WAIT_MS), so the others wait
 for it. Where passes cost about the same for any token count (bf16 on AMX) the tokens are nearly free and that
 wait is what a draft costs the others: a model draft with its hop then fits no 5 % slack, a lookup still does.
+A generation's first round (the prompt's prefill) drafts nothing with a model draft (orchestrator/generation.py
+`_round_k`): the draft would first prefill the whole prompt itself, and the first token would wait for that
+(bench-load, bf16, one stream: open prompts' TTFT 1.25-1.30x k = 0's); the draft catches up in the round after.
+vLLM, too, drafts only once the prefill has given the first token. An in-process lookup still drafts there.
 Acceptance starts from an optimistic prior at position 1 (decayed with the data, so
 it fades). A deeper position leans on the rate of the position before it until it has
 data of its own: a draft rejected at position 1 says nothing about position 5, and

@@ -252,16 +252,17 @@ class Generation:
     # -- rounds ----------------------------------------------------------------------------
 
     def _round_k(self, state: State) -> tuple[int, str]:
-        """(k, the draft expected to propose): k clipped to the tokens and context left, chosen by
-        adaptive k from that proposer's acceptance and costs when it is on, within the latency cap."""
-        left_tokens = self.params.max_new_tokens - len(state.completion)
-        left_context = self.deps.max_context - len(state.ids)
+        """(k, the draft expected to propose): k clipped to the tokens and context left; with adaptive k chosen from the
+        proposer's acceptance and costs within the latency cap, and 0 for a model in the prompt's round (adaptive.py)."""
+        left_tokens, left_context = self.params.max_new_tokens - len(state.completion), self.deps.max_context - len(state.ids)
         cap = max(0, min(self.params.k, left_tokens - 1, left_context - 1))
         if cap == 0:
             return 0, ""
         proposer = self.deps.runner.proposer(self.params.draft_kind, state.ids, self.wire)
         if not self.params.adaptive_k:
             return cap, proposer
+        if proposer == MODEL and not self.stats.rounds:
+            return 0, proposer
         ready = ready_block(self.ahead, state.ids, cap) if proposer == MODEL else 0   # drafted ahead: free
         capped = self._latency_cap(ready or cap, proposer, bool(ready))
         self.deps.metrics.latency_capped.inc(capped < (ready or cap))
@@ -444,7 +445,6 @@ class Generation:
     def response(self) -> pb.GenerateResponse:
         """The whole result, after chunks() ran to the end."""
         s = self.state
-        return pb.GenerateResponse(
-            session_id=self.session_id, request_id=self.request_id, text=s.text, token_ids=s.completion,
-            finish_reason=s.finish, usage=self.usage(), stats=self.stats.proto(), trace=s.trace,
-            logprobs=s.logprobs, model=self.deps.model_name)
+        return pb.GenerateResponse(session_id=self.session_id, request_id=self.request_id, text=s.text, token_ids=s.completion,
+                                   finish_reason=s.finish, usage=self.usage(), stats=self.stats.proto(), trace=s.trace,
+                                   logprobs=s.logprobs, model=self.deps.model_name)

@@ -140,6 +140,24 @@ def test_adaptive_k_with_overlap_keeps_the_output(stack):
     assert post_only.stats.predrafts_used_runner_up == 0
 
 
+def test_adaptive_k_drafts_with_the_model_only_after_the_prompts_round(stack):
+    """The first round prefills the prompt at the target; with a model draft it would wait for the draft to prefill
+    the prompt too, so adaptive k's first round drafts nothing with it (generation._round_k) and the rounds after
+    it do (an optimistic prior makes them try); fixed k drafts from the first round on, as asked."""
+    channel, stub = stack.stub()
+    try:
+        prompt = IDENTITY_PROMPTS[2]
+        adaptive = generate(stub, prompt, 6, 24, adaptive_k=True, draft_kind="model")
+        fixed = generate(stub, prompt, 3, 24, draft_kind="model")
+        plain = generate(stub, prompt, 0, 24)
+    finally:
+        channel.close()
+    assert list(adaptive.token_ids) == list(fixed.token_ids) == list(plain.token_ids)
+    assert adaptive.trace[0].k == 0 and not adaptive.trace[0].draft_ids
+    assert any(r.draft_ids for r in adaptive.trace[1:])
+    assert fixed.trace[0].k == 3 and len(fixed.trace[0].draft_ids) == 3
+
+
 def test_the_server_default_and_the_hop_delay(stack):
     """OverlapConfig.enabled is the default of an unset GenerateRequest.overlap; hop_delay_ms (test and
     bench only) delays both hops of every draft and target call."""

@@ -133,9 +133,9 @@ def test_concurrent_adaptive_sessions_under_the_latency_cap_keep_greedy_identity
     from orchestrator import adaptive, generation
 
     seen: list[tuple[float, float]] = []
-    def spy(costs, k_cap, slack, sessions=0.0, drafters=0.0):
+    def spy(costs, k_cap, slack, sessions=0.0, drafters=0.0, proposer=None):
         seen.append((sessions, drafters))
-        return adaptive.latency_cap(costs, k_cap, slack, sessions, drafters)
+        return adaptive.latency_cap(costs, k_cap, slack, sessions, drafters, proposer)
     monkeypatch.setattr(generation, "latency_cap", spy)
     monkeypatch.setattr(stack.deps.cfg, "latency_slack", 0.05)
     # Whether a session wants drafts follows the costs measured on this CPU: on an Intel Xeon the tiny
