@@ -246,8 +246,8 @@ def draft_delay(costs: CostModel, k: int, proposer: str | None) -> float:
     if proposer is None or k <= 0:
         return 0.0
     base = costs.overhead_ms.get(NO_DRAFT)
-    hop = costs.overhead_ms.get(proposer, base or 0.0) - base if base is not None else 0.0
-    return k * costs.draft_step_ms.get(proposer, 0.0) + max(hop, 0.0)
+    hop = 0.0 if base is None else max(costs.overhead_ms.get(proposer, base) - base, 0.0)
+    return k * costs.draft_step_ms.get(proposer, 0.0) + hop
 
 
 def _tokens_fit(costs: CostModel, k: int, allowed: float, sessions: float, drafters: float, others: float) -> bool:
