@@ -352,7 +352,7 @@ class RoundRunner:
         except DeadlineExceeded:
             return None
         propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id, k=tokens,
-                                           draft_kind=MODEL, runner_up=True)
+                                           draft_kind=MODEL, runner_up=req.runner_up)   # for the next round's branches
         propose.sampling.MergeFromString(sampling_bytes(req.sampling))
         send = (req.wire.send_ahead("draft", req.context_ids, sent) if req.wire is not None
                 else ContextSend(None, "draft", list(req.context_ids) + sent))
