@@ -166,6 +166,9 @@ def test_grpc_logprobs_and_draft_kind(stub):
     with pytest.raises(grpc.RpcError) as err:
         stub.Generate(pb.GenerateRequest(prompt=PROMPT, max_new_tokens=2, draft_kind="bogus"), timeout=RPC_TIMEOUT_S)
     assert "'combined'" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:       # branches are positions of a block: at most max_k
+        stub.Generate(pb.GenerateRequest(prompt=PROMPT, max_new_tokens=2, overlap_branches=10_000), timeout=RPC_TIMEOUT_S)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "overlap_branches" in err.value.details()
 
 
 # -- idempotency keys ---------------------------------------------------------------------------------
