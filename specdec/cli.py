@@ -41,6 +41,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-kind", choices=["model", "ngram", "combined"])
     p.add_argument("--device")
     p.add_argument("--dtype")
+    p.add_argument("--engine", choices=["auto", "torch", "llamacpp"],
+                   help="model runner: auto (llama.cpp for a GGUF on CPU, torch otherwise), torch, llamacpp")
     p.add_argument("--threads", type=int)
     p.add_argument("--cache-budget-bytes", type=int)
     p.add_argument("--max-batch", type=int, help="target: sessions verified in one forward pass (1 = off)")
@@ -73,7 +75,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from orchestrator.main import serve
     else:
         cfg = ModelServiceConfig(role=args.role)
-        _apply(cfg, args, ["model", "draft_kind", "device", "dtype", "threads", "cache_budget_bytes", "max_batch"])
+        _apply(cfg, args, ["model", "draft_kind", "device", "dtype", "engine", "threads", "cache_budget_bytes",
+                            "max_batch"])
         if args.role == "draft":
             from draft_service.main import serve
         else:
@@ -126,6 +129,8 @@ def _up_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="",
                    help="weights of the model services: auto (default), float32, bfloat16, int8, int4 (int4/int8: "
                         "quantized on CPU; a trained draft that shares the target's tensors cannot take int4)")
+    p.add_argument("--engine", default="", choices=["", "auto", "torch", "llamacpp"],
+                   help="model runner of the services: auto (default: llama.cpp for a GGUF on CPU), torch, llamacpp")
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -141,9 +146,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     cfg = StackConfig(target_model=args.target_model, draft_model=draft_model, draft_kind=args.draft_kind,
                       draft_replicas=args.draft_replicas, target_replicas=args.target_replicas,
                       redis_url=args.redis_url, threads=args.threads or default_threads(args.draft_kind),
-                      orchestrator_port=args.port, dtype=args.dtype)
+                      orchestrator_port=args.port, dtype=args.dtype, engine=args.engine)
     stack = LocalStack(cfg)
-    print("starting Redis, draft, target and orchestrator (the first model load converts the GGUF, ~1 min)...")
+    print("starting Redis, draft, target and orchestrator...")
     try:
         stack.start()
     except (RuntimeError, TimeoutError) as exc:

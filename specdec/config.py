@@ -17,7 +17,9 @@ Environment variables (CLI flags override them):
   SPECDEC_NGRAM_MIN_N, SPECDEC_NGRAM_MAX_N, SPECDEC_NGRAM_PREFER,
   SPECDEC_HEALTH_REFRESH_S, SPECDEC_REDIS_PING_TIMEOUT_S, SPECDEC_ROW_INVARIANT,
   SPECDEC_OVERLAP, SPECDEC_OVERLAP_MISS_COST_MS, SPECDEC_OVERLAP_MAX_TARGET_BATCH,
-  SPECDEC_OVERLAP_MAX_DRAFT_IN_FLIGHT, SPECDEC_HOP_DELAY_MS (test and bench only)
+  SPECDEC_OVERLAP_MAX_DRAFT_IN_FLIGHT, SPECDEC_HOP_DELAY_MS (test and bench only),
+  SPECDEC_ENGINE, SPECDEC_LLAMACPP_KV_TOKENS, SPECDEC_LLAMACPP_SESSIONS, SPECDEC_LLAMACPP_BATCH_TOKENS,
+  SPECDEC_LLAMACPP_UBATCH_TOKENS, SPECDEC_LLAMACPP_FLASH_ATTN
 
 Secrets (SPECDEC_AUTH_TOKENS, SPECDEC_SERVICE_TOKEN, REDIS_URL, REDIS_PASSWORD) can instead
 be read from files, as Kubernetes and compose mount them: NAME_FILE=/path (see env_secret).
@@ -37,11 +39,9 @@ DEFAULT_TARGET_PORT = 50052
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 DEFAULT_CONTEXT_STORE_TOKENS = 1 << 20   # delta rounds: context tokens a model service keeps (about 50 MB)
-# N-gram draft: a 1-token match of the context's tail is usually wrong on open-ended text. Simulated
-# on the target's own greedy continuations of the bench prompts at k = 4 (5 per set): min_n = 1 drafts
-# in 102 of 137 grounded rounds (acceptance 0.46) and 137 of 286 open ones (0.07); min_n = 2 in 62
-# (0.73) and 32 (0.20), for a mean accepted length of 2.27 vs 2.36 on grounded text. Where a verify
-# pass of k + 1 tokens costs about 2 steps (fp32 on CPU) min_n = 2 wins on both sets.
+# N-gram draft: a 1-token match of the context's tail is usually wrong on open-ended text (simulated on
+# the target's own greedy continuations of the bench prompts at k = 4, min_n = 1 drafted 137 of 286 open
+# rounds at acceptance 0.07, min_n = 2 32 at 0.20, with a mean accepted length of 2.27 vs 2.36 grounded).
 NGRAM_MIN_N = 2
 NGRAM_MAX_N = 4
 
@@ -175,26 +175,19 @@ KERNEL_BAND_ROWS = (1, 5, 17, 32)
 
 @dataclass
 class KernelConfig:
-    """How a model service picks its CPU linear kernels at load (specdec/engine/kernel_select.py).
+    """How a torch model service picks its CPU linear kernels at load (specdec/engine/kernel_select.py).
 
     kernel: auto (measure, or the cached choice), or a kernel name / one name per band to force.
-    budget_s: the most seconds the timing may take at load (after one full round).
-    reps: timing rounds per (band, kernel); each keeps its least time.
+    budget_s: the most seconds the timing may take at load; reps: timing rounds per (band, kernel), least kept;
     probe_instances: layers of each shape timed in turn (so weights stream from memory).
-    check_atol: how far a kernel's output (and the chosen plan's logits) may lie from nn.Linear's,
-        relative to the largest value beyond 1, in float32 (fp32 kernels differ by summation order:
-        6e-5 measured on SmolLM2's logits); lower precisions get check_atol_low.
+    check_atol: how far a kernel's output may lie from nn.Linear's, relative to the largest value beyond 1, in
+        float32 (6e-5 measured on SmolLM2's logits); lower precisions get check_atol_low.
     allow_input_major: whether the input-major candidates are timed (SPECDEC_INPUT_MAJOR=0: no).
-    busy_load_per_core: a plan measured at or above this 1-minute load average per usable core is
-        cached as measured on a busy machine, and measured again at the next load that finds the
-        machine quieter (a plan measured quiet is kept whatever the load).
-    int4_max_rows: --dtype int4, calls outside a row-invariant runner's pass (Hugging Face's generate
-        in the bench, SPECDEC_ROW_INVARIANT=off): up to this many rows run the weight-only int4 GEMM
-        (each row on its own, its time growing with the rows), wider calls a bfloat16 GEMM over the
-        same dequantized weights. A row-invariant pass splits its rows itself (specdec/models/int4.py).
-    layout_slack: where the per-band winners need both weight layouts (a second copy of every
-        weight: +538 MB for SmolLM2-135M in fp32), one layout is kept instead when its own winners
-        are at most this much slower on average over the bands.
+    busy_load_per_core: a plan measured at or above this load average per core is measured again later.
+    int4_max_rows: --dtype int4 outside a row-invariant pass: up to this many rows run the weight-only int4
+        GEMM, wider calls a bfloat16 GEMM over the same dequantized weights (specdec/models/int4.py).
+    layout_slack: one weight layout is kept (not both, a second copy of every weight) when its own
+        winners are at most this much slower on average over the bands.
     """
 
     kernel: str = field(default_factory=lambda: env_str("SPECDEC_LINEAR_KERNEL", "auto"))
@@ -214,6 +207,19 @@ class KernelConfig:
         return self.check_atol if str(dtype) == "torch.float32" else self.check_atol_low
 
 
+@dataclass
+class LlamaCppConfig:
+    """The llama.cpp engine's context (specdec/engine/llamacpp_runner.py): KV cells shared by all sessions
+    (f16: 23 KB a cell for SmolLM2-135M), sessions held at once, tokens per llama_decode and per ggml
+    compute step, flash attention (its CPU kernel skips the cells of other sessions)."""
+
+    kv_tokens: int = field(default_factory=lambda: env_int("SPECDEC_LLAMACPP_KV_TOKENS", 8192))
+    sessions: int = field(default_factory=lambda: env_int("SPECDEC_LLAMACPP_SESSIONS", 64))
+    batch_tokens: int = field(default_factory=lambda: env_int("SPECDEC_LLAMACPP_BATCH_TOKENS", 2048))
+    ubatch_tokens: int = field(default_factory=lambda: env_int("SPECDEC_LLAMACPP_UBATCH_TOKENS", 512))
+    flash_attn: bool = field(default_factory=lambda: env_bool("SPECDEC_LLAMACPP_FLASH_ATTN", True))
+
+
 #: The model a service loads when SPECDEC_MODEL / --model name none, by role.
 DEFAULT_MODELS = {"target": "embedded", "draft": "embedded:smollm2-draft"}
 
@@ -229,6 +235,9 @@ class ModelServiceConfig:
     draft_kind: str = field(default_factory=lambda: env_str("SPECDEC_DRAFT_KIND", "model"))
     device: str = field(default_factory=lambda: env_str("SPECDEC_DEVICE", "auto"))
     dtype: str = field(default_factory=lambda: env_str("SPECDEC_DTYPE", "auto"))
+    # auto: llama.cpp for a GGUF model on CPU (the embedded default included), torch otherwise; torch | llamacpp.
+    engine: str = field(default_factory=lambda: env_str("SPECDEC_ENGINE", "auto"))
+    llamacpp: LlamaCppConfig = field(default_factory=LlamaCppConfig)
     threads: int = field(default_factory=lambda: env_int("SPECDEC_THREADS", 0))
     cache_dir: str = field(default_factory=lambda: env_str("SPECDEC_MODEL_CACHE_DIR"))
     offline: bool = field(default_factory=lambda: env_bool("SPECDEC_OFFLINE"))
@@ -244,18 +253,12 @@ class ModelServiceConfig:
     # How long a batch may wait for the previous batch's sessions to send their next round
     # (one orchestrator round trip); a lone session never waits.
     batch_wait_ms: float = field(default_factory=lambda: env_float("SPECDEC_BATCH_WAIT_MS", 5.0))
-    # A call whose forward runs at most this many tokens (a decode round, not a prefill) runs on the
-    # event loop itself when the model thread is idle: no hand-off to the model thread and back
-    # (two thread wake-ups). 0 = always on the model thread. Applies only while torch runs one thread or
-    # every forward runs on the loop (loop_forwards; specdec.engine.loading.inline_limit: a second OpenMP
-    # team would cost far more).
+    # A call whose forward runs at most this many tokens (a decode round) runs on the event loop when the model
+    # thread is idle (no hand-off and back); 0 = never. Only at one thread or with loop_forwards (inline_limit).
     inline_max_tokens: int = field(default_factory=lambda: env_int("SPECDEC_INLINE_MAX_TOKENS", 16))
-    # Every forward (prefill chunks too) runs on the event loop's thread and the model thread is never
-    # used: one OpenMP team, no hand-off to a model thread and back. -1 (auto): on CPU while torch runs more
-    # than one thread (where a second team would thrash; at one thread small forwards already run inline
-    # and prefills stay off the loop), in a service with chunked prefill: the loop is busy during each pass,
-    # which prefill_chunk_tokens / prefill_turn_ms bound, and probes wait for it. A feature draft catches up
-    # in one call: auto leaves it on its model thread. 0 = off, 1 = on.
+    # Every forward runs on the event loop's thread, never a model thread: one OpenMP team, no hand-offs.
+    # -1 (auto): on CPU with more than one engine thread, in a service with chunked prefill (bounded passes;
+    # specdec.engine.loading.forwards_on_loop). 0 = off, 1 = on.
     loop_forwards: int = field(default_factory=lambda: env_int("SPECDEC_LOOP_FORWARDS", -1))
     # Target: a Verify whose forward would compute more tokens than this (a long prompt's prefill) runs
     # in chunks of this many tokens, each its own pass, with other sessions' rounds in between
@@ -281,11 +284,8 @@ class ModelServiceConfig:
     # Target: keep each cached position's final hidden state (about hidden/KV = 1/(4 x layers) more
     # memory) so feature drafts can be fed; 0 = off (a feature draft then gets FAILED_PRECONDITION).
     keep_hidden: bool = field(default_factory=lambda: env_bool("SPECDEC_KEEP_HIDDEN", True))
-    # Row-invariant attention (specdec/engine/ragged.py): every row whose logits a pass returns is
-    # computed bitwise as a 1-row step computes it, so greedy speculation is token-identical to k = 0.
-    # auto: on for --dtype int8 and int4 (whose linears are row-invariant; their activation rounding
-    # amplifies attention's last-bit differences into other tokens), off otherwise (fp32's MKL linears are not
-    # row-invariant, so it would not buy identity there); on | off force it.
+    # Torch: row-invariant attention (specdec/engine/ragged.py): returned rows computed bitwise as 1-row steps
+    # compute them. auto: on for --dtype int8 and int4 (row-invariant linears), off otherwise; on | off force it.
     row_invariant: str = field(default_factory=lambda: env_str("SPECDEC_ROW_INVARIANT", "auto"))
     # Target: the most hidden-state bytes one Verify returns (fp16 on the wire); a feature draft
     # catches up on a long prompt over several rounds beyond that.

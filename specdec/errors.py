@@ -98,3 +98,7 @@ class Cancelled(SpecDecError):
 # OpenAI error `code` (and clients can tell them apart from other ALREADY_EXISTS / ABORTED errors).
 IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"   # ALREADY_EXISTS: a request_id reused for a different request
 REQUEST_IN_PROGRESS = "request_in_progress"         # ABORTED: the same request is still running
+
+
+class UnsupportedCacheError(RuntimeError):
+    """The model's cache has layers that cannot be truncated exactly (refused at load)."""

@@ -72,6 +72,7 @@ class StackConfig:
     cache_budget_bytes: int = 0          # 0: the services' default
     max_batch: int = 0                   # target sessions per forward pass; 0: the service's default
     dtype: str = ""                      # model services' weights dtype; "": the services' default (auto)
+    engine: str = ""                     # model services' runner (auto | torch | llamacpp); "": auto
     max_concurrent: int = 0              # 0: the orchestrator's default
     orchestrator_port: int = 0           # 0: a free port
     log_dir: str = ""
@@ -129,6 +130,8 @@ class LocalStack:
         args = ["--model", model, "--threads", str(self.cfg.threads)]
         if self.cfg.dtype:
             args += ["--dtype", self.cfg.dtype]
+        if self.cfg.engine:
+            args += ["--engine", self.cfg.engine]
         if self.cfg.cache_budget_bytes:
             args += ["--cache-budget-bytes", str(self.cfg.cache_budget_bytes)]
         return args

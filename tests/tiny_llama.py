@@ -6,7 +6,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
-from specdec.engine.runner import CausalLMRunner
+from specdec.engine.torch_runner import CausalLMRunner
 
 
 def tiny_llama(tied: bool = True, hidden: int = 32, seed: int = 3) -> LlamaForCausalLM:

@@ -16,7 +16,7 @@ from specdec.core.sampling import (
     argmax_ids, draw_generator, logits_to_probs, penalised_scores, sample, token_counts, truncate_top_n,
 )
 from specdec.engine.checks import check_lengths, check_token_ids
-from specdec.engine.runner import CausalLMRunner
+from specdec.engine.runner import Runner
 from specdec.engine.types import ComputeStatsData, ProposeInput, ProposeOutput, SparseDist, prefilled_after
 from specdec.errors import InvalidArgument
 from specdec.params import COMBINED, MODEL, NGRAM
@@ -62,11 +62,11 @@ class ModelDraft:
 
     kind = MODEL
 
-    def __init__(self, runner: CausalLMRunner, max_context: int, eos_ids: Sequence[int]) -> None:
+    def __init__(self, runner: Runner, max_context: int, eos_ids: Sequence[int]) -> None:
         self.runner = runner
         self.max_context = max_context
         self.eos_ids = set(eos_ids)
-        self.width = runner.model.get_output_embeddings().weight.shape[0]
+        self.width = runner.vocab_width
 
     def work_tokens(self, inp: ProposeInput) -> int:
         """Tokens a proposal runs through the model: what its cache lacks of the context, then k steps."""

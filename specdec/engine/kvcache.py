@@ -5,9 +5,10 @@ call reuses the longest common prefix with the request's tokens, rolls back the
 rest (rejected draft tokens) and computes only what is new. After eviction or a
 restart it is rebuilt from the tokens in the request, with the same output.
 
-Only plain full-attention layers can be rolled back exactly; anything else is refused loudly.
-A session's layers are `GrowingLayer`s (specdec/engine/growing_layer.py), which grow in place and
-truncate by moving their length.
+This module is the token bookkeeping every runner shares (LRU, prefix reuse, budget, eviction). The
+cache itself is a per-runner handle made, truncated, copied and dropped through a `CacheOps`: the
+torch runner's DynamicCache (specdec/engine/torch_cache.py), llama.cpp's sequence ids
+(specdec/engine/llamacpp_cache.py).
 """
 
 from __future__ import annotations
@@ -15,19 +16,37 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from specdec.core.prefix_hash import PrefixHashes, shared_prefix
-from specdec.engine.growing_layer import GrowingLayer, new_session_cache
-from specdec.errors import ResourceExhausted
+from specdec.errors import ResourceExhausted, UnsupportedCacheError
+
+__all__ = ["CacheOps", "KVCachePool", "SessionKV", "UnsupportedCacheError", "common_prefix_len", "kv_bytes_per_token"]
 
 
-class UnsupportedCacheError(RuntimeError):
-    """The model's cache has layers that cannot be truncated exactly."""
+class CacheOps(Protocol):
+    """How a runner makes, truncates, copies and drops one session's cache handle.
+
+    capacity: the most sessions it can hold at once (0: no limit but the token budget)."""
+
+    capacity: int
+
+    def new(self) -> Any: ...
+
+    def truncate(self, cache: Any, n: int) -> None: ...
+
+    def copy_prefix(self, cache: Any, donor: Any, n: int) -> None: ...
+
+    def drop(self, cache: Any) -> None: ...
+
+
+def torch_cache_ops(model_config: Any = None) -> CacheOps:
+    """The torch runner's cache handles (imported here only when used: transformers is heavy to import)."""
+    from specdec.engine.torch_cache import TorchCacheOps
+
+    return TorchCacheOps(model_config)
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -61,13 +80,18 @@ class SessionKV:
         outgrow the budget once they have all been extended.
     """
 
-    cache: DynamicCache
+    cache: Any                      # the runner's handle (CacheOps.new)
     tokens: list[int] = field(default_factory=list)
     hidden: Any = None
     anchor: int = -1
     reserved: int = 0
     hashes: PrefixHashes | None = None   # prefix hashes of `tokens` when kept in step (see `common_prefix`)
     _hidden_store: Any = field(default=None, repr=False)  # the buffer `hidden` is a prefix view of
+    ops: CacheOps | None = field(default=None, repr=False)   # None: a torch DynamicCache
+
+    def __post_init__(self) -> None:
+        if self.ops is None:
+            self.ops = torch_cache_ops()
 
     def held(self) -> int:
         """Positions this session counts against the budget: what it holds or its call may reach."""
@@ -81,15 +105,7 @@ class SessionKV:
         dropped = len(self.tokens) - n
         if dropped <= 0:
             return 0
-        for layer in self.cache.layers:
-            if isinstance(layer, GrowingLayer):
-                layer.truncate(n)
-            elif type(layer) is DynamicLayer:
-                if layer.is_initialized:
-                    layer.keys = layer.keys[..., :n, :]
-                    layer.values = layer.values[..., :n, :]
-            else:
-                raise UnsupportedCacheError(f"cannot truncate cache layer {type(layer).__name__}")
+        self.ops.truncate(self.cache, n)
         del self.tokens[n:]
         if self.hashes is not None:
             self.hashes.truncate(min(n, len(self.hashes)))
@@ -112,10 +128,7 @@ class SessionKV:
         (with `hidden`) hidden rows. A copy, not shared storage: each session truncates and grows its own."""
         if len(self.tokens):
             raise ValueError("only an empty cache adopts another session's prefix")
-        for index, layer in enumerate(donor.cache.layers):
-            if layer.keys is None or not getattr(layer, "is_initialized", True):
-                raise UnsupportedCacheError(f"layer {index} of the donor holds nothing")
-            self.cache.update(layer.keys[..., :n, :], layer.values[..., :n, :], index)
+        self.ops.copy_prefix(self.cache, donor.cache, n)
         self.tokens = list(donor.tokens[:n])
         self.anchor = donor.anchor
         if donor.hashes is not None and len(donor.hashes) == len(donor.tokens):
@@ -186,14 +199,15 @@ class KVCachePool:
     Args:
         budget_bytes: the most KV bytes held over all sessions.
         bytes_per_token: KV bytes of one cached position (2 * layers * kv_heads * head_dim * dtype size).
-        model_config: passed to DynamicCache so it builds the right layer types.
+        model_config: passed to DynamicCache so it builds the right layer types (torch caches).
+        ops: the runner's cache handles (default: torch DynamicCaches for `model_config`).
     """
 
     def __init__(self, budget_bytes: int, bytes_per_token: int, model_config: Any = None,
-                 share_min_tokens: int = 0) -> None:
+                 share_min_tokens: int = 0, ops: CacheOps | None = None) -> None:
+        self.ops: CacheOps = ops if ops is not None else torch_cache_ops(model_config)
         self.budget_bytes = budget_bytes
         self.bytes_per_token = max(1, bytes_per_token)
-        self._config = model_config
         self.share_min_tokens = share_min_tokens   # prefix sharing (`share_prefix`): the shortest worth a copy; 0 = off
         self._sessions: OrderedDict[str, SessionKV] = OrderedDict()
         self._evicted: OrderedDict[str, int] = OrderedDict()  # evicted session -> positions it held
@@ -289,18 +303,24 @@ class KVCachePool:
             kv = self._sessions.pop(session_id, None)
             if kv is None:
                 self._count_return(session_id)
-                kv = SessionKV(cache=new_session_cache(self._config))
+                self._make_room(total_tokens, new_session=True)
+                kv = SessionKV(cache=self.ops.new(), ops=self.ops)
                 self._new_epoch()
-            self._make_room(total_tokens)
+            else:
+                self._make_room(total_tokens)
             kv.reserved = total_tokens
             self._sessions[session_id] = kv
             return kv
 
-    def _make_room(self, needed_tokens: int) -> None:
-        """Evict least recently used sessions until the others plus `needed_tokens` fit the budget."""
+    def _make_room(self, needed_tokens: int, new_session: bool = False) -> None:
+        """Evict least recently used sessions until the others plus `needed_tokens` fit the budget (and, for a
+        `new_session`, until a handle is free where the runner holds at most `ops.capacity` sessions)."""
         held = sum(s.held() for s in self._sessions.values())  # the acquiring session is not among them
-        while self._sessions and (held + needed_tokens) > self.max_tokens:
+        capacity = self.ops.capacity
+        while self._sessions and ((held + needed_tokens) > self.max_tokens
+                                  or (new_session and capacity and len(self._sessions) >= capacity)):
             victim_id, victim = self._sessions.popitem(last=False)
+            self.ops.drop(victim.cache)
             self._new_epoch()
             held -= victim.held()
             self.counters.evictions += 1
@@ -328,10 +348,20 @@ class KVCachePool:
         with self._lock:
             self._evicted.pop(session_id, None)
             self._new_epoch()
-            return self._sessions.pop(session_id, None) is not None
+            kv = self._sessions.pop(session_id, None)
+            if kv is not None:
+                self.ops.drop(kv.cache)
+            return kv is not None
+
+    def holds(self, session_id: str, kv: SessionKV) -> bool:
+        """Whether `kv` is still the session's cache in the pool (not evicted or released since acquired)."""
+        with self._lock:
+            return self._sessions.get(session_id) is kv
 
     def clear(self) -> None:
         with self._lock:
+            for kv in self._sessions.values():
+                self.ops.drop(kv.cache)
             self._sessions.clear()
             self._evicted.clear()
             self._new_epoch()

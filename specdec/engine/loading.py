@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,12 +19,14 @@ from specdec.models.kernels import INPUT_MAJOR, KERNELS, KernelPlan
 from specdec.models.int4 import quantize_linears_int4, wants_int4
 from specdec.models.int8 import quantize_linears, wants_int8
 from specdec.models.layout import input_major_head
-from specdec.engine.runner import CausalLMRunner
+from specdec.engine.runner import ENGINES, Runner
+from specdec.engine.torch_runner import CausalLMRunner
 from specdec.engine.target import TargetEngine
 from specdec.models.feature_draft import FeatureDraftModel
 from specdec.models.architecture import check_cache_truncatable
 from specdec.models.load_config import load_config
-from specdec.models.loader import load_causal_lm
+from specdec.models.loader import load_causal_lm, load_tokenizer
+from specdec.models.resolve import resolve_gguf_file
 from specdec.models.spec import parse_model_spec
 from specdec.models.tokenizer_info import describe_tokenizer, eos_token_ids
 
@@ -46,6 +50,8 @@ class ModelBundle:
     prefill_chunk_tokens: int = 0           # longer prefills run in chunks of this size (BatchQueue; model drafts)
     prefill_turn_ms: float = 0.0            # target: a long prefill's turn while others decode (BatchQueue)
     kernels: KernelPlan | None = None       # the CPU linear kernels chosen at load (Info metadata, metrics)
+    engine: str = "torch"                   # the runner's engine, and what it says of itself (Info metadata)
+    engine_detail: str = ""
 
 
 # Tokens of the forward that checks the chosen kernels' logits against nn.Linear's at load.
@@ -116,6 +122,60 @@ def wants_row_invariant(setting: str, quantized: bool) -> bool:
     return quantized if value == "auto" else value == "on"
 
 
+ENGINE_CHOICES = ("auto", *ENGINES)
+
+
+def choose_engine(cfg: ModelServiceConfig) -> str:
+    """SPECDEC_ENGINE / --engine as it applies: auto runs a GGUF model on CPU (the embedded default included)
+    with llama.cpp where llama-cpp-python is installed, at the GGUF's own precision (--dtype auto), and
+    everything else with torch (a --dtype other than auto is torch's)."""
+    choice = cfg.engine.strip().lower()
+    if choice not in ENGINE_CHOICES:
+        raise ValueError(f"engine must be one of {ENGINE_CHOICES}, got {cfg.engine!r}")
+    if choice != "auto":
+        return choice
+    from specdec.engine.llamacpp_lib import available
+
+    on_cpu = cfg.device == "cpu" or (cfg.device in ("auto", "") and not torch.cuda.is_available())
+    gguf = parse_model_spec(cfg.model).is_gguf and cfg.dtype in ("auto", "")
+    if gguf and on_cpu and not available():
+        log.warning("%s: llama-cpp-python is not installed: running the GGUF with torch", cfg.model)
+    return "llamacpp" if gguf and on_cpu and available() else "torch"
+
+
+def _load_llamacpp(cfg: ModelServiceConfig) -> tuple[Any, dict[str, Any], float]:
+    """A GGUF model on the llama.cpp runner, its tokenizer read from the GGUF: (runner, info, load seconds)."""
+    from specdec.engine.llamacpp_runner import LlamaCppRunner, LlamaCppSettings
+
+    spec = parse_model_spec(cfg.model)
+    if not spec.is_gguf:
+        raise ValueError(f"the llama.cpp engine runs GGUF models; {cfg.model} is not one (use --engine torch)")
+    if cfg.device not in ("auto", "", "cpu"):
+        raise ValueError(f"the llama.cpp engine runs on the CPU here, not on {cfg.device!r}")
+    started = time.perf_counter()
+    load_cfg = load_config("cpu", "auto", cfg.cache_dir, cfg.offline)
+    path, _ = resolve_gguf_file(spec, load_cfg)
+    tokenizer = load_tokenizer(spec, load_cfg)
+    torch.set_num_threads(1)   # torch only runs the accept rule here: no OpenMP team beside ggml's
+    ll = cfg.llamacpp
+    settings = LlamaCppSettings(
+        threads=cfg.threads if cfg.threads > 0 else len(os.sched_getaffinity(0)), kv_tokens=ll.kv_tokens,
+        budget_bytes=cfg.cache_budget_bytes, sessions=ll.sessions, batch_tokens=ll.batch_tokens,
+        ubatch_tokens=ll.ubatch_tokens, flash_attn=ll.flash_attn, share_min_tokens=cfg.prefix_share_min_tokens)
+    runner = LlamaCppRunner(path, settings)
+    tok = describe_tokenizer(tokenizer)
+    info = dict(
+        model_id=cfg.model, vocab_size=tok.vocab_size, logits_width=runner.vocab_width,
+        tokenizer_fingerprint=tok.fingerprint, eos_token_ids=eos_token_ids(None, tokenizer),
+        max_context=runner.max_context, special_tokens=tok.special_tokens, device="cpu", dtype=runner.file_type,
+        hidden_size=runner.hidden_size, cache_budget_bytes=runner.pool.budget_bytes, max_k=cfg.max_k,
+    )
+    seconds = time.perf_counter() - started
+    log.info("%s: llama.cpp (%s kernels, %d threads, %d KV cells, %d sessions) loaded in %.2fs", cfg.model,
+             runner.lib.cpu_variant or "built-in", settings.threads, runner.kv_tokens, settings.sessions, seconds)
+    return runner, info, seconds
+
+
 def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = False
           ) -> tuple[Any, Any, CausalLMRunner, dict[str, Any], float, KernelPlan]:
     if cfg.threads > 0:
@@ -153,7 +213,8 @@ def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = F
     return model, tokenizer, runner, info, loaded.load_seconds, plan
 
 
-def forwards_on_loop(configured: int, device: str = "cpu", bounded_passes: bool = True) -> bool:
+def forwards_on_loop(configured: int, device: str = "cpu", bounded_passes: bool = True,
+                     threads: int | None = None) -> bool:
     """SPECDEC_LOOP_FORWARDS as it applies (-1 auto: on CPU while torch runs more than one thread, in a service
     whose passes are bounded: chunked prefill in a target or a model draft). There a forward on any second
     thread gets an OpenMP team of its own (see ModelWorker.setup), so every forward runs on the event loop's
@@ -162,35 +223,54 @@ def forwards_on_loop(configured: int, device: str = "cpu", bounded_passes: bool 
     (a feature draft catches up in one call) on its model thread, and a GPU model too (not measured)."""
     if configured >= 0:
         return configured > 0
-    return bounded_passes and device == "cpu" and torch.get_num_threads() > 1
+    threads = torch.get_num_threads() if threads is None else threads
+    return bounded_passes and device == "cpu" and threads > 1
 
 
-def inline_limit(configured: int, loop_forwards: bool = False) -> int:
+def inline_limit(configured: int, loop_forwards: bool = False, threads: int | None = None) -> int:
     """SPECDEC_INLINE_MAX_TOKENS as it applies: small forwards run on the event loop while torch runs ONE
     thread, or when every forward runs there (forwards_on_loop). Otherwise the event loop's thread would
     get an OpenMP team of its own beside the model thread's (see ModelWorker.setup): measured in the
     stack at 2 threads, a decode step took 38.7 ms with small forwards inline vs 22.4 ms with every
     forward on the model thread."""
-    if configured > 0 and torch.get_num_threads() > 1 and not loop_forwards:
-        log.info("%d torch threads: every forward runs on the model thread (no inline forwards)",
-                 torch.get_num_threads())
+    threads = torch.get_num_threads() if threads is None else threads
+    if configured > 0 and threads > 1 and not loop_forwards:
+        log.info("%d engine threads: every forward runs on the model thread (no inline forwards)", threads)
         return 0
     return configured
 
 
+def _load_runner(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = False
+                 ) -> tuple[Any, Runner, dict[str, Any], float, KernelPlan | None, int]:
+    """The service's model on its engine: (model or None, runner, info, load seconds, kernel plan, threads)."""
+    if choose_engine(cfg) == "llamacpp":
+        runner, info, seconds = _load_llamacpp(cfg)
+        return None, runner, info, seconds, None, runner.settings.threads
+    model, _, runner, info, seconds, plan = _load(cfg, batching=batching, keep_hidden=keep_hidden)
+    return model, runner, info, seconds, plan, torch.get_num_threads()
+
+
+def engine_detail(runner: Any) -> str:
+    """What Info metadata says of the engine: llama.cpp's CPU kernels variant and threads."""
+    if runner.engine != "llamacpp":
+        return ""
+    return f"cpu={runner.lib.cpu_variant or 'built-in'},threads={runner.settings.threads},kv={runner.kv_tokens}"
+
+
 def load_target(cfg: ModelServiceConfig) -> ModelBundle:
     """Load the target model and its verify engine."""
-    _, _, runner, info, seconds, plan = _load(cfg, batching=cfg.max_batch > 1, keep_hidden=cfg.keep_hidden)
+    _, runner, info, seconds, plan, threads = _load_runner(cfg, batching=cfg.max_batch > 1,
+                                                           keep_hidden=cfg.keep_hidden)
     max_hidden_rows = max(1, cfg.max_hidden_bytes // (2 * info["hidden_size"]))  # fp16 on the wire
     engine = TargetEngine(runner, info["max_context"], cfg.max_k, max_hidden_rows)
     info["max_batch"] = cfg.max_batch if runner.batching else 1
     info["keeps_hidden"] = runner.keep_hidden
-    on_loop = forwards_on_loop(cfg.loop_forwards, info["device"], bounded_passes=cfg.prefill_chunk_tokens > 0)
+    on_loop = forwards_on_loop(cfg.loop_forwards, info["device"], cfg.prefill_chunk_tokens > 0, threads)
     return ModelBundle("target", cfg.model, {"target": engine}, "target", info, runner.pool, seconds,
                        batch_wait_s=cfg.batch_wait_ms / 1000.0,
-                       inline_max_tokens=inline_limit(cfg.inline_max_tokens, on_loop), loop_forwards=on_loop,
+                       inline_max_tokens=inline_limit(cfg.inline_max_tokens, on_loop, threads), loop_forwards=on_loop,
                        prefill_chunk_tokens=cfg.prefill_chunk_tokens, prefill_turn_ms=cfg.prefill_turn_ms,
-                       kernels=plan)
+                       kernels=plan, engine=runner.engine, engine_detail=engine_detail(runner))
 
 
 def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
@@ -202,7 +282,7 @@ def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
         return ModelBundle("draft", "ngram", {NGRAM: ngram}, NGRAM, info, inline_max_tokens=cfg.inline_max_tokens)
     if cfg.draft_kind not in DRAFT_SERVICE_KINDS:
         raise ValueError(f"draft kind must be one of {DRAFT_SERVICE_KINDS}, got {cfg.draft_kind!r}")
-    model, _, runner, info, seconds, plan = _load(cfg)
+    model, runner, info, seconds, plan, threads = _load_runner(cfg)
     engines: dict[str, Any] = {NGRAM: ngram}
     if isinstance(model, FeatureDraftModel):  # fed the target's rows every round: no lookup rounds in between
         if cfg.draft_kind == COMBINED:
@@ -214,7 +294,8 @@ def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
         engines[COMBINED] = CombinedDraft(ngram, engines[MODEL])
     info["draft_kind"] = cfg.draft_kind
     chunked = cfg.prefill_chunk_tokens > 0 and MODEL in engines and hasattr(engines[MODEL], "prefill_chunk")
-    on_loop = forwards_on_loop(cfg.loop_forwards, info["device"], bounded_passes=chunked)
+    on_loop = forwards_on_loop(cfg.loop_forwards, info["device"], chunked, threads)
     return ModelBundle("draft", cfg.model, engines, cfg.draft_kind, info, runner.pool, seconds,
-                       inline_max_tokens=inline_limit(cfg.inline_max_tokens, on_loop), loop_forwards=on_loop,
-                       prefill_chunk_tokens=cfg.prefill_chunk_tokens, kernels=plan)
+                       inline_max_tokens=inline_limit(cfg.inline_max_tokens, on_loop, threads), loop_forwards=on_loop,
+                       prefill_chunk_tokens=cfg.prefill_chunk_tokens, kernels=plan, engine=runner.engine,
+                       engine_detail=engine_detail(runner))

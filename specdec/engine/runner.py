@@ -1,22 +1,24 @@
-"""Run a causal LM over a session's tokens, reusing and rolling back its KV cache."""
+"""The one seam between the model services and an engine: the `Runner` protocol and what it takes and returns.
+
+A runner computes logits for sessions' token sequences, each with a KV cache it reuses, rolls back and shares
+(prefix sharing) through the token bookkeeping of specdec/engine/kvcache.py (`pool`). The engines above it
+(target verify, model draft) and the services speak token ids and these dataclasses only; they never import
+an engine's model classes. Implementations: the torch runner (specdec/engine/torch_runner.py, transformers
+models on CPU or GPU) and the llama.cpp runner (specdec/engine/llamacpp_runner.py, GGUF files through
+llama.cpp's kernels).
+"""
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
 from specdec.core.prefix_hash import PrefixHashes
-from specdec.engine.kvcache import KVCachePool, SessionKV
-from specdec.engine.ragged import RaggedCache, enable_ragged, packed_inputs
-from specdec.models.compat import cache_argument
-from specdec.models.row_groups import RowGroups, row_groups
+from specdec.engine.kvcache import CacheCounters, KVCachePool, SessionKV
 
-MS_PER_S = 1000.0
+ENGINES = ("torch", "llamacpp")
 
 
 @dataclass
@@ -50,7 +52,9 @@ class ExtendItem:
 
 
 @dataclass
-class _Plan:
+class ExtendPlan:
+    """One session's part of a pass: its cache, the prefix reused, what was rolled back, the tokens to compute."""
+
     item: ExtendItem
     kv: SessionKV
     reuse: int
@@ -68,155 +72,60 @@ def keeps_hidden(item: ExtendItem, kv: SessionKV) -> bool:
     return item.hidden or kv.hidden is not None
 
 
-class CausalLMRunner:
-    """Computes logits for a session's token sequence with its KV cache.
+def plan_extend(pool: KVCachePool, item: ExtendItem, keep_hidden: bool = False) -> ExtendPlan:
+    """Acquire the session's cache (an empty one starts from another session's shared prefix,
+    KVCachePool.share_prefix), keep the longest common prefix (never past `first`), roll back the rest.
+    `keep_hidden`: the runner keeps hidden rows, so a session keeping them reuses only the prefix they cover."""
+    ids, first = item.ids, item.first
+    if not 0 <= first < len(ids):
+        raise ValueError(f"first={first} outside the {len(ids)} tokens")
+    kv = pool.acquire(item.session_id, len(ids))
+    if not len(kv):                 # a new (or evicted) session: start from another's prefix where one shares it
+        pool.share_prefix(item.session_id, kv, ids, first, keep_hidden and item.hidden, item.hashes)
+    reuse = min(kv.common_prefix(ids, item.hashes), first)
+    if keep_hidden and keeps_hidden(item, kv):   # rows for the whole reused prefix, or recompute it
+        reuse = min(reuse, 0 if kv.hidden is None else kv.hidden.shape[0])
+    try:
+        rolled_back = kv.truncate(reuse)
+    except BaseException:
+        pool.release(item.session_id)
+        raise
+    return ExtendPlan(item, kv, reuse, rolled_back, list(ids[reuse:]))
 
-    Args:
-        model: a transformers causal LM in eval mode.
-        pool: the per-session KV caches of this service.
-        batching: allow `extend_batch` over several sessions (needs the model's attention switched to
-            specdec_ragged, which is tried in any case; stays False when it cannot be switched).
-        keep_hidden: store the final (normed) hidden state of every cached position beside the
-            KV cache (SessionKV.hidden), for feature drafts; needs a `model.model.norm` module. Only
-            for sessions that ask (ExtendItem.hidden); a session that asks late recomputes its prefix.
-        row_invariant: every row whose logits a pass returns is computed bitwise as a 1-row step
-            computes it, whatever the number of rows in the pass (those rows attend one at a time,
-            specdec/engine/ragged.py; the int8 target's option: its linears already are row-invariant).
-            Raises ValueError where the model's attention cannot be switched.
+
+def count_extend(counters: CacheCounters, plan: ExtendPlan) -> None:
+    """A session's pass in the pool's counters (hits, rollbacks, reused and computed tokens)."""
+    counters.hits += plan.reuse > 0
+    counters.misses += plan.reuse == 0
+    counters.rollbacks += plan.rolled_back > 0
+    counters.rolled_back_tokens += plan.rolled_back
+    counters.reused_tokens += plan.reuse
+    counters.computed_tokens += len(plan.new_ids)
+
+
+class Runner(Protocol):
+    """What the engines and services use of a model runner.
+
+    engine: "torch" or "llamacpp" (Info metadata, metrics).
+    pool: the sessions' token bookkeeping (uncached, roll_back, release, counters).
+    vocab_width: rows of the output layer (the logits' width).
+    keep_hidden: whether it can return each session's final hidden states (feature drafts).
+    batching: whether `extend_batch` takes several sessions in one pass.
+    device: where the logits are computed ("cpu", "cuda:0").
     """
 
-    def __init__(self, model: Any, pool: KVCachePool, batching: bool = False, keep_hidden: bool = False,
-                 row_invariant: bool = False) -> None:
-        self.model = model
-        self.pool = pool
-        self.keep_hidden = keep_hidden
-        self._captured: list[torch.Tensor] = []
-        if keep_hidden:
-            norm = getattr(getattr(model, "model", None), "norm", None)
-            if norm is None:
-                raise ValueError(f"{type(model).__name__} has no model.norm: cannot keep its hidden states")
-            norm.register_forward_hook(lambda _m, _i, out: self._captured.append(out.detach()))
-        # Batched forwards need the model's attention switched to the ragged implementation.
-        self.row_invariant = row_invariant
-        if row_invariant and not enable_ragged(model, row_invariant=True):
-            raise ValueError(f"{type(model).__name__}: attention cannot be switched to row-invariant attention")
-        # Switched whether or not it batches: its single-session path is GQA-aware SDPA (ragged.plain_attention).
-        ragged = row_invariant or enable_ragged(model)
-        self.batching = batching and ragged
-        self.device = next(model.parameters()).device
-        self._cache_arg = cache_argument(model)
+    engine: str
+    pool: KVCachePool
+    vocab_width: int
+    keep_hidden: bool
+    batching: bool
+    device: Any
 
-    @torch.inference_mode()
     def extend(self, session_id: str, ids: Sequence[int], first: int, hashes: PrefixHashes | None = None,
                hidden: bool = True) -> ForwardResult:
-        """Make the session's cache cover `ids`; return logits of positions first..len(ids)-1.
+        """Make the session's cache cover `ids`; return logits of positions first..len(ids)-1."""
+        ...
 
-        The longest common prefix with the cached tokens is reused, but never past
-        `first` (its logits must be computed); the rest is truncated (rollback). `hashes` (prefix
-        hashes covering at least `ids`) find that prefix without comparing the whole context.
-        On any error the session's cache is dropped, so it can never be left half-updated.
-        """
-        return self.extend_batch([ExtendItem(session_id, ids, first, hashes, hidden)])[0]
-
-    @torch.inference_mode()
-    def extend_batch(self, items: Sequence["ExtendItem"]) -> list[ForwardResult]:
-        """`extend` for several distinct sessions in ONE forward pass (continuous batching).
-
-        One item runs the plain path; several are packed into one sequence with
-        per-session attention (specdec/engine/ragged.py), which needs `batching`.
-        Making room for a later item may evict an earlier one's cache from the pool:
-        that session is still computed correctly and simply misses next time.
-        """
-        if len({item.session_id for item in items}) != len(items):
-            raise ValueError("a batch holds each session at most once")
-        if len(items) > 1 and not self.batching:
-            raise ValueError("this model was not switched to ragged attention: batches of one only")
-        plans = [self._plan(item) for item in items]
-        try:
-            start = time.perf_counter()
-            self._captured.clear()
-            logits = self._forward_plans(plans)
-            elapsed = (time.perf_counter() - start) * MS_PER_S
-            self._store_hidden(plans)
-        except BaseException:
-            for item in items:
-                self.pool.release(item.session_id)
-            raise
-        results, pass_tokens = [], sum(len(plan.new_ids) for plan in plans)
-        for plan, rows in zip(plans, logits):
-            plan.kv.extend_tokens(plan.item.ids, plan.item.hashes)
-            self._count(plan.reuse, len(plan.new_ids), plan.rolled_back)
-            results.append(ForwardResult(rows, plan.reuse, len(plan.new_ids), plan.rolled_back, elapsed, len(items),
-                                         pass_tokens, plan.kv.hidden))
-        return results
-
-    def _store_hidden(self, plans: list["_Plan"]) -> None:
-        """Append each session's new hidden rows (captured at the final norm) to its SessionKV.hidden."""
-        if not self.keep_hidden:
-            return
-        rows = self._captured[-1][0]                                        # [sum of new tokens, H]
-        self._captured.clear()
-        starts = itertools.accumulate((len(p.new_ids) for p in plans), initial=0)
-        for plan, start in zip(plans, starts):
-            if not keeps_hidden(plan.item, plan.kv):
-                continue
-            new = rows[start:start + len(plan.new_ids)]                     # [its new tokens, H]
-            kv = plan.kv
-            if kv.hidden is None or kv.hidden.shape[0] != plan.reuse:  # nothing (consistent) kept
-                kv.hidden = None
-                if plan.reuse:
-                    continue                     # rows of the reused prefix are missing: keep none
-            kv.append_hidden(new)
-
-    def _plan(self, item: "ExtendItem") -> "_Plan":
-        """Acquire the session's cache (an empty one starts from another session's shared prefix,
-        KVCachePool.share_prefix), keep the longest common prefix (never past `first`), roll back the rest."""
-        ids, first = item.ids, item.first
-        if not 0 <= first < len(ids):
-            raise ValueError(f"first={first} outside the {len(ids)} tokens")
-        kv = self.pool.acquire(item.session_id, len(ids))
-        if not len(kv):                 # a new (or evicted) session: start from another's prefix where one shares it
-            self.pool.share_prefix(item.session_id, kv, ids, first, self.keep_hidden and item.hidden, item.hashes)
-        reuse = min(kv.common_prefix(ids, item.hashes), first)
-        if self.keep_hidden and keeps_hidden(item, kv):   # rows for the whole reused prefix, or recompute it
-            reuse = min(reuse, 0 if kv.hidden is None else kv.hidden.shape[0])
-        try:
-            rolled_back = kv.truncate(reuse)
-        except BaseException:
-            self.pool.release(item.session_id)
-            raise
-        return _Plan(item, kv, reuse, rolled_back, list(ids[reuse:]))
-
-    def _forward_plans(self, plans: list["_Plan"]) -> list[torch.Tensor]:
-        if len(plans) == 1 and not self.row_invariant:
-            p = plans[0]
-            return [self._forward(p.kv.cache, p.new_ids, p.reuse, p.keep)]
-        return self._forward_packed(plans)
-
-    def _forward(self, cache: Any, new_ids: list[int], past: int, keep: int) -> torch.Tensor:
-        input_ids = torch.tensor([new_ids], dtype=torch.long, device=self.device)  # [1, t]
-        positions = torch.arange(past, past + len(new_ids), device=self.device).unsqueeze(0)  # [1, t]
-        out = self.model(input_ids=input_ids, position_ids=positions, use_cache=True, logits_to_keep=keep,
-                         **{self._cache_arg: cache})
-        return out.logits[0, -keep:].float().cpu()  # [keep, V]
-
-    def _forward_packed(self, plans: list["_Plan"]) -> list[torch.Tensor]:
-        ids, positions, mask = packed_inputs([p.new_ids for p in plans], [p.reuse for p in plans], self.device)
-        cache = RaggedCache([p.kv.cache for p in plans], [len(p.new_ids) for p in plans],
-                            [p.keep for p in plans] if self.row_invariant else None)
-        groups = RowGroups(tuple(s for s, _ in cache.spans), tuple(e for _, e in cache.spans),
-                           tuple(p.keep for p in plans))
-        with row_groups(groups) if self.row_invariant else contextlib.nullcontext():
-            out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
-                             logits_to_keep=groups.returned.to(self.device), **{self._cache_arg: cache})
-        rows = out.logits[0].float().cpu()  # [sum of keep, V]
-        return list(torch.split(rows, [p.keep for p in plans]))
-
-    def _count(self, reused: int, computed: int, rolled_back: int) -> None:
-        c = self.pool.counters
-        c.hits += reused > 0
-        c.misses += reused == 0
-        c.rollbacks += rolled_back > 0
-        c.rolled_back_tokens += rolled_back
-        c.reused_tokens += reused
-        c.computed_tokens += computed
+    def extend_batch(self, items: Sequence[ExtendItem]) -> list[ForwardResult]:
+        """`extend` for several distinct sessions in ONE forward pass (continuous batching)."""
+        ...

@@ -12,7 +12,7 @@ from specdec.core.sampling import (
     token_counts,
 )
 from specdec.engine.checks import check_lengths, check_token_ids
-from specdec.engine.runner import CausalLMRunner, ExtendItem, ForwardResult
+from specdec.engine.runner import ExtendItem, ForwardResult, Runner
 from specdec.engine.types import (
     ComputeStatsData, HiddenRows, SparseDist, TokenLogprobData, VerifyInput, VerifyOutput, prefilled_after,
 )
@@ -30,12 +30,12 @@ class TargetEngine:
             over several rounds beyond that).
     """
 
-    def __init__(self, runner: CausalLMRunner, max_context: int, max_k: int, max_hidden_rows: int = 0) -> None:
+    def __init__(self, runner: Runner, max_context: int, max_k: int, max_hidden_rows: int = 0) -> None:
         self.runner = runner
         self.max_context = max_context
         self.max_k = max_k
         self.max_hidden_rows = max_hidden_rows
-        self.width = runner.model.get_output_embeddings().weight.shape[0]
+        self.width = runner.vocab_width
 
     def work_tokens(self, inp: VerifyInput) -> int:
         """Tokens a verify of `inp` would run through the model (what its cache does not cover)."""

@@ -45,6 +45,7 @@ log = logging.getLogger("specdec.server")
 WORKER_METADATA_PREFIX = "specdec-worker-"
 KERNEL_METADATA_KEY = "specdec-linear-kernels"
 KERNEL_SOURCE_KEY = "specdec-linear-kernels-source"
+ENGINE_METADATA_KEY = "specdec-engine"     # "torch" or "llamacpp;cpu=haswell,threads=2,kv=8192"
 
 
 def worker_metadata(state: WorkerState) -> tuple[tuple[str, str], ...]:
@@ -98,7 +99,9 @@ class ModelServiceBase:
 
     async def Info(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ModelInfo:
         bundle = self.loaded()
-        context.set_trailing_metadata(worker_metadata(self.worker.state) + kernel_metadata(bundle.kernels))
+        engine = ";".join(filter(None, (bundle.engine, bundle.engine_detail)))
+        context.set_trailing_metadata(worker_metadata(self.worker.state) + kernel_metadata(bundle.kernels)
+                                      + ((ENGINE_METADATA_KEY, engine),))
         return common_pb2.ModelInfo(protocol_version=PROTOCOL_VERSION, role=self.role, **bundle.info,
                                     context_delta=self.context_store_tokens > 0,
                                     context_store_tokens=self.context_store_tokens, round_streams=True,

@@ -23,7 +23,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specdec.core.sampling import SamplingConfig, logits_to_probs
 from specdec.engine.draft import ModelDraft, NgramDraft
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
-from specdec.engine.runner import CausalLMRunner
+from specdec.engine.torch_runner import CausalLMRunner
 from specdec.engine.target import TargetEngine
 from specdec.engine.types import ProposeInput, SparseDist, VerifyInput
 from specdec.params import resolve_sampling

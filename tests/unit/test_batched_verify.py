@@ -8,7 +8,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from specdec.core.sampling import SamplingConfig
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
-from specdec.engine.runner import CausalLMRunner, ExtendItem
+from specdec.engine.runner import ExtendItem
+from specdec.engine.torch_runner import CausalLMRunner
 from specdec.engine.target import TargetEngine
 from specdec.engine.types import VerifyInput
 from specdec.errors import InvalidArgument, ResourceExhausted

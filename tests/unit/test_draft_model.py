@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
-from specdec.engine.runner import CausalLMRunner
+from specdec.engine.torch_runner import CausalLMRunner
 from specdec.models.draft_format import DRAFT_CONFIG, HEAD_KEY, WEIGHTS, is_draft_dir
 from specdec.models.draft_model import assemble, build_draft, save_draft
 from specdec.models.tiny import build_tiny_causal_lm

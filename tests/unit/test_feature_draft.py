@@ -12,7 +12,8 @@ from specdec.core.sampling import SamplingConfig
 from specdec.distill.feature_train import unrolled_features
 from specdec.engine.feature import FeatureDraft
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
-from specdec.engine.runner import CausalLMRunner, ExtendItem
+from specdec.engine.runner import ExtendItem
+from specdec.engine.torch_runner import CausalLMRunner
 from specdec.engine.target import TargetEngine
 from specdec.engine.types import HiddenRows, ProposeInput, VerifyInput
 from specdec.errors import InvalidArgument

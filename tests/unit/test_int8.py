@@ -10,7 +10,7 @@ from torch import nn
 from tests.tiny_llama import tiny_llama, tiny_runner
 from specdec.config import ModelServiceConfig
 from specdec.engine.loading import load_target
-from specdec.engine.runner import CausalLMRunner
+from specdec.engine.torch_runner import CausalLMRunner
 from tests.support import make_tiny_pair
 from specdec.models.int8 import Int8Linear, int8_available, quantize_linears, wants_int8
 

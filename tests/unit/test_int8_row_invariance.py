@@ -10,7 +10,8 @@ import torch
 
 from specdec.config import ModelServiceConfig
 from specdec.engine.loading import load_target, wants_row_invariant
-from specdec.engine.runner import CausalLMRunner, ExtendItem
+from specdec.engine.runner import ExtendItem
+from specdec.engine.torch_runner import CausalLMRunner
 from specdec.models.int4 import int4_available
 from specdec.models.int8 import int8_available
 from tests.support import make_tiny_pair

@@ -9,10 +9,11 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from specdec.engine.kvcache import (
-    GrowingLayer, KVCachePool, SessionKV, UnsupportedCacheError, common_prefix_len, kv_bytes_per_token,
-    new_session_cache,
+    KVCachePool, SessionKV, UnsupportedCacheError, common_prefix_len, kv_bytes_per_token,
 )
-from specdec.engine.runner import CausalLMRunner, ExtendItem
+from specdec.engine.growing_layer import GrowingLayer, new_session_cache
+from specdec.engine.runner import ExtendItem
+from specdec.engine.torch_runner import CausalLMRunner
 from specdec.errors import ResourceExhausted
 from tests.support import TINY_LLAMA_VOCAB, full_logits, tiny_llama
 
@@ -232,10 +233,10 @@ def test_cpu_attention_never_copies_grouped_heads_and_matches_transformers(model
 
 def test_runner_logits_do_not_depend_on_the_cache_layer_kind(model, monkeypatch):
     """Decode steps and verify passes with rollbacks give the same logits on GrowingLayers as on DynamicLayers."""
-    import specdec.engine.kvcache as kvcache
+    import specdec.engine.torch_cache as torch_cache
 
     def run(factory):
-        monkeypatch.setattr(kvcache, "new_session_cache", factory)
+        monkeypatch.setattr(torch_cache, "new_session_cache", factory)
         runner, ids, out = runner_for(model), list(range(1, 30)), []
         out.append(runner.extend("s", ids, first=len(ids) - 1).logits)
         for step in range(6):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from specdec.engine.kvcache import KVCachePool, common_prefix_len, kv_bytes_per_token
-from specdec.engine.runner import CausalLMRunner, ExtendItem
+from specdec.engine.runner import ExtendItem
+from specdec.engine.torch_runner import CausalLMRunner
 from tests.support import full_logits, tiny_llama
 
 SYSTEM = [7, 3, 9, 12, 5, 5, 1, 30, 31, 2, 8, 8, 14, 60, 61, 17, 4, 4, 22, 23]   # a shared "system prompt"
