@@ -47,6 +47,10 @@ for dir in ${BUILD_WHEELHOUSE-$(pip_config find-links)}; do
     [ -e "$wheel" ] && { ln -f "$wheel" "$EXTRA/wheels/" 2>/dev/null || cp "$wheel" "$EXTRA/wheels/"; }
   done
 done
+# llama.cpp's engine: the portable llama-cpp-python wheel (scripts/build_llamacpp.sh, cached per machine) goes into
+# the wheelhouse, so the image's pip installs it instead of building llama.cpp natively from the sdist.
+llama_wheel="$(scripts/build_llamacpp.sh)"
+cp "$llama_wheel" "$EXTRA/wheels/"
 echo "build_images: base $BASE_IMAGE, CA bundle ${ca:-none}, wheels: $(ls "$EXTRA/wheels" | wc -l)"
 
 args=(--build-arg "PYTHON_IMAGE=$BASE_IMAGE"

@@ -60,7 +60,7 @@ build_server() {  # llama.cpp's own server, same sources and variants: bin/llama
     log "building llama-server (CPU variants: $VARIANTS) into $dest"
     cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON \
         -DGGML_CPU_ALL_VARIANTS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_CCACHE=OFF >&2
+        -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_CCACHE=OFF -DCMAKE_BUILD_RPATH='$ORIGIN' >&2
     cmake --build "$work/build" --target llama-server -j "$JOBS" >&2
     mkdir -p "$dest" && cp -r "$work/build/bin" "$dest/"
     echo "$dest/bin/llama-server"

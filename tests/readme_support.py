@@ -29,6 +29,8 @@ MEASURE_COLUMNS = {"tok/s": "tokens_per_s", "× our k=0": "speedup", "× HF prom
 TEXT_COLUMNS = ("prompts", "configuration", "JSON", "command", "CPU")
 NOT_APPLICABLE = "–"
 LLAMACPP = "llamacpp"   # the bench's llama.cpp anchor (result["llamacpp"]["tok_s"][set])
+SERVER_CONFIGS = ("server", "server_ngram_simple", "server_ngram_mod")   # llama-server (result["llama_server"])
+ENGINE_LABEL = "llama.cpp "   # a row of our stack on the llama.cpp engine: "llama.cpp Q4_1, n-gram, ..."
 LOAD_KEY = "datasets"   # a `make bench-load` JSON (result["datasets"]["prompts"]["configs"][config][point])
 
 
@@ -100,6 +102,9 @@ def json_value(result: dict[str, Any], prompt_set: str, measure: str, config: st
     if config == LLAMACPP:
         tok_s = result.get(LLAMACPP, {}).get("tok_s", {})
         return tok_s.get(prompt_set) if measure == "tokens_per_s" else None
+    if config in SERVER_CONFIGS:
+        tok_s = result.get("llama_server", {}).get("configs", {}).get(config, {}).get("tok_s", {})
+        return tok_s.get(prompt_set) if measure == "tokens_per_s" else None
     value = result.get(prompt_set, {}).get(measure, {}).get(config)
     if isinstance(value, dict):
         value = value.get("median")
@@ -153,7 +158,8 @@ def _setting_errors(row: dict[str, str], path: str, result: dict[str, Any], wher
     flags = bench_flags(command)
     expect = {
         "--out": (flags.get("--out", "bench/results/latest.json"), path),
-        "--dtype": (flags.get("--dtype", "float32"), settings["dtype"]),
+        # runs from before the engine option ran torch
+        "--engine": (flags.get("--engine", "auto"), settings.get("engine_option", "auto" if "engine" in settings else "torch")),
         "--draft-kind": (flags.get("--draft-kind", "ngram"), settings["draft_kind"]),
         "--no-hf": (bool(flags.get("--no-hf")), "hf_assisted" not in result["grounded"]["tokens_per_s"]),
     }
@@ -168,14 +174,26 @@ def _setting_errors(row: dict[str, str], path: str, result: dict[str, Any], wher
     cpu = f"{machine['cpu_model']}, {machine['cores']} cores"
     if row["CPU"] != cpu:
         errors.append(f"{where}: CPU {row['CPU']!r}, the JSON recorded {cpu!r}")
-    label = row["configuration"]
+    if "--dtype" in flags and flags["--dtype"] != "auto" and flags["--dtype"] != settings["dtype"]:
+        errors.append(f"{where}: command --dtype gives {flags['--dtype']!r}, the JSON recorded {settings['dtype']!r}")
+    errors += _label_errors(row["configuration"], result, where)
+    return errors
+
+
+def _label_errors(label: str, result: dict[str, Any], where: str) -> list[str]:
+    """A row's configuration label against the JSON: the anchors' GGUF, our engine and weights, the adaptive cap."""
+    errors, settings = [], result["settings"]
     dtype = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8", "int4": "int4"}.get(label.split(",")[0])
-    if backticked(label) == [LLAMACPP]:
-        anchor = result.get(LLAMACPP, {})
+    if backticked(label) == [LLAMACPP] or (backticked(label) and backticked(label)[0] in SERVER_CONFIGS):
+        anchor = result.get(LLAMACPP if backticked(label) == [LLAMACPP] else "llama_server", {})
         if anchor.get("gguf", "") not in label:
             errors.append(f"{where}: label {label!r} does not name llama.cpp's GGUF {anchor.get('gguf')!r}")
-    elif dtype != settings["dtype"]:
-        errors.append(f"{where}: label {label!r} does not name the dtype {settings['dtype']}")
+    elif label.startswith(ENGINE_LABEL):
+        weights = label.split(",")[0][len(ENGINE_LABEL):]
+        if settings.get("engine") != "llamacpp" or settings["dtype"] != weights:
+            errors.append(f"{where}: label {label!r}, the JSON ran engine {settings.get('engine')!r} on {settings['dtype']!r}")
+    elif dtype != settings["dtype"] or settings.get("engine", "torch") != "torch":
+        errors.append(f"{where}: label {label!r} does not name the dtype {settings['dtype']} on torch")
     cap = re.search(r"adaptive k ≤ (\d+)", label)
     if cap and int(cap[1]) != settings["adaptive_k_cap"]:
         errors.append(f"{where}: label {label!r}, the JSON's adaptive cap is {settings['adaptive_k_cap']}")

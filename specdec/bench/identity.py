@@ -33,8 +33,12 @@ def top2_gap(hf: Any, prompt_ids: list[int], prefix: list[int]) -> tuple[float, 
     return float(top[0] - top[1]), eps
 
 
-def identity_report(records: list[RunRecord], prompts: list[Prompt], configs: list[Config], hf: Any) -> dict:
-    """Per set and configuration: how many prompts give exactly the tokens of our k = 0 (repeat 0)."""
+def identity_report(records: list[RunRecord], prompts: list[Prompt], configs: list[Config], hf: Any,
+                    gap: Any = None) -> dict:
+    """Per set and configuration: how many prompts give exactly the tokens of our k = 0 (repeat 0). `gap(prompt_ids,
+    prefix)` gives the top-2 logit gap and tie threshold at a difference (default: the in-process HF model's)."""
+    if gap is None and hf is not None:
+        gap = lambda prompt_ids, prefix: top2_gap(hf, prompt_ids, prefix)  # noqa: E731
     by = {(r.set, r.prompt, r.config): r for r in records if r.repeat == 0}
     ids = {(p.set, p.id): p.ids for p in prompts}
     out: dict[str, Any] = {}
@@ -53,9 +57,9 @@ def identity_report(records: list[RunRecord], prompts: list[Prompt], configs: li
                 if pos is None:
                     same += 1
                     continue
-                gap, eps = top2_gap(hf, ids[(set_name, p.id)], ref.tokens[:pos]) if hf is not None else (None, 0.0)
-                diffs.append({"prompt": p.id, "position": pos, "top2_logit_gap": gap, "tie_threshold": eps,
-                              "near_tie": gap is not None and gap <= eps})
+                logit_gap, eps = gap(ids[(set_name, p.id)], ref.tokens[:pos]) if gap is not None else (None, 0.0)
+                diffs.append({"prompt": p.id, "position": pos, "top2_logit_gap": logit_gap, "tie_threshold": eps,
+                              "near_tie": logit_gap is not None and logit_gap <= eps})
             per[cfg.name] = {"identical": same, "prompts": total, "differences": diffs}
         out[set_name] = per
     return out

@@ -1,9 +1,8 @@
 """The CPU user's alternative as an anchor column: llama.cpp (llama-cpp-python) serving the target's
 own GGUF file, target alone, greedy, the same chat prompt ids and token count as our stack.
 
-llama-cpp-python is an optional extra (`pip install llama-cpp-python`, a C++ build from its sdist;
-not in requirements.txt or constraints.txt): without it the bench records why the column is missing
-and goes on. It runs after the stack stopped, with the bench's thread count, in a child process of
+llama-cpp-python is the llama.cpp engine's library (`make install` builds it): without it the bench records why
+the column is missing and goes on. It runs after the stack stopped, with the bench's thread count, in a child process of
 its own: a crash of the native library (seen: SIGSEGV in llama.cpp's AMX matmul on an Intel Xeon VM,
 when built with its default GGML_NATIVE) then costs the column, not the run.
 """
@@ -18,7 +17,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Sequence
 
-INSTALL_HINT = "pip install llama-cpp-python (optional extra; builds llama.cpp from source)"
+INSTALL_HINT = "make install (builds llama-cpp-python portable: scripts/build_llamacpp.sh)"
 # Context window llama.cpp allocates: the longest bench prompt plus the generated tokens fit.
 LLAMACPP_N_CTX = 4096
 
@@ -91,6 +90,9 @@ def _measure(gguf: str, jobs: list[tuple[str, list[int]]], max_new: int, repeats
     """The child process of llamacpp_anchor: load the GGUF, warm up, time every (set, ids) job."""
     import llama_cpp
 
+    from specdec.engine.llamacpp_lib import load_backends
+
+    load_backends(llama_cpp)   # ggml's CPU variants from the package folder (llama.cpp looks beside the executable only)
     llm = llama_cpp.Llama(model_path=gguf, n_threads=threads, n_threads_batch=threads,
                           n_ctx=LLAMACPP_N_CTX, verbose=False)
     _generate(llm, jobs[0][1], min(8, max_new))                            # warm-up
@@ -103,3 +105,56 @@ def _measure(gguf: str, jobs: list[tuple[str, list[int]]], max_new: int, repeats
     return {"version": llama_cpp.__version__, "gguf": Path(gguf).name, "threads": threads, "max_new_tokens": max_new,
             "system_info": system_info.decode(errors="replace").strip(),    # the CPU features it was built with
             "tok_s": {s: statistics.median(v) for s, v in per_set.items()}, "runs": per_set}
+
+
+# A token where our llama.cpp stack and its k = 0 part ways is a near-tie when the target's top-2 logit gap there
+# is below this: one position's logits differ by up to ~1.1 between passes of different row counts (SmolLM2 Q4_1,
+# measured in tests/unit/test_llamacpp_runner.py), so a (k+1)-row verify may pick the other of two tokens that close.
+LLAMACPP_TIE_LOGITS = 1.2
+
+
+class LlamaCppProbe:
+    """The target's GGUF on an in-process llama.cpp runner (the same engine and threads as the target service), for
+    what the bench measures in process after the stack stopped: v(n) and the top-2 gap where tokens differ."""
+
+    def __init__(self, gguf: str, threads: int) -> None:
+        from specdec.engine.llamacpp_runner import LlamaCppRunner, LlamaCppSettings
+
+        self.runner = LlamaCppRunner(gguf, LlamaCppSettings(threads=threads, kv_tokens=LLAMACPP_N_CTX, sessions=2))
+        self.threads = threads
+
+    def describe(self) -> str:
+        return f"llama.cpp {self.runner.file_type} ({self.runner.lib.cpu_variant or 'built-in'} kernels)"
+
+    def verify_costs(self, n_max: int, context_tokens: int = 300, reps: int = 5) -> dict[str, Any]:
+        """v(n) as measure_verify_costs defines it: n new tokens after a warm cache of context_tokens, rolled back
+        after each pass, n interleaved within each repeat, the first repeat dropped; logits on all n rows."""
+        context = [100 + (i * 7919) % 30000 for i in range(context_tokens)]
+        self.runner.extend("v", context, context_tokens - 1)
+        samples: dict[int, list[float]] = {n: [] for n in range(1, n_max + 1)}
+        for rep in range(reps + 1):
+            for n in range(1, n_max + 1):
+                new = [100 + (rep * 31 + n * 17 + j) % 30000 for j in range(n)]
+                fwd = self.runner.extend("v", context + new, context_tokens)   # rolls the last pass back first
+                if rep:
+                    samples[n].append(fwd.forward_ms)
+        self.runner.pool.release("v")
+        ms = {str(n): statistics.median(v) for n, v in samples.items()}
+        return {"context_tokens": context_tokens, "reps": reps, "threads": self.threads, "ms": ms,
+                "ratio": {n: v / ms["1"] for n, v in ms.items()},
+                "spread_ms": {str(n): [min(v), max(v)] for n, v in samples.items()},
+                "kv_bytes_per_token_measured": self.runner.bytes_per_token}
+
+    def top2_gap(self, prompt_ids: list[int], prefix: list[int]) -> tuple[float, float]:
+        """The target's top-2 logit gap after prompt + prefix (a 1-row step, as k = 0 ran it) and the tie threshold."""
+        import torch
+
+        ids = list(prompt_ids) + list(prefix)
+        logits = self.runner.extend("gap", ids, len(ids) - 1).logits[0]
+        self.runner.pool.release("gap")
+        top = torch.topk(logits, 2).values
+        return float(top[0] - top[1]), LLAMACPP_TIE_LOGITS
+
+    def close(self) -> None:
+        self.runner.close()
+

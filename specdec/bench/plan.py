@@ -160,7 +160,11 @@ class BenchArgs:
     verify_context: int = VERIFY_CONTEXT_TOKENS
     verify_reps: int = 7
     quick: bool = False
-    dtype: str = "float32"                # of the target (and model draft) in the services and in HF
+    dtype: str = "auto"                   # of the target (and model draft) in the services and in HF (auto: the
+                                          # services' default, HF in float32)
+    engine: str = "auto"                  # the model services' runner (auto: llama.cpp for a GGUF on CPU)
+    with_llama_server: bool = True        # llama.cpp's own server (skipped with a note when no binary is found)
+    llama_server: str = ""                # its binary ("": found by specdec.bench.llama_server.find_binary)
     progress: bool = True
     prompts_dir: str = str(PROMPTS_DIR)
     overlap_ks: list[int] = field(default_factory=list)   # overlapped twins of these fixed k

@@ -293,7 +293,7 @@ def table(result: dict[str, Any]) -> str:
     if load and load[0] > 0.5 * (m.get("usable_cores") or 1):
         lines.append(f"WARNING: the machine was busy (1-minute load average {load[0]:.1f} at the start on "
                      f"{m.get('usable_cores')} cores): timings are not representative")
-    lines.append(f"target {st['target_model_id']} ({st['dtype']}), draft {st['draft_kind']}, threads "
+    lines.append(f"target {st['target_model_id']} ({st.get('engine', 'torch')}, {st['dtype']}), draft {st['draft_kind']}, threads "
                  f"{st['threads']['target_service']}, {st['max_new_tokens']} new tokens, {st['repeats']} repeat(s), "
                  f"greedy, ignore_eos; HF assisted: {result['hf_settings']}")
     cols = [("config", 26), ("mean k", 6), ("tok/s", 20), ("speedup", 18), ("vs HF(d)", 9), ("accept", 7), ("MAL", 5),
@@ -327,10 +327,12 @@ def table(result: dict[str, Any]) -> str:
             tie = f", near-tie (<= {d.get('tie_threshold', 0):.4g})" if d["near_tie"] else ""
             lines.append(f"  token difference: {n} on {d['prompt']} at position {d['position']} "
                          f"(top-2 logit gap {_fmt(d['top2_logit_gap'], 6)}{tie})")
+    from specdec.bench.llama_server import server_lines
     from specdec.bench.llamacpp import anchor_lines
 
     lines += overlap_report.lines(result)
     lines += anchor_lines(result)
+    lines += server_lines(result)
     mem = result["memory"]
     lines.append("")
     lines.append("peak RSS: " + ", ".join(f"{k} {_mb(v)}" for k, v in mem["peak_rss_bytes"].items())

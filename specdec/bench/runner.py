@@ -56,10 +56,14 @@ def run(args: BenchArgs) -> dict[str, Any]:
     prompts = load_prompts(args.prompts, args.prompts_per_set, Path(args.prompts_dir))
     hf, hf_settings, configs = _load_hf(args, prompts, configs, phases)
     records, rss, stats_error = _measure_stack(args, hf, prompts, configs, phases)
-    verify_hf, verify, layout, c = _measure_verify_costs(args, hf, phases)
+    probe = _engine_probe(args)
+    verify_hf, verify, layout, c = _measure_verify_costs(args, hf, phases, probe)
     rss["bench (HF in-process)"] = peak_rss_bytes(os.getpid())
-    identity = identity_report(records, prompts, configs, hf)
+    identity = identity_report(records, prompts, configs, hf, probe.top2_gap if probe is not None else None)
     settings = _settings(args, prompts, configs, hf, adaptive_cap, layout)
+    settings["engine"], settings["engine_option"] = ("llamacpp" if probe is not None else "torch"), args.engine
+    if probe is not None:   # the target's weights as served (HF's own anchors keep hf_dtype)
+        settings["dtype"], settings["hf_dtype"] = probe.runner.file_type, hf.dtype
     settings["generations"] = {"measured": len(records), "planned": args.repeats * len(prompts) * len(configs)}
     result = report.build(records, configs, prompts, settings=settings, machine=machine,
                           hf_settings=hf_settings.record(), verify=verify, draft_step_cost=c,
@@ -77,6 +81,16 @@ def run(args: BenchArgs) -> dict[str, Any]:
         result["llamacpp"] = llamacpp_anchor(args.target_model, prompts, args.max_new_tokens, args.repeats,
                                              args.threads)
         phases["llamacpp_s"] = time.perf_counter() - t0
+    if args.with_llama_server:
+        t0 = time.perf_counter()
+        result["llama_server"] = _llama_server(args, prompts)
+        phases["llama_server_s"] = time.perf_counter() - t0
+        from specdec.bench.llama_server import server_identity
+
+        result["identity_vs_llama_server"] = server_identity(records, prompts, result["llama_server"],
+                                                             probe.top2_gap if probe is not None else None)
+    if probe is not None:
+        probe.close()
     phases["total_s"] = time.perf_counter() - t_start
     result["runtime_s"] = {k: round(v, 1) for k, v in phases.items()}
     return result
@@ -91,7 +105,7 @@ def _load_hf(args: BenchArgs, prompts: list[Prompt], configs: list[Config],
     hf_settings = HFSettings(draft_kind=args.draft_kind, prompt_lookup_num_tokens=args.hf_lookup_tokens,
                              max_matching_ngram_size=args.hf_ngram_size, assistant_model=args.draft_model)
     t0 = time.perf_counter()
-    hf = HFBaselines(args.target_model, args.threads, hf_settings, args.dtype)
+    hf = HFBaselines(args.target_model, args.threads, hf_settings, "float32" if args.dtype == "auto" else args.dtype)
     if not hf.can_assist:  # HF has no assisted generation with a feature (EAGLE-style) draft
         configs = [c for c in configs if c.name != HF_ASSISTED]
     for p in prompts:
@@ -110,7 +124,8 @@ def _measure_stack(args: BenchArgs, hf: Any, prompts: list[Prompt], configs: lis
 
     hop_env = {"SPECDEC_HOP_DELAY_MS": str(args.hop_delay_ms)} if args.hop_delay_ms > 0 else {}
     stack = LocalStack(StackConfig(target_model=args.target_model, draft_kind=args.draft_kind,
-                                   draft_model=args.draft_model, threads=args.threads, dtype=args.dtype,
+                                   draft_model=args.draft_model, threads=args.threads,
+                                   dtype="" if args.dtype == "auto" else args.dtype, engine=args.engine,
                                    extra_env=hop_env))
     records: list[RunRecord] = []
     t0 = time.perf_counter()
@@ -170,9 +185,37 @@ def interleave_sets(prompts: list[Prompt]) -> list[Prompt]:
     return [col[i] for i in range(max(map(len, columns), default=0)) for col in columns if i < len(col)]
 
 
-def _measure_verify_costs(args: BenchArgs, hf: Any, phases: dict[str, float]) -> tuple[dict, dict, str, float]:
-    """v(n) in process after the stack stopped: HF's layout, the services' layout, and the draft's
-    step cost c relative to the target as served. Returns (verify_hf, verify, layout, c)."""
+def _engine_probe(args: BenchArgs) -> Any:
+    """The target's GGUF on an in-process llama.cpp runner where the target service ran llama.cpp, else None."""
+    from specdec.config import ModelServiceConfig
+    from specdec.engine.loading import choose_engine
+
+    cfg = ModelServiceConfig(role="target", model=args.target_model, engine=args.engine,
+                             dtype="auto" if args.dtype == "auto" else args.dtype)
+    if choose_engine(cfg) != "llamacpp":
+        return None
+    from specdec.bench.llamacpp import LlamaCppProbe, target_gguf
+
+    return LlamaCppProbe(str(target_gguf(args.target_model)), args.threads)
+
+
+def _llama_server(args: BenchArgs, prompts: list[Prompt]) -> dict[str, Any]:
+    """llama.cpp's own server on the target's GGUF (specdec/bench/llama_server.py), or why not."""
+    from specdec.bench.llama_server import llama_server_anchor
+    from specdec.bench.llamacpp import target_gguf
+
+    gguf = target_gguf(args.target_model)
+    if gguf is None:
+        return {"skipped": f"the target {args.target_model!r} is not a GGUF file"}
+    return llama_server_anchor(str(gguf), prompts, args.max_new_tokens, args.repeats, args.threads,
+                               args.llama_server)
+
+
+def _measure_verify_costs(args: BenchArgs, hf: Any, phases: dict[str, float],
+                          probe: Any = None) -> tuple[dict, dict, str, float]:
+    """v(n) in process after the stack stopped: HF's layout, the services' layout (or engine: `probe`, the
+    llama.cpp runner), and the draft's step cost c relative to the target as served.
+    Returns (verify_hf, verify, layout, c)."""
     from tqdm import tqdm
 
     from specdec.params import DEFAULTS
@@ -182,7 +225,10 @@ def _measure_verify_costs(args: BenchArgs, hf: Any, phases: dict[str, float]) ->
     n_max = max(list(args.ks) + [default_k]) + 1
     with tqdm(total=1, desc="verify cost v(n)", disable=not args.progress, file=sys.stderr) as bar:
         verify_hf = hf.verify_costs(n_max, args.verify_context, args.verify_reps)
-        verify, layout = _services_verify_costs(hf, verify_hf, n_max, args)
+        if probe is not None:
+            verify, layout = probe.verify_costs(n_max, args.verify_context, args.verify_reps), probe.describe()
+        else:
+            verify, layout = _services_verify_costs(hf, verify_hf, n_max, args)
         c = hf.draft_step_cost(args.verify_context, args.verify_reps)
         bar.update()
     phases["verify_cost_s"] = time.perf_counter() - t0
@@ -280,10 +326,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target-model", default="embedded")
     p.add_argument("--draft-kind", choices=["ngram", "model", "combined"], default="ngram")
     p.add_argument("--draft-model", default="")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8", "int4"],
-                   help="weights of the target (and a model draft), in the services and in HF alike "
-                        "(int8: torch's int8 linears, specdec/models/int8.py; int4: its weight-only int4 "
-                        "GEMM with bf16 activations, specdec/models/int4.py)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8", "int4"],
+                   help="weights of the target (and a model draft), in the services and in HF alike (auto: the "
+                        "services' default: the GGUF's own on llama.cpp, HF in float32; int8: torch's int8 linears, "
+                        "specdec/models/int8.py; int4: its weight-only int4 GEMM with bf16 activations)")
+    p.add_argument("--engine", default="auto", choices=["auto", "torch", "llamacpp"],
+                   help="the model services' runner (auto: llama.cpp for a GGUF on CPU with --dtype auto)")
+    p.add_argument("--llama-server", default="", metavar="PATH",
+                   help="llama.cpp's server binary for its anchor columns (default: the one `make llama-server` built)")
+    p.add_argument("--no-llama-server", action="store_true", help="skip the llama-server anchor columns")
     p.add_argument("--hf-lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
     p.add_argument("--hf-ngram-size", type=int, default=2, help="HF max_matching_ngram_size")
     p.add_argument("--no-llamacpp", action="store_true",
@@ -331,7 +382,8 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
         draft_model=ns.draft_model, hf_lookup_tokens=ns.hf_lookup_tokens, hf_ngram_size=ns.hf_ngram_size,
         with_hf=not ns.no_hf, with_llamacpp=not ns.no_llamacpp, verify_reps=QUICK["verify_reps"] if quick else 7, quick=quick,
         progress=not ns.no_progress, prompts_dir=ns.prompts_dir, with_adaptive=not ns.no_adaptive,
-        adaptive_cap=ns.adaptive_cap, dtype=ns.dtype, overlap_ks=overlap_ks,
+        adaptive_cap=ns.adaptive_cap, dtype=ns.dtype, engine=ns.engine, with_llama_server=not ns.no_llama_server,
+        llama_server=ns.llama_server, overlap_ks=overlap_ks,
         overlap_adaptive=overlap_adaptive, overlap_branches=ns.overlap_branches, hop_delay_ms=ns.hop_delay_ms,
         time_budget_s=ns.time_budget)
 

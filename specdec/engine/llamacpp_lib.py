@@ -40,7 +40,7 @@ class LlamaCppLib:
         self.llama_batch = module.llama_batch
         self._log_callback = module.llama_log_callback(_log_line)   # kept: llama.cpp calls it for the process
         module.llama_log_set(self._log_callback, ctypes.c_void_p(0))
-        self.cpu_variant = _load_backends(Path(module.__file__).parent / "lib")
+        self.cpu_variant = load_backends(module)
         module.llama_backend_init()
 
     def load_model(self, path: str) -> Any:
@@ -131,6 +131,15 @@ def _log_line(level: int, text: bytes, _user_data: Any) -> None:
         line = text.decode("utf-8", "replace").rstrip()
         if line:
             LLAMA_LOG.log(GGML_LOG_LEVELS.get(level, logging.DEBUG), "%s", line)
+
+
+def load_backends(module: Any) -> str:
+    """Load ggml's CPU variants from the folder of the llama_cpp package `module` (see _load_backends); nothing
+    where that package carries no ggml library of its own."""
+    lib_dir = Path(module.__file__).parent / "lib"
+    if not _mapped("libggml.so") and not (lib_dir / "libggml.so").exists():
+        return ""
+    return _load_backends(lib_dir)
 
 
 def _load_backends(lib_dir: Path) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
 import os
 import time
@@ -143,6 +145,15 @@ def choose_engine(cfg: ModelServiceConfig) -> str:
     return "llamacpp" if gguf and on_cpu and available() else "torch"
 
 
+def release_free_memory() -> None:
+    """Give freed heap back to the system (glibc's malloc_trim; a no-op elsewhere)."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _load_llamacpp(cfg: ModelServiceConfig) -> tuple[Any, dict[str, Any], float]:
     """A GGUF model on the llama.cpp runner, its tokenizer read from the GGUF: (runner, info, load seconds)."""
     from specdec.engine.llamacpp_runner import LlamaCppRunner, LlamaCppSettings
@@ -156,6 +167,10 @@ def _load_llamacpp(cfg: ModelServiceConfig) -> tuple[Any, dict[str, Any], float]
     load_cfg = load_config("cpu", "auto", cfg.cache_dir, cfg.offline)
     path, _ = resolve_gguf_file(spec, load_cfg)
     tokenizer = load_tokenizer(spec, load_cfg)
+    tok = describe_tokenizer(tokenizer)
+    eos = eos_token_ids(None, tokenizer)
+    del tokenizer
+    release_free_memory()   # the GGUF tokenizer's parse leaves ~40 MB of freed heap (SmolLM2) in malloc's arenas
     torch.set_num_threads(1)   # torch only runs the accept rule here: no OpenMP team beside ggml's
     ll = cfg.llamacpp
     settings = LlamaCppSettings(
@@ -163,10 +178,9 @@ def _load_llamacpp(cfg: ModelServiceConfig) -> tuple[Any, dict[str, Any], float]
         budget_bytes=cfg.cache_budget_bytes, sessions=ll.sessions, batch_tokens=ll.batch_tokens,
         ubatch_tokens=ll.ubatch_tokens, flash_attn=ll.flash_attn, share_min_tokens=cfg.prefix_share_min_tokens)
     runner = LlamaCppRunner(path, settings)
-    tok = describe_tokenizer(tokenizer)
     info = dict(
         model_id=cfg.model, vocab_size=tok.vocab_size, logits_width=runner.vocab_width,
-        tokenizer_fingerprint=tok.fingerprint, eos_token_ids=eos_token_ids(None, tokenizer),
+        tokenizer_fingerprint=tok.fingerprint, eos_token_ids=eos,
         max_context=runner.max_context, special_tokens=tok.special_tokens, device="cpu", dtype=runner.file_type,
         hidden_size=runner.hidden_size, cache_budget_bytes=runner.pool.budget_bytes, max_k=cfg.max_k,
     )

@@ -63,7 +63,9 @@ def test_bench_quick_writes_json_and_plot(tmp_path: Path) -> None:
     assert result["memory"]["kv_bytes_per_token"]["target"] > 0
     assert result["verify_cost"]["ratio"]["1"] == pytest.approx(1.0)
     assert set(result["verify_cost"]["ratio"]) >= {"1", "5"}
-    # the bound uses v(n) of the target as served (the CPU kernels chosen at load), HF's beside it
-    assert "1 rows:" in result["settings"]["target_weight_layout"]
+    # the bound uses v(n) of the target as served (the default engine: llama.cpp on the GGUF), HF's beside it
+    assert result["settings"]["engine"] == "llamacpp"
+    assert result["settings"]["target_weight_layout"].startswith("llama.cpp Q4_1")
+    assert result["settings"]["dtype"] == "Q4_1" and result["settings"]["hf_dtype"] == "float32"
     if "verify_cost_hf_layout" in result:
         assert result["verify_cost_hf_layout"]["ratio"]["1"] == pytest.approx(1.0)

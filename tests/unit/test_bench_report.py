@@ -115,7 +115,7 @@ def test_the_llamacpp_column_is_skipped_with_a_note_or_set_beside_ours(monkeypat
     monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (
         (_ for _ in ()).throw(ImportError(name)) if name == "llama_cpp" else real_import(name, *a, **k)))
     skipped = llamacpp_anchor("embedded", [], 8, 1, 2)
-    assert "not installed" in skipped["skipped"] and "pip install llama-cpp-python" in skipped["skipped"]
+    assert "not installed" in skipped["skipped"] and "make install" in skipped["skipped"]
     assert "skipped" in anchor_lines({"llamacpp": skipped})[1]
     result = {"llamacpp": {"version": "0.3", "gguf": "x.gguf", "threads": 2, "tok_s": {"grounded": 40.0}},
               "grounded": {"tokens_per_s": {"k0": {"median": 30.0}, "adaptive": {"median": 50.0},

@@ -22,7 +22,7 @@ from tests.deploy_support import REPO, compose_config, render
 SERVICES = ("draft", "target", "orchestrator", "gateway")
 CLUSTER_HOST = re.compile(r"([a-z0-9-]+?)(?:-headless)?\.specdec(?:\.svc\.cluster\.local)?\b")
 SECRET_KEYS = {"SPECDEC_SERVICE_TOKEN", "SPECDEC_AUTH_TOKENS", "REDIS_PASSWORD"}
-ROLE_KEY = re.compile(r"SPECDEC_(DRAFT|TARGET)_(MODEL|DEVICE|DTYPE|CACHE_BUDGET_BYTES)$")
+ROLE_KEY = re.compile(r"SPECDEC_(DRAFT|TARGET)_(MODEL|DEVICE|DTYPE|ENGINE|CACHE_BUDGET_BYTES)$")
 
 
 def normalise(value: str) -> str:

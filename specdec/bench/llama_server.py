@@ -1,0 +1,181 @@
+"""llama.cpp's own server as the bench's anchor: the target alone and with its draftless speculation, on the
+same GGUF file, threads and prompt ids as our stack, greedy, EOS ignored, timed at the client with prefill.
+
+The binary is optional (`make llama-server` builds it from the sources in llama-cpp-python's sdist,
+scripts/build_llamacpp.sh; or --llama-server PATH): without it the bench records why the columns are missing.
+Each configuration is a fresh server process on a free loopback port; a request sends the prompt as token ids
+to /completion with `cache_prompt: false`, so every run prefills its prompt as ours does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Sequence
+
+from specdec.launcher import free_port
+
+BUILD_HINT = "make llama-server (builds llama.cpp's server from llama-cpp-python's sdist, a few minutes)"
+N_CTX = 4096                 # the longest bench prompt plus its tokens fit
+START_TIMEOUT_S = 120.0
+REQUEST_TIMEOUT_S = 600.0
+# Its speculation without a draft model: the types this llama.cpp offers, each with the settings we found best
+# for short chat answers on 2 cores (a draft of up to 4 tokens behind a 2-3 token match); the best one is kept.
+SPEC_CONFIGS: dict[str, list[str]] = {
+    "server": [],
+    "server_ngram_simple": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2",
+                            "--spec-ngram-simple-size-m", "4"],
+    "server_ngram_mod": ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "2",
+                         "--spec-ngram-mod-n-max", "4"],
+}
+
+
+def find_binary(explicit: str = "") -> Path | None:
+    """--llama-server PATH, $LLAMA_SERVER, the one `make llama-server` built, or llama-server on PATH."""
+    candidates = [explicit, os.environ.get("LLAMA_SERVER", "")]
+    cache = Path(os.environ.get("SPECDEC_WHEEL_CACHE", Path.home() / ".cache" / "specdec" / "wheels"))
+    candidates += sorted((str(p) for p in cache.glob("llama-server-*/bin/llama-server")), reverse=True)
+    candidates.append(shutil.which("llama-server") or "")
+    for c in candidates:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            return Path(c)
+    return None
+
+
+class LlamaServer:
+    """One llama-server process serving `gguf` with `threads` threads and `extra` arguments."""
+
+    def __init__(self, binary: Path, gguf: str, threads: int, extra: Sequence[str], slots: int = 1) -> None:
+        self.port = free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
+        cmd = [str(binary), "-m", gguf, "-t", str(threads), "-tb", str(threads), "-c", str(N_CTX * slots),
+               "-np", str(slots), "--host", "127.0.0.1", "--port", str(self.port), "--no-webui", *extra]
+        libs = os.pathsep.join(filter(None, (str(binary.parent), os.environ.get("LD_LIBRARY_PATH", ""))))
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, "LD_LIBRARY_PATH": libs})   # its libraries lie beside it
+
+    def __enter__(self) -> "LlamaServer":
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited ({self.proc.returncode}); log: {self.log.name}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.2)
+        self.__exit__()
+        raise TimeoutError(f"llama-server did not become healthy in {START_TIMEOUT_S:.0f} s; log: {self.log.name}")
+
+    def __exit__(self, *exc: Any) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        os.unlink(self.log.name)
+
+    def complete(self, ids: Sequence[int], max_new: int) -> tuple[list[int], float]:
+        """Greedy completion of the prompt ids, EOS ignored: (token ids, wall seconds at the client)."""
+        body = json.dumps({"prompt": list(ids), "n_predict": max_new, "ignore_eos": True, "temperature": 0.0,
+                           "top_k": 1, "cache_prompt": False, "return_tokens": True}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", body,
+                                         {"Content-Type": "application/json"})
+        start = time.perf_counter()
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as r:
+            out = json.loads(r.read())
+        return list(out.get("tokens", [])), time.perf_counter() - start
+
+
+def llama_server_anchor(gguf: str, prompts: Sequence[Any], max_new: int, repeats: int, threads: int,
+                        binary: str = "") -> dict[str, Any]:
+    """tok/s of llama-server target alone and with each SPEC_CONFIGS speculation, per prompt set (median over
+    prompts x repeats), with its greedy tokens per prompt (identity against ours), or why it was skipped."""
+    path = find_binary(binary)
+    if path is None:
+        return {"skipped": f"no llama-server binary: {BUILD_HINT}"}
+    result: dict[str, Any] = {"binary": str(path), "gguf": Path(gguf).name, "threads": threads,
+                              "max_new_tokens": max_new, "configs": {}}
+    for name, extra in SPEC_CONFIGS.items():
+        try:
+            with LlamaServer(path, gguf, threads, extra) as server:
+                server.complete(prompts[0].ids, min(8, max_new))                 # warm-up
+                per_set: dict[str, list[float]] = {}
+                tokens: dict[str, list[int]] = {}
+                for _ in range(repeats):
+                    for p in prompts:
+                        got, wall = server.complete(p.ids, max_new)
+                        per_set.setdefault(p.set, []).append(len(got) / wall)
+                        tokens.setdefault(f"{p.set}/{p.id}", got)
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            result["configs"][name] = {"skipped": str(exc)}
+            continue
+        result["configs"][name] = {"args": extra, "tok_s": {s: statistics.median(v) for s, v in per_set.items()},
+                                   "runs": per_set, "tokens": tokens}
+    return result
+
+
+def server_lines(result: dict[str, Any]) -> list[str]:
+    """The table's llama-server lines: each configuration's tok/s per set, and ours against the best of them."""
+    anchor = result.get("llama_server")
+    if not anchor:
+        return []
+    if "skipped" in anchor:
+        return ["", f"llama-server anchor: skipped ({anchor['skipped']})"]
+    lines = ["", f"llama-server ({anchor['gguf']}, {anchor['threads']} threads, greedy, prefill included):"]
+    best: dict[str, float] = {}
+    for name, cfg in anchor["configs"].items():
+        if "skipped" in cfg:
+            lines.append(f"  {name}: skipped ({cfg['skipped']})")
+            continue
+        lines.append(f"  {name}: " + ", ".join(f"{s} {v:.1f} tok/s" for s, v in cfg["tok_s"].items()))
+        for s, v in cfg["tok_s"].items():
+            best[s] = max(best.get(s, 0.0), v)
+    for s, v in best.items():
+        ours = {n: m["median"] if isinstance(m, dict) else m
+                for n, m in result.get(s, {}).get("tokens_per_s", {}).items() if m and not n.startswith("hf")}
+        alone = anchor["configs"].get("server", {}).get("tok_s", {}).get(s)
+        if ours and alone:
+            top = max(ours, key=ours.get)
+            lines.append(f"  {s}: ours k = 0 {ours.get('k0', 0):.1f} ({ours.get('k0', 0) / alone:.2f}x server alone); "
+                         f"ours best {top} {ours[top]:.1f} ({ours[top] / v:.2f}x the best server {v:.1f})")
+    return lines
+
+
+def server_identity(records: Sequence[Any], prompts: Sequence[Any], anchor: dict[str, Any],
+                    gap: Any = None) -> dict[str, Any]:
+    """Our k = 0 (and every configuration) against llama-server's target alone, prompt by prompt (repeat 0):
+    identical, or the first differing position with the target's top-2 logit gap there (`gap(prompt_ids, prefix)`)."""
+    from specdec.bench.identity import first_divergence
+
+    alone = anchor.get("configs", {}).get("server", {}).get("tokens")
+    if not alone:
+        return {}
+    ids = {(p.set, p.id): list(p.ids) for p in prompts}
+    out: dict[str, Any] = {}
+    for r in (r for r in records if r.repeat == 0):
+        theirs = alone.get(f"{r.set}/{r.prompt}")
+        if theirs is None:
+            continue
+        per = out.setdefault(r.config, {"identical": 0, "prompts": 0, "differences": []})
+        per["prompts"] += 1
+        pos = first_divergence(theirs, list(r.tokens))
+        if pos is None:
+            per["identical"] += 1
+            continue
+        logit_gap, eps = gap(ids[(r.set, r.prompt)], theirs[:pos]) if gap is not None else (None, 0.0)
+        per["differences"].append({"prompt": f"{r.set}/{r.prompt}", "position": pos, "top2_logit_gap": logit_gap,
+                                   "tie_threshold": eps, "near_tie": logit_gap is not None and logit_gap <= eps})
+    return out
