@@ -35,7 +35,12 @@ DEFAULTS: dict[str, Any] = {
     "add_generation_prompt": True,
     "create_session": False,
     "resume_offset": 0,
-    "adaptive_k": False,         # true: k is the cap; each round picks k in [0, k] (orchestrator/adaptive.py)
+    # true: k is the cap; each round picks k in [0, k] from the measured costs and acceptance (orchestrator/adaptive.py),
+    # k = 0 among them, so speculation backs off where it does not pay; false: every round drafts k. None (unset):
+    # on for a greedy request that names no k (the default configuration); off when it asks for a k (it gets that
+    # k), and for sampling, whose tokens for a seed depend on each round's k (a timing-priced k would make a seeded
+    # request's output vary from run to run).
+    "adaptive_k": None,
     "max_rounds": 0,             # 0 = no cap beyond max_new_tokens (every round yields >= 1 token)
     "overlap": None,             # None = the orchestrator's default (OverlapConfig.enabled; docs/overlap.md)
     "overlap_branches": None,    # None = the orchestrator's default (OverlapConfig.branches)
@@ -123,10 +128,13 @@ def resolve_generation(request: Any, limits: Limits) -> GenerationParams:
         raise InvalidArgument(f"max_rounds must be >= 0 (0 = no cap), got {max_rounds}")
     if branches is not None and branches > limits.max_k:
         raise InvalidArgument(f"overlap_branches must be in [0, {limits.max_k}] (positions of a block), got {branches}")
+    sampling = resolve_sampling(request.sampling if request.HasField("sampling") else None)
+    adaptive = get("adaptive_k")
+    if adaptive is None:
+        adaptive = not request.HasField("k") and sampling.greedy
     return GenerationParams(
-        max_rounds=max_rounds, adaptive_k=get("adaptive_k"), overlap=get("overlap"), overlap_branches=branches,
-        max_new_tokens=max_new, k=k, draft_kind=draft_kind,
-        sampling=resolve_sampling(request.sampling if request.HasField("sampling") else None),
+        max_rounds=max_rounds, adaptive_k=adaptive, overlap=get("overlap"), overlap_branches=branches,
+        max_new_tokens=max_new, k=k, draft_kind=draft_kind, sampling=sampling,
         stop=stop, trace=get("trace"), ignore_eos=get("ignore_eos"), min_tokens=min_tokens,
         logprobs=logprobs, add_generation_prompt=get("add_generation_prompt"),
     )

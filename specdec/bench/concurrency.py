@@ -68,8 +68,9 @@ class ConcurrencyArgs:
     repeats: int = DEFAULT_REPEATS
     max_batch: int = DEFAULT_MAX_BATCH
     threads: int = 1
-    dtype: str = "float32"
+    dtype: str = "auto"               # auto: the services' default (the GGUF on llama.cpp)
     target_model: str = "embedded"
+    llama_server: bool = True         # llama.cpp's own server on the same waves (skipped with a note without one)
     prompts: list[str] = field(default_factory=lambda: ["grounded", "open"])
     prompts_dir: str = str(PROMPTS_DIR)
     out: str = "bench/results/concurrency.json"
@@ -109,7 +110,8 @@ class Stacks:
     def __init__(self, args: ConcurrencyArgs) -> None:
         from specdec.launcher import LocalStack, StackConfig
 
-        cfg = StackConfig(target_model=args.target_model, threads=args.threads, max_batch=args.max_batch, dtype=args.dtype,
+        cfg = StackConfig(target_model=args.target_model, threads=args.threads, max_batch=args.max_batch,
+                          dtype="" if args.dtype == "auto" else args.dtype,
                           max_concurrent=max(args.concurrency) * 2, metrics=True)
         self.stack = LocalStack(cfg)
         self.max_batch = args.max_batch
@@ -160,7 +162,7 @@ class Sessions:
         """(completion tokens, (target batch size, overhead ms) of every round)."""
         from specdec.v1 import orchestrator_pb2 as pb
 
-        req = pb.GenerateRequest(max_new_tokens=self.max_new_tokens, ignore_eos=True, trace=True, k=k,
+        req = pb.GenerateRequest(max_new_tokens=self.max_new_tokens, ignore_eos=True, trace=True, k=k, adaptive_k=False,
                                  request_id=uuid.uuid4().hex)
         req.messages.messages.add(role="user", content=prompt.user)
         req.sampling.temperature = 0.0
@@ -293,6 +295,8 @@ def run(args: ConcurrencyArgs) -> dict[str, Any]:
             client.close()
         stacks.stop()
     result = summarise(samples, args, reference)
+    if args.llama_server:   # after our stacks stopped
+        result["llama_server"] = _server_anchor(args, prompts)
     result["machine"] = machine_info()
     result["settings"] = {
         "concurrency": args.concurrency, "k": args.ks, "max_new_tokens": args.max_new_tokens,
@@ -307,6 +311,22 @@ def run(args: ConcurrencyArgs) -> dict[str, Any]:
     }
     result["runtime_s"] = round(time.perf_counter() - started, 1)
     return result
+
+
+def _server_anchor(args: ConcurrencyArgs, prompts: list[Prompt]) -> dict[str, Any]:
+    """llama-server -np max(c) on the same prompts (chat template applied as the orchestrator does), or why not."""
+    from specdec.bench.llama_server import server_waves
+    from specdec.bench.llamacpp import target_gguf
+    from specdec.models.loader import load_tokenizer
+
+    gguf = target_gguf(args.target_model)
+    if gguf is None:
+        return {"skipped": f"the target {args.target_model!r} is not a GGUF file"}
+    tok = load_tokenizer(args.target_model)
+    texts = [tok.apply_chat_template([{"role": "user", "content": p.user}], tokenize=False, add_generation_prompt=True)
+             for p in prompts]
+    ids = [list(tok.encode(text, add_special_tokens=False)) for text in texts]
+    return server_waves(str(gguf), ids, args.concurrency, args.max_new_tokens, args.repeats, args.threads)
 
 
 def _alternate(prompts: list[Prompt]) -> list[int]:
@@ -341,6 +361,14 @@ def table(result: dict[str, Any]) -> str:
                              f"{sp['tokens_per_decode_s']:.1f} tok/s decode-only; overhead p50 "
                              f"{sp['round_overhead_ms_p50']:.1f} ms")
     lines.append("ratios: " + json.dumps(result["ratios"]))
+    server = result.get("llama_server") or {}
+    if "tokens_per_s" in server:
+        ours = result["throughput"].get("k0", {}).get("batched", {})
+        lines.append(f"llama-server -np {server['slots']} ({server['gguf']}, {server['threads']} threads): " + ", ".join(
+            f"c={c} {v:.1f} tok/s (ours k=0 batched {ours[c]['tokens_per_s'] / v:.2f}x)" if c in ours else f"c={c} {v:.1f}"
+            for c, v in server["tokens_per_s"].items()))
+    elif server:
+        lines.append(f"llama-server: skipped ({server.get('skipped')})")
     return "\n".join(lines)
 
 
@@ -352,7 +380,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8", "int4"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8", "int4"])
+    p.add_argument("--no-llama-server", action="store_true", help="skip llama.cpp's own server on the same waves")
     p.add_argument("--target-model", default="embedded")
     p.add_argument("--prompts", default="grounded,open")
     p.add_argument("--prompts-dir", default=str(PROMPTS_DIR))
@@ -372,7 +401,7 @@ def cmd_bench_concurrency(ns: argparse.Namespace) -> int:
                            repeats=ns.repeats, max_batch=ns.max_batch, threads=ns.threads, dtype=ns.dtype,
                            target_model=ns.target_model, prompts=ns.prompts.split(","),
                            prompts_dir=ns.prompts_dir, out=ns.out, progress=not ns.no_progress,
-                           compare_stream=ns.compare_stream,
+                           compare_stream=ns.compare_stream, llama_server=not ns.no_llama_server,
                            compare_env=env_assignments(ns.compare_env))
     logging.getLogger().setLevel(logging.WARNING)
     result = run(args)

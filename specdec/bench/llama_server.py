@@ -179,3 +179,29 @@ def server_identity(records: Sequence[Any], prompts: Sequence[Any], anchor: dict
         per["differences"].append({"prompt": f"{r.set}/{r.prompt}", "position": pos, "top2_logit_gap": logit_gap,
                                    "tie_threshold": eps, "near_tie": logit_gap is not None and logit_gap <= eps})
     return out
+
+
+def server_waves(gguf: str, prompt_ids: Sequence[Sequence[int]], concurrency: Sequence[int], max_new: int,
+                 repeats: int, threads: int, binary: str = "") -> dict[str, Any]:
+    """llama-server with max(concurrency) slots (continuous batching, `-np`) on the same prompts as
+    bench-concurrency, in waves of c requests at once: aggregate tok/s per c (median over repeats)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = find_binary(binary)
+    if path is None:
+        return {"skipped": f"no llama-server binary: {BUILD_HINT}"}
+    slots = max(concurrency)
+    per_c: dict[str, list[float]] = {}
+    with LlamaServer(path, gguf, threads, [], slots=slots) as server, ThreadPoolExecutor(slots) as pool:
+        server.complete(prompt_ids[0], 8)                                      # warm-up
+        for _ in range(repeats):
+            for c in concurrency:
+                tokens, wall = 0, 0.0
+                for first in range(0, len(prompt_ids), c):
+                    start = time.perf_counter()
+                    done = list(pool.map(lambda ids: server.complete(ids, max_new), prompt_ids[first:first + c]))
+                    wall += time.perf_counter() - start
+                    tokens += sum(len(t) for t, _ in done)
+                per_c.setdefault(str(c), []).append(tokens / wall)
+    return {"binary": str(path), "gguf": Path(gguf).name, "threads": threads, "slots": slots,
+            "tokens_per_s": {c: statistics.median(v) for c, v in per_c.items()}, "runs": per_c}

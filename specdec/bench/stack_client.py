@@ -55,10 +55,9 @@ class StackClient:
                                  request_id=uuid.uuid4().hex)
         req.messages.messages.add(role="user", content=prompt.user)
         req.sampling.temperature = 0.0
-        if k is not None:
+        if k is not None:              # a fixed k stays fixed (adaptive k is the server's default)
             req.k = k
-        if adaptive:
-            req.adaptive_k = True
+            req.adaptive_k = adaptive
         if overlap:
             req.overlap = True
         if branches is not None:

@@ -26,13 +26,14 @@ def test_fields_that_do_not_change_the_output_do_not_change_the_fingerprint():
     assert fingerprint(**BASE, resume_offset=5) == want
     assert fingerprint(**BASE, trace=True) == want
     assert fingerprint(**BASE, session_id="s", create_session=True, request_id="r") == want
-    # an unset field and its default are the same request; so is an unset seed (drawn per request)
-    assert fingerprint(**BASE, k=4, sampling=common_pb2.SamplingParams(temperature=0.0)) == want
+    # an unset field and its default are the same request; so is an unset seed (drawn per request); an unset k is
+    # adaptive k with the default cap (greedy)
+    assert fingerprint(**BASE, k=4, adaptive_k=True, sampling=common_pb2.SamplingParams(temperature=0.0)) == want
 
 
 @pytest.mark.parametrize("change", [
     dict(prompt="hello!"), dict(max_new_tokens=9), dict(k=2), dict(draft_kind="ngram"), dict(stop=["x"]),
-    dict(ignore_eos=True), dict(min_tokens=1), dict(logprobs=0), dict(max_rounds=3), dict(adaptive_k=True),
+    dict(ignore_eos=True), dict(min_tokens=1), dict(logprobs=0), dict(max_rounds=3), dict(adaptive_k=False),
     dict(add_generation_prompt=False), dict(sampling=common_pb2.SamplingParams(temperature=0.5)),
     dict(sampling=common_pb2.SamplingParams(seed=1)), dict(sampling=common_pb2.SamplingParams(top_k=3)),
 ])
