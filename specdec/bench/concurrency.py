@@ -111,7 +111,7 @@ class Stacks:
         from specdec.launcher import LocalStack, StackConfig
 
         cfg = StackConfig(target_model=args.target_model, threads=args.threads, max_batch=args.max_batch,
-                          dtype="" if args.dtype == "auto" else args.dtype,
+                          dtype=args.dtype,
                           max_concurrent=max(args.concurrency) * 2, metrics=True)
         self.stack = LocalStack(cfg)
         self.max_batch = args.max_batch
@@ -162,7 +162,7 @@ class Sessions:
         """(completion tokens, (target batch size, overhead ms) of every round)."""
         from specdec.v1 import orchestrator_pb2 as pb
 
-        req = pb.GenerateRequest(max_new_tokens=self.max_new_tokens, ignore_eos=True, trace=True, k=k, adaptive_k=False,
+        req = pb.GenerateRequest(max_new_tokens=self.max_new_tokens, ignore_eos=True, trace=True, k=k,
                                  request_id=uuid.uuid4().hex)
         req.messages.messages.add(role="user", content=prompt.user)
         req.sampling.temperature = 0.0
@@ -314,7 +314,8 @@ def run(args: ConcurrencyArgs) -> dict[str, Any]:
 
 
 def _server_anchor(args: ConcurrencyArgs, prompts: list[Prompt]) -> dict[str, Any]:
-    """llama-server -np max(c) on the same prompts (chat template applied as the orchestrator does), or why not."""
+    """llama-server -np max(c) on the same prompts (the ids the orchestrator's Prompter makes of them), or why not."""
+    from orchestrator.prompting import Message, Prompter
     from specdec.bench.llama_server import server_waves
     from specdec.bench.llamacpp import target_gguf
     from specdec.models.loader import load_tokenizer
@@ -322,10 +323,8 @@ def _server_anchor(args: ConcurrencyArgs, prompts: list[Prompt]) -> dict[str, An
     gguf = target_gguf(args.target_model)
     if gguf is None:
         return {"skipped": f"the target {args.target_model!r} is not a GGUF file"}
-    tok = load_tokenizer(args.target_model)
-    texts = [tok.apply_chat_template([{"role": "user", "content": p.user}], tokenize=False, add_generation_prompt=True)
-             for p in prompts]
-    ids = [list(tok.encode(text, add_special_tokens=False)) for text in texts]
+    prompter = Prompter(load_tokenizer(args.target_model))
+    ids = [prompter.first_turn([Message("user", p.user)], add_generation_prompt=True) for p in prompts]
     return server_waves(str(gguf), ids, args.concurrency, args.max_new_tokens, args.repeats, args.threads)
 
 

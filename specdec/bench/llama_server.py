@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 
+from specdec.bench.llamacpp import our_medians
 from specdec.launcher import free_port
 
 BUILD_HINT = "make llama-server (builds llama.cpp's server from llama-cpp-python's sdist, a few minutes)"
@@ -144,8 +145,7 @@ def server_lines(result: dict[str, Any]) -> list[str]:
         for s, v in cfg["tok_s"].items():
             best[s] = max(best.get(s, 0.0), v)
     for s, v in best.items():
-        ours = {n: m["median"] if isinstance(m, dict) else m
-                for n, m in result.get(s, {}).get("tokens_per_s", {}).items() if m and not n.startswith("hf")}
+        ours = our_medians(result, s)
         alone = anchor["configs"].get("server", {}).get("tok_s", {}).get(s)
         if ours and alone:
             top = max(ours, key=ours.get)

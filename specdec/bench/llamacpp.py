@@ -45,6 +45,12 @@ def _generate(llm: Any, ids: Sequence[int], max_new: int) -> tuple[int, float]:
     return n, time.perf_counter() - start
 
 
+def our_medians(result: dict[str, Any], set_name: str) -> dict[str, float]:
+    """Our configurations' median tok/s on one prompt set (the HF anchors left out), for the anchors' lines."""
+    ours = result.get(set_name, {}).get("tokens_per_s", {})
+    return {n: v["median"] if isinstance(v, dict) else v for n, v in ours.items() if v and not n.startswith("hf")}
+
+
 def anchor_lines(result: dict[str, Any]) -> list[str]:
     """The table's llama.cpp lines: its tok/s per set beside our k = 0 and our fastest configuration."""
     anchor = result.get("llamacpp")
@@ -55,8 +61,7 @@ def anchor_lines(result: dict[str, Any]) -> list[str]:
     lines = ["", f"llama.cpp anchor (llama-cpp-python {anchor['version']}, {anchor['gguf']}, target alone, "
                  f"{anchor['threads']} threads, greedy):"]
     for s, tok_s in anchor["tok_s"].items():
-        ours = result.get(s, {}).get("tokens_per_s", {})
-        medians = {n: v["median"] if isinstance(v, dict) else v for n, v in ours.items() if v and not n.startswith("hf")}
+        medians = our_medians(result, s)
         best = max(medians, key=medians.get, default=None)
         k0 = medians.get("k0")
         tail = (f"; ours k = 0 {k0:.1f} ({k0 / tok_s:.2f}x), best {best} {medians[best]:.1f} "

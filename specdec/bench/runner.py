@@ -125,7 +125,7 @@ def _measure_stack(args: BenchArgs, hf: Any, prompts: list[Prompt], configs: lis
     hop_env = {"SPECDEC_HOP_DELAY_MS": str(args.hop_delay_ms)} if args.hop_delay_ms > 0 else {}
     stack = LocalStack(StackConfig(target_model=args.target_model, draft_kind=args.draft_kind,
                                    draft_model=args.draft_model, threads=args.threads,
-                                   dtype="" if args.dtype == "auto" else args.dtype, engine=args.engine,
+                                   dtype=args.dtype, engine=args.engine,
                                    extra_env=hop_env))
     records: list[RunRecord] = []
     t0 = time.perf_counter()
@@ -190,8 +190,7 @@ def _engine_probe(args: BenchArgs) -> Any:
     from specdec.config import ModelServiceConfig
     from specdec.engine.loading import choose_engine
 
-    cfg = ModelServiceConfig(role="target", model=args.target_model, engine=args.engine,
-                             dtype="auto" if args.dtype == "auto" else args.dtype)
+    cfg = ModelServiceConfig(role="target", model=args.target_model, engine=args.engine, dtype=args.dtype)
     if choose_engine(cfg) != "llamacpp":
         return None
     from specdec.bench.llamacpp import LlamaCppProbe, target_gguf

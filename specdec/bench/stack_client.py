@@ -55,9 +55,10 @@ class StackClient:
                                  request_id=uuid.uuid4().hex)
         req.messages.messages.add(role="user", content=prompt.user)
         req.sampling.temperature = 0.0
-        if k is not None:              # a fixed k stays fixed (adaptive k is the server's default)
+        if k is not None:
             req.k = k
-            req.adaptive_k = adaptive
+        if adaptive:
+            req.adaptive_k = True
         if overlap:
             req.overlap = True
         if branches is not None:

@@ -105,7 +105,7 @@ class LlamaCppLib:
         """K and V bytes of one cached position (f16 cache): 2 x layers x kv heads x head size x 2."""
         layers = int(self.c.llama_model_n_layer(model))
         heads, kv_heads = int(self.c.llama_model_n_head(model)), int(self.c.llama_model_n_head_kv(model))
-        head_dim = int(self.c.llama_model_n_embd(model)) // max(heads, 1)
+        head_dim = self.n_embd(model) // max(heads, 1)
         return 2 * layers * kv_heads * head_dim * KV_DTYPE_BYTES
 
     def decode(self, ctx: Any, batch: Any) -> None:
@@ -127,25 +127,26 @@ LLAMA_LOG = logging.getLogger("llama.cpp")
 
 
 def _log_line(level: int, text: bytes, _user_data: Any) -> None:
-    if LLAMA_LOG.isEnabledFor(GGML_LOG_LEVELS.get(level, logging.DEBUG)):
+    python_level = GGML_LOG_LEVELS.get(level, logging.DEBUG)
+    if LLAMA_LOG.isEnabledFor(python_level):
         line = text.decode("utf-8", "replace").rstrip()
         if line:
-            LLAMA_LOG.log(GGML_LOG_LEVELS.get(level, logging.DEBUG), "%s", line)
+            LLAMA_LOG.log(python_level, "%s", line)
 
 
 def load_backends(module: Any) -> str:
     """Load ggml's CPU variants from the folder of the llama_cpp package `module` (see _load_backends); nothing
     where that package carries no ggml library of its own."""
     lib_dir = Path(module.__file__).parent / "lib"
-    if not _mapped("libggml.so") and not (lib_dir / "libggml.so").exists():
-        return ""
-    return _load_backends(lib_dir)
+    ggml_path = _mapped("libggml.so") or (str(lib_dir / "libggml.so") if (lib_dir / "libggml.so").exists() else "")
+    return _load_backends(ggml_path, lib_dir) if ggml_path else ""
 
 
-def _load_backends(lib_dir: Path) -> str:
-    """Load ggml's runtime CPU variants from the package folder (a build without them links its kernels:
-    nothing to load); returns the variant ggml loaded, or "" where the kernels are linked in."""
-    ggml = ctypes.CDLL(_mapped("libggml.so") or str(lib_dir / "libggml.so"))   # the one libllama uses
+def _load_backends(ggml_path: str, lib_dir: Path) -> str:
+    """Load ggml's runtime CPU variants from the package folder into the libggml at `ggml_path` (the one libllama
+    uses; a build without variants links its kernels: nothing to load); returns the variant ggml loaded, or ""
+    where the kernels are linked in."""
+    ggml = ctypes.CDLL(ggml_path)
     ggml.ggml_backend_reg_count.restype = ctypes.c_size_t
     if ggml.ggml_backend_reg_count() == 0:
         ggml.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]

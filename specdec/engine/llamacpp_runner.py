@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +19,11 @@ import numpy as np
 import torch
 
 from specdec.core.prefix_hash import PrefixHashes
-from specdec.engine.kvcache import KVCachePool, SessionKV
-from specdec.engine.llamacpp_cache import LlamaCacheOps, SeqCache
+from specdec.engine.kvcache import KVCachePool
+from specdec.engine.llamacpp_cache import LlamaCacheOps
 from specdec.engine.llamacpp_lib import LlamaCppLib, load_library
 from specdec.engine.runner import ExtendItem, ExtendPlan, ForwardResult, count_extend, plan_extend
 from specdec.errors import InvalidArgument, ResourceExhausted
-
-log = logging.getLogger("specdec.engine.llamacpp")
 
 MS_PER_S = 1000.0
 MIN_KV_TOKENS = 256    # the smallest context llama.cpp is asked for (its cells come in blocks of 256)
@@ -87,7 +84,6 @@ class LlamaCppRunner:
 
     def __init__(self, path: str | Path, settings: LlamaCppSettings) -> None:
         self.lib = load_library()
-        self.settings = settings
         self.path = str(path)
         self.model = self.lib.load_model(self.path)
         self.bytes_per_token = self.lib.kv_bytes_per_token(self.model)
@@ -109,6 +105,11 @@ class LlamaCppRunner:
         self.pool = KVCachePool(self.kv_tokens * self.bytes_per_token, self.bytes_per_token,
                                 share_min_tokens=settings.share_min_tokens, ops=self.ops)
         self._batch = _Batch(self.lib, settings.batch_tokens, settings.sessions)
+
+    @property
+    def engine_detail(self) -> str:
+        """What Info metadata says of this engine: ggml's CPU kernels variant, threads and KV cells."""
+        return f"cpu={self.lib.cpu_variant or 'built-in'},threads={self.settings.threads},kv={self.kv_tokens}"
 
     def close(self) -> None:
         if self.ctx is not None:
@@ -183,8 +184,3 @@ class LlamaCppRunner:
                 chunks.append(self.lib.logits(self.ctx, n_out, self.vocab_width))
         logits = torch.from_numpy(np.concatenate(chunks) if len(chunks) > 1 else chunks[0])
         return list(torch.split(logits, [p.keep for p in plans]))
-
-
-def seq_of(kv: SessionKV) -> SeqCache:
-    """The llama.cpp sequence behind a session's cache (tests, stats)."""
-    return kv.cache

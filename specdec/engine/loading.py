@@ -139,10 +139,12 @@ def choose_engine(cfg: ModelServiceConfig) -> str:
     from specdec.engine.llamacpp_lib import available
 
     on_cpu = cfg.device == "cpu" or (cfg.device in ("auto", "") and not torch.cuda.is_available())
-    gguf = parse_model_spec(cfg.model).is_gguf and cfg.dtype in ("auto", "")
-    if gguf and on_cpu and not available():
+    if not (on_cpu and parse_model_spec(cfg.model).is_gguf and cfg.dtype in ("auto", "")):
+        return "torch"
+    if not available():
         log.warning("%s: llama-cpp-python is not installed: running the GGUF with torch", cfg.model)
-    return "llamacpp" if gguf and on_cpu and available() else "torch"
+        return "torch"
+    return "llamacpp"
 
 
 def release_free_memory() -> None:
@@ -264,13 +266,6 @@ def _load_runner(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: b
     return model, runner, info, seconds, plan, torch.get_num_threads()
 
 
-def engine_detail(runner: Any) -> str:
-    """What Info metadata says of the engine: llama.cpp's CPU kernels variant and threads."""
-    if runner.engine != "llamacpp":
-        return ""
-    return f"cpu={runner.lib.cpu_variant or 'built-in'},threads={runner.settings.threads},kv={runner.kv_tokens}"
-
-
 def load_target(cfg: ModelServiceConfig) -> ModelBundle:
     """Load the target model and its verify engine."""
     _, runner, info, seconds, plan, threads = _load_runner(cfg, batching=cfg.max_batch > 1,
@@ -284,7 +279,7 @@ def load_target(cfg: ModelServiceConfig) -> ModelBundle:
                        batch_wait_s=cfg.batch_wait_ms / 1000.0,
                        inline_max_tokens=inline_limit(cfg.inline_max_tokens, on_loop, threads), loop_forwards=on_loop,
                        prefill_chunk_tokens=cfg.prefill_chunk_tokens, prefill_turn_ms=cfg.prefill_turn_ms,
-                       kernels=plan, engine=runner.engine, engine_detail=engine_detail(runner))
+                       kernels=plan, engine=runner.engine, engine_detail=runner.engine_detail)
 
 
 def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
@@ -312,4 +307,4 @@ def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
     return ModelBundle("draft", cfg.model, engines, cfg.draft_kind, info, runner.pool, seconds,
                        inline_max_tokens=inline_limit(cfg.inline_max_tokens, on_loop, threads), loop_forwards=on_loop,
                        prefill_chunk_tokens=cfg.prefill_chunk_tokens, kernels=plan, engine=runner.engine,
-                       engine_detail=engine_detail(runner))
+                       engine_detail=runner.engine_detail)

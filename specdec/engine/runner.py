@@ -106,7 +106,7 @@ def count_extend(counters: CacheCounters, plan: ExtendPlan) -> None:
 class Runner(Protocol):
     """What the engines and services use of a model runner.
 
-    engine: "torch" or "llamacpp" (Info metadata, metrics).
+    engine: "torch" or "llamacpp" (Info metadata, metrics); engine_detail: what else Info metadata says of it.
     pool: the sessions' token bookkeeping (uncached, roll_back, release, counters).
     vocab_width: rows of the output layer (the logits' width).
     keep_hidden: whether it can return each session's final hidden states (feature drafts).
@@ -115,6 +115,7 @@ class Runner(Protocol):
     """
 
     engine: str
+    engine_detail: str
     pool: KVCachePool
     vocab_width: int
     keep_hidden: bool

@@ -37,6 +37,7 @@ class CausalLMRunner:
     """
 
     engine = "torch"
+    engine_detail = ""          # Info metadata: the linear kernels are reported on their own (kernel_metadata)
 
     def __init__(self, model: Any, pool: KVCachePool, batching: bool = False, keep_hidden: bool = False,
                  row_invariant: bool = False) -> None:

@@ -7,7 +7,7 @@ greedy decoding of the same file alone (tests/llamacpp_support.py).
 
 Tie rule: a (k+1)-token verify rounds a position's logits differently from a one-token step
 (llama.cpp's quantized kernels), so a mismatch is accepted only where the target's top-2 logit
-gap at the first differing position is below LlamaCppReference.tie_logits.
+gap at the first differing position is below the near-tie threshold (tests/llamacpp_support.py).
 
 Run with `-s` to see the measured numbers (mean accepted length, acceptance rate,
 overhead per round).
