@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import torch
 
 from specdec.core.prefix_hash import PrefixHashes
-from specdec.engine.kvcache import KVCachePool, SessionKV
+from specdec.engine.kvcache import KVCachePool
 from specdec.engine.runner import ExtendItem, ExtendPlan, ForwardResult, count_extend, keeps_hidden, plan_extend
 from specdec.engine.ragged import RaggedCache, enable_ragged, packed_inputs
 from specdec.models.compat import cache_argument
