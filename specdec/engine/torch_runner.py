@@ -5,14 +5,16 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from specdec.core.prefix_hash import PrefixHashes
+from specdec.engine.cuda_graphs import GraphSlot
 from specdec.engine.kvcache import KVCachePool
-from specdec.engine.runner import ExtendItem, ExtendPlan, ForwardResult, count_extend, keeps_hidden, plan_extend
 from specdec.engine.ragged import RaggedCache, enable_ragged, packed_inputs
+from specdec.engine.runner import ExtendItem, ExtendPlan, ForwardResult, count_extend, keeps_hidden, plan_extend
 from specdec.models.compat import cache_argument
 from specdec.models.row_groups import RowGroups, row_groups
 
@@ -85,7 +87,7 @@ class CausalLMRunner:
         if len({item.session_id for item in items}) != len(items):
             raise ValueError("a batch holds each session at most once")
         if len(items) > 1 and not self.batching:
-            raise ValueError("this model was not switched to ragged attention: batches of one only")
+            raise ValueError("batches of one only (no ragged attention, or CUDA graphs)")
         plans = [self._plan(item) for item in items]
         try:
             start = time.perf_counter()
@@ -133,6 +135,8 @@ class CausalLMRunner:
         return self._forward_packed(plans)
 
     def _forward(self, cache: Any, new_ids: list[int], past: int, keep: int) -> torch.Tensor:
+        if isinstance(cache, GraphSlot):   # CUDA graphs (specdec/engine/cuda_graphs.py): a static cache
+            return cache.forward(new_ids, past, keep)
         input_ids = torch.tensor([new_ids], dtype=torch.long, device=self.device)  # [1, t]
         positions = torch.arange(past, past + len(new_ids), device=self.device).unsqueeze(0)  # [1, t]
         out = self.model(input_ids=input_ids, position_ids=positions, use_cache=True, logits_to_keep=keep,
