@@ -26,8 +26,9 @@ from typing import Any, Protocol
 
 import torch
 from transformers import StaticCache
+from transformers.cache_utils import StaticLayer
 
-from specdec.errors import ResourceExhausted
+from specdec.errors import ResourceExhausted, UnsupportedCacheError
 
 log = logging.getLogger("specdec.engine")
 
@@ -104,8 +105,9 @@ class GraphSlot:
         self.owner = owner
         self.index = index
         self.cache = StaticCache(config=owner.model.config, max_cache_len=owner.max_tokens)
-        self.lengths = torch.zeros(len(self.cache.layers), dtype=torch.long, device=owner.device)
-        for i, layer in enumerate(self.cache.layers):
+        self.layers = _full_attention_layers(self.cache)
+        self.lengths = torch.zeros(len(self.layers), dtype=torch.long, device=owner.device)
+        for i, layer in enumerate(self.layers):
             layer.cumulative_length = self.lengths[i]  # one fill_ rolls back every layer
         self._graphs: dict[int, _Captured] = {}
 
@@ -170,6 +172,16 @@ class GraphSlot:
         return out.logits[0]
 
 
+def _full_attention_layers(cache: StaticCache) -> list[StaticLayer]:
+    """The cache's layers, all plain full attention (a sliding window's ring buffer or a linear-attention state
+    cannot roll back by moving a length)."""
+    layers = list(cache.layers)
+    odd = sorted({type(layer).__name__ for layer in layers if type(layer) is not StaticLayer})
+    if odd:
+        raise UnsupportedCacheError(f"CUDA graphs need full-attention layers only; this model has {odd}")
+    return [layer for layer in layers if isinstance(layer, StaticLayer)]
+
+
 class GraphCacheOps:
     """Cache handles that are graph slots (the pool's CacheOps): at most `slots` sessions held at once.
 
@@ -220,13 +232,15 @@ class GraphCacheOps:
 
     def copy_prefix(self, cache: GraphSlot, donor: GraphSlot, n: int) -> None:
         """Fill the fresh slot `cache` with `donor`'s first n positions (the donor's layers hold KV: it ran)."""
-        for mine, theirs in zip(cache.cache.layers, donor.cache.layers):
-            if not theirs.is_initialized:
+        for mine, theirs in zip(cache.layers, donor.layers, strict=True):
+            keys, values = theirs.keys, theirs.values
+            if keys is None or values is None:  # the donor never ran this layer: nothing to share
                 continue
             if not mine.is_initialized:  # allocates the slot's KV like the donor's (keeps the length view)
-                mine.lazy_initialization(theirs.keys[..., :1, :], theirs.values[..., :1, :])
-            mine.keys[..., :n, :].copy_(theirs.keys[..., :n, :])
-            mine.values[..., :n, :].copy_(theirs.values[..., :n, :])
+                mine.lazy_initialization(keys[..., :1, :], values[..., :1, :])
+            assert mine.keys is not None and mine.values is not None
+            mine.keys[..., :n, :].copy_(keys[..., :n, :])
+            mine.values[..., :n, :].copy_(values[..., :n, :])
         cache.set_length(n)
 
     def drop(self, cache: GraphSlot) -> None:
