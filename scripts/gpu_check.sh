@@ -7,6 +7,8 @@
 #   env.txt             GPU, driver, torch, transformers, grpcio, protobuf
 #   gpu_bf16.json/.png  `specdec bench` in bfloat16 with the trained draft and the HF anchors
 #   gpu_fp32.json       the same in float32 without HF (greedy output must match k = 0 exactly)
+#   gpu_graphs.json     the float32 run with CUDA graphs (SPECDEC_CUDA_GRAPHS=on): its k = 0 ms per token and
+#                       speed-ups beside gpu_fp32.json's are what the graphs gain
 #   unit.log            the unit tests of the tensor-holding pieces, on CUDA
 # Each bench stops starting prompts at its --time-budget, well inside its limit, so a slow machine still
 # writes a JSON (one killed at its limit writes none): on the H200 lent here a 64-token generation took
@@ -66,11 +68,14 @@ bench() {  # bench NAME SECONDS PLOT [bench args]
 # float32 checks greedy identity where numerics allow it (its plot stays behind: 8 files come back).
 bench gpu_bf16 "${BF16_LIMIT:-240}" "$OUT_DIR/gpu_bf16.png" --dtype bfloat16 --time-budget 110 "${BF16[@]}"
 bench gpu_fp32 "${FP32_LIMIT:-160}" /tmp/gpu_fp32.png --dtype float32 --no-hf --time-budget 70 "${FP32[@]}"
+(export SPECDEC_CUDA_GRAPHS=on
+ bench gpu_graphs "${GRAPHS_LIMIT:-160}" /tmp/gpu_graphs.png --dtype float32 --no-hf --time-budget 70 "${FP32[@]}")
 
 # The unit tests of the pieces that hold tensors on the model's device (they build tiny models with
 # device "auto", so CUDA here): the accept rule, batched verify, drafts, KV caches, sampling.
 UNIT=()
-for name in accept batched_verify combined_draft draft_chunked_prefill draft_model feature_draft kvcache sampling; do
+for name in accept batched_verify combined_draft cuda_graphs draft_chunked_prefill draft_model feature_draft kvcache \
+            sampling; do
   UNIT+=("tests/unit/test_$name.py")
 done
 echo "== unit tests (limit ${UNIT_LIMIT:-60}s)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.engine.cuda_graphs import EagerGraph, GraphCacheOps
+from specdec.engine.cuda_graphs import CudaGraph, EagerGraph, GraphCacheOps
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
 from specdec.engine.runner import ExtendItem
 from specdec.engine.torch_runner import CausalLMRunner
@@ -29,8 +29,8 @@ class FailingGraph(EagerGraph):
         raise RuntimeError("operation not permitted when stream is capturing")
 
 
-def _runners(graph=EagerGraph, slots=4, max_tokens=128, share=0):
-    model = tiny_llama()
+def _runners(graph=EagerGraph, slots=4, max_tokens=128, share=0, device="cpu"):
+    model = tiny_llama().to(device)
     per_token = kv_bytes_per_token(model.config, 4)
     ops = GraphCacheOps(
         model, cache_argument(model), slots=slots, max_tokens=max_tokens, max_rows=MAX_ROWS, graph_factory=graph
@@ -108,3 +108,14 @@ def test_batches_of_several_sessions_are_refused_with_graphs():
     graphed, _, _ = _runners()
     with pytest.raises(ValueError, match="batches of one only"):
         graphed.extend_batch([ExtendItem("a", [1, 2], 1), ExtendItem("b", [1, 3], 1)])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run by scripts/gpu_check.sh)")
+def test_real_cuda_graphs_give_the_eager_logits():
+    graphed, plain, ops = _runners(graph=CudaGraph, device="cuda")
+    ids = [(5 * i + 2) % 90 + 1 for i in range(40)]
+    _same(graphed, plain, "s", ids[:20], 19)
+    for end in range(21, 30):  # decode steps replayed at moving positions
+        _same(graphed, plain, "s", ids[:end], end - 1)
+    _same(graphed, plain, "s", ids[:25] + [4, 5, 6, 7], 25)  # rollback, then a 4-row verify pass
+    assert ops.captures == 2
