@@ -134,8 +134,9 @@ class CostModel:
     def verify(self, n: float) -> float:
         """v(n), a pass computing n tokens: measured, or interpolated/extrapolated linearly from the measured
         points (between the nearest ones around n; beyond them, along the two largest)."""
-        if n in self.verify_ms:
-            return self.verify_ms[n]
+        whole = int(n)
+        if whole == n and whole in self.verify_ms:
+            return self.verify_ms[whole]
         known = self._known()
         if not known:
             return 1.0

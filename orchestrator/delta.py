@@ -92,6 +92,7 @@ class ContextSend:
             request.ClearField("prefix_hash")
             request.context_ids.extend(self.context)
             return
+        assert self.wire is not None, "a replica holds a prefix only through the wire"
         request.position_base = held
         request.prefix_hash = self.wire.hashes.at(held)
         request.context_ids.extend(self.context[held:])

@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable
 
 import grpc
+from google.protobuf.message import Message
 
 from specdec import spin
 from specdec.server.lane import ERROR, FORWARD_DONE, HELLO, METHOD_KINDS, NOTIFY, OK, FrameBuffer, frame
@@ -35,7 +36,7 @@ from specdec.v1 import common_pb2, draft_pb2, target_pb2
 from orchestrator.streams import StreamEnded, call_once_more_if_ended, rpc_error
 
 MS_PER_S = 1000
-RESPONSES = {"Propose": draft_pb2.ProposeResponse, "Verify": target_pb2.VerifyResponse}
+RESPONSES: dict[str, type[Message]] = {"Propose": draft_pb2.ProposeResponse, "Verify": target_pb2.VerifyResponse}
 CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
@@ -89,6 +90,7 @@ class _Connection(asyncio.Protocol):
 
     def send(self, kind: int, payload: bytes) -> asyncio.Future:
         """Write one frame; the future resolves to the answering (kind, payload)."""
+        assert self.transport is not None, "a frame is sent on a made connection"
         self.answer = asyncio.get_running_loop().create_future()
         self.transport.write(frame(kind, payload))
         return self.answer
@@ -164,6 +166,7 @@ class RoundLane:
                 await loop.create_connection(lambda: conn, self.host, self.port)
             async with asyncio.timeout_at(deadline):
                 if self.tls is not None:
+                    assert conn.transport is not None, "create_connection made the connection"
                     conn.transport = await loop.start_tls(conn.transport, conn, self.tls, server_hostname=self.host)
                 kind, payload = await conn.send(HELLO, self.token.encode())
         except (OSError, TimeoutError, StreamEnded) as exc:

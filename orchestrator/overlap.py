@@ -315,6 +315,7 @@ async def take(ahead: PreDraft | None, context: Sequence[int], k: int, kind: str
     await discard(ahead)
     if branch is None:
         return None
+    assert ahead is not None, "a branch is a pre-draft's"
     if branch.response is None:
         if branch.error is not None and not isinstance(branch.error, SpecDecError):
             raise branch.error

@@ -87,6 +87,7 @@ class PairMonitor:
             await self.draft.refresh()
             if targets:
                 t = targets[0].info
+                assert t is not None, "usable replicas have Info"
                 ref = TokenizerInfo(vocab_size=t.vocab_size, fingerprint=t.tokenizer_fingerprint,
                                     special_tokens=dict(t.special_tokens))
                 self.draft.check_compatible(ref, f"target {t.model_id}")

@@ -146,7 +146,9 @@ class ReplicaPool:
 
     def _attach_lane(self, replica: Replica) -> None:
         """Use the replica's round lane when it serves one (a new port after a restart: a new lane)."""
-        port = replica.info.round_lane_port if self.retry.round_lane else 0
+        info = replica.info
+        assert info is not None, "the lane is attached after Info answered"
+        port = info.round_lane_port if self.retry.round_lane else 0
         if replica.lane is not None and replica.lane.port == port:
             replica.lane.unreachable_until = 0.0   # Info answered again (a restart on the same port): try it
             return
@@ -156,7 +158,7 @@ class ReplicaPool:
                                  self.server_cfg.max_message_bytes, self.retry.idle_streams_max,
                                  self.retry.lane_connect_timeout_s, self.retry.lane_retry_s,
                                  lane_client_context(self.server_cfg.tls),
-                                 notify=replica.info.round_lane_forward_done) if port else None
+                                 notify=info.round_lane_forward_done) if port else None
 
     def usable(self) -> list[Replica]:
         """Replicas with Info and no compatibility error."""
@@ -208,7 +210,7 @@ class ReplicaPool:
             address = self.set.pick(session_id)
             replica = self.replicas.get(address) if address else None
             left = deadline - time.monotonic()
-            if replica is None or replica.error or left <= 0:
+            if address is None or replica is None or replica.error or left <= 0:
                 break
             self.set.acquire(address)
             try:

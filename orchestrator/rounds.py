@@ -64,7 +64,7 @@ class RoundOutcome:
     target_ids: list[int]
     num_accepted: int
     next_token: int
-    next_kind: int                  # target_pb2.NextKind
+    next_kind: target_pb2.NextKind
     emitted: list[int]              # accepted draft tokens + the recovered/bonus token
     logprobs: list = field(default_factory=list)
     draft_ms: float = 0.0           # draft forward time
@@ -177,7 +177,8 @@ class RoundRunner:
         if requested:
             return requested
         usable = self.draft.usable() if self.draft is not None else []
-        return usable[0].info.draft_kind if usable and usable[0].info.draft_kind else NGRAM
+        info = usable[0].info if usable else None
+        return info.draft_kind if info is not None and info.draft_kind else NGRAM
 
     def proposer(self, requested: str, context_ids: Sequence[int], wire: ContextWire | None = None) -> str:
         """Which draft will propose a round for this context: the kind itself, except that a combined
@@ -196,16 +197,19 @@ class RoundRunner:
         if self.draft_kind(requested) != MODEL:
             return False
         usable = self.draft.usable() if self.draft is not None else []
-        return bool(usable) and usable[0].info.needs_target_hidden
+        info = usable[0].info if usable else None
+        return info is not None and info.needs_target_hidden
 
     def _propose_locally(self, req: RoundRequest) -> draft_pb2.ProposeResponse:
         """The model-free n-gram draft, in this process: no network hop. Its lookup time is the draft's
         step (draft_ms), like a model draft's forward, not overhead."""
+        ngram = self.local_ngram
+        assert ngram is not None, "rounds propose locally only with a local n-gram draft"
         start = time.perf_counter()
         if req.wire is not None:   # the generation's index: O(new tokens), not O(context), per round
-            draft_ids = req.wire.lookup(self.local_ngram).propose(req.context_ids, req.k)
+            draft_ids = req.wire.lookup(ngram).propose(req.context_ids, req.k)
         else:
-            draft_ids = self.local_ngram.propose(req.context_ids, req.k)
+            draft_ids = ngram.propose(req.context_ids, req.k)
         response = draft_pb2.ProposeResponse(draft_ids=draft_ids, draft_kind=NGRAM)
         response.stats.forward_ms = (time.perf_counter() - start) * MS_PER_S
         return response
@@ -238,7 +242,7 @@ class RoundRunner:
         send = context_send(req, "target")
         verdict, out.target_replica, retries = await self._verify_and_ahead(req, proposal, out, verify, timeout, send)
         out.context_resends += send.resends
-        if hidden_from is not None:
+        if relay is not None and hidden_from is not None:
             relay.after_verify(verdict.hidden)
         m, drafted = verdict.num_accepted, list(proposal.draft_ids)
         out.draft_ids, out.target_ids, out.matches = drafted, list(verdict.target_ids), list(verdict.matches)
@@ -259,7 +263,7 @@ class RoundRunner:
     async def _propose(self, req: RoundRequest, relay: HiddenRelay | None
                        ) -> tuple[draft_pb2.ProposeResponse, RoundOutcome]:
         out = RoundOutcome(k=req.k, draft_ids=[], matches=[], target_ids=[], num_accepted=0,
-                           next_token=-1, next_kind=0, emitted=[], proposer=req.proposer,
+                           next_token=-1, next_kind=target_pb2.NEXT_KIND_UNSPECIFIED, emitted=[], proposer=req.proposer,
                            context_tokens=len(req.context_ids))
         empty = draft_pb2.ProposeResponse()
         taken = await take(req.ahead, req.context_ids, req.k, MODEL if self.remote_model(req) else "")
@@ -331,14 +335,16 @@ class RoundRunner:
         address = out.draft_replica or self.draft.set.pick(req.replica_key)
         if not address or self.draft.set.in_flight(address) > self.overlap.max_draft_in_flight:
             return None
-        branches = [self._branch(req, proposal, at) for at in req.ahead_plan.at]
-        branches = [branch for branch in branches if branch is not None]
+        candidates = [self._branch(req, proposal, at) for at in req.ahead_plan.at]
+        branches = [branch for branch in candidates if branch is not None]
         return start_predraft(branches, MODEL) if branches else None
 
     def _branch(self, req: RoundRequest, proposal: draft_pb2.ProposeResponse, at: int) -> Branch | None:
         """One candidate block (overlap.Branch): behind the draft's runner-up at position `at` of this round's
         block (at <= k: req.ahead_plan.k tokens from C + d1..d(at-1) + r_at), or behind the whole block (at = k + 1:
         the draft's guess of the bonus, then the block). None where the runner-up is not known or no time is left."""
+        draft = self.draft
+        assert draft is not None, "a pre-draft runs on the draft pool"
         block, k = list(proposal.draft_ids), req.ahead_plan.k
         if at <= len(block):
             if len(proposal.runner_up_ids) < at:
@@ -357,7 +363,7 @@ class RoundRunner:
         send = (req.wire.send_ahead("draft", req.context_ids, sent) if req.wire is not None
                 else ContextSend(None, "draft", list(req.context_ids) + sent))
         return Branch(BlockBase.of(req.context_ids, before), guess,
-                      lambda: self._call(self.draft, req, "Propose", propose, timeout, send))
+                      lambda: self._call(draft, req, "Propose", propose, timeout, send))
 
     async def _verify_and_ahead(self, req: RoundRequest, proposal: draft_pb2.ProposeResponse, out: RoundOutcome,
                                 verify: target_pb2.VerifyRequest, timeout: float, send: ContextSend) -> tuple:

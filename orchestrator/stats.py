@@ -28,7 +28,7 @@ class Emitted:
     tokens: int          # tokens the round appended to the completion
     drafted: int         # draft positions counted: all of them, or only those before the cut
     accepted: int        # accepted draft tokens that were emitted
-    next_kind: int       # target_pb2.NextKind of the recovered/bonus token; UNSPECIFIED when it was cut
+    next_kind: target_pb2.NextKind   # of the recovered/bonus token; UNSPECIFIED when it was cut
 
 
 def count_emitted(o: RoundOutcome, kept: int) -> Emitted:

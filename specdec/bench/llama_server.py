@@ -148,7 +148,7 @@ def server_lines(result: dict[str, Any]) -> list[str]:
         ours = our_medians(result, s)
         alone = anchor["configs"].get("server", {}).get("tok_s", {}).get(s)
         if ours and alone:
-            top = max(ours, key=ours.get)
+            top = max(ours, key=lambda name: ours[name])
             lines.append(f"  {s}: ours k = 0 {ours.get('k0', 0):.1f} ({ours.get('k0', 0) / alone:.2f}x server alone); "
                          f"ours best {top} {ours[top]:.1f} ({ours[top] / v:.2f}x the best server {v:.1f})")
     return lines

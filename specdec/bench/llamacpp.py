@@ -62,7 +62,7 @@ def anchor_lines(result: dict[str, Any]) -> list[str]:
                  f"{anchor['threads']} threads, greedy):"]
     for s, tok_s in anchor["tok_s"].items():
         medians = our_medians(result, s)
-        best = max(medians, key=medians.get, default=None)
+        best = max(medians, key=lambda name: medians[name], default=None)
         k0 = medians.get("k0")
         tail = (f"; ours k = 0 {k0:.1f} ({k0 / tok_s:.2f}x), best {best} {medians[best]:.1f} "
                 f"({medians[best] / tok_s:.2f}x)") if best and k0 else ""

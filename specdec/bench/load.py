@@ -174,8 +174,8 @@ def cpu_by_service(pids: dict[str, int]) -> dict[str, float | None]:
 
 def cpu_delta(before: dict[str, float | None], after: dict[str, float | None]) -> dict[str, float]:
     """CPU seconds each service spent between two cpu_by_service readings (services unreadable in either left out)."""
-    return {role: round(after[role] - start, 2) for role, start in before.items()
-            if start is not None and after.get(role) is not None}
+    return {role: round(end - start, 2) for role, start in before.items()
+            if start is not None and (end := after.get(role)) is not None}
 
 
 def _children_cpu_s() -> float:
@@ -220,8 +220,8 @@ def run_guidellm(args: LoadArgs, cfg: LoadConfig, dataset: str, phase: str, valu
                               timeout=GUIDELLM_TIMEOUT_S, check=False)
     inv = Invocation(cfg.name, dataset, phase, list(values), round(time.monotonic() - started, 2),
                      round(_children_cpu_s() - cpu_before, 2), load_before, list(os.getloadavg()), str(report_path))
-    inv.server = server_delta(scraped, scrape(args.metrics_urls))
-    inv.server["cpu_s"] = cpu_delta(services_before, cpu_by_service(args.service_pids))
+    inv.server = {**server_delta(scraped, scrape(args.metrics_urls)),
+                  "cpu_s": cpu_delta(services_before, cpu_by_service(args.service_pids))}
     if proc.returncode != 0 or not report_path.is_file():
         tail = (work / f"{tag}.guidellm.log").read_text(errors="replace").splitlines()[-30:]
         raise RuntimeError(f"guidellm failed ({proc.returncode}) for {tag}:\n" + "\n".join(tail))

@@ -16,7 +16,7 @@ import json
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from specdec.bench.plan import OVERLAP_PREFIX, PROMPTS_DIR, load_prompts
 
@@ -161,7 +161,15 @@ def invocation_seed(base: int, dataset: str, tag: str) -> int:
     return base + zlib.crc32(tag.encode()) % SEED_SPREAD if dataset == DATA_MULTITURN else base
 
 
-def data_inputs(dataset: str, synthetic_prompt_tokens: int) -> dict[str, int]:
+class DataInputs(TypedDict, total=False):
+    """The ScenarioInputs fields a data set sets (data_inputs)."""
+
+    synthetic_prompt_tokens: int
+    turns: int
+    prefix_tokens: int
+
+
+def data_inputs(dataset: str, synthetic_prompt_tokens: int) -> DataInputs:
     """The ScenarioInputs fields a data set sets: the synthetic sizes (multiturn: its own, above)."""
     if dataset == DATA_MULTITURN:
         return {"synthetic_prompt_tokens": MULTITURN_PROMPT_TOKENS, "turns": MULTITURN_TURNS,

@@ -24,8 +24,7 @@ def _median(spread: dict | None) -> float | None:
 def _sequential_best(out: dict, names: list[str]) -> str | None:
     """The sequential configuration with the most median tokens/s: fixed k > 0 or adaptive."""
     cands = [n for n in names if not n.startswith(OVERLAP_PREFIX) and (n == ADAPTIVE or (n[1:].isdigit() and n != K0))]
-    scored = [(n, _median(out["tokens_per_s"].get(n))) for n in cands]
-    scored = [(n, v) for n, v in scored if v is not None]
+    scored = [(n, v) for n in cands if (v := _median(out["tokens_per_s"].get(n))) is not None]
     return max(scored, key=lambda x: x[1])[0] if scored else None
 
 
@@ -69,8 +68,8 @@ def section(out: dict, names: list[str], records: list[Any]) -> dict[str, Any] |
             "tokens_per_s": tps, "vs_k0": _ratio(tps, k0), "vs_sequential": _ratio(tps, seq),
             "vs_same_k_sequential": _ratio(tps, _median(out["tokens_per_s"].get(twin))),
             **({"vs_server_branches": _ratio(tps, _median(out["tokens_per_s"].get(base)))} if base != n else {}),
-            "vs_bound_all_hidden": _ratio(tps, bounds and bounds["all_hidden_tokens_per_s"]),
-            "vs_bound_post_verify": _ratio(tps, bounds and bounds["post_verify_tokens_per_s"]),
+            "vs_bound_all_hidden": _ratio(tps, bounds["all_hidden_tokens_per_s"] if bounds else None),
+            "vs_bound_post_verify": _ratio(tps, bounds["post_verify_tokens_per_s"] if bounds else None),
             "predrafted_rounds": len(used), "drafted_rounds": len(drafted),
             "predrafted_runner_up_rounds": sum(1 for rd in used if rd.get("predraft_runner_up_at")),
             "predraft_branches": sum(r.stats.get("predraft_branches", 0) for r in records if r.config == n),

@@ -238,7 +238,9 @@ def _set_memory(records: list[Any], s: str, kv_per_token_model: dict, draft_kind
 def _p50_mean(values: list[float]) -> dict[str, float] | None:
     if not values:
         return None
-    return {"p50": pct(values, 50), "mean": statistics.fmean(values), "rounds": len(values)}
+    p50 = pct(values, 50)
+    assert p50 is not None, "values are not empty"
+    return {"p50": p50, "mean": statistics.fmean(values), "rounds": len(values)}
 
 
 def _ratio_mean(values: list[float | None]) -> float | None:

@@ -115,7 +115,7 @@ def _load_hf(args: BenchArgs, prompts: list[Prompt], configs: list[Config],
 
 
 def _measure_stack(args: BenchArgs, hf: Any, prompts: list[Prompt], configs: list[Config],
-                   phases: dict[str, float]) -> tuple[list[RunRecord], dict[str, int], str]:
+                   phases: dict[str, float]) -> tuple[list[RunRecord], dict[str, dict[str, Any]], str]:
     """Every (repeat, prompt, configuration) once, interleaved, on one local stack.
     Returns (records, peak RSS per process, the stats error if the services' stats failed)."""
     from tqdm import tqdm
@@ -167,7 +167,8 @@ def measure_loop(one: Callable[[Prompt, Config, int], RunRecord], prompts: list[
     With a budget (seconds, > 0), no prompt is started once it is spent; the prompts measured so far
     have every configuration, so the ratios of a stopped run compare like with like."""
     order = interleave_sets(prompts)
-    start, records = clock(), []
+    records: list[RunRecord] = []
+    start = clock()
     for rep in range(repeats):
         for p in order:
             if budget_s > 0 and records and clock() - start >= budget_s:
@@ -287,7 +288,7 @@ def _one(client: StackClient, hf: Any, p: Prompt, cfg: Config, rep: int, max_new
     return rec
 
 
-def _services_verify_costs(hf: Any, verify_hf: dict, n_max: int, args: argparse.Namespace) -> tuple[dict, str]:
+def _services_verify_costs(hf: Any, verify_hf: dict, n_max: int, args: BenchArgs) -> tuple[dict, str]:
     """v(n) as the target service computes it: with the CPU linear kernels the service chose at load
     (specdec/models/kernels.py: the cached choice for this CPU, threads and shapes, or measured now),
     measured on the same in-process model after the HF runs."""

@@ -27,7 +27,7 @@ class StackClient:
         from specdec.v1 import draft_pb2_grpc, orchestrator_pb2_grpc, target_pb2_grpc
 
         self.stack = stack
-        self._channels = []
+        self._channels: list[grpc.Channel] = []
 
         def chan(address: str) -> Any:
             c = grpc.insecure_channel(address)

@@ -112,12 +112,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     if args.arch == "eagle":
-        from specdec.distill import feature_train as train_mod
+        from specdec.distill.feature_train import train
     else:
-        from specdec.distill import train as train_mod
+        from specdec.distill.train import train
 
     t0 = time.time()
-    train_mod.train(model, tokenizer, out, args, progress=progress)
+    train(model, tokenizer, out, args, progress=progress)
     state["seconds"]["train"] = state["seconds"].get("train", 0) + time.time() - t0
     _save_state(state_path, state)
     if args.stop_after == "train":

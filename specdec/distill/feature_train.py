@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, apply_rotary_pos_emb, repeat_kv
 
 from specdec.distill.data import TOP_K
 from specdec.distill.features import (
@@ -85,6 +85,7 @@ def unrolled_features(draft: FeatureDraftModel, ids: torch.Tensor, feats: torch.
         x = draft.inputs(ids[:, (base + d).clamp(max=T - 1)], feats_in)            # [B, n, H]
         cos, sin = draft.model.rotary_emb(x, (base + d - 1).unsqueeze(0).expand(B, n))
         for i, layer in enumerate(draft.layers):
+            assert isinstance(layer, LlamaDecoderLayer), "a feature draft stacks Llama decoder layers"
             attn = layer.self_attn
             q, k, v = _project(attn, layer.input_layernorm(x), cos, sin)
             if d == 1:
@@ -141,7 +142,8 @@ def batch_loss(draft: FeatureDraftModel, batch: dict[str, torch.Tensor], cfg: Fe
     """Weighted loss over depths; returns (loss, top-1 agreement per depth)."""
     outs = unrolled_features(draft, batch["ids"], batch["feats"], cfg.depth)
     T = batch["ids"].shape[1]
-    total, agree = 0.0, []
+    total: torch.Tensor | float = 0.0
+    agree: list[float] = []
     for d, pred in enumerate(outs, start=1):
         n = T - 1 - (d - 1)                      # bases whose label position r+d is inside the sequence
         pred = pred[:, :n]                                            # [B, n, H]
@@ -153,6 +155,7 @@ def batch_loss(draft: FeatureDraftModel, batch: dict[str, torch.Tensor], cfg: Fe
         loss = loss + cfg.feature_weight * F.smooth_l1_loss(p, target_f)
         total = total + DEPTH_DECAY ** (d - 1) * loss
         agree.append(float(top1))
+    assert isinstance(total, torch.Tensor), "depth >= 1 adds a loss"
     return total, agree
 
 

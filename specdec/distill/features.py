@@ -87,9 +87,9 @@ def extract_text_features(target: Any, tokenizer: Any, texts: list[tuple[str, st
 
 def concat(parts: list[FeatureData | None]) -> FeatureData:
     """One FeatureData of several (None parts skipped)."""
-    parts = [p for p in parts if p is not None]
-    offsets = torch.cumsum(torch.tensor([0] + [int(p.ids.numel()) for p in parts[:-1]]), 0)
-    return FeatureData(torch.cat([p.ids for p in parts]), torch.cat([p.feats for p in parts]),
-                       torch.cat([p.top_ids for p in parts]), torch.cat([p.top_logits for p in parts]),
-                       torch.cat([p.starts + o for p, o in zip(parts, offsets)]),
-                       torch.cat([p.lengths for p in parts]))
+    present = [p for p in parts if p is not None]
+    offsets = torch.cumsum(torch.tensor([0] + [int(p.ids.numel()) for p in present[:-1]]), 0)
+    return FeatureData(torch.cat([p.ids for p in present]), torch.cat([p.feats for p in present]),
+                       torch.cat([p.top_ids for p in present]), torch.cat([p.top_logits for p in present]),
+                       torch.cat([p.starts + o for p, o in zip(present, offsets)]),
+                       torch.cat([p.lengths for p in present]))

@@ -14,8 +14,9 @@ import math
 import os
 import time
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -34,7 +35,8 @@ def choose_head_ids(records: list[Record], n: int, width: int, eos: list[int]) -
     """FR-Spec: the n most frequent tokens of the target's outputs (+ EOS), then prompt tokens, then low ids."""
     if n <= 0 or n >= width:
         return list(range(width))
-    gen, prompt = Counter(), Counter()
+    gen: Counter[int] = Counter()
+    prompt: Counter[int] = Counter()
     for r in records:
         ids = r.ids.tolist()
         gen.update(ids[r.n_prompt:])
@@ -73,7 +75,9 @@ def plan_epoch(lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> 
     """Shuffle records (seeded per epoch) and pack them into batches of <= batch_tokens padded tokens."""
     g = torch.Generator().manual_seed(seed * 100_003 + epoch)
     order = torch.randperm(len(lengths), generator=g).tolist()
-    batches, cur, longest = [], [], 0
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
     for i in order:
         n = lengths[i]
         if cur and max(longest, n) * (len(cur) + 1) > batch_tokens:
@@ -164,7 +168,7 @@ def train_step(draft: Any, opt: Any, own: list[torch.Tensor], batch: dict[str, t
     return loss.item(), agree.item()
 
 
-def optimizer_step(opt: Any, params: list[torch.Tensor], loss: torch.Tensor, lr: float) -> None:
+def optimizer_step(opt: Any, params: Sequence[torch.Tensor], loss: torch.Tensor, lr: float) -> None:
     """Backward `loss`, clip the gradient norm of `params` to CLIP_NORM and step `opt` at learning rate `lr`."""
     for group in opt.param_groups:
         group["lr"] = lr

@@ -138,6 +138,11 @@ class BatchQueue(Generic[I, T]):
             return False
         return self.max_wait_s <= 0 or len(self._last) <= 1
 
+    def _work(self, item: I) -> int:
+        """The tokens `item` computes; asked only where work_tokens is set (admission, chunked prefill)."""
+        assert self.work_tokens is not None, "work_tokens is set where the work is sized"
+        return self.work_tokens(item)
+
     def _admit(self, item: I, deadline_s: float) -> None:
         if self.work_tokens is None or self.ms_per_token <= 0:
             return
@@ -158,7 +163,7 @@ class BatchQueue(Generic[I, T]):
         it, a call that fits a batch runs in the next batch, behind at most one turn of the oldest long
         prefill (decode first, see prefill_turn_ms): not behind the whole of the long ones; a long prefill
         takes its turns after the long ones queued before it (first come, first served among them)."""
-        ahead = [self.work_tokens(entry[1]) for entry in self._pending]
+        ahead = [self._work(entry[1]) for entry in self._pending]
         batch_ms, chunk_ms = self.ms_per_token, self.chunk_ms_per_token or self.ms_per_token
         if not self.chunk_tokens:
             return (own + sum(ahead)) * batch_ms
@@ -192,7 +197,7 @@ class BatchQueue(Generic[I, T]):
         while self._pending:
             await self._wait_for_group()
             taken = self._take()
-            work = {id(entry): self.work_tokens(entry[1]) for entry in taken} if self.chunk_tokens else {}
+            work = {id(entry): self._work(entry[1]) for entry in taken} if self.chunk_tokens else {}
             decoding = any(tokens < PREFILL_MIN_TOKENS for tokens in work.values())
             batch, takers = self._split(taken, work, decoding)
             others_decoding = decoding or bool(batch) or self._decoded_lately()
@@ -272,10 +277,12 @@ class BatchQueue(Generic[I, T]):
         """One chunk (`tokens` tokens) of a prefill on the model thread; a failure fails that call alone. Its
         speed is learned as the long prefills' turns' (long_context) or the batches'."""
         _, item, future, _ = entry
+        prefill = self.prefill
+        assert prefill is not None, "turns are taken only with chunked prefill on"
         self.worker.state.prefill_chunks += 1
         started = time.perf_counter()
         try:
-            await self.worker.run_on_thread(lambda: self.prefill(item, tokens))
+            await self.worker.run_on_thread(lambda: prefill(item, tokens))
         except Exception as exc:  # noqa: BLE001 - handed to the caller
             if not future.done():
                 future.set_exception(exc)
@@ -303,8 +310,10 @@ class BatchQueue(Generic[I, T]):
         started = time.perf_counter()
         try:
             if turn:
+                batch_turn = self.batch_turn
+                assert batch_turn is not None, "a turn rides in a batch only with batch_turn set"
                 self.worker.state.prefill_chunks += 1
-                results, left = await self.worker.run_on_thread(lambda: self.batch_turn(items, turn[0][1], turn[1]))
+                results, left = await self.worker.run_on_thread(lambda: batch_turn(items, turn[0][1], turn[1]))
                 self._fail_turn(turn[0], left)
             else:
                 results = await self.worker.run_on_thread(lambda: self.batch_fn(items),
@@ -386,7 +395,7 @@ class BatchQueue(Generic[I, T]):
         if not self.chunk_tokens:
             return False
         budget = self.pass_prefill_tokens(others_decoding=True)
-        return any(self.work_tokens(entry[1]) > budget for entry in self._pending)
+        return any(self._work(entry[1]) > budget for entry in self._pending)
 
     async def _wait_until(self, deadline: float) -> None:
         while len(self._pending) < self.max_batch and not self._last <= {e[0] for e in self._pending}:
@@ -412,7 +421,7 @@ class BatchQueue(Generic[I, T]):
         return fits_inline(sum(self.inline_tokens(item) for item in items), self.inline_max_tokens)
 
     def _take(self) -> list[Entry]:
-        batch = []
+        batch: list[Entry] = []
         while self._pending and len(batch) < self.max_batch:
             entry = self._pending.popleft()
             if not entry[2].done():

@@ -99,7 +99,8 @@ class ModelDraft:
         self._check(inp)
         cfg = inp.sampling
         counts = token_counts(inp.context_ids, self.width) if cfg.has_penalties else None  # [V]
-        ids, dists, stats, runner_ups = list(inp.context_ids), [], ComputeStatsData(), []
+        dists: list[SparseDist] = []
+        ids, stats, runner_ups = list(inp.context_ids), ComputeStatsData(), []
         hashes = inp.prefix_hashes.copy() if inp.prefix_hashes is not None else None  # covers ids
         for i in range(inp.k):
             fwd = self.runner.extend(inp.session_id, ids, len(ids) - 1, hashes)  # logits: [1, V]

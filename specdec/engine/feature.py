@@ -23,7 +23,7 @@ from specdec.core.sampling import token_counts
 from specdec.engine.checks import check_lengths, check_token_ids
 from specdec.engine.draft import MODEL, ModelDraft
 from specdec.engine.kvcache import KVCachePool, SessionKV, common_prefix_len
-from specdec.engine.types import ComputeStatsData, HiddenRows, ProposeInput, ProposeOutput
+from specdec.engine.types import ComputeStatsData, HiddenRows, ProposeInput, ProposeOutput, SparseDist
 from specdec.errors import InvalidArgument
 
 MS_PER_S = 1000.0
@@ -117,7 +117,8 @@ class FeatureDraft:
         """k steps from f^_{L-1}: pick d_i from its logits, feed (d_i, f^) for the next."""
         cfg, L = inp.sampling, len(inp.context_ids)
         counts = token_counts(inp.context_ids, self.width) if cfg.has_penalties else None  # [V]
-        ids, dists = list(inp.context_ids), []
+        dists: list[SparseDist] = []
+        ids = list(inp.context_ids)
         start = time.perf_counter()
         for i in range(inp.k):
             token = ModelDraft.pick(self.model.full_logits(feature[0]).float(), cfg, counts,  # logits [1, V]

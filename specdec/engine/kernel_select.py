@@ -39,7 +39,8 @@ def _probes(model: nn.Module, cfg: KernelConfig, dtype: torch.dtype) -> list[_Pr
     probes = []
     for (d_in, _, _), layers in linear_shapes(model).items():
         picked = layers[:: max(1, len(layers) // cfg.probe_instances)][: cfg.probe_instances]
-        weights = [(m.weight.detach(), m.weight.detach().t().contiguous(), m.bias) for m in picked]
+        weights: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = [
+            (m.weight.detach(), m.weight.detach().t().contiguous(), m.bias) for m in picked]
         inputs = {rows: torch.randn(1, rows, d_in, generator=gen).to(dtype) for rows in cfg.band_rows}
         probes.append(_Probe(weights, len(layers), inputs))
     return probes
@@ -155,7 +156,7 @@ def plan_model(model: nn.Module, root: nn.Module, cfg: KernelConfig, cache_root:
     before = _logits(model, probe_ids)
     replaced, extra = apply_plan(root, plan)
     after = _logits(model, probe_ids)
-    if before is not None:
+    if before is not None and after is not None:
         ok, diff = logits_agree(before, after, cfg.atol(next(root.parameters()).dtype))
         if not ok:
             log.warning("kernel plan %s: logits differ by %.3g from nn.Linear's; using nn.Linear", plan.kernels, diff)
@@ -182,7 +183,7 @@ def restore_linears(root: nn.Module) -> None:
                 linear = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
                                    device="meta")
                 linear.weight = child.weight_std if child.weight_std is not None else nn.Parameter(
-                    child.weight_t.t().contiguous(), requires_grad=False)
+                    child.weight.contiguous(), requires_grad=False)
                 linear.bias = child.bias
                 setattr(parent, name, linear)
 

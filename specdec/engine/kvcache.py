@@ -93,6 +93,11 @@ class SessionKV:
         if self.ops is None:
             self.ops = torch_cache_ops()
 
+    @property
+    def _cache_ops(self) -> CacheOps:
+        assert self.ops is not None, "__post_init__ sets it"
+        return self.ops
+
     def held(self) -> int:
         """Positions this session counts against the budget: what it holds or its call may reach."""
         return max(len(self.tokens), self.reserved)
@@ -105,7 +110,7 @@ class SessionKV:
         dropped = len(self.tokens) - n
         if dropped <= 0:
             return 0
-        self.ops.truncate(self.cache, n)
+        self._cache_ops.truncate(self.cache, n)
         del self.tokens[n:]
         if self.hashes is not None:
             self.hashes.truncate(min(n, len(self.hashes)))
@@ -128,7 +133,7 @@ class SessionKV:
         (with `hidden`) hidden rows. A copy, not shared storage: each session truncates and grows its own."""
         if len(self.tokens):
             raise ValueError("only an empty cache adopts another session's prefix")
-        self.ops.copy_prefix(self.cache, donor.cache, n)
+        self._cache_ops.copy_prefix(self.cache, donor.cache, n)
         self.tokens = list(donor.tokens[:n])
         self.anchor = donor.anchor
         if donor.hashes is not None and len(donor.hashes) == len(donor.tokens):

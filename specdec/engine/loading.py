@@ -287,7 +287,7 @@ def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
     override; `cfg.draft_kind` is the default kind), or n-gram alone."""
     ngram = NgramDraft(cfg.ngram_min_n, cfg.ngram_max_n, cfg.ngram_prefer)
     if cfg.draft_kind == NGRAM:
-        info = dict(model_id="ngram", draft_kind=NGRAM, max_k=cfg.max_k, device="cpu")
+        info: dict[str, Any] = dict(model_id="ngram", draft_kind=NGRAM, max_k=cfg.max_k, device="cpu")
         return ModelBundle("draft", "ngram", {NGRAM: ngram}, NGRAM, info, inline_max_tokens=cfg.inline_max_tokens)
     if cfg.draft_kind not in DRAFT_SERVICE_KINDS:
         raise ValueError(f"draft kind must be one of {DRAFT_SERVICE_KINDS}, got {cfg.draft_kind!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -117,6 +118,7 @@ class TargetEngine:
         items = [ExtendItem(inputs[i].session_id, inputs[i].ids,
                             len(inputs[i].context_ids) - 1, inputs[i].prefix_hashes, inputs[i].hidden_from >= 0)
                  for i in todo] + extra
+        forwards: Sequence[ForwardResult | SpecDecError]
         try:
             forwards = self.runner.extend_batch(items) if items else []
         except SpecDecError as exc:
@@ -125,11 +127,14 @@ class TargetEngine:
             else:
                 forwards = [self._extend_alone(item) for item in items]
         for i in todo:
-            if inputs[i].on_forward is not None:
-                inputs[i].on_forward()
+            on_forward = inputs[i].on_forward
+            if on_forward is not None:
+                on_forward()
         for i, fwd in zip(todo, forwards):
             results[i] = fwd if isinstance(fwd, SpecDecError) else self._judge(inputs[i], fwd)
-        return results, forwards[len(todo):]
+        verdicts = [result for result in results if result is not None]
+        assert len(verdicts) == len(inputs), "each input was refused or judged"
+        return verdicts, list(forwards[len(todo):])
 
     def _extend_alone(self, item: ExtendItem) -> ForwardResult | SpecDecError:
         try:
@@ -146,10 +151,12 @@ class TargetEngine:
         else:
             p = logits_to_probs(fwd.logits, inp.sampling, history)  # [k+1, V]
         q = self._dense_q(inp.draft_probs, k)
-        first_position = inp.position_base + len(inp.context_ids)
-        result = accept(inp.draft_ids, p, q,
-                        generators=None if inp.sampling.greedy else round_generators(inp.sampling.seed, first_position),
-                        greedy=inp.sampling.greedy, all_rows=not inp.verdict_only)
+        generators = None
+        if not inp.sampling.greedy:
+            assert inp.sampling.seed is not None, "resolve_sampling draws a seed"
+            generators = round_generators(inp.sampling.seed, first_position=inp.position_base + len(inp.context_ids))
+        result = accept(inp.draft_ids, p, q, generators=generators, greedy=inp.sampling.greedy,
+                        all_rows=not inp.verdict_only)
         emitted = result.emitted(inp.draft_ids)
         logprobs = token_logprobs(fwd.logits, emitted, inp.logprobs)
         stats = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
 from specdec.engine.growing_layer import GrowingLayer, new_session_cache
 from specdec.errors import UnsupportedCacheError
@@ -33,6 +33,7 @@ class TorchCacheOps:
                 layer.truncate(n)
             elif type(layer) is DynamicLayer:
                 if layer.is_initialized:
+                    assert layer.keys is not None and layer.values is not None, "an initialized layer holds K/V"
                     layer.keys = layer.keys[..., :n, :]
                     layer.values = layer.values[..., :n, :]
             else:
@@ -41,7 +42,8 @@ class TorchCacheOps:
     def copy_prefix(self, cache: DynamicCache, donor: DynamicCache, n: int) -> None:
         """Fill the empty `cache` with a copy of `donor`'s first n positions (its own storage)."""
         for index, layer in enumerate(donor.layers):
-            if layer.keys is None or not getattr(layer, "is_initialized", True):
+            if (not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None
+                    or not getattr(layer, "is_initialized", True)):
                 raise UnsupportedCacheError(f"layer {index} of the donor holds nothing")
             cache.update(layer.keys[..., :n, :], layer.values[..., :n, :], index)
 

@@ -21,7 +21,8 @@ FLAGS_THAT_MATTER = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "
 @functools.cache
 def cpu_model_and_flags() -> tuple[str, tuple[str, ...]]:
     """(model name, the FLAGS_THAT_MATTER this CPU has), from /proc/cpuinfo where there is one."""
-    model, flags = platform.processor() or platform.machine(), set()
+    model = platform.processor() or platform.machine()
+    flags: set[str] = set()
     try:
         for line in CPUINFO.read_text().splitlines():
             key, _, value = line.partition(":")

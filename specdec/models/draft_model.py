@@ -42,6 +42,9 @@ class DraftForCausalLM(LlamaForCausalLM):
     exactly what ``CausalLMRunner`` expects of any causal LM.
     """
 
+    head_ids: torch.Tensor      # registered buffers
+    head_weight: torch.Tensor
+
     def attach(self, target: Any, head_ids: Sequence[int] | torch.Tensor | None) -> None:
         """Share the target's embedding, final norm and LM head; set the restricted head."""
         self.model.embed_tokens = target.get_input_embeddings()
@@ -125,7 +128,7 @@ def build_draft(target: Any, layers: int, head_ids: Sequence[int] | torch.Tensor
     cfg = draft_config_for(target.config, layers)
     with torch.random.fork_rng(devices=[]):  # default init draws from the global RNG; keep it untouched
         draft = DraftForCausalLM(cfg)
-    draft.to(dtype=target.dtype, device=target.device)
+    draft.to(dtype=target.dtype, device=target.device)  # type: ignore[call-arg]  # transformers' wraps-decorated to
     draft.attach(target, head_ids)
     if init_from_target:
         src = init_layer_indices(cfg_layers(target.config), layers)
@@ -169,6 +172,6 @@ def assemble(target: Any, directory: str | Path) -> DraftForCausalLM:
         head_ids = f.get_tensor(HEAD_KEY).long()
     draft = build_draft(target, int(config["layers"]), head_ids, init_from_target=False)
     load_draft_weights(draft, directory)
-    draft.to(dtype=target.dtype)
+    draft.to(dtype=target.dtype)  # type: ignore[call-arg]  # transformers' wraps-decorated to
     draft.refresh_head()
     return draft.eval()

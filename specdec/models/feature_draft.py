@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaModel
+from transformers import GenerationConfig, LlamaConfig, LlamaModel
 
 from specdec.models.compat import cache_argument
 from specdec.models.draft_format import HEAD_KEY, WEIGHTS, cfg_layers, init_layer_indices, read_draft_config, write_draft
@@ -53,6 +53,13 @@ def feature_config_for(target_config: Any, layers: int = 1) -> LlamaConfig:
     return cfg
 
 
+def _weight(linear: nn.Module) -> torch.Tensor:
+    """A shared linear's [out, in] weight (nn.Linear's parameter, or the property of its layout drop-ins)."""
+    weight = linear.weight
+    assert isinstance(weight, torch.Tensor), "the shared LM head is a linear"
+    return weight
+
+
 class FeatureDraftModel(nn.Module):
     """fc + one Llama decoder layer (+ its norm) around a target's shared embedding and LM head.
 
@@ -63,6 +70,10 @@ class FeatureDraftModel(nn.Module):
         head_ids: FR-Spec head set (vocabulary ids; None = the whole vocabulary).
     """
 
+    head_ids: torch.Tensor                         # registered buffers
+    head_weight: torch.Tensor
+    generation_config: GenerationConfig | None     # the target's, for callers that read it
+
     def __init__(self, config: LlamaConfig, embed: nn.Module, lm_head: nn.Module,
                  head_ids: Sequence[int] | torch.Tensor | None) -> None:
         super().__init__()
@@ -71,9 +82,9 @@ class FeatureDraftModel(nn.Module):
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
         with torch.random.fork_rng(devices=[]):  # default init draws from the global RNG; keep it untouched
             self.model = LlamaModel(config)
-        self.model.embed_tokens = None
+        self.model.register_module("embed_tokens", None)   # the target's embedding is shared
         self._shared = {"embed": embed, "lm_head": lm_head}   # not submodules: never saved, never trained
-        width = lm_head.weight.shape[0]
+        width = _weight(lm_head).shape[0]
         ids = torch.arange(width) if head_ids is None else torch.unique(torch.as_tensor(head_ids, dtype=torch.long))
         if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= width:
             raise ValueError(f"head token ids must lie in [0, {width})")
@@ -82,7 +93,7 @@ class FeatureDraftModel(nn.Module):
 
     @property
     def logits_width(self) -> int:
-        return self._shared["lm_head"].weight.shape[0]
+        return _weight(self._shared["lm_head"]).shape[0]
 
     @property
     def layers(self) -> nn.ModuleList:
@@ -91,7 +102,8 @@ class FeatureDraftModel(nn.Module):
     def refresh_head(self) -> None:
         """Recompute the restricted head weight [N, H] from the (shared) LM head."""
         with torch.no_grad():
-            weight = self._shared["lm_head"].weight.index_select(0, self.head_ids.to(self._shared["lm_head"].weight.device))
+            head = _weight(self._shared["lm_head"])
+            weight = head.index_select(0, self.head_ids.to(head.device))
         self.register_buffer("head_weight", weight, persistent=False)
         if getattr(self, "head_weight_t", None) is not None:
             input_major_head(self)

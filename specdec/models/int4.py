@@ -83,6 +83,10 @@ def dequantize_groups(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tens
 class Int4Linear(nn.Module):
     """A drop-in for an inference-only nn.Linear with group-wise int4 weights and bf16 activations."""
 
+    packed: torch.Tensor       # registered buffers
+    scale_zero: torch.Tensor
+    dense: torch.Tensor
+
     def __init__(self, linear: nn.Linear, max_rows: int) -> None:
         super().__init__()
         if not int4_supported(linear):

@@ -47,6 +47,8 @@ def int8_available() -> bool:
 class Int8Linear(nn.Module):
     """A drop-in for an inference-only float32 nn.Linear with per-channel int8 weights."""
 
+    pin: torch.Tensor   # registered buffer
+
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features

@@ -49,10 +49,11 @@ ONEDNN_KERNELS = ("onednn", "im_onednn")
 def run_kernel(kernel: str, x: torch.Tensor, w: torch.Tensor | None, w_t: torch.Tensor | None,
                bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., in] -> [..., out] with `kernel`: w is the [out, in] weight, w_t the [in, out] copy."""
-    if kernel == "linear":
-        return F.linear(x, w, bias)
-    if kernel == "onednn":
-        return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+    if kernel == "linear" or kernel == "onednn":
+        assert w is not None, "a standard kernel reads the [out, in] weight"
+        return F.linear(x, w, bias) if kernel == "linear" else torch.ops.mkldnn._linear_pointwise(
+            x, w, bias, "none", [], "")
+    assert w_t is not None, "an input-major kernel reads the [in, out] copy"
     if kernel == "im_onednn":
         return torch.ops.mkldnn._linear_pointwise(x, w_t.t(), bias, "none", [], "")
     y = torch.matmul(x, w_t)
@@ -128,8 +129,9 @@ def pick_fastest(band_rows: Sequence[int], timings_ms: dict[str, dict[str, float
         return fastest
     best_single, best_cost = fastest, float("inf")
     for layout in (STANDARD, INPUT_MAJOR):
-        picks = [min((k for k in t if KERNELS[k] == layout), key=t.__getitem__, default=None) for t in times]
-        if None in picks:
+        found = [min((k for k in t if KERNELS[k] == layout), key=t.__getitem__, default=None) for t in times]
+        picks = [k for k in found if k is not None]
+        if len(picks) < len(found):    # a band without a timing of this layout
             continue
         cost = sum(t[k] / t[f] for t, k, f in zip(times, picks, fastest)) / len(times)
         if cost < best_cost:
@@ -255,7 +257,10 @@ class PlannedLinear(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:  # [out, in]
-        return self.weight_std if self.weight_std is not None else self.weight_t.t()
+        if self.weight_std is not None:
+            return self.weight_std
+        assert self.weight_t is not None, "a plan keeps one layout at least"
+        return self.weight_t.t()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         rows = x.numel() // self.in_features

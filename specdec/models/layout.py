@@ -126,5 +126,8 @@ def head_logits(hidden: torch.Tensor, head: torch.Tensor, head_t: torch.Tensor |
 def input_major_head(model: nn.Module) -> int:
     """Give a restricted head (`model.head_weight` [N, H]) its input-major copy `head_weight_t` [H, N],
     which `head_logits` then uses; returns the copy's bytes. Call again after `head_weight` changes."""
-    model.register_buffer("head_weight_t", model.head_weight.t().contiguous(), persistent=False)
-    return model.head_weight_t.numel() * model.head_weight_t.element_size()
+    head = model.head_weight
+    assert isinstance(head, torch.Tensor), "a restricted head is an [N, H] buffer"
+    head_t = head.t().contiguous()
+    model.register_buffer("head_weight_t", head_t, persistent=False)
+    return head_t.numel() * head_t.element_size()

@@ -134,7 +134,7 @@ def _read_model(directory: Path, spec: ModelSpec, device: torch.device, dtype: t
         model = AutoModelForCausalLM.from_pretrained(
             str(directory), config=config, dtype=dtype, device_map=device_map, local_files_only=True
         )
-        model = model.to(device).eval()
+        model = model.to(device).eval()  # type: ignore[arg-type]  # transformers' wraps-decorated to
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, MemoryError) as exc:
         raise _wrap_load_error(exc, spec, "the model", f"{device} as {dtype}") from exc
     return model, tokenizer
