@@ -89,7 +89,7 @@ class HFBaselines:
     """The target (and a draft model, if any) loaded in this process."""
 
     def __init__(self, target_model: str, threads: int, settings: HFSettings, dtype: str = "float32") -> None:
-        from specdec.engine.loading import quantize_weights, weight_quantization
+        from specdec.engine.torch_loading import quantize_weights, weight_quantization
         from specdec.models.loader import LoadConfig, load_causal_lm
 
         self.threads = threads

@@ -296,7 +296,7 @@ def _services_verify_costs(hf: Any, verify_hf: dict, n_max: int, args: BenchArgs
 
     from specdec.config import ModelServiceConfig
     from specdec.engine.kernel_select import plan_model
-    from specdec.engine.loading import QUANTIZED_KERNELS
+    from specdec.engine.torch_loading import QUANTIZED_KERNELS
     from specdec.models.load_config import load_config
 
     cfg = ModelServiceConfig(role="target")

@@ -2,35 +2,27 @@
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specdec.config import KernelConfig, ModelServiceConfig
+from specdec.config import ModelServiceConfig
 from specdec.engine.draft import COMBINED, DRAFT_SERVICE_KINDS, MODEL, NGRAM, CombinedDraft, ModelDraft, NgramDraft
 from specdec.engine.feature import FeatureDraft
-from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
-from specdec.engine.kernel_select import default_plan, plan_model
-from specdec.models.kernels import INPUT_MAJOR, KERNELS, KernelPlan
-from specdec.models.int4 import quantize_linears_int4, wants_int4
-from specdec.models.int8 import quantize_linears, wants_int8
-from specdec.models.layout import input_major_head
+from specdec.engine.kvcache import KVCachePool
 from specdec.engine.runner import ENGINES, Runner
-from specdec.engine.torch_runner import CausalLMRunner
 from specdec.engine.target import TargetEngine
-from specdec.models.feature_draft import FeatureDraftModel
-from specdec.models.architecture import check_cache_truncatable
 from specdec.models.load_config import load_config
-from specdec.models.loader import load_causal_lm, load_tokenizer
 from specdec.models.resolve import resolve_gguf_file
 from specdec.models.spec import parse_model_spec
-from specdec.models.tokenizer_info import describe_tokenizer, eos_token_ids
+from specdec.models.tokenizer_apart import describe_apart
+
+if TYPE_CHECKING:
+    from specdec.models.kernels import KernelPlan
 
 log = logging.getLogger("specdec.engine")
 
@@ -56,74 +48,6 @@ class ModelBundle:
     engine_detail: str = ""
 
 
-# Tokens of the forward that checks the chosen kernels' logits against nn.Linear's at load.
-KERNEL_PROBE_TOKENS = 8
-
-
-def _plan_kernels(cfg: ModelServiceConfig, model: Any, cache_root: Any) -> KernelPlan:
-    """Time and apply the CPU linear kernels (specdec/engine/kernel_select.py) for the part of the
-    model it owns (a trained draft: its own layers, not the target's shared head)."""
-    if model.device.type != "cpu" or model.dtype not in (torch.float32, torch.bfloat16):
-        return default_plan()
-    root = model.kernel_root() if hasattr(model, "kernel_root") else model
-    probe = None
-    if not isinstance(model, FeatureDraftModel):   # a causal LM: check its logits too
-        width = model.get_output_embeddings().weight.shape[0]
-        probe = (torch.arange(1, KERNEL_PROBE_TOKENS + 1) * 7 % width).unsqueeze(0)
-    plan = plan_model(model, root, cfg.kernels, cache_root, probe)
-    if root is not model and KERNELS[plan.kernel_for(1)] == INPUT_MAJOR:
-        input_major_head(model)       # the restricted head of a draft step (one row)
-    log.info("%s: linear kernels %s, chosen in %.2fs", cfg.model, plan.describe(), plan.seconds)
-    return plan
-
-
-# The kernel a quantized dtype runs every band on (Info metadata, metrics).
-QUANTIZED_KERNELS = {"int8": "int8_fbgemm", "int4": "int4_weight_only"}
-
-
-def weight_quantization(dtype: str) -> str | None:
-    """"int8" or "int4" where a service's dtype option asks for quantized weights, else None."""
-    return "int8" if wants_int8(dtype) else "int4" if wants_int4(dtype) else None
-
-
-def quantize_weights(model: Any, quant: str, int4_max_rows: int | None = None) -> tuple[int, int, str]:
-    """Put the linears of the part of `model` a service owns on torch's int8 GEMM (float32
-    activations) or its weight-only int4 GEMM (bfloat16 activations; the LM head stays bfloat16
-    dense, specdec/models/int4.py): what a model service does at load, and what the bench does to its
-    in-process Hugging Face target so that both run the same weights.
-    Returns (layers replaced, quantized weight bytes, the activations' dtype)."""
-    if model.device.type != "cpu":
-        raise ValueError(f"dtype {quant} runs on CPU only (the model is on {model.device})")
-    if quant == "int8":
-        root = model.kernel_root() if hasattr(model, "kernel_root") else model
-        return (*quantize_linears(root), "float32")
-    if hasattr(model, "kernel_root"):
-        raise ValueError("dtype int4 is for a whole causal LM (a target or a plain model draft), "
-                         "not a trained draft that shares the target's tensors")
-    max_rows = KernelConfig().int4_max_rows if int4_max_rows is None else int4_max_rows
-    return (*quantize_linears_int4(model, max_rows, keep=(model.get_output_embeddings(),)), "bfloat16")
-
-
-def _quantized_plan(cfg: ModelServiceConfig, model: Any, quant: str) -> KernelPlan:
-    """--dtype int8 / int4: the service's linears quantized (quantize_weights), as a fixed plan."""
-    replaced, nbytes, activations = quantize_weights(model, quant, cfg.kernels.int4_max_rows)
-    log.info("%s: %d linear layers with %s weights (%d bytes; activations %s)", cfg.model, replaced, quant,
-             nbytes, activations)
-    bands = default_plan().band_rows
-    return KernelPlan(bands, (QUANTIZED_KERNELS[quant],) * len(bands), {}, "dtype")
-
-
-ROW_INVARIANT_CHOICES = ("auto", "on", "off")
-
-
-def wants_row_invariant(setting: str, quantized: bool) -> bool:
-    """SPECDEC_ROW_INVARIANT: auto (on for int8 / int4 weights), on or off."""
-    value = setting.strip().lower()
-    if value not in ROW_INVARIANT_CHOICES:
-        raise ValueError(f"row_invariant must be one of {ROW_INVARIANT_CHOICES}, got {setting!r}")
-    return quantized if value == "auto" else value == "on"
-
-
 ENGINE_CHOICES = ("auto", *ENGINES)
 
 
@@ -147,15 +71,6 @@ def choose_engine(cfg: ModelServiceConfig) -> str:
     return "llamacpp"
 
 
-def release_free_memory() -> None:
-    """Give freed heap back to the system (glibc's malloc_trim; a no-op elsewhere)."""
-    gc.collect()
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def _load_llamacpp(cfg: ModelServiceConfig) -> tuple[Any, dict[str, Any], float]:
     """A GGUF model on the llama.cpp runner, its tokenizer read from the GGUF: (runner, info, load seconds)."""
     from specdec.engine.llamacpp_runner import LlamaCppRunner, LlamaCppSettings
@@ -168,11 +83,8 @@ def _load_llamacpp(cfg: ModelServiceConfig) -> tuple[Any, dict[str, Any], float]
     started = time.perf_counter()
     load_cfg = load_config("cpu", "auto", cfg.cache_dir, cfg.offline)
     path, _ = resolve_gguf_file(spec, load_cfg)
-    tokenizer = load_tokenizer(spec, load_cfg)
-    tok = describe_tokenizer(tokenizer)
-    eos = eos_token_ids(None, tokenizer)
-    del tokenizer
-    release_free_memory()   # the GGUF tokenizer's parse leaves ~40 MB of freed heap (SmolLM2) in malloc's arenas
+    tok = describe_apart(cfg.model, cfg.cache_dir, load_cfg.offline)  # transformers' GGUF reader stays out
+    eos = list(tok.eos_ids)
     torch.set_num_threads(1)   # torch only runs the accept rule here: no OpenMP team beside ggml's
     ll = cfg.llamacpp
     settings = LlamaCppSettings(
@@ -190,43 +102,6 @@ def _load_llamacpp(cfg: ModelServiceConfig) -> tuple[Any, dict[str, Any], float]
     log.info("%s: llama.cpp (%s kernels, %d threads, %d KV cells, %d sessions) loaded in %.2fs", cfg.model,
              runner.lib.cpu_variant or "built-in", settings.threads, runner.kv_tokens, settings.sessions, seconds)
     return runner, info, seconds
-
-
-def _load(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = False
-          ) -> tuple[Any, Any, CausalLMRunner, dict[str, Any], float, KernelPlan]:
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
-    quant = weight_quantization(cfg.dtype)
-    load_cfg = load_config(cfg.device, "float32" if quant else cfg.dtype, cfg.cache_dir, cfg.offline)
-    loaded = load_causal_lm(parse_model_spec(cfg.model), load_cfg)
-    model, tokenizer = loaded.model, loaded.tokenizer
-    check_cache_truncatable(model.config)
-    plan = _quantized_plan(cfg, model, quant) if quant else _plan_kernels(cfg, model, load_cfg.cache_root())
-    dtype_bytes = torch.finfo(model.dtype).bits // 8
-    feature = isinstance(model, FeatureDraftModel)
-    per_token = kv_bytes_per_token(model.config, dtype_bytes)
-    if keep_hidden or feature:  # the hidden rows kept beside the KV (a feature draft keeps them in fp32)
-        per_token += model.config.get_text_config().hidden_size * (4 if feature else dtype_bytes)
-    pool = KVCachePool(cfg.cache_budget_bytes, per_token, model.config,
-                       share_min_tokens=0 if feature else cfg.prefix_share_min_tokens)  # a feature draft's cache is keyed apart
-    row_invariant = not feature and wants_row_invariant(cfg.row_invariant, quant is not None)
-    runner = CausalLMRunner(model, pool, batching=batching and not feature, keep_hidden=keep_hidden,
-                            row_invariant=row_invariant)
-    if row_invariant:
-        log.info("%s: row-invariant attention (returned rows attend one at a time)", cfg.model)
-    if batching and not runner.batching:
-        log.warning("%s: attention cannot be switched to ragged batching; verifying one session per pass",
-                    cfg.model)
-    tok = describe_tokenizer(tokenizer)
-    text_cfg = model.config.get_text_config()
-    info = dict(
-        model_id=cfg.model, vocab_size=tok.vocab_size, logits_width=model.get_output_embeddings().weight.shape[0],
-        tokenizer_fingerprint=tok.fingerprint, eos_token_ids=eos_token_ids(model, tokenizer),
-        max_context=int(getattr(text_cfg, "max_position_embeddings", 0) or 0), special_tokens=tok.special_tokens,
-        device=str(runner.device), dtype=quant or str(model.dtype).replace("torch.", ""), hidden_size=text_cfg.hidden_size,
-        cache_budget_bytes=cfg.cache_budget_bytes, max_k=cfg.max_k,
-    )
-    return model, tokenizer, runner, info, loaded.load_seconds, plan
 
 
 def forwards_on_loop(configured: int, device: str = "cpu", bounded_passes: bool = True,
@@ -258,11 +133,15 @@ def inline_limit(configured: int, loop_forwards: bool = False, threads: int | No
 
 def _load_runner(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = False
                  ) -> tuple[Any, Runner, dict[str, Any], float, KernelPlan | None, int]:
-    """The service's model on its engine: (model or None, runner, info, load seconds, kernel plan, threads)."""
+    """The service's model on its engine: (model or None, runner, info, load seconds, kernel plan, threads).
+    The torch path is imported only when it runs: a llama.cpp service never loads transformers' model code
+    (about 130 MB of its resident memory)."""
     if choose_engine(cfg) == "llamacpp":
         runner, info, seconds = _load_llamacpp(cfg)
         return None, runner, info, seconds, None, runner.settings.threads
-    model, _, runner, info, seconds, plan = _load(cfg, batching=batching, keep_hidden=keep_hidden)
+    from specdec.engine.torch_loading import load_torch
+
+    model, _, runner, info, seconds, plan = load_torch(cfg, batching=batching, keep_hidden=keep_hidden)
     return model, runner, info, seconds, plan, torch.get_num_threads()
 
 
@@ -293,7 +172,9 @@ def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
         raise ValueError(f"draft kind must be one of {DRAFT_SERVICE_KINDS}, got {cfg.draft_kind!r}")
     model, runner, info, seconds, plan, threads = _load_runner(cfg)
     engines: dict[str, Any] = {NGRAM: ngram}
-    if isinstance(model, FeatureDraftModel):  # fed the target's rows every round: no lookup rounds in between
+    if model is not None:  # torch
+        from specdec.engine.torch_loading import is_feature_draft
+    if model is not None and is_feature_draft(model):  # fed the target's rows every round: no lookup rounds
         if cfg.draft_kind == COMBINED:
             raise ValueError("a feature (EAGLE-style) draft cannot be combined with prompt lookup; use --draft-kind model")
         engines[MODEL] = FeatureDraft(model, runner.pool, info["max_context"], info["eos_token_ids"])

@@ -12,7 +12,8 @@ from torch.nn import functional as F
 
 from specdec.config import ModelServiceConfig
 from specdec.engine.kvcache import kv_bytes_per_token
-from specdec.engine.loading import load_target, quantize_weights, weight_quantization
+from specdec.engine.loading import load_target
+from specdec.engine.torch_loading import quantize_weights, weight_quantization
 from specdec.models.int4 import (GROUP_SIZE, LEVELS, Int4Linear, dequantize_groups, int4_available,
                                  quantize_groups, quantize_linears_int4, wants_int4)
 from specdec.models.row_groups import RowGroups, current_row_groups, row_groups

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from specdec.config import ModelServiceConfig
-from specdec.engine.loading import load_target, wants_row_invariant
+from specdec.engine.loading import load_target
+from specdec.engine.torch_loading import wants_row_invariant
 from specdec.engine.runner import ExtendItem
 from specdec.engine.torch_runner import CausalLMRunner
 from specdec.models.int4 import int4_available
