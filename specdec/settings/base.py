@@ -101,8 +101,9 @@ def allowed(field: FieldInfo) -> str:
         return "one of " + ", ".join(str(choice) for choice in get_args(annotation))
     if get_origin(annotation) is tuple:
         return "comma-separated list"
-    optional = type(None) in get_args(annotation)
-    kind = KINDS.get(next((a for a in get_args(annotation) if a is not type(None)), None) if optional else annotation)
+    if type(None) in get_args(annotation):  # optional: what it holds when set
+        annotation = next(a for a in get_args(annotation) if a is not type(None))
+    kind = KINDS.get(annotation) if isinstance(annotation, type) else None
     limits = {key: getattr(meta, key) for meta in field.metadata for key, _ in BOUNDS if hasattr(meta, key)}
     if "ge" in limits and "le" in limits:
         return f"{kind} from {limits['ge']} to {limits['le']}"
@@ -167,7 +168,9 @@ class SpecdecSettings(BaseSettings):
         cls,
         settings_cls: type[BaseSettings],
         init_settings: PydanticBaseSettingsSource,
-        **_others: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Keyword arguments, then the declared variables (no .env file, no secrets directory)."""
         return init_settings, DeclaredEnvironment(settings_cls)

@@ -85,13 +85,13 @@ def cell(text: str) -> str:
 def rows() -> list[str]:
     """One Markdown row per variable, sorted by name; a variable several services read names them all."""
     found: dict[str, tuple[FieldInfo, list[str]]] = {}
-    for readers, model in READERS:
+    for reader, model in READERS:
         for field in settings_fields(model):
             name = env_name(field)
             if name:
                 entry = found.setdefault(name, (field, []))
-                if readers not in entry[1]:
-                    entry[1].append(readers)
+                if reader not in entry[1]:
+                    entry[1].append(reader)
     lines = []
     for name in sorted(found):
         field, readers = found[name]

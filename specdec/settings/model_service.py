@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
 from specdec.settings.base import GIB, MIB, SpecdecSettings, env, lower_stripped
 from specdec.settings.shared import AUTO, ON, ContextSettings, HealthConfig, Limits, ModelCache, ServerConfig
+
+if TYPE_CHECKING:
+    import torch
 
 # Row-count bands the linear kernels are chosen for (specdec/models/kernels.py), by their upper
 # ends: a decode step (1 row), a verify pass of k + 1 <= 5 rows (k = 4, the default) and up to
@@ -59,7 +62,7 @@ class KernelConfig(SpecdecSettings):
         ge=1,
     )
 
-    def atol(self, dtype: torch.dtype) -> float:  # noqa: F821 - torch is not imported by config
+    def atol(self, dtype: torch.dtype) -> float:
         """The check tolerance for weights of `dtype`."""
         return self.check_atol if str(dtype) == FLOAT32 else self.check_atol_low
 
