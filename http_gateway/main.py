@@ -1,11 +1,11 @@
 """`specdec serve http`: run the OpenAI-compatible gateway until SIGTERM/SIGINT.
 
-Environment (flags override): SPECDEC_ORCHESTRATOR (orchestrator address),
+Its settings (specdec.config.GatewaySettings; flags override them): SPECDEC_ORCHESTRATOR (orchestrator address),
 SPECDEC_HTTP_HOST, SPECDEC_HTTP_PORT, SPECDEC_AUTH_TOKENS or SPECDEC_AUTH_TOKENS_FILE (comma-separated bearer
-tokens; empty = no auth at the gateway, the token is still forwarded),
-SPECDEC_ORCHESTRATOR_TLS=1 and SPECDEC_TLS_CA (TLS to the orchestrator),
-SPECDEC_HTTP_REQUEST_TIMEOUT (seconds, the gRPC deadline of one generation),
-SPECDEC_HTTP_MAX_N (the largest OpenAI `n`, choices per request; default 16).
+tokens; empty = no auth at the gateway, the token is still forwarded), SPECDEC_ORCHESTRATOR_TLS=1 and
+SPECDEC_TLS_CA (TLS to the orchestrator), SPECDEC_HTTP_REQUEST_TIMEOUT (seconds, the gRPC deadline of one
+generation), SPECDEC_HTTP_MAX_N (the largest OpenAI `n`), SPECDEC_MAX_MESSAGE_BYTES (shared with the services).
+docs/configuration.md lists them with their defaults and ranges.
 """
 
 from __future__ import annotations
@@ -13,27 +13,31 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from typing import Any
 
 from aiohttp import web
 
-from specdec.config import env_bool, env_float, env_int, env_secret, env_str
-
 from http_gateway.app import GatewayConfig, build_app
+from specdec.config import GatewaySettings
 
-DEFAULT_HTTP_PORT = 8000
 
+def config_from_env(**overrides: Any) -> GatewayConfig:
+    """GatewayConfig from the environment (GatewaySettings), keyword arguments (flags; None = unset) over it.
 
-def config_from_env() -> GatewayConfig:
-    """GatewayConfig from the environment."""
+    Raises:
+        ConfigError: a setting cannot be used (the message names it and what it allows).
+    """
+    settings = GatewaySettings(**{name: value for name, value in overrides.items() if value is not None})
     return GatewayConfig(
-        orchestrator=env_str("SPECDEC_ORCHESTRATOR", "127.0.0.1:50050"),
-        host=env_str("SPECDEC_HTTP_HOST", "127.0.0.1"),
-        port=env_int("SPECDEC_HTTP_PORT", DEFAULT_HTTP_PORT),
-        auth_tokens=tuple(t for t in env_secret("SPECDEC_AUTH_TOKENS").split(",") if t),
-        tls=env_bool("SPECDEC_ORCHESTRATOR_TLS"),
-        tls_ca=env_str("SPECDEC_TLS_CA"),
-        request_timeout_s=env_float("SPECDEC_HTTP_REQUEST_TIMEOUT", 600.0),
-        max_n=env_int("SPECDEC_HTTP_MAX_N", GatewayConfig.max_n),
+        orchestrator=settings.orchestrator,
+        host=settings.host,
+        port=settings.port,
+        auth_tokens=settings.auth_tokens,
+        tls=settings.orchestrator_tls,
+        tls_ca=settings.tls.ca,
+        request_timeout_s=settings.request_timeout_s,
+        max_message_bytes=settings.max_message_bytes,
+        max_n=settings.max_n,
     )
 
 
@@ -44,8 +48,11 @@ async def serve(cfg: GatewayConfig) -> None:
     site = web.TCPSite(runner, cfg.host, cfg.port)
     await site.start()
     port = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else cfg.port
-    print(f"specdec http listening on http://{cfg.host}:{port} (orchestrator {cfg.orchestrator})",
-          file=sys.stderr, flush=True)
+    print(
+        f"specdec http listening on http://{cfg.host}:{port} (orchestrator {cfg.orchestrator})",
+        file=sys.stderr,
+        flush=True,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -20,7 +20,14 @@ import sys
 import time
 
 from specdec import spin
-from specdec.config import DEFAULT_DRAFT_PORT, DEFAULT_MODELS, DEFAULT_ORCHESTRATOR_PORT, DEFAULT_TARGET_PORT, env_int
+from specdec.config import (
+    DEFAULT_DRAFT_PORT,
+    DEFAULT_MODELS,
+    DEFAULT_ORCHESTRATOR_PORT,
+    DEFAULT_TARGET_PORT,
+    CommandSettings,
+    ConfigError,
+)
 from specdec.params import DEFAULTS, MODEL_DRAFT_KINDS
 
 EXIT_USAGE, EXIT_LOAD_ERROR = 2, 2
@@ -82,7 +89,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else:
             from target_service.main import serve
     _apply(cfg.server, args, ["host", "metrics_port"])
-    cfg.server.port = args.port if args.port is not None else env_int("SPECDEC_PORT", DEFAULT_PORTS[args.role])
+    port = args.port if args.port is not None else CommandSettings().port
+    cfg.server.port = DEFAULT_PORTS[args.role] if port is None else port
     try:
         with asyncio.Runner(loop_factory=spin.new_loop) as runner:   # its loop polls where told (specdec/spin.py)
             runner.run(serve(cfg))
@@ -96,14 +104,8 @@ def cmd_serve_http(args: argparse.Namespace) -> int:
     """The OpenAI-compatible HTTP gateway (http_gateway/) in front of an orchestrator."""
     from http_gateway.main import config_from_env, serve
 
-    cfg = config_from_env()
-    if args.orchestrator:
-        cfg.orchestrator = args.orchestrator
-    if args.host:
-        cfg.host = args.host
     port = args.http_port if args.http_port is not None else args.port
-    if port is not None:
-        cfg.port = port
+    cfg = config_from_env(orchestrator=args.orchestrator or None, host=args.host or None, port=port)
     asyncio.run(serve(cfg))
     return 0
 
@@ -256,10 +258,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from specdec.v1 import orchestrator_pb2_grpc
 
     req = build_request(args)
-    from specdec.config import TLSConfig, env_str
+    from specdec.config import TLSConfig
     from specdec.healthcheck import channel_for
 
-    token = args.token or env_str("SPECDEC_TOKEN")
+    token = args.token or CommandSettings().token
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
     tls = TLSConfig(cert=args.tls_cert or "", key=args.tls_key or "", ca=args.tls_ca or "")
     with channel_for(args.address, tls) as channel:
@@ -339,6 +341,10 @@ def main(argv: list[str] | None = None) -> int:
         code = handlers[args.command](args)
         sys.stdout.flush()       # a closed pipe shows here, not in the flush at interpreter exit
         return code
+    except ConfigError as exc:   # a setting that cannot be used: one line naming it, no traceback
+        command = " ".join(filter(None, ("specdec", args.command, getattr(args, "role", None))))
+        print(f"{command}: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except BrokenPipeError:      # the reader went away (`specdec generate ... | head -1`): stop quietly
         _silence_stdout()
         return EXIT_BROKEN_PIPE

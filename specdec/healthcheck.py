@@ -11,7 +11,6 @@ SPECDEC_TLS_CERT/KEY as a client certificate when the service requires mTLS.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import urllib.error
 import urllib.request
@@ -19,7 +18,7 @@ import urllib.request
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specdec.config import TLSConfig
+from specdec.config import CommandSettings, ConfigError, TLSConfig
 from specdec.server.tls import channel_credentials
 
 DEFAULT_TIMEOUT_S = 3.0
@@ -32,8 +31,9 @@ def channel_for(address: str, tls: TLSConfig | None = None) -> grpc.Channel:
     return grpc.secure_channel(address, creds) if creds is not None else grpc.insecure_channel(address)
 
 
-def check(address: str, service: str = "", timeout: float = DEFAULT_TIMEOUT_S,
-          tls: TLSConfig | None = None) -> tuple[bool, str]:
+def check(
+    address: str, service: str = "", timeout: float = DEFAULT_TIMEOUT_S, tls: TLSConfig | None = None
+) -> tuple[bool, str]:
     """(serving?, status name or error) of one health check (TLS per `tls`; plaintext when None)."""
     with channel_for(address, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
@@ -66,13 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
     args = parser.parse_args(argv)
     port_env = "SPECDEC_HTTP_PORT" if args.http else "SPECDEC_PORT"
-    port = args.port if args.port is not None else int(os.environ.get(port_env, "0"))
+    try:
+        settings, tls = CommandSettings(), None if args.http else TLSConfig()
+    except ConfigError as exc:
+        parser.error(str(exc))
+    port = args.port if args.port is not None else settings.http_port if args.http else settings.port
     if not port:
         parser.error(f"--port or ${port_env} is required")
     if args.http:
         ok, status = check_http(args.host, port, args.timeout)
     else:
-        ok, status = check(f"{args.host}:{port}", args.service, args.timeout, tls=TLSConfig())
+        ok, status = check(f"{args.host}:{port}", args.service, args.timeout, tls=tls)
     print(status)
     return 0 if ok else 1
 
