@@ -2,7 +2,9 @@
 
 Every generation is one orchestrator `Generate` / `GenerateStream` call, so the
 HTTP front shares the one round loop (orchestrator/generation.py); this module
-only translates (http_gateway/openai_schema.py) and forwards.
+only translates (http_gateway/openai_schema.py, with the wire models of
+http_gateway/protocol.py) and forwards. Every error, on every path, is one shape
+(http_gateway/errors.py).
 
   POST /v1/completions        prompt -> GenerateRequest.prompt
   POST /v1/chat/completions   messages -> GenerateRequest.messages (the orchestrator applies the chat template)
@@ -19,24 +21,28 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
 from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from http_gateway import choices, errors
+from http_gateway import openai_schema as schema
+from http_gateway import protocol as wire
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 
-from http_gateway import choices
-from http_gateway import openai_schema as schema
-
 log = logging.getLogger("specdec.http")
 
-GATEWAY_KEY: web.AppKey["Gateway"] = web.AppKey("gateway")
+GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
 STATUS_TIMEOUT_S = 5.0
 HEALTH_TIMEOUT_S = 2.0
 MODEL_CACHE_S = 5.0
+HTTP_ERROR_MIN = 400
+INVALID_API_KEY = "invalid_api_key"
+MODEL_NOT_FOUND = "model_not_found"
 
 
 @dataclass
@@ -46,13 +52,13 @@ class GatewayConfig:
     orchestrator: str = "127.0.0.1:50050"
     host: str = "127.0.0.1"
     port: int = 8000
-    auth_tokens: tuple[str, ...] = ()       # non-empty: require `Authorization: Bearer <one of them>`
-    tls: bool = False                        # TLS to the orchestrator
-    tls_ca: str = ""                         # CA file for the orchestrator's certificate (default: system roots)
-    request_timeout_s: float = 600.0         # gRPC deadline of one generation
+    auth_tokens: tuple[str, ...] = ()  # non-empty: require `Authorization: Bearer <one of them>`
+    tls: bool = False  # TLS to the orchestrator
+    tls_ca: str = ""  # CA file for the orchestrator's certificate (default: system roots)
+    request_timeout_s: float = 600.0  # gRPC deadline of one generation
     max_message_bytes: int = 4 * 1024 * 1024
     max_body_bytes: int = 4 * 1024 * 1024
-    max_n: int = 16                          # OpenAI `n`: choices per request, each one generation
+    max_n: int = 16  # OpenAI `n`: choices per request, each one generation
 
 
 @dataclass
@@ -67,10 +73,12 @@ class Gateway:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def open(self) -> None:
-        options = [("grpc.max_send_message_length", self.cfg.max_message_bytes),
-                   ("grpc.max_receive_message_length", self.cfg.max_message_bytes)]
+        options = [
+            ("grpc.max_send_message_length", self.cfg.max_message_bytes),
+            ("grpc.max_receive_message_length", self.cfg.max_message_bytes),
+        ]
         if self.cfg.tls:
-            ca = open(self.cfg.tls_ca, "rb").read() if self.cfg.tls_ca else None
+            ca = Path(self.cfg.tls_ca).read_bytes() if self.cfg.tls_ca else None
             self.channel = grpc.aio.secure_channel(self.cfg.orchestrator, grpc.ssl_channel_credentials(ca), options)
         else:
             self.channel = grpc.aio.insecure_channel(self.cfg.orchestrator, options)
@@ -86,13 +94,16 @@ class Gateway:
         """Check the bearer token (when tokens are configured) and forward it as gRPC metadata."""
         header = request.headers.get("Authorization", "")
         if not (header.isascii() and header.isprintable()):  # gRPC metadata is printable ASCII
-            raise schema.ApiError(401, "malformed Authorization header (expected 'Bearer <token>', ASCII)",
-                                  "authentication_error", None, "invalid_api_key")
-        token = header[len("Bearer "):] if header.startswith("Bearer ") else ""
-        if self.cfg.auth_tokens and not any(hmac.compare_digest(token.encode(), t.encode())
-                                            for t in self.cfg.auth_tokens):
-            raise schema.ApiError(401, "missing or invalid bearer token (header 'Authorization: Bearer <token>')",
-                                  "authentication_error", None, "invalid_api_key")
+            raise errors.api_error(
+                401, "malformed Authorization header (expected 'Bearer <token>', ASCII)", code=INVALID_API_KEY
+            )
+        token = header[len("Bearer ") :] if header.startswith("Bearer ") else ""
+        if self.cfg.auth_tokens and not any(
+            hmac.compare_digest(token.encode(), t.encode()) for t in self.cfg.auth_tokens
+        ):
+            raise errors.api_error(
+                401, "missing or invalid bearer token (header 'Authorization: Bearer <token>')", code=INVALID_API_KEY
+            )
         return (("authorization", f"Bearer {token}"),) if token else ()
 
     # -- model -----------------------------------------------------------------------------------
@@ -111,17 +122,21 @@ class Gateway:
         if not schema.model_matches(requested, served):
             served = await self.served_model(metadata, refresh=True)
         if not schema.model_matches(requested, served):
-            raise schema.ApiError(404, f"The model '{requested}' does not exist; this server serves "
-                                       f"'{served}' (alias '{schema.MODEL_ALIAS}')",
-                                  "invalid_request_error", "model", "model_not_found")
+            raise errors.api_error(
+                404,
+                f"The model '{requested}' does not exist; this server serves '{served}' (alias '{schema.MODEL_ALIAS}')",
+                "model",
+                MODEL_NOT_FOUND,
+            )
         return served or schema.MODEL_ALIAS
 
     async def starts_session(self, req: pb.GenerateRequest, metadata: tuple[tuple[str, str], ...]) -> bool:
         """True when this request creates its session (it does not exist yet), or is a retry of the request
         that created it (same request_id, still the only turn): then it carries the whole conversation."""
         try:
-            info = await self.stub.GetSession(pb.SessionRequest(session_id=req.session_id), timeout=STATUS_TIMEOUT_S,
-                                              metadata=metadata)
+            info = await self.stub.GetSession(
+                pb.SessionRequest(session_id=req.session_id), timeout=STATUS_TIMEOUT_S, metadata=metadata
+            )
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 return True
@@ -130,11 +145,12 @@ class Gateway:
 
 
 def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(text=json.dumps(body, ensure_ascii=False), status=status, headers=headers,
-                        content_type="application/json")
+    return web.Response(
+        text=json.dumps(body, ensure_ascii=False), status=status, headers=headers, content_type="application/json"
+    )
 
 
-def _error_response(err: schema.ApiError) -> web.Response:
+def _error_response(err: errors.ApiError) -> web.Response:
     return _json(err.body(), err.status)
 
 
@@ -148,19 +164,19 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
     """ApiError and gRPC errors as OpenAI error objects with the mapped HTTP status."""
     try:
         return await handler(request)
-    except schema.ApiError as err:
+    except errors.ApiError as err:
         return _error_response(err)
     except grpc.aio.AioRpcError as exc:
-        return _error_response(schema.from_grpc(exc.code(), exc.details()))
-    except web.HTTPException as exc:
-        if exc.status >= 400:
-            return _error_response(schema.ApiError(exc.status, exc.reason, "invalid_request_error"))
+        return _error_response(errors.from_grpc(exc.code(), exc.details()))
+    except web.HTTPException as exc:  # aiohttp's own: unknown path 404, method 405, body too large 413
+        if exc.status >= HTTP_ERROR_MIN:
+            return _error_response(errors.api_error(exc.status, exc.reason))
         raise
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception as exc:  # noqa: BLE001 - the one place that turns surprises into a 500 error object
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return _error_response(schema.ApiError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error"))
+        return _error_response(errors.api_error(500, f"internal error: {type(exc).__name__}: {exc}"))
 
 
 async def _body(request: web.Request) -> Any:
@@ -168,34 +184,45 @@ async def _body(request: web.Request) -> Any:
     try:
         return json.loads(raw.decode("utf-8"))  # JSON is UTF-8 (RFC 8259), whatever charset the header names
     except UnicodeDecodeError:
-        raise schema.bad_request("the request body is not valid UTF-8") from None
+        raise errors.bad_request("the request body is not valid UTF-8") from None
     except RecursionError:
-        raise schema.bad_request("the request body is nested too deeply") from None
+        raise errors.bad_request("the request body is nested too deeply") from None
     except ValueError:  # json.JSONDecodeError too
-        raise schema.bad_request("the request body is not valid JSON") from None
+        raise errors.bad_request("the request body is not valid JSON") from None
 
 
 async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     gw: Gateway = request.app[GATEWAY_KEY]
     metadata = gw.metadata(request)
-    parsed = schema.parse_request(await _body(request), chat=chat,
-                                  session_header=request.headers.get(schema.SESSION_HEADER))
+    parsed = schema.parse_request(
+        await _body(request), chat=chat, session_header=request.headers.get(schema.SESSION_HEADER)
+    )
     if parsed.n > gw.cfg.max_n:
-        raise schema.bad_request(f"'n' must be at most {gw.cfg.max_n} on this server, got {parsed.n}", "n")
+        raise errors.bad_request(f"'n' must be at most {gw.cfg.max_n} on this server, got {parsed.n}", "n")
     if parsed.user:
         log.info("request from user %r", parsed.user)
+    try:
+        return await _answer(request, gw, parsed, metadata)
+    except grpc.aio.AioRpcError as exc:  # before the answer started: the field it names becomes `param`
+        raise errors.from_grpc(exc.code(), exc.details(), parsed.params) from None
+
+
+async def _answer(
+    request: web.Request, gw: Gateway, parsed: schema.Parsed, metadata: tuple[tuple[str, str], ...]
+) -> web.StreamResponse:
     model = await gw.check_model(parsed.model, metadata)
     req = parsed.request
-    if chat and parsed.session_id and req.create_session:
-        # A session that does not exist yet gets the whole conversation, not only the last message.
-        if await gw.starts_session(req, metadata):
-            del req.messages.messages[:]
-            for m in parsed.all_messages:
-                req.messages.messages.add(role=m["role"], content=m["content"])
+    # A session that does not exist yet gets the whole conversation, not only the last message.
+    if parsed.chat and parsed.session_id and req.create_session and await gw.starts_session(req, metadata):
+        del req.messages.messages[:]
+        for m in parsed.all_messages:
+            req.messages.messages.add(role=m["role"], content=m["content"])
     if parsed.stream:
         return await _stream(request, gw, parsed, model, metadata)
-    calls = [gw.stub.Generate(r, timeout=gw.cfg.request_timeout_s, metadata=metadata)
-             for r in choices.choice_requests(req, parsed.n)]
+    calls = [
+        gw.stub.Generate(r, timeout=gw.cfg.request_timeout_s, metadata=metadata)
+        for r in choices.choice_requests(req, parsed.n)
+    ]
     resps = await _all_choices(calls, calls)
     body = choices.merged_body([schema.response_body(parsed, resp, model) for resp in resps])
     return _json(body, headers={schema.SESSION_HEADER: resps[0].session_id} if parsed.n == 1 else None)
@@ -215,7 +242,7 @@ async def _all_choices(awaitables: list[Any], calls: list[Any]) -> list[Any]:
                 raise task.exception()
         return [task.result() for task in tasks]
     except BaseException:
-        for call, task in zip(calls, tasks):
+        for call, task in zip(calls, tasks, strict=True):
             call.cancel()
             task.cancel()
         raise
@@ -232,12 +259,12 @@ async def _first_chunk(it: Any) -> pb.GenerateChunk:
     try:
         return await it.__anext__()
     except StopAsyncIteration:
-        raise schema.ApiError(502, "the orchestrator closed the stream without a result", "server_error") from None
+        raise errors.api_error(502, "the orchestrator closed the stream without a result") from None
 
 
 async def _merged(iters: list[Any], firsts: list[pb.GenerateChunk]) -> Any:
     """(choice index, chunk) from every stream in arrival order; a stream's error is raised here."""
-    if len(iters) == 1:   # one stream: no tasks, no queue
+    if len(iters) == 1:  # one stream: no tasks, no queue
         yield 0, firsts[0]
         async for chunk in _rest(iters[0]):
             yield 0, chunk
@@ -278,22 +305,27 @@ async def _rest(it: Any) -> Any:
             return
 
 
-async def _stream(request: web.Request, gw: Gateway, parsed: schema.Parsed, model: str,
-                  metadata: tuple[tuple[str, str], ...]) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, gw: Gateway, parsed: schema.Parsed, model: str, metadata: tuple[tuple[str, str], ...]
+) -> web.StreamResponse:
     """Server-Sent Events, the choices' chunks interleaved as they come. Each stream's first gRPC message
     is awaited before the 200 is sent, so errors the orchestrator raises at the start (validation, unknown
     session, overload) keep their HTTP status."""
-    calls = [gw.stub.GenerateStream(r, timeout=gw.cfg.request_timeout_s, metadata=metadata)
-             for r in choices.choice_requests(parsed.request, parsed.n)]
+    calls = [
+        gw.stub.GenerateStream(r, timeout=gw.cfg.request_timeout_s, metadata=metadata)
+        for r in choices.choice_requests(parsed.request, parsed.n)
+    ]
     iters = [call.__aiter__() for call in calls]
     firsts = await _all_choices([_first_chunk(it) for it in iters], calls)
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"})
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
     if parsed.n == 1 and firsts[0].session_id:
         response.headers[schema.SESSION_HEADER] = firsts[0].session_id
     stream_id = schema.stream_id(parsed, firsts[0].request_id)
-    writers = [schema.ChunkWriter(parsed, model, id=stream_id, index=i, usage_chunk=parsed.n == 1)
-               for i in range(parsed.n)]
+    writers = [
+        schema.ChunkWriter(parsed, model, id=stream_id, index=i, usage_chunk=parsed.n == 1) for i in range(parsed.n)
+    ]
     usages: dict[int, dict[str, Any]] = {}
     try:
         await response.prepare(request)
@@ -308,7 +340,7 @@ async def _stream(request: web.Request, gw: Gateway, parsed: schema.Parsed, mode
         await response.write(_sse("[DONE]"))
     except grpc.aio.AioRpcError as exc:  # mid-stream: the status is sent already; an error event ends it
         log.warning("stream failed: %s: %s", exc.code().name, exc.details())
-        await response.write(_sse(schema.from_grpc(exc.code(), exc.details()).body()))
+        await response.write(_sse(errors.from_grpc(exc.code(), exc.details(), parsed.params).body()))
     except (ConnectionResetError, asyncio.CancelledError):  # the client went away: stop the generations
         for call in calls:
             call.cancel()
@@ -332,23 +364,25 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def models(request: web.Request) -> web.Response:
     gw: Gateway = request.app[GATEWAY_KEY]
     served = await gw.served_model(gw.metadata(request), refresh=True)
-    data = [{"id": mid, "object": "model", "created": 0, "owned_by": "specdec"}
-            for mid in dict.fromkeys([served, schema.MODEL_ALIAS]) if mid]
-    return _json({"object": "list", "data": data})
+    data = [wire.ModelCard(id=mid) for mid in dict.fromkeys([served, schema.MODEL_ALIAS]) if mid]
+    return _json(wire.ModelList(data=data).model_dump())
 
 
 async def health(request: web.Request) -> web.Response:
     """200 when the orchestrator is SERVING (no auth: probes)."""
     gw: Gateway = request.app[GATEWAY_KEY]
     try:
-        reply = await health_pb2_grpc.HealthStub(gw.channel).Check(health_pb2.HealthCheckRequest(),
-                                                                  timeout=HEALTH_TIMEOUT_S)
+        reply = await health_pb2_grpc.HealthStub(gw.channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=HEALTH_TIMEOUT_S
+        )
         state = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     except grpc.aio.AioRpcError as exc:
         state = f"{exc.code().name}: {exc.details()}"
     ok = state == "SERVING"
-    return _json({"status": "ok" if ok else "unavailable", "orchestrator": gw.cfg.orchestrator,
-                  "orchestrator_health": state}, 200 if ok else 503)
+    return _json(
+        {"status": "ok" if ok else "unavailable", "orchestrator": gw.cfg.orchestrator, "orchestrator_health": state},
+        200 if ok else 503,
+    )
 
 
 def build_app(cfg: GatewayConfig) -> web.Application:

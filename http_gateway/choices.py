@@ -18,7 +18,7 @@ from typing import Any
 
 from specdec.v1 import orchestrator_pb2 as pb
 
-SEED_MODULUS = 2 ** 64        # SamplingParams.seed is a uint64
+SEED_MODULUS = 2**64  # SamplingParams.seed is a uint64
 
 
 def choice_requests(req: pb.GenerateRequest, n: int) -> list[pb.GenerateRequest]:
@@ -55,5 +55,9 @@ def merged_body(bodies: list[dict[str, Any]]) -> dict[str, Any]:
     choices = []
     for i, body in enumerate(bodies):
         choices.extend({**c, "index": i} for c in body["choices"])
-    return {**bodies[0], "choices": choices, "usage": merged_usage([b["usage"] for b in bodies]),
-            "specdec": {"choices": [{"index": i, **b["specdec"]} for i, b in enumerate(bodies)]}}
+    return {
+        **bodies[0],
+        "choices": choices,
+        "usage": merged_usage([b["usage"] for b in bodies]),
+        "specdec": {"choices": [{"index": i, **b["specdec"]} for i, b in enumerate(bodies)]},
+    }

@@ -1,6 +1,7 @@
-"""OpenAI wire format <-> specdec.v1: request parsing and validation, responses, stream chunks, errors.
+"""OpenAI requests -> specdec.v1 GenerateRequests, GenerateResponses/Chunks -> OpenAI responses and chunks.
 
-Pure functions (no I/O), so every mapping is unit-testable.
+Pure functions (no I/O), so every mapping is unit-testable. The wire format itself is the pydantic
+models of http_gateway/protocol.py; the errors are http_gateway/errors.py.
 
 Defaults: a field the HTTP request leaves out stays UNSET in the GenerateRequest,
 so the orchestrator applies the one defaults table (specdec/params.py), exactly
@@ -19,82 +20,16 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-
-from specdec.errors import IDEMPOTENCY_KEY_REUSED, REQUEST_IN_PROGRESS
-from specdec.proto_json import message_to_dict
-from specdec.v1 import orchestrator_pb2 as pb
-
 from http_gateway import choices, validation
-from http_gateway.validation import BadField, assign, typed
+from http_gateway import protocol as wire
+from http_gateway.errors import bad_request
+from http_gateway.validation import BadField
+from specdec.proto_json import finish_detail, finish_reason, message_to_dict, stats_dict
+from specdec.v1 import orchestrator_pb2 as pb
 
 MODEL_ALIAS = "specdec"
 SESSION_HEADER = "X-Specdec-Session"
-
-FINISH_NAMES = {pb.FINISH_REASON_EOS: "eos", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_STOP: "stop",
-                pb.FINISH_REASON_CONTEXT: "context", pb.FINISH_REASON_CANCELLED: "cancelled",
-                pb.FINISH_REASON_UNSPECIFIED: "unspecified"}
-# OpenAI knows "stop" (natural end or stop sequence) and "length" (token or context limit).
-OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop",
-                 "unspecified": "stop"}
-
-# gRPC status -> (HTTP status, OpenAI error type).
-STATUS_MAP: dict[grpc.StatusCode, tuple[int, str]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
-    grpc.StatusCode.OUT_OF_RANGE: (400, "invalid_request_error"),
-    grpc.StatusCode.UNAUTHENTICATED: (401, "authentication_error"),
-    grpc.StatusCode.PERMISSION_DENIED: (403, "permission_error"),
-    grpc.StatusCode.NOT_FOUND: (404, "not_found_error"),
-    grpc.StatusCode.ALREADY_EXISTS: (409, "conflict_error"),
-    grpc.StatusCode.ABORTED: (409, "conflict_error"),
-    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
-    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable_error"),
-    grpc.StatusCode.FAILED_PRECONDITION: (503, "service_unavailable_error"),
-    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout_error"),
-}
-INTERNAL = (500, "server_error")
-
-# Extension fields: name -> (type(s), where in the GenerateRequest).
-_EXT_REQUEST = {"k": int, "draft_kind": str, "trace": bool, "session_id": str, "create_session": bool,
-                "request_id": str, "resume_offset": int, "ignore_eos": bool, "min_tokens": int,
-                "max_rounds": int, "add_generation_prompt": bool, "adaptive_k": bool,
-                "overlap": bool, "overlap_branches": int}
-_EXT_SAMPLING = {"top_k": int, "repetition_penalty": float, "draft_top_n": int}
-# Top-level OpenAI fields we map (others are ignored: OpenAI clients send many optional ones,
-# except the features of http_gateway/validation.UNSUPPORTED, which are refused).
-_SAMPLING_TOP = {"temperature": float, "top_p": float, "seed": int, "frequency_penalty": float,
-                 "presence_penalty": float}
-# vLLM's top-level extras (vLLM and SGLang clients send them): the extension's fields of the same name.
-VLLM_EXTRAS = ("top_k", "min_tokens", "ignore_eos", "repetition_penalty")
 TOP_K_OFF_VLLM = -1  # vLLM's "top_k disabled"; ours is 0
-
-
-class ApiError(Exception):
-    """An error the gateway answers with: HTTP status + OpenAI error object."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(400, message, "invalid_request_error", param, code)
-
-
-def from_grpc(code: grpc.StatusCode, details: str) -> ApiError:
-    """The HTTP error for a gRPC status from the orchestrator."""
-    status, type_ = STATUS_MAP.get(code, INTERNAL)
-    err_code = code.name.lower() if code is not None else "internal"
-    if code == grpc.StatusCode.NOT_FOUND and "session" in (details or ""):
-        err_code = "session_not_found"
-    for marker in (IDEMPOTENCY_KEY_REUSED, REQUEST_IN_PROGRESS):
-        if marker in (details or ""):
-            err_code = marker
-    return ApiError(status, details or code.name, type_, None, err_code)
 
 
 @dataclass
@@ -106,76 +41,35 @@ class Parsed:
     stream: bool
     model: str
     include_usage: bool = False
-    logprobs: int | None = None          # None = not asked
-    session_id: str | None = None        # the session the request continues (header or extension)
+    logprobs: int | None = None  # None = not asked
+    session_id: str | None = None  # the session the request continues (header or extension)
     all_messages: list[dict[str, str]] = field(default_factory=list)
     user: str | None = None
-    n: int = 1                           # choices (http_gateway/choices.py)
+    n: int = 1  # choices (http_gateway/choices.py)
+    params: dict[str, str] = field(default_factory=dict)  # GenerateRequest field -> the request field that set it
 
 
-# -- messages, prompt, stop ------------------------------------------------------------------------
+class _Builder:
+    """A GenerateRequest being filled: every value through validation.assign, remembering which field set it."""
 
+    def __init__(self, stop: list[str]) -> None:
+        self.request = pb.GenerateRequest(stop=stop)
+        self.params: dict[str, str] = {}
 
-def _content_text(content: Any, i: int) -> str:
-    """Message content: a string, or a list of {"type": "text", "text": ...} parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                raise bad_request(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
-            parts.append(part["text"])
-        return "".join(parts)
-    if content is None:
-        return ""
-    raise bad_request(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
-
-
-def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
-    raw = body.get("messages")
-    if not isinstance(raw, list) or not raw:
-        raise bad_request("'messages' must be a non-empty list", "messages")
-    out = []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise bad_request(f"messages[{i}] must be an object with a 'role'", f"messages[{i}]")
-        role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": _content_text(m.get("content"), i)})
-    return out
+    def set(self, name: str, value: Any, param: str, sampling: bool = False) -> None:
+        if value is None:
+            return
+        validation.assign(self.request.sampling if sampling else self.request, name, value, param)
+        self.params[name] = param
 
 
 def new_messages(messages: list[dict[str, str]]) -> list[dict[str, str]]:
     """With a session: the messages after the last assistant message (the session holds the rest)."""
     last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
-    tail = messages[last + 1:]
+    tail = messages[last + 1 :]
     if not tail:
         raise bad_request("with a session, the last message must be a new (user) message", "messages")
     return tail
-
-
-def _prompt(body: dict[str, Any]) -> str:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        raise bad_request("token-id prompts are not supported; send the prompt as text", "prompt")
-    if not isinstance(prompt, str):
-        raise bad_request("'prompt' must be a string (one prompt per request)", "prompt")
-    if not prompt:
-        raise bad_request("'prompt' must not be empty", "prompt")
-    return prompt
-
-
-def _stop(body: dict[str, Any]) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        return [stop]
-    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        return list(stop)
-    raise bad_request("'stop' must be a string or a list of strings", "stop")
 
 
 # -- request ---------------------------------------------------------------------------------------
@@ -191,114 +85,97 @@ def parse_request(body: Any, *, chat: bool, session_header: str | None = None) -
     try:
         validation.check_strings(body)
         validation.check_unsupported(body)
-        return _parse(body, chat, session_header)
+        model = validation.validated(wire.ChatCompletionRequest if chat else wire.CompletionRequest, body)
+        return _translate(model, body, chat, session_header)
     except BadField as exc:
         raise bad_request(str(exc), exc.param) from None
 
 
-def _parse(body: dict[str, Any], chat: bool, session_header: str | None) -> Parsed:
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad_request("'model' must be a string", "model")
-    n = typed(body, "n", int)
-    if n is not None and n < 1:
-        raise bad_request(f"'n' must be >= 1, got {n}", "n")
-    if typed(body, "best_of", int) not in (None, 1):
-        raise bad_request("only best_of=1 is supported", "best_of")
-    if body.get("echo"):
-        raise bad_request("echo is not supported", "echo")
-    stream = bool(typed(body, "stream", bool))
-    req = pb.GenerateRequest(stop=_stop(body))
-
-    max_tokens = typed(body, "max_tokens", int)
-    if chat and max_tokens is None:
-        max_tokens = typed(body, "max_completion_tokens", int)
-    if max_tokens is not None:
-        limit = "max_completion_tokens" if body.get("max_tokens") is None else "max_tokens"
-        assign(req, "max_new_tokens", max_tokens, limit)
-    for name, kind in _SAMPLING_TOP.items():
-        value = typed(body, name, kind)
-        if value is not None:
-            assign(req.sampling, name, value, name)
-
-    logprobs = _logprobs(body, chat)
-    if logprobs is not None:
-        assign(req, "logprobs", logprobs, "top_logprobs" if chat else "logprobs")
-
-    _apply_extension(req, body.get("specdec"), body)
-    if session_header:
-        if validation.lone_surrogate(session_header):  # aiohttp's decoding of bytes that are not UTF-8
-            raise bad_request(f"header {SESSION_HEADER} is not valid UTF-8", SESSION_HEADER)
-        if req.HasField("session_id") and req.session_id != session_header:
-            raise bad_request(f"header {SESSION_HEADER} and specdec.session_id differ", "specdec.session_id")
-        req.session_id = session_header
-    session_id = req.session_id if req.HasField("session_id") else None
+def _translate(model: Any, body: dict[str, Any], chat: bool, session_header: str | None) -> Parsed:
+    build = _Builder(model.stop)
+    if chat and model.max_tokens is None:
+        build.set("max_new_tokens", model.max_completion_tokens, "max_completion_tokens")
+    else:
+        build.set("max_new_tokens", model.max_tokens, "max_tokens")
+    for name in wire.ChatCompletionRequest.SAMPLING:
+        build.set(name, getattr(model, name), name, sampling=True)
+    logprobs = _logprobs(model, chat)
+    build.set("logprobs", logprobs, "top_logprobs" if chat else "logprobs")
+    _apply_extension(build, model, body)
+    req = build.request
+    session_id = _session(req, session_header)
     if not req.HasField("request_id"):
         # Not a generation parameter: an id of our own makes the stream's chunk ids stable and lets a
         # client retry/resume the same generation (specdec.request_id in every response).
         req.request_id = uuid.uuid4().hex
-
     all_messages: list[dict[str, str]] = []
     if chat:
-        all_messages = _messages(body)
+        all_messages = [{"role": m.role, "content": m.content} for m in model.messages]
         req.messages.SetInParent()
-        for m in (new_messages(all_messages) if session_id else all_messages):
+        for m in new_messages(all_messages) if session_id else all_messages:
             req.messages.messages.add(role=m["role"], content=m["content"])
     else:
-        req.prompt = _prompt(body)
-    opts = body.get("stream_options") or {}
-    include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
-    user = body.get("user") if isinstance(body.get("user"), str) else None
-    n = n or 1
+        req.prompt = model.prompt
+    n = model.n or 1
     if n > 1 and session_id:
-        raise bad_request("n > 1 cannot be combined with a session: a session continues one conversation; "
-                          "send n = 1", "n")
+        raise bad_request(
+            "n > 1 cannot be combined with a session: a session continues one conversation; send n = 1", "n"
+        )
     if n > 1 and req.HasField("resume_offset"):
-        raise bad_request("n > 1 cannot be combined with resume_offset: a resumed request continues one choice; "
-                          "send n = 1", "n")
-    return Parsed(req, chat, stream, model or MODEL_ALIAS, include_usage, logprobs, session_id, all_messages, user,
-                  n)
+        raise bad_request(
+            "n > 1 cannot be combined with resume_offset: a resumed request continues one choice; send n = 1", "n"
+        )
+    return Parsed(
+        req,
+        chat,
+        bool(model.stream),
+        model.model or MODEL_ALIAS,
+        model.include_usage,
+        logprobs,
+        session_id,
+        all_messages,
+        model.user_name,
+        n,
+        build.params,
+    )
 
 
-def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+def _session(req: pb.GenerateRequest, header: str | None) -> str | None:
+    """The session the request continues: the header and specdec.session_id must agree."""
+    if header:
+        if validation.lone_surrogate(header):  # aiohttp's decoding of bytes that are not UTF-8
+            raise bad_request(f"header {SESSION_HEADER} is not valid UTF-8", SESSION_HEADER)
+        if req.HasField("session_id") and req.session_id != header:
+            raise bad_request(f"header {SESSION_HEADER} and specdec.session_id differ", "specdec.session_id")
+        req.session_id = header
+    return req.session_id if req.HasField("session_id") else None
+
+
+def _logprobs(model: Any, chat: bool) -> int | None:
     """Completions: logprobs=N (0..); chat: logprobs=true + top_logprobs=N. None = not asked."""
-    if chat:
-        if not typed(body, "logprobs", bool):
-            if body.get("top_logprobs") is not None:
-                raise bad_request("'top_logprobs' requires 'logprobs': true", "top_logprobs")
-            return None
-        top = typed(body, "top_logprobs", int)
-        return 0 if top is None else top
-    value = typed(body, "logprobs", int)
-    if value is not None and value < 0:
-        raise bad_request("'logprobs' must be >= 0", "logprobs")
-    return value
+    if not chat:
+        return model.logprobs
+    if not model.logprobs:
+        if model.top_logprobs is not None:
+            raise bad_request("'top_logprobs' requires 'logprobs': true", "top_logprobs")
+        return None
+    return 0 if model.top_logprobs is None else model.top_logprobs
 
 
-def _apply_extension(req: pb.GenerateRequest, ext: Any, body: dict[str, Any]) -> None:
-    """The "specdec" object, and vLLM's top-level extras (VLLM_EXTRAS): one field given in both
+def _apply_extension(build: _Builder, model: Any, body: dict[str, Any]) -> None:
+    """The "specdec" object, and vLLM's top-level extras (protocol.VLLM_EXTRAS): one field given in both
     places must have the same value."""
-    if ext is None:
-        ext = {}
-    if not isinstance(ext, dict):
-        raise bad_request("'specdec' must be an object", "specdec")
-    unknown = sorted(set(ext) - set(_EXT_REQUEST) - set(_EXT_SAMPLING))
-    if unknown:
-        known = ", ".join(sorted({*_EXT_REQUEST, *_EXT_SAMPLING}))
-        raise bad_request(f"unknown field(s) in 'specdec': {', '.join(unknown)} (known: {known})",
-                          f"specdec.{unknown[0]}")
-    for table, target in ((_EXT_REQUEST, req), (_EXT_SAMPLING, req.sampling)):
-        for name, kind in table.items():
-            value = typed(ext, name, kind, "specdec.")
-            param = f"specdec.{name}"
-            if name in VLLM_EXTRAS and body.get(name) is not None:
-                top = typed(body, name, kind)
-                if value is not None and top != value:
-                    raise bad_request(f"'{name}' ({top!r}) and 'specdec.{name}' ({value!r}) differ; give one",
-                                      name)
-                value, param = top, name
-            if value is not None:
-                assign(target, name, 0 if name == "top_k" and value == TOP_K_OFF_VLLM else value, param)
+    ext = model.specdec or wire.SpecdecOptions()
+    for name in wire.SpecdecOptions.model_fields:
+        value, param = getattr(ext, name), f"specdec.{name}"
+        if name in wire.VLLM_EXTRAS and body.get(name) is not None:
+            top = getattr(model, name)
+            if value is not None and top != value:
+                raise bad_request(f"'{name}' ({top!r}) and 'specdec.{name}' ({value!r}) differ; give one", name)
+            value, param = top, name
+        if name == "top_k" and value == TOP_K_OFF_VLLM:
+            value = 0
+        build.set(name, value, param, sampling=name in wire.SAMPLING_OPTIONS)
 
 
 def model_matches(requested: str, served: str) -> bool:
@@ -310,8 +187,12 @@ def model_matches(requested: str, served: str) -> bool:
 
 def usage(u: pb.Usage) -> dict[str, Any]:
     """The OpenAI usage object of one generation."""
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.total_tokens, "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens}}
+    return wire.Usage(
+        prompt_tokens=u.prompt_tokens,
+        completion_tokens=u.completion_tokens,
+        total_tokens=u.total_tokens,
+        prompt_tokens_details=wire.PromptTokensDetails(cached_tokens=u.cached_prompt_tokens),
+    ).model_dump()
 
 
 def token_str(token_id: int) -> str:
@@ -319,56 +200,93 @@ def token_str(token_id: int) -> str:
     return f"token_id:{token_id}"
 
 
-def completion_logprobs(lps: list[Any]) -> dict[str, Any]:
-    return {"tokens": [token_str(t.token_id) for t in lps],
-            "token_logprobs": [t.logprob for t in lps],
-            "top_logprobs": [{token_str(i): lp for i, lp in zip(t.top_token_ids, t.top_logprobs)} for t in lps],
-            "text_offset": []}
+def completion_logprobs(lps: list[Any]) -> wire.CompletionLogprobs:
+    return wire.CompletionLogprobs(
+        tokens=[token_str(t.token_id) for t in lps],
+        token_logprobs=[t.logprob for t in lps],
+        top_logprobs=[{token_str(i): lp for i, lp in zip(t.top_token_ids, t.top_logprobs, strict=True)} for t in lps],
+    )
 
 
-def chat_logprobs(lps: list[Any]) -> dict[str, Any]:
-    return {"content": [{"token": token_str(t.token_id), "logprob": t.logprob, "bytes": None,
-                         "top_logprobs": [{"token": token_str(i), "logprob": lp, "bytes": None}
-                                          for i, lp in zip(t.top_token_ids, t.top_logprobs)]} for t in lps]}
+def chat_logprobs(lps: list[Any]) -> wire.ChatLogprobs:
+    return wire.ChatLogprobs(
+        content=[
+            wire.ChatTokenLogprob(
+                token=token_str(t.token_id),
+                logprob=t.logprob,
+                top_logprobs=[
+                    wire.TopLogprob(token=token_str(i), logprob=lp)
+                    for i, lp in zip(t.top_token_ids, t.top_logprobs, strict=True)
+                ],
+            )
+            for t in lps
+        ]
+    )
 
 
-def extension(session_id: str, request_id: str, finish: int | None, *, token_ids: list[int] | None = None,
-              offset: int | None = None, stats: Any = None, trace: list[Any] | None = None) -> dict[str, Any]:
+def extension(
+    session_id: str,
+    request_id: str,
+    finish: int | None,
+    *,
+    token_ids: list[int] | None = None,
+    offset: int | None = None,
+    stats: Any = None,
+    trace: list[Any] | None = None,
+) -> dict[str, Any]:
     """The per-request "specdec" field beside usage."""
-    out: dict[str, Any] = {}
-    if session_id:
-        out["session_id"] = session_id
-    if request_id:
-        out["request_id"] = request_id
-    if finish is not None:
-        out["finish_reason"] = FINISH_NAMES.get(finish, "unspecified")
-    if token_ids is not None:
-        out["token_ids"] = list(token_ids)
-    if offset is not None:
-        out["offset"] = offset
-    if stats is not None:
-        out["stats"] = message_to_dict(stats, all_fields=True)
-    if trace:
-        out["trace"] = [message_to_dict(r, all_fields=True) for r in trace]
-    return out
+    return _extension(
+        session_id, request_id, finish, token_ids=token_ids, offset=offset, stats=stats, trace=trace
+    ).model_dump()
+
+
+def _extension(
+    session_id: str,
+    request_id: str,
+    finish: int | None,
+    *,
+    token_ids: list[int] | None = None,
+    offset: int | None = None,
+    stats: Any = None,
+    trace: list[Any] | None = None,
+) -> wire.SpecdecResult:
+    return wire.SpecdecResult(
+        session_id=session_id or None,
+        request_id=request_id or None,
+        finish_reason=None if finish is None else finish_reason(finish),
+        finish_detail=None if finish is None else finish_detail(finish),
+        token_ids=None if token_ids is None else list(token_ids),
+        offset=offset,
+        stats=None if stats is None else stats_dict(stats),
+        trace=[message_to_dict(r, all_fields=True) for r in trace] if trace else None,
+    )
 
 
 def response_body(parsed: Parsed, resp: pb.GenerateResponse, model: str) -> dict[str, Any]:
     """A whole (non-streamed) completion or chat completion."""
-    finish = OPENAI_FINISH[FINISH_NAMES.get(resp.finish_reason, "unspecified")]
+    finish = finish_reason(resp.finish_reason)
     lps = list(resp.logprobs) if parsed.logprobs is not None else None
+    ext = _extension(
+        resp.session_id,
+        resp.request_id,
+        resp.finish_reason,
+        token_ids=list(resp.token_ids),
+        stats=resp.stats,
+        trace=list(resp.trace),
+    )
+    common = {"created": int(time.time()), "model": model, "usage": usage(resp.usage), "specdec": ext}
     if parsed.chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": resp.text},
-                  "logprobs": chat_logprobs(lps) if lps is not None else None, "finish_reason": finish}
-        obj, prefix = "chat.completion", "chatcmpl-"
-    else:
-        choice = {"index": 0, "text": resp.text, "logprobs": completion_logprobs(lps) if lps is not None else None,
-                  "finish_reason": finish}
-        obj, prefix = "text_completion", "cmpl-"
-    return {"id": prefix + resp.request_id, "object": obj, "created": int(time.time()), "model": model,
-            "choices": [choice], "usage": usage(resp.usage),
-            "specdec": extension(resp.session_id, resp.request_id, resp.finish_reason,
-                                 token_ids=list(resp.token_ids), stats=resp.stats, trace=list(resp.trace))}
+        choice = wire.ChatChoice(
+            index=0,
+            message=wire.AssistantMessage(content=resp.text),
+            finish_reason=finish,
+            logprobs=chat_logprobs(lps) if lps is not None else None,
+        )
+        return wire.ChatCompletion(id="chatcmpl-" + resp.request_id, choices=[choice], **common).model_dump()
+    choice = wire.CompletionChoice(
+        index=0, text=resp.text, finish_reason=finish, logprobs=completion_logprobs(lps) if lps is not None else None
+    )
+    return wire.Completion(id="cmpl-" + resp.request_id, choices=[choice], **common).model_dump()
 
 
 def stream_id(parsed: Parsed, request_id: str) -> str:
@@ -385,30 +303,41 @@ class ChunkWriter:
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = ""
-    index: int = 0                  # the choice this writer's chunks belong to
-    usage_chunk: bool = True        # False: with include_usage the caller sends one usage chunk for all choices
+    index: int = 0  # the choice this writer's chunks belong to
+    usage_chunk: bool = True  # False: with include_usage the caller sends one usage chunk for all choices
     _sent_role: bool = False
 
-    def _base(self) -> dict[str, Any]:
-        obj = "chat.completion.chunk" if self.parsed.chat else "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+    def _body(self, choice: Any, ext: wire.SpecdecResult | None = None, usage_: Any = None) -> dict[str, Any]:
+        kind = wire.ChatCompletionChunk if self.parsed.chat else wire.CompletionChunk
+        return kind(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=[choice] if choice else [],
+            specdec=ext,
+            usage=usage_,
+        ).model_dump()
 
-    def _choice(self, text: str | None, finish: str | None, lps: list[Any] | None) -> dict[str, Any]:
+    def _choice(self, text: str | None, finish: str | None, lps: list[Any] | None) -> Any:
         if self.parsed.chat:
-            delta: dict[str, Any] = {}
-            if not self._sent_role:
-                delta["role"] = "assistant"
-                self._sent_role = True
-            if text is not None:
-                delta["content"] = text
-            return {"index": self.index, "delta": delta,
-                    "logprobs": chat_logprobs(lps) if lps is not None else None, "finish_reason": finish}
-        return {"index": self.index, "text": text or "",
-                "logprobs": completion_logprobs(lps) if lps is not None else None, "finish_reason": finish}
+            delta = wire.Delta(role=None if self._sent_role else "assistant", content=text)
+            self._sent_role = True
+            return wire.ChatChunkChoice(
+                index=self.index,
+                delta=delta,
+                finish_reason=finish,
+                logprobs=chat_logprobs(lps) if lps is not None else None,
+            )
+        return wire.CompletionChoice(
+            index=self.index,
+            text=text or "",
+            finish_reason=finish,
+            logprobs=completion_logprobs(lps) if lps is not None else None,
+        )
 
     def usage_body(self, usages: list[dict[str, Any]]) -> dict[str, Any]:
         """The usage-only chunk (include_usage) for the usage of every choice."""
-        return {**self._base(), "choices": [], "usage": choices.merged_usage(usages)}
+        return self._body(None, usage_=choices.merged_usage(usages))
 
     def chunks(self, chunk: pb.GenerateChunk) -> list[dict[str, Any]]:
         """The OpenAI chunks for one GenerateChunk (the final one may give a usage-only chunk too)."""
@@ -418,23 +347,16 @@ class ChunkWriter:
         lps = list(chunk.logprobs) if self.parsed.logprobs is not None else None
         final = chunk.HasField("finish_reason")
         if chunk.text_delta or chunk.token_ids or chunk.rounds or not final:
-            body = self._base()
-            body["choices"] = [self._choice(chunk.text_delta, None, lps)]
-            body["specdec"] = extension("", "", None, token_ids=list(chunk.token_ids), offset=chunk.offset,
-                                        trace=list(chunk.rounds))
-            out.append(body)
+            ext = _extension(
+                "", "", None, token_ids=list(chunk.token_ids), offset=chunk.offset, trace=list(chunk.rounds)
+            )
+            out.append(self._body(self._choice(chunk.text_delta, None, lps), ext))
         if final:
-            body = self._base()
-            finish = OPENAI_FINISH[FINISH_NAMES.get(chunk.finish_reason, "unspecified")]
-            body["choices"] = [self._choice(None if self.parsed.chat else "", finish, None)]
-            body["specdec"] = extension(chunk.session_id, chunk.request_id, chunk.finish_reason,
-                                        stats=chunk.stats)
-            if self.parsed.include_usage:
-                out.append(body)
-                if not self.usage_chunk:
-                    return out
-                body = self.usage_body([usage(chunk.usage)])
-            else:
-                body["usage"] = usage(chunk.usage)
-            out.append(body)
+            choice = self._choice(None if self.parsed.chat else "", finish_reason(chunk.finish_reason), None)
+            ext = _extension(chunk.session_id, chunk.request_id, chunk.finish_reason, stats=chunk.stats)
+            if not self.parsed.include_usage:
+                return [*out, self._body(choice, ext, usage(chunk.usage))]
+            out.append(self._body(choice, ext))
+            if self.usage_chunk:
+                out.append(self.usage_body([usage(chunk.usage)]))
         return out

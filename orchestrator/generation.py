@@ -52,6 +52,7 @@ from specdec.config import OrchestratorConfig
 from specdec.errors import InvalidArgument, NotFound
 from specdec.metrics import OrchestratorMetrics
 from specdec.params import MODEL, GenerationParams, field_or_default, resolve_generation
+from specdec.proto_json import FINISH_BY_DETAIL, finish_detail
 from specdec.v1 import orchestrator_pb2 as pb
 
 from orchestrator.adaptive import AcceptanceTracker, CostModel, DraftDemand, best_k, choose_k, choose_k_drafted, latency_cap
@@ -67,9 +68,6 @@ from orchestrator.session_store import Session, SessionBusy, SessionStore
 from orchestrator.stats import StatsCollector, count_emitted
 from orchestrator.stops import cut_at_limits, tokens_before_stop
 
-FINISH_NAMES = {pb.FINISH_REASON_EOS: "eos", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_STOP: "stop",
-                pb.FINISH_REASON_CONTEXT: "context", pb.FINISH_REASON_CANCELLED: "cancelled"}
-FINISH_BY_NAME = {v: k for k, v in FINISH_NAMES.items()}
 log = logging.getLogger("specdec.orchestrator")
 
 
@@ -109,7 +107,7 @@ class State:
 class Generation:
     """One Generate/GenerateStream call."""
 
-    def __init__(self, deps: Deps, request: pb.GenerateRequest, deadline: float | None = None) -> None:
+    def __init__(self, deps: Deps, request: pb.GenerateRequest, deadline: float | None = None, keyed: str = "") -> None:
         self.deps = deps
         self.request = request
         self.deadline = deadline          # time.monotonic() of the client's deadline (None = none)
@@ -117,7 +115,7 @@ class Generation:
         for name in ("session_id", "request_id"):
             if request.HasField(name):
                 check_id(name, getattr(request, name), deps.cfg.limits.max_id_chars)
-        self.session_id = request.session_id if request.HasField("session_id") else uuid.uuid4().hex
+        self.session_id = keyed or (request.session_id if request.HasField("session_id") else uuid.uuid4().hex)
         self.route = ""                   # replicas' routing key, set by the servicer ("" = the session id)
         self.lease = SessionLease(deps.store, self.session_id, deps.owner, deps.cfg.lease)
         self.request_id = request.request_id if request.HasField("request_id") else uuid.uuid4().hex
@@ -163,7 +161,7 @@ class Generation:
     async def _begin(self) -> State:
         """Create or continue the session and register this request (idempotent on request_id)."""
         d, req = self.deps, self.request
-        existing = await d.store.get(self.session_id) if req.HasField("session_id") else None
+        existing = await d.store.get(self.session_id)   # a request_id alone may name one (keyed_session)
         if existing is None and req.HasField("session_id") and not field_or_default(req, "create_session"):
             raise NotFound(f"session {self.session_id!r} does not exist; pass create_session=true to create it")
         check_reuse(existing, self.session_id, self.request_id, self.fingerprint)
@@ -176,7 +174,7 @@ class Generation:
         prompt_len = len(session.ids) - len(session.completion_ids)
         state = State(session, list(session.ids), session.version, prompt_len, list(session.completion_ids))
         if session.status == "idle" and session.request_id == self.request_id and session.last_finish_reason:
-            state.finish = FINISH_BY_NAME.get(session.last_finish_reason, pb.FINISH_REASON_UNSPECIFIED)
+            state.finish = FINISH_BY_DETAIL.get(session.last_finish_reason, pb.FINISH_REASON_UNSPECIFIED)
         return state
 
     def _keep_seed_of(self, session: Session) -> None:
@@ -418,9 +416,9 @@ class Generation:
 
     async def _finish(self, state: State) -> None:
         state.session = await self.deps.store.finish_request(
-            self.session_id, self.deps.owner, FINISH_NAMES[state.finish], state.version, text_chars=len(state.text))
+            self.session_id, self.deps.owner, finish_detail(state.finish), state.version, text_chars=len(state.text))
         state.version = state.session.version
-        self.deps.metrics.observe_generation(FINISH_NAMES[state.finish], self.stats.first_token_ms)
+        self.deps.metrics.observe_generation(finish_detail(state.finish), self.stats.first_token_ms)
 
     async def _finish_quietly(self, state: State) -> None:
         with contextlib.suppress(Exception):

@@ -16,6 +16,12 @@ what is generated), create_session, and the ids themselves; `stream` is not a re
 fingerprint is ALREADY_EXISTS (`IDEMPOTENCY_KEY_REUSED`); the same request sent again while
 it is still generating in this process is ABORTED (`REQUEST_IN_PROGRESS`) instead of a
 second writer racing the first.
+
+A request_id without a session_id is a key too, for the session store's TTL (as Stripe's
+idempotency keys are): its first use claims it for the fresh session that request runs in
+(`keyed_session`, SessionStore.claim_request_key), and every later request with that key runs
+in the same session, so the checks above apply to it unchanged: a retry replays or resumes,
+another request is ALREADY_EXISTS.
 """
 
 from __future__ import annotations
@@ -23,13 +29,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.errors import IDEMPOTENCY_KEY_REUSED, REQUEST_IN_PROGRESS, Aborted, AlreadyExists, InvalidArgument
 from specdec.params import GenerationParams
 
-FINGERPRINT_HEX = 32          # 128 bits of SHA-256
+FINGERPRINT_HEX = 32  # 128 bits of SHA-256
 
 
 def request_fingerprint(request: Any, params: GenerationParams) -> str:
@@ -42,10 +49,25 @@ def request_fingerprint(request: Any, params: GenerationParams) -> str:
     sampling = dataclasses.asdict(params.sampling)
     explicit_seed = request.HasField("sampling") and request.sampling.HasField("seed")
     sampling["seed"] = params.sampling.seed if explicit_seed else None
-    doc = {"input": [which, source], "sampling": sampling, "stop": list(params.stop),
-           **{name: getattr(params, name) for name in (
-               "max_new_tokens", "k", "draft_kind", "adaptive_k", "max_rounds", "ignore_eos", "min_tokens",
-               "logprobs", "add_generation_prompt")}}
+    doc = {
+        "input": [which, source],
+        "sampling": sampling,
+        "stop": list(params.stop),
+        **{
+            name: getattr(params, name)
+            for name in (
+                "max_new_tokens",
+                "k",
+                "draft_kind",
+                "adaptive_k",
+                "max_rounds",
+                "ignore_eos",
+                "min_tokens",
+                "logprobs",
+                "add_generation_prompt",
+            )
+        },
+    }
     text = json.dumps(doc, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:FINGERPRINT_HEX]
 
@@ -56,7 +78,8 @@ def reused(session_id: str, request_id: str) -> AlreadyExists:
         f"{IDEMPOTENCY_KEY_REUSED}: request_id {request_id!r} of session {session_id!r} was already used for "
         f"a different request (prompt/messages, sampling, limits, stop or draft settings differ); a retry "
         f"must repeat the request (only resume_offset, trace and streaming may change); give a new "
-        f"request a new request_id")
+        f"request a new request_id"
+    )
 
 
 def check_reuse(session: Any, session_id: str, request_id: str, fingerprint: str) -> None:
@@ -86,7 +109,8 @@ class RunningRequests:
             raise Aborted(
                 f"{REQUEST_IN_PROGRESS}: request_id {request_id!r} of session {session_id!r} is still generating "
                 f"(an earlier call with the same request is running); retry after it finished to get its "
-                f"result, or with resume_offset to continue a stream after the tokens you hold")
+                f"result, or with resume_offset to continue a stream after the tokens you hold"
+            )
         self.keys[(session_id, request_id)] = fingerprint
 
     def leave(self, session_id: str, request_id: str) -> None:
@@ -103,6 +127,15 @@ class _Latest:
 
     request_id: str
     fingerprint: str
+
+
+async def keyed_session(store: Any, request: Any, max_id_chars: int) -> str:
+    """The session of a request that gives a request_id but no session_id: the one its key was claimed for
+    (a fresh one on the key's first use); "" for any other request (it names its session, or has no key)."""
+    if request.HasField("session_id") or not request.HasField("request_id"):
+        return ""
+    check_id("request_id", request.request_id, max_id_chars)
+    return await store.claim_request_key(request.request_id, uuid.uuid4().hex)
 
 
 def check_id(name: str, value: str, max_chars: int) -> None:

@@ -28,7 +28,7 @@ from specdec.v1 import orchestrator_pb2_grpc
 
 from orchestrator.affinity import ConversationRoutes, conversation_key, routed_by
 from orchestrator.generation import Deps, Generation, store_errors
-from orchestrator.idempotency import check_id
+from orchestrator.idempotency import check_id, keyed_session
 from orchestrator.pair import PairMonitor
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Orchestrator"].full_name
@@ -92,7 +92,9 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         problem = self.pair.problem_error()
         if problem is not None:
             raise problem
-        generation = Generation(self.deps, request, client_deadline(context))  # INVALID_ARGUMENT before admission
+        with store_errors():   # a request_id without session_id runs in the session its key names
+            keyed = await keyed_session(self.deps.store, request, self.deps.cfg.limits.max_id_chars)
+        generation = Generation(self.deps, request, client_deadline(context), keyed)  # INVALID_ARGUMENT first
         # the same idempotency key generating here already: refused (orchestrator/idempotency.py)
         self.deps.running.enter(generation.session_id, generation.request_id, generation.fingerprint)
         cfg = self.deps.cfg   # a stateless request goes to its conversation's replicas (orchestrator/affinity.py)

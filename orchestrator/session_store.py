@@ -161,6 +161,19 @@ class SessionStore:
         """Both keys of a session: [hash, ids]."""
         return [self.key(session_id), self.ids_key(session_id)]
 
+    def request_key(self, request_id: str) -> str:
+        """Redis key of an idempotency key used without a session id: it names the session it was first used in."""
+        return f"{self.prefix}request:{{{request_id}}}"
+
+    async def claim_request_key(self, request_id: str, session_id: str) -> str:
+        """The session of idempotency key ``request_id``: ``session_id`` when the key is new (kept for the
+        store's TTL, ``SET NX``), else the session it was claimed for first (two racing claims get the same)."""
+        key = self.request_key(request_id)
+        if await self._run(self._redis.set(key, session_id, nx=True, ex=self.ttl_seconds)):
+            return session_id
+        stored = await self._run(self._redis.get(key))
+        return decode_text(stored) if stored else session_id
+
     async def _run(self, coro: Any) -> Any:
         """Await a Redis call, turning connection failures into StoreUnavailable."""
         try:

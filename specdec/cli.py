@@ -217,7 +217,9 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--new-session", action="store_true", help="create --session if it does not exist")
     p.add_argument("--trace", action="store_true",
                    help="print the per-round table: draft tokens, matches, target tokens, accepted, next token")
-    p.add_argument("--json", action="store_true", help="print the whole response as JSON (numbers as numbers)")
+    p.add_argument("--json", action="store_true",
+                   help="print the whole response as JSON: numbers as numbers, every stats field, finish_reason "
+                        "by its OpenAI name (stop, length) and finish_detail")
     p.add_argument("--stream", action="store_true", help="print the text as it is generated (GenerateStream)")
     p.add_argument("--timeout", type=float, default=600.0, help="deadline of the call in seconds (default: %(default)s)")
     p.add_argument("--token", help="bearer token (or SPECDEC_TOKEN)")
@@ -253,7 +255,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """Call Generate (or GenerateStream) and print text, stats and the round table."""
     import grpc
 
-    from specdec.proto_json import message_to_dict
+    from specdec.proto_json import generation_dict
     from specdec.report import round_table, stats_lines
     from specdec.v1 import orchestrator_pb2_grpc
 
@@ -274,7 +276,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print(f"specdec generate: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1
     if args.json:
-        print(json.dumps(message_to_dict(resp), ensure_ascii=False, indent=2))
+        print(json.dumps(generation_dict(resp), ensure_ascii=False, indent=2))
         return 0
     print(resp.text)
     print()

@@ -31,87 +31,67 @@ import asyncio
 import random
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
+from specdec.client_results import (
+    Chunk,
+    ClientError,
+    GenerateResult,
+    StreamResume,
+    Usage,
+    collect,
+    result_from_response,
+)
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
+
+__all__ = [
+    "AsyncClient",
+    "Chunk",
+    "Client",
+    "ClientError",
+    "GenerateResult",
+    "Usage",
+    "build_request",
+    "collect",
+    "result_from_response",
+]
 
 DEFAULT_RETRIES = 3
 DEFAULT_BACKOFF_S = 0.2
 MAX_BACKOFF_S = 5.0
 RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
-FINISH_NAMES = {pb.FINISH_REASON_UNSPECIFIED: "unspecified", pb.FINISH_REASON_EOS: "eos",
-                pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_STOP: "stop",
-                pb.FINISH_REASON_CONTEXT: "context", pb.FINISH_REASON_CANCELLED: "cancelled"}
 
 # keyword -> where it goes in the GenerateRequest ("" = top level, "sampling" = SamplingParams)
-_REQUEST_FIELDS = ("max_new_tokens", "k", "draft_kind", "trace", "ignore_eos", "min_tokens", "logprobs",
-                   "add_generation_prompt", "max_rounds", "session_id", "create_session", "request_id",
-                   "resume_offset")
-_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "frequency_penalty",
-                    "presence_penalty", "draft_top_n")
-
-
-class ClientError(Exception):
-    """A call failed: `code` is the gRPC status code, `details` the server's message."""
-
-    def __init__(self, code: grpc.StatusCode, details: str, attempts: int = 1) -> None:
-        super().__init__(f"{code.name}: {details}")
-        self.code, self.details, self.attempts = code, details, attempts
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-    cached_prompt_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class GenerateResult:
-    """One whole generation."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str                      # "eos" | "length" | "stop" | "context" | "cancelled"
-    usage: Usage
-    stats: dict[str, Any]
-    trace: list[dict[str, Any]]             # the per-round table (with trace=True)
-    session_id: str
-    request_id: str
-    model: str = ""
-    logprobs: list[dict[str, Any]] = field(default_factory=list)
-    attempts: int = 1                       # calls made (1 + retries)
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One piece of a stream; the last one has finish_reason, usage and stats."""
-
-    text: str
-    token_ids: list[int]
-    offset: int                             # completion-token offset of token_ids[0]
-    rounds: list[dict[str, Any]] = field(default_factory=list)
-    logprobs: list[dict[str, Any]] = field(default_factory=list)
-    finish_reason: str | None = None
-    usage: Usage | None = None
-    stats: dict[str, Any] | None = None
-    session_id: str = ""
-    request_id: str = ""
-
-
-def _to_dict(message: Any) -> dict[str, Any]:
-    """Every field, int64 counters as ints (specdec/proto_json.py)."""
-    from specdec.proto_json import message_to_dict
-    return message_to_dict(message, all_fields=True)
-
-
-def _usage(u: pb.Usage) -> Usage:
-    return Usage(u.prompt_tokens, u.completion_tokens, u.total_tokens, u.cached_prompt_tokens)
+_REQUEST_FIELDS = (
+    "max_new_tokens",
+    "k",
+    "draft_kind",
+    "trace",
+    "ignore_eos",
+    "min_tokens",
+    "logprobs",
+    "add_generation_prompt",
+    "max_rounds",
+    "session_id",
+    "create_session",
+    "request_id",
+    "resume_offset",
+)
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "seed",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "draft_top_n",
+)
 
 
 def _messages(messages: Iterable[Any]) -> list[tuple[str, str]]:
@@ -126,8 +106,13 @@ def _messages(messages: Iterable[Any]) -> list[tuple[str, str]]:
     return out
 
 
-def build_request(prompt: str | None = None, *, messages: Iterable[Any] | None = None,
-                  stop: str | Sequence[str] | None = None, **params: Any) -> pb.GenerateRequest:
+def build_request(
+    prompt: str | None = None,
+    *,
+    messages: Iterable[Any] | None = None,
+    stop: str | Sequence[str] | None = None,
+    **params: Any,
+) -> pb.GenerateRequest:
     """A GenerateRequest; parameters that are None or not given stay unset (server defaults)."""
     if (prompt is None) == (messages is None):
         raise ValueError("give exactly one of prompt or messages")
@@ -149,74 +134,15 @@ def build_request(prompt: str | None = None, *, messages: Iterable[Any] | None =
     return req
 
 
-def result_from_response(resp: pb.GenerateResponse, attempts: int = 1) -> GenerateResult:
-    return GenerateResult(
-        text=resp.text, token_ids=list(resp.token_ids), finish_reason=FINISH_NAMES.get(resp.finish_reason, "?"),
-        usage=_usage(resp.usage), stats=_to_dict(resp.stats), trace=[_to_dict(r) for r in resp.trace],
-        session_id=resp.session_id, request_id=resp.request_id, model=resp.model,
-        logprobs=[_to_dict(t) for t in resp.logprobs], attempts=attempts)
-
-
-def collect(chunks: Iterable[Chunk]) -> GenerateResult:
-    """A whole result from a stream's chunks."""
-    text, ids, rounds, lps, last = [], [], [], [], None
-    for c in chunks:
-        text.append(c.text)
-        ids += c.token_ids
-        rounds += c.rounds
-        lps += c.logprobs
-        last = c
-    if last is None or last.finish_reason is None:
-        raise ClientError(grpc.StatusCode.INTERNAL, "the stream ended without a final chunk")
-    return GenerateResult("".join(text), ids, last.finish_reason, last.usage or Usage(), last.stats or {},
-                          rounds, last.session_id, last.request_id, logprobs=lps)
-
-
-class _Resume:
-    """Bookkeeping of one streamed generation across retries: never deliver a token twice."""
-
-    def __init__(self, request: pb.GenerateRequest) -> None:
-        self.request = request
-        self.received = int(request.resume_offset) if request.HasField("resume_offset") else 0
-        self.done = False
-
-    def next_request(self) -> pb.GenerateRequest:
-        req = pb.GenerateRequest()
-        req.CopyFrom(self.request)
-        if self.received:
-            req.resume_offset = self.received
-        return req
-
-    def accept(self, c: pb.GenerateChunk) -> Chunk | None:
-        """The chunk to deliver (tokens before `received` dropped), or None for a pure duplicate."""
-        final = c.HasField("finish_reason")
-        ids, offset = list(c.token_ids), int(c.offset)
-        skip = max(0, self.received - offset) if ids else 0
-        if ids and skip >= len(ids) and not final:
-            return None                           # all of it was delivered before the retry
-        if skip:
-            # Only possible when a server replays more than asked; its text cannot be split by token.
-            raise ClientError(grpc.StatusCode.INTERNAL,
-                              f"resumed stream overlaps: chunk at offset {offset}, {self.received} tokens held")
-        ids = ids[skip:]
-        self.received = max(self.received, offset + len(ids)) if ids else self.received
-        self.done = final
-        return Chunk(text=c.text_delta, token_ids=ids, offset=offset + skip, rounds=[_to_dict(r) for r in c.rounds],
-                     logprobs=[_to_dict(t) for t in c.logprobs],
-                     finish_reason=FINISH_NAMES.get(c.finish_reason, "?") if final else None,
-                     usage=_usage(c.usage) if final else None, stats=_to_dict(c.stats) if final else None,
-                     session_id=c.session_id, request_id=c.request_id)
-
-
 @dataclass
 class _Common:
     address: str
     token: str | None = None
     tls: bool = False
-    ca: str | bytes | None = None            # CA certificate (path or PEM bytes); None = system roots
-    cert: str | bytes | None = None          # client certificate + key for mTLS
+    ca: str | bytes | None = None  # CA certificate (path or PEM bytes); None = system roots
+    cert: str | bytes | None = None  # client certificate + key for mTLS
     key: str | bytes | None = None
-    timeout: float | None = 600.0            # default deadline of a call (seconds), retries included
+    timeout: float | None = 600.0  # default deadline of a call (seconds), retries included
     retries: int = DEFAULT_RETRIES
     backoff: float = DEFAULT_BACKOFF_S
     max_message_bytes: int = 4 * 1024 * 1024
@@ -224,11 +150,14 @@ class _Common:
     def _credentials(self) -> grpc.ChannelCredentials:
         def read(x: str | bytes | None) -> bytes | None:
             return None if x is None else x if isinstance(x, bytes) else open(x, "rb").read()
+
         return grpc.ssl_channel_credentials(read(self.ca), read(self.key), read(self.cert))
 
     def _options(self) -> list[tuple[str, int]]:
-        return [("grpc.max_send_message_length", self.max_message_bytes),
-                ("grpc.max_receive_message_length", self.max_message_bytes)]
+        return [
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+        ]
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
@@ -272,14 +201,17 @@ class Client(_Common):
     def __init__(self, address: str, **kwargs: Any) -> None:
         super().__init__(address, **kwargs)
         opts = self._options()
-        self.channel = (grpc.secure_channel(address, self._credentials(), opts) if self.tls
-                        else grpc.insecure_channel(address, opts))
+        self.channel = (
+            grpc.secure_channel(address, self._credentials(), opts)
+            if self.tls
+            else grpc.insecure_channel(address, opts)
+        )
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
 
     def close(self) -> None:
         self.channel.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -294,22 +226,25 @@ class Client(_Common):
             except grpc.RpcError as exc:
                 time.sleep(self._delay(attempt, deadline, exc))
 
-    def generate(self, prompt: str | None = None, *, messages: Any = None, timeout: float | None = None,
-                 **params: Any) -> GenerateResult:
+    def generate(
+        self, prompt: str | None = None, *, messages: Any = None, timeout: float | None = None, **params: Any
+    ) -> GenerateResult:
         """One whole generation (Generate). Unset params take the server's defaults."""
         req = self._prepare(prompt, messages, False, params)
         resp, attempts = self._unary(self.stub.Generate, req, timeout)
         return result_from_response(resp, attempts)
 
-    def stream(self, prompt: str | None = None, *, messages: Any = None, timeout: float | None = None,
-               **params: Any) -> Iterator[Chunk]:
+    def stream(
+        self, prompt: str | None = None, *, messages: Any = None, timeout: float | None = None, **params: Any
+    ) -> Iterator[Chunk]:
         """The generation as it happens (GenerateStream), resumed after UNAVAILABLE without repeats."""
-        state = _Resume(self._prepare(prompt, messages, True, params))
+        state = StreamResume(self._prepare(prompt, messages, True, params))
         deadline, attempt = self._deadline(timeout), 0
         while not state.done:
             attempt += 1
-            call = self.stub.GenerateStream(state.next_request(), timeout=self._left(deadline),
-                                            metadata=self._metadata())
+            call = self.stub.GenerateStream(
+                state.next_request(), timeout=self._left(deadline), metadata=self._metadata()
+            )
             try:
                 for c in call:
                     chunk = state.accept(c)
@@ -338,14 +273,17 @@ class AsyncClient(_Common):
     def __init__(self, address: str, **kwargs: Any) -> None:
         super().__init__(address, **kwargs)
         opts = self._options()
-        self.channel = (grpc.aio.secure_channel(address, self._credentials(), opts) if self.tls
-                        else grpc.aio.insecure_channel(address, opts))
+        self.channel = (
+            grpc.aio.secure_channel(address, self._credentials(), opts)
+            if self.tls
+            else grpc.aio.insecure_channel(address, opts)
+        )
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
 
     async def close(self) -> None:
         await self.channel.close()
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -360,20 +298,23 @@ class AsyncClient(_Common):
             except grpc.aio.AioRpcError as exc:
                 await asyncio.sleep(self._delay(attempt, deadline, exc))
 
-    async def generate(self, prompt: str | None = None, *, messages: Any = None, timeout: float | None = None,
-                       **params: Any) -> GenerateResult:
+    async def generate(
+        self, prompt: str | None = None, *, messages: Any = None, timeout: float | None = None, **params: Any
+    ) -> GenerateResult:
         req = self._prepare(prompt, messages, False, params)
         resp, attempts = await self._unary(self.stub.Generate, req, timeout)
         return result_from_response(resp, attempts)
 
-    async def stream(self, prompt: str | None = None, *, messages: Any = None, timeout: float | None = None,
-                     **params: Any) -> AsyncIterator[Chunk]:
-        state = _Resume(self._prepare(prompt, messages, True, params))
+    async def stream(
+        self, prompt: str | None = None, *, messages: Any = None, timeout: float | None = None, **params: Any
+    ) -> AsyncIterator[Chunk]:
+        state = StreamResume(self._prepare(prompt, messages, True, params))
         deadline, attempt = self._deadline(timeout), 0
         while not state.done:
             attempt += 1
-            call = self.stub.GenerateStream(state.next_request(), timeout=self._left(deadline),
-                                            metadata=self._metadata())
+            call = self.stub.GenerateStream(
+                state.next_request(), timeout=self._left(deadline), metadata=self._metadata()
+            )
             try:
                 async for c in call:
                     chunk = state.accept(c)

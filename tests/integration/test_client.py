@@ -52,8 +52,9 @@ def test_unset_parameters_stay_unset():
     assert req.prompt == "hi" and not req.HasField("sampling")
     for name in ("max_new_tokens", "k", "draft_kind", "trace", "session_id", "request_id", "logprobs"):
         assert not req.HasField(name), name
-    req = build_request(messages=[{"role": "user", "content": "a"}, ("assistant", "b")], temperature=0.0,
-                        k=0, stop="x", seed=None)
+    req = build_request(
+        messages=[{"role": "user", "content": "a"}, ("assistant", "b")], temperature=0.0, k=0, stop="x", seed=None
+    )
     assert [(m.role, m.content) for m in req.messages.messages] == [("user", "a"), ("assistant", "b")]
     assert req.sampling.HasField("temperature") and req.HasField("k") and req.k == 0  # explicit 0 is set
     assert not req.sampling.HasField("seed") and list(req.stop) == ["x"]
@@ -71,7 +72,8 @@ def test_generate_and_stream_equal_target_alone(hs, client, eos):
     want = hs.target_alone(tok.encode(PROMPT), MAX_NEW, eos)
     r = client.generate(PROMPT, max_new_tokens=MAX_NEW, k=3, trace=True)
     assert isinstance(r, GenerateResult) and r.token_ids == want
-    assert r.finish_reason in ("eos", "length") and r.usage.completion_tokens == len(want)
+    assert r.finish_reason in ("stop", "length") and r.finish_detail in ("eos", "length")
+    assert r.usage.completion_tokens == len(want)
     assert r.stats["rounds"] == len(r.trace) and isinstance(r.stats["wire_bytes"], int)
     chunks = list(client.stream(PROMPT, max_new_tokens=MAX_NEW, k=3))
     assert all(isinstance(c, Chunk) for c in chunks) and chunks[-1].finish_reason == r.finish_reason
@@ -92,8 +94,9 @@ def test_async_client(hs, client):
     async def run():
         async with AsyncClient(hs.orchestrator, timeout=TIMEOUT_S) as ac:
             r = await ac.generate(messages=[{"role": "user", "content": "Hello"}], max_new_tokens=MAX_NEW)
-            chunks = [c async for c in ac.stream(messages=[{"role": "user", "content": "Hello"}],
-                                                 max_new_tokens=MAX_NEW)]
+            chunks = [
+                c async for c in ac.stream(messages=[{"role": "user", "content": "Hello"}], max_new_tokens=MAX_NEW)
+            ]
             return r, chunks, await ac.status()
 
     r, chunks, status = asyncio.run(run())
@@ -106,8 +109,9 @@ def test_retry_of_a_finished_request_is_a_replay(client):
     text to the last character (a completion ending inside a UTF-8 character ends in U+FFFD in both: see
     tests/unit/test_completion_text.py, which makes that case on purpose)."""
     sid, rid = uuid.uuid4().hex, uuid.uuid4().hex
-    kw = dict(max_new_tokens=MAX_NEW, session_id=sid, create_session=True, request_id=rid,
-              temperature=1.0)  # sampled: a second generation would (almost surely) differ
+    kw = dict(
+        max_new_tokens=MAX_NEW, session_id=sid, create_session=True, request_id=rid, temperature=1.0
+    )  # sampled: a second generation would (almost surely) differ
     first = client.generate(PROMPT, **kw)
     again = client.generate(PROMPT, **kw)
     assert again.token_ids == first.token_ids and again.text == first.text
@@ -116,7 +120,7 @@ def test_retry_of_a_finished_request_is_a_replay(client):
     rest = list(client.stream(PROMPT, resume_offset=5, **kw))
     assert rest[0].offset == 5 and sum((c.token_ids for c in rest), []) == first.token_ids[5:]
     rest_text = "".join(c.text for c in rest)
-    assert first.text.endswith(rest_text)   # the rest of the same text, its end included
+    assert first.text.endswith(rest_text)  # the rest of the same text, its end included
 
 
 def test_deadline(client):
@@ -126,9 +130,8 @@ def test_deadline(client):
 
 
 def test_unavailable_is_retried_then_raised():
-    with Client(f"127.0.0.1:{free_port()}", retries=2, backoff=0.01, timeout=10) as c:
-        with pytest.raises(ClientError) as e:
-            c.generate(PROMPT)
+    with Client(f"127.0.0.1:{free_port()}", retries=2, backoff=0.01, timeout=10) as c, pytest.raises(ClientError) as e:
+        c.generate(PROMPT)
     assert e.value.code == grpc.StatusCode.UNAVAILABLE and e.value.attempts == 3
 
 
@@ -157,8 +160,12 @@ class FlakyOrchestrator(orchestrator_pb2_grpc.OrchestratorServicer):
             if len(self.calls) == 1 and i == self.fail_after:
                 context.abort(self.code, "replica went away")
             yield pb.GenerateChunk(text_delta=TEXT[i], token_ids=[TOKENS[i]], offset=i)
-        final = pb.GenerateChunk(offset=len(TOKENS), session_id=request.session_id, request_id=request.request_id,
-                                 usage=pb.Usage(completion_tokens=len(TOKENS)))
+        final = pb.GenerateChunk(
+            offset=len(TOKENS),
+            session_id=request.session_id,
+            request_id=request.request_id,
+            usage=pb.Usage(completion_tokens=len(TOKENS)),
+        )
         final.finish_reason = pb.FINISH_REASON_LENGTH
         yield final
 
@@ -166,8 +173,13 @@ class FlakyOrchestrator(orchestrator_pb2_grpc.OrchestratorServicer):
         self.calls.append(request)
         if len(self.calls) == 1:
             context.abort(self.code, "replica went away")
-        return pb.GenerateResponse(text="".join(TEXT), token_ids=TOKENS, finish_reason=pb.FINISH_REASON_LENGTH,
-                                   session_id=request.session_id, request_id=request.request_id)
+        return pb.GenerateResponse(
+            text="".join(TEXT),
+            token_ids=TOKENS,
+            finish_reason=pb.FINISH_REASON_LENGTH,
+            session_id=request.session_id,
+            request_id=request.request_id,
+        )
 
 
 @pytest.fixture
@@ -230,9 +242,8 @@ def test_generate_retried_with_same_request_id(fake):
 
 def test_other_errors_are_not_retried(fake):
     servicer = FlakyOrchestrator(fail_after=2, code=grpc.StatusCode.INVALID_ARGUMENT)
-    with Client(fake(servicer), retries=3, backoff=0.01) as c:
-        with pytest.raises(ClientError) as e:
-            list(c.stream("p"))
+    with Client(fake(servicer), retries=3, backoff=0.01) as c, pytest.raises(ClientError) as e:
+        list(c.stream("p"))
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and len(servicer.calls) == 1
 
 

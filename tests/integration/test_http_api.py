@@ -35,10 +35,10 @@ MAX_TOKENS = 24
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]
 PROMPT = "The quick brown fox"
 RPC_TIMEOUT_S = 60.0
-LONG_MAX_TOKENS = 1500       # the request that holds the only admission slot while the next one is refused
+LONG_MAX_TOKENS = 1500  # the request that holds the only admission slot while the next one is refused
 READY_TIMEOUT_S = 120.0
 LOGPROB_ATOL = 1e-4
-MAX_N = 16                   # GatewayConfig.max_n (SPECDEC_HTTP_MAX_N unset)
+MAX_N = 16  # GatewayConfig.max_n (SPECDEC_HTTP_MAX_N unset)
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +91,9 @@ def http(url: str, body: dict | None = None, headers: dict | None = None) -> tup
 
 
 def test_completion_equals_target_alone(hs, client, tokenizer, eos, stub):
-    resp = client.completions.create(model="specdec", prompt=PROMPT, max_tokens=MAX_TOKENS,
-                                      extra_body={"specdec": {"k": 3}})
+    resp = client.completions.create(
+        model="specdec", prompt=PROMPT, max_tokens=MAX_TOKENS, extra_body={"specdec": {"k": 3}}
+    )
     ids = resp.model_extra["specdec"]["token_ids"]
     want = hs.target_alone(tokenizer.encode(PROMPT), MAX_TOKENS, eos)
     assert ids == want
@@ -108,8 +109,9 @@ def test_chat_stream_equals_unary_equals_target(hs, client, tokenizer, eos, stub
     assert unary.object == "chat.completion" and unary.choices[0].message.role == "assistant"
     assert unary.choices[0].finish_reason in ("stop", "length")
 
-    stream = client.chat.completions.create(model="specdec", messages=CHAT, max_tokens=MAX_TOKENS, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="specdec", messages=CHAT, max_tokens=MAX_TOKENS, stream=True, stream_options={"include_usage": True}
+    )
     deltas, stream_ids, finish, usage = [], [], None, None
     for chunk in stream:
         if chunk.choices:
@@ -133,15 +135,16 @@ def test_chat_stream_equals_unary_equals_target(hs, client, tokenizer, eos, stub
 
 def test_sse_wire_format_ends_with_done(hs):
     body = {"model": "specdec", "prompt": PROMPT, "max_tokens": 8, "stream": True}
-    req = urllib.request.Request(f"{hs.base_url}/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{hs.base_url}/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=RPC_TIMEOUT_S) as resp:
         assert resp.headers["Content-Type"].startswith("text/event-stream")
         raw = resp.read().decode()
     events = [e for e in raw.split("\n\n") if e]
     assert all(e.startswith("data: ") for e in events)
     assert events[-1] == "data: [DONE]"
-    last = json.loads(events[-2][len("data: "):])
+    last = json.loads(events[-2][len("data: ") :])
     assert last["choices"][0]["finish_reason"] in ("stop", "length") and last["usage"]["completion_tokens"] == 8
 
 
@@ -166,20 +169,35 @@ def test_defaults_are_the_grpc_defaults(hs, client, stub):
 
 
 def test_sampling_fields_and_seed(client):
-    kw = dict(model="specdec", prompt=PROMPT, max_tokens=12, temperature=0.9, top_p=0.95, seed=7,
-              frequency_penalty=0.1, presence_penalty=0.1, stop=["\n\n\n"], user="test-user")
+    kw = dict(
+        model="specdec",
+        prompt=PROMPT,
+        max_tokens=12,
+        temperature=0.9,
+        top_p=0.95,
+        seed=7,
+        frequency_penalty=0.1,
+        presence_penalty=0.1,
+        stop=["\n\n\n"],
+        user="test-user",
+    )
     a = client.completions.create(**kw)
     b = client.completions.create(**kw)
     assert a.model_extra["specdec"]["token_ids"] == b.model_extra["specdec"]["token_ids"]
 
 
 def test_extension_trace_and_stats(client):
-    resp = client.chat.completions.create(model="specdec", messages=CHAT, max_tokens=10,
-                                          extra_body={"specdec": {"k": 2, "trace": True, "draft_kind": "model"}})
+    resp = client.chat.completions.create(
+        model="specdec",
+        messages=CHAT,
+        max_tokens=10,
+        extra_body={"specdec": {"k": 2, "trace": True, "draft_kind": "model"}},
+    )
     ext = resp.model_extra["specdec"]
     assert ext["stats"]["rounds"] == len(ext["trace"]) >= 1
     assert all(r["k"] <= 2 for r in ext["trace"])
-    assert ext["finish_reason"] in ("eos", "length") and ext["session_id"] and ext["request_id"]
+    assert ext["finish_reason"] == resp.choices[0].finish_reason and ext["session_id"] and ext["request_id"]
+    assert (ext["finish_reason"], ext["finish_detail"]) in (("stop", "eos"), ("length", "length"))
 
 
 def test_n_choices_are_the_single_requests_with_seeds_seed_plus_i(client):
@@ -189,11 +207,12 @@ def test_n_choices_are_the_single_requests_with_seeds_seed_plus_i(client):
     singles = [client.completions.create(**{**kw, "seed": 11 + i}) for i in range(3)]
     assert [c.index for c in many.choices] == [0, 1, 2]
     assert [c.text for c in many.choices] == [s.choices[0].text for s in singles]
-    assert [c["token_ids"] for c in many.model_extra["specdec"]["choices"]] == \
-        [s.model_extra["specdec"]["token_ids"] for s in singles]
-    for c, s in zip(many.choices, singles):   # choices run together share batched passes: float noise only
+    assert [c["token_ids"] for c in many.model_extra["specdec"]["choices"]] == [
+        s.model_extra["specdec"]["token_ids"] for s in singles
+    ]
+    for c, s in zip(many.choices, singles, strict=True):  # choices run together share batched passes: float noise only
         assert c.logprobs.token_logprobs == pytest.approx(s.choices[0].logprobs.token_logprobs, abs=LOGPROB_ATOL)
-    assert len({s.choices[0].text for s in singles}) > 1   # the seeds differ, so do the samples
+    assert len({s.choices[0].text for s in singles}) > 1  # the seeds differ, so do the samples
     assert many.usage.prompt_tokens == singles[0].usage.prompt_tokens
     assert many.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
 
@@ -216,7 +235,7 @@ def test_n_choices_streamed_equal_the_whole_answer(client):
 
 def test_stop_string(client):
     full = client.completions.create(model="specdec", prompt=PROMPT, max_tokens=MAX_TOKENS).choices[0].text
-    stop = full[len(full) // 2: len(full) // 2 + 3]
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
     if not stop.strip():
         pytest.skip("no usable stop string in this output")
     cut = client.completions.create(model="specdec", prompt=PROMPT, max_tokens=MAX_TOKENS, stop=stop)
@@ -225,8 +244,7 @@ def test_stop_string(client):
 
 
 def test_logprobs(client):
-    resp = client.chat.completions.create(model="specdec", messages=CHAT, max_tokens=4, logprobs=True,
-                                          top_logprobs=2)
+    resp = client.chat.completions.create(model="specdec", messages=CHAT, max_tokens=4, logprobs=True, top_logprobs=2)
     content = resp.choices[0].logprobs.content
     assert len(content) == 4 and all(len(c.top_logprobs) == 2 for c in content)
     assert [c.token for c in content] == [f"token_id:{i}" for i in resp.model_extra["specdec"]["token_ids"]]
@@ -238,12 +256,19 @@ def test_session_continuation(hs, client, stub):
     """With a session only the new (last user) message is appended; without one each request is a fresh
     session, whose prompt the target serves from the longest prefix a cached session holds (prefix sharing)."""
     sid = f"http-{uuid.uuid4().hex[:8]}"
-    first = client.chat.completions.create(model="specdec", messages=CHAT, max_tokens=6,
-                                           extra_body={"specdec": {"session_id": sid, "create_session": True}})
-    history = CHAT + [{"role": "assistant", "content": first.choices[0].message.content},
-                      {"role": "user", "content": "And three more?"}]
-    second = client.chat.completions.create(model="specdec", messages=history, max_tokens=6,
-                                            extra_headers={"X-Specdec-Session": sid})
+    first = client.chat.completions.create(
+        model="specdec",
+        messages=CHAT,
+        max_tokens=6,
+        extra_body={"specdec": {"session_id": sid, "create_session": True}},
+    )
+    history = CHAT + [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And three more?"},
+    ]
+    second = client.chat.completions.create(
+        model="specdec", messages=history, max_tokens=6, extra_headers={"X-Specdec-Session": sid}
+    )
     assert second.model_extra["specdec"]["session_id"] == sid
     info = stub.GetSession(pb.SessionRequest(session_id=sid), timeout=RPC_TIMEOUT_S)
     assert info.turns == 2
@@ -274,22 +299,44 @@ def test_400_validation(client):
     assert "kk" in e.value.message
 
 
+def test_every_error_has_one_shape(hs):
+    """The gateway's own 400, the orchestrator's INVALID_ARGUMENT, a 404 and a 405: the same four keys, `code`
+    always a string, `param` the field when it is known."""
+    url = hs.gateway.url
+    own = http(f"{url}/v1/completions", {"model": "specdec", "prompt": PROMPT, "n": 0})
+    theirs = http(f"{url}/v1/completions", {"model": "specdec", "prompt": PROMPT, "specdec": {"k": 99}})
+    limit = http(f"{url}/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 0})
+    for (status, body, _), param in ((own, "n"), (theirs, "specdec.k"), (limit, "max_completion_tokens")):
+        assert status == 400 and body["error"]["param"] == param, body
+        assert (body["error"]["type"], body["error"]["code"]) == ("invalid_request_error", "invalid_argument"), body
+    for path, body, status, code in (
+        ("/v1/nothing", None, 404, "not_found"),
+        ("/v1/completions", None, 405, "method_not_allowed"),
+    ):
+        got = http(f"{url}{path}", body)
+        assert got[0] == status and list(got[1]["error"]) == ["message", "type", "param", "code"], got
+        assert got[1]["error"]["code"] == code and got[1]["error"]["type"] == "invalid_request_error", got
+
+
 def test_404_unknown_model_and_session(client):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-4o", messages=CHAT)
     assert e.value.code == "model_not_found"
     with pytest.raises(openai.NotFoundError) as e:
-        client.chat.completions.create(model="specdec", messages=CHAT,
-                                       extra_body={"specdec": {"session_id": "no-such-session"}})
+        client.chat.completions.create(
+            model="specdec", messages=CHAT, extra_body={"specdec": {"session_id": "no-such-session"}}
+        )
     assert e.value.code == "session_not_found"
     with pytest.raises(openai.NotFoundError):  # streamed: the status is known before the first byte
-        client.completions.create(model="specdec", prompt=PROMPT, stream=True,
-                                  extra_headers={"X-Specdec-Session": "no-such-session"})
+        client.completions.create(
+            model="specdec", prompt=PROMPT, stream=True, extra_headers={"X-Specdec-Session": "no-such-session"}
+        )
 
 
 def test_401_with_tokens_configured(hs):
-    gw = GatewayProcess(hs.orchestrator, log_dir=str(hs.stack.log_dir),
-                        extra_env={"SPECDEC_AUTH_TOKENS": f"other,{AUTH_TOKEN}"}).start()
+    gw = GatewayProcess(
+        hs.orchestrator, log_dir=str(hs.stack.log_dir), extra_env={"SPECDEC_AUTH_TOKENS": f"other,{AUTH_TOKEN}"}
+    ).start()
     try:
         bad = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError) as e:
@@ -310,12 +357,35 @@ def _spare_orchestrator(hs, max_concurrent: int) -> tuple[subprocess.Popen, str]
     s = hs.stack
     targets = ",".join(p.address for p in s.procs if p.role == "target")
     drafts = ",".join(p.address for p in s.procs if p.role == "draft")
-    cmd = [sys.executable, "-m", "specdec.cli", "serve", "orchestrator", "--host", "127.0.0.1", "--port", str(port),
-           "--target", targets, "--draft", drafts, "--redis-url", s.redis.url, "--tokenizer", str(hs.target_dir),
-           "--max-concurrent", str(max_concurrent)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specdec.cli",
+        "serve",
+        "orchestrator",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--target",
+        targets,
+        "--draft",
+        drafts,
+        "--redis-url",
+        s.redis.url,
+        "--tokenizer",
+        str(hs.target_dir),
+        "--max-concurrent",
+        str(max_concurrent),
+    ]
     log = (s.log_dir / f"spare-orchestrator-{port}.log").open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", "SPECDEC_DRAIN_SECONDS": "1"})
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "SPECDEC_DRAIN_SECONDS": "1"},
+    )
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not check(address, timeout=1.0)[0]:
@@ -341,8 +411,13 @@ def test_429_overload_then_503_orchestrator_stopped(hs):
     c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0, timeout=RPC_TIMEOUT_S)
     try:
         # One stream holds the only slot (it runs to max_tokens: EOS ignored) ...
-        holder = c.completions.create(model="specdec", prompt=PROMPT, max_tokens=LONG_MAX_TOKENS, stream=True,
-                                      extra_body={"specdec": {"ignore_eos": True}})
+        holder = c.completions.create(
+            model="specdec",
+            prompt=PROMPT,
+            max_tokens=LONG_MAX_TOKENS,
+            stream=True,
+            extra_body={"specdec": {"ignore_eos": True}},
+        )
         next(iter(holder))
         # ... so the next request is refused with RESOURCE_EXHAUSTED -> 429, unary and streamed.
         with pytest.raises(openai.RateLimitError) as e:
@@ -351,12 +426,18 @@ def test_429_overload_then_503_orchestrator_stopped(hs):
         with pytest.raises(openai.RateLimitError):
             c.chat.completions.create(model="specdec", messages=CHAT, max_tokens=2, stream=True)
         holder.close()
-        _wait_for_a_free_slot(c)   # the slot frees once the orchestrator sees the cancel
+        _wait_for_a_free_slot(c)  # the slot frees once the orchestrator sees the cancel
         # n = 2 with one slot: the whole request is refused (not one choice of two), its admitted choice cancelled
         for stream in (False, True):
             with pytest.raises(openai.RateLimitError):
-                c.completions.create(model="specdec", prompt=PROMPT, max_tokens=LONG_MAX_TOKENS, n=2, stream=stream,
-                                     extra_body={"specdec": {"ignore_eos": True}})
+                c.completions.create(
+                    model="specdec",
+                    prompt=PROMPT,
+                    max_tokens=LONG_MAX_TOKENS,
+                    n=2,
+                    stream=stream,
+                    extra_body={"specdec": {"ignore_eos": True}},
+                )
             _wait_for_a_free_slot(c)
         # Orchestrator stopped: UNAVAILABLE -> 503 (InternalServerError is openai's class for 5xx).
         proc.send_signal(signal.SIGTERM)

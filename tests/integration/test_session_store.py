@@ -8,15 +8,15 @@ import signal
 import time
 import uuid
 from array import array
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
 from orchestrator.lease import store_errors
 from orchestrator.session_store import SessionStore, open_redis
-from orchestrator.store_health import StoreProbe
 from orchestrator.session_types import (
     ID_BYTES,
     LeaseLost,
@@ -29,6 +29,7 @@ from orchestrator.session_types import (
     Written,
     encode_ids,
 )
+from orchestrator.store_health import StoreProbe
 from specdec.errors import Aborted
 from specdec.redis_server import EmbeddedRedis
 from tests.redis_proxy import LossyProxy
@@ -172,7 +173,7 @@ def test_concurrent_writers_never_interleave_tokens(server: EmbeddedRedis) -> No
         final = await store.get(sid)
         assert final.version == 1 + 2 * WRITES_PER_WRITER
         assert len(final.ids) == 2 * CHUNK * WRITES_PER_WRITER
-        blocks = [final.ids[i:i + CHUNK] for i in range(0, len(final.ids), CHUNK)]
+        blocks = [final.ids[i : i + CHUNK] for i in range(0, len(final.ids), CHUNK)]
         assert all(len(set(b)) == 1 for b in blocks), "tokens of two writers interleaved"
         assert sum(conflicts) > 0, "writers never raced; test is not exercising concurrency"
 
@@ -223,7 +224,7 @@ def test_begin_request_retry_resumes_and_appends_turn_once(server: EmbeddedRedis
         s = await store.append(sid, again.version, [4, 5], {"delivered": 2}, "o1")
         with pytest.raises(SessionBusy):
             await store.begin_request(sid, "r2", "o1", LEASE_S, [6], PARAMS)
-        assert first.last_text_chars == -1                     # not known until the request finishes
+        assert first.last_text_chars == -1  # not known until the request finishes
         done = await store.finish_request(sid, "o1", "stop", s.version, text_chars=0)
         assert (done.status, done.owner, done.last_finish_reason, done.last_text_chars) == ("idle", "", "stop", 0)
         retry, resumed = await store.begin_request(sid, "r1", "o2", LEASE_S, [1, 2, 3], PARAMS)
@@ -365,9 +366,7 @@ def test_append_reply_does_not_grow_with_session_length(server: EmbeddedRedis) -
     async def net_out(client: aioredis.Redis) -> int:
         return int((await client.info("stats"))["total_net_output_bytes"])
 
-    async def append_cost(
-        store: SessionStore, client: aioredis.Redis, version: int
-    ) -> tuple[int, Any]:
+    async def append_cost(store: SessionStore, client: aioredis.Redis, version: int) -> tuple[int, Any]:
         """Bytes Redis sent for one append (INFO replies before/after are of near-equal size)."""
         before = await net_out(client)
         written = await store.append(sid, version, round_ids, {"rounds": 1}, "o")
@@ -396,7 +395,7 @@ def test_append_reply_does_not_grow_with_session_length(server: EmbeddedRedis) -
         assert all(isinstance(x, int) for x in big_raw[1:])  # version, length, lease: no blob
         assert abs(big_cost - small_cost) < 64, (small_cost, big_cost)
         assert big_cost < 256 < ID_BYTES * big
-        assert (await store.get(sid)).ids[-len(round_ids):] == round_ids
+        assert (await store.get(sid)).ids[-len(round_ids) :] == round_ids
 
     run_with_store(server.url, body)
 
@@ -444,9 +443,7 @@ def test_lone_key_is_not_a_session(server: EmbeddedRedis) -> None:
         assert await store.memory_bytes(sid) > 0
         await client.delete(store.key(sid))
         assert await store.get(sid) is None and await store.memory_bytes(sid) is None
-        fresh, resumed = await store.begin_request(
-            sid, "r", "o", LEASE_S, [5], {}, create_missing=True
-        )
+        fresh, resumed = await store.begin_request(sid, "r", "o", LEASE_S, [5], {}, create_missing=True)
         assert not resumed and fresh.ids == [5] and fresh.turns == 1
 
     run_with_store(server.url, body)
@@ -458,8 +455,9 @@ def test_begin_request_refuses_a_reused_request_id_atomically(server: EmbeddedRe
     sid = _sid()
 
     async def body(store: SessionStore, client: aioredis.Redis) -> None:
-        first, _ = await store.begin_request(sid, "r1", "o1", LEASE_S, [1, 2], PARAMS, create_missing=True,
-                                             fingerprint="f1")
+        first, _ = await store.begin_request(
+            sid, "r1", "o1", LEASE_S, [1, 2], PARAMS, create_missing=True, fingerprint="f1"
+        )
         assert first.fingerprint == "f1"
         for owner in ("o1", "o2"):  # running: refused before the lease or busy checks
             with pytest.raises(RequestReused):
@@ -479,6 +477,20 @@ def test_begin_request_refuses_a_reused_request_id_atomically(server: EmbeddedRe
         assert not resumed and second.fingerprint == "f2" and second.turns == 2
 
     run_with_store(server.url, body)
+
+
+def test_a_request_key_names_the_session_it_was_first_claimed_for(server: EmbeddedRedis) -> None:
+    """claim_request_key: the first claim wins (also among racing claims), the key lives for the TTL."""
+    rid = f"r-{uuid.uuid4().hex[:8]}"
+
+    async def body(store: SessionStore, client: aioredis.Redis) -> None:
+        claims = await asyncio.gather(*(store.claim_request_key(rid, f"s{i}") for i in range(8)))
+        assert len(set(claims)) == 1 and claims[0] in {f"s{i}" for i in range(8)}
+        assert await store.claim_request_key(rid, "later") == claims[0]
+        assert 0 < await client.ttl(store.request_key(rid)) <= TTL_S
+        assert await store.claim_request_key(rid + "-other", "fresh") == "fresh"
+
+    run_with_store(server.url, body, ttl_seconds=TTL_S)
 
 
 # -- idempotent writes: a resent write that Redis already applied ---------------------------------
@@ -501,9 +513,8 @@ def test_replayed_writes_succeed_once_and_a_conflicting_writer_is_aborted(server
         assert (s.ids, s.rounds, s.drafted, s.accepted, s.delivered) == ([1, 2, 3, 4, 5, 6], 1, 4, 2, 3)
         with pytest.raises(VersionConflict, match=f"expected version {begun.version}, found {first.version}"):
             await store.append(sid, begun.version, [9], {"rounds": 1}, "o1", write_id="w2")  # another writer
-        with pytest.raises(Aborted, match="expected version"):
-            with store_errors():
-                await store.append(sid, begun.version, [9], {"rounds": 1}, "o1")
+        with pytest.raises(Aborted, match="expected version"), store_errors():
+            await store.append(sid, begun.version, [9], {"rounds": 1}, "o1")
         cut = await store.truncate(sid, first.version, 5, "o1", write_id="t1")
         assert await store.truncate(sid, first.version, 5, "o1", write_id="t1") == cut
         done = await store.finish_request(sid, "o1", "stop", cut.version, write_id="f1")
@@ -561,6 +572,7 @@ def test_store_probe_reports_down_hung_and_refused_redis(tmp_path: Path) -> None
             async def timed(p: StoreProbe) -> None:
                 start = time.monotonic()
                 seen.append((await p.check(), time.monotonic() - start))
+
             try:
                 await timed(probe)
                 await timed(refused)

@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from http_gateway import app, choices
+from http_gateway import app, choices, errors
 from http_gateway import openai_schema as schema
 from specdec.v1 import orchestrator_pb2 as pb
 
@@ -19,7 +19,7 @@ def test_each_choice_is_the_request_with_its_own_seed_and_request_id():
     out = choices.choice_requests(req, 3)
     assert [r.sampling.seed for r in out] == [5, 6, 7]
     assert [r.request_id for r in out] == [req.request_id, f"{req.request_id}-1", f"{req.request_id}-2"]
-    for r in out:   # nothing else differs
+    for r in out:  # nothing else differs
         r.ClearField("request_id")
         r.sampling.ClearField("seed")
     assert out[0] == out[1] == out[2] and out[0].max_new_tokens == 9
@@ -29,20 +29,23 @@ def test_each_choice_is_the_request_with_its_own_seed_and_request_id():
 def test_without_a_seed_no_choice_gets_one_and_the_largest_seed_wraps():
     req = schema.parse_request({**PROMPT, "n": 2, "temperature": 0.7}, chat=False).request
     assert not any(r.sampling.HasField("seed") for r in choices.choice_requests(req, 2))
-    req.sampling.seed = 2 ** 64 - 1
-    assert [r.sampling.seed for r in choices.choice_requests(req, 2)] == [2 ** 64 - 1, 0]
+    req.sampling.seed = 2**64 - 1
+    assert [r.sampling.seed for r in choices.choice_requests(req, 2)] == [2**64 - 1, 0]
 
 
-@pytest.mark.parametrize("body, chat, header, message", [
-    ({**PROMPT, "n": 0}, False, None, "'n' must be >= 1"),
-    ({**PROMPT, "n": -2}, False, None, "'n' must be >= 1"),
-    ({**PROMPT, "n": "2"}, False, None, "must be int"),
-    ({**PROMPT, "n": 2, "specdec": {"session_id": "s1"}}, False, None, "with a session"),
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, True, "s1", "with a session"),
-    ({**PROMPT, "n": 2, "specdec": {"resume_offset": 3}}, False, None, "with resume_offset"),
-])
+@pytest.mark.parametrize(
+    "body, chat, header, message",
+    [
+        ({**PROMPT, "n": 0}, False, None, "'n' must be >= 1"),
+        ({**PROMPT, "n": -2}, False, None, "'n' must be >= 1"),
+        ({**PROMPT, "n": "2"}, False, None, "must be int"),
+        ({**PROMPT, "n": 2, "specdec": {"session_id": "s1"}}, False, None, "with a session"),
+        ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, True, "s1", "with a session"),
+        ({**PROMPT, "n": 2, "specdec": {"resume_offset": 3}}, False, None, "with resume_offset"),
+    ],
+)
 def test_bad_n_is_a_400_naming_n(body, chat, header, message):
-    with pytest.raises(schema.ApiError) as err:
+    with pytest.raises(errors.ApiError) as err:
         schema.parse_request(body, chat=chat, session_header=header)
     assert err.value.status == 400 and err.value.param == "n" and message in err.value.message
 
@@ -53,10 +56,16 @@ def test_n_defaults_to_one():
 
 
 def _response(text: str, completion: int) -> pb.GenerateResponse:
-    return pb.GenerateResponse(text=text, token_ids=list(range(completion)), session_id=f"s-{text}",
-                               request_id=f"r-{text}", finish_reason=pb.FINISH_REASON_LENGTH,
-                               usage=pb.Usage(prompt_tokens=7, completion_tokens=completion,
-                                              total_tokens=7 + completion, cached_prompt_tokens=2))
+    return pb.GenerateResponse(
+        text=text,
+        token_ids=list(range(completion)),
+        session_id=f"s-{text}",
+        request_id=f"r-{text}",
+        finish_reason=pb.FINISH_REASON_LENGTH,
+        usage=pb.Usage(
+            prompt_tokens=7, completion_tokens=completion, total_tokens=7 + completion, cached_prompt_tokens=2
+        ),
+    )
 
 
 def test_merged_body_has_every_choice_in_order_and_counts_the_prompt_once():
@@ -73,19 +82,39 @@ def test_merged_body_has_every_choice_in_order_and_counts_the_prompt_once():
 
 
 def test_stream_chunks_carry_their_choice_and_leave_the_usage_chunk_to_the_caller():
-    parsed = schema.parse_request({"messages": [{"role": "user", "content": "hi"}], "n": 2, "stream": True,
-                                   "stream_options": {"include_usage": True}}, chat=True)
+    parsed = schema.parse_request(
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "n": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        chat=True,
+    )
     writer = schema.ChunkWriter(parsed, "m", id="chatcmpl-x", index=1, usage_chunk=False)
-    final = pb.GenerateChunk(text_delta="yo", token_ids=[4], finish_reason=pb.FINISH_REASON_EOS,
-                             usage=pb.Usage(prompt_tokens=3, completion_tokens=1, total_tokens=4))
+    final = pb.GenerateChunk(
+        text_delta="yo",
+        token_ids=[4],
+        finish_reason=pb.FINISH_REASON_EOS,
+        usage=pb.Usage(prompt_tokens=3, completion_tokens=1, total_tokens=4),
+    )
     out = writer.chunks(final)
     assert [c["choices"][0]["index"] for c in out] == [1, 1]
     assert out[-1]["choices"][0]["finish_reason"] == "stop" and "usage" not in out[-1]
     usage = writer.usage_body([schema.usage(final.usage), schema.usage(final.usage)])
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 2 and usage["id"] == "chatcmpl-x"
-    alone = schema.ChunkWriter(schema.parse_request({"messages": [{"role": "user", "content": "hi"}], "stream": True,
-                                                     "stream_options": {"include_usage": True}}, chat=True), "m")
-    assert alone.chunks(final)[-1]["choices"] == []    # n = 1: the writer sends the usage chunk itself
+    alone = schema.ChunkWriter(
+        schema.parse_request(
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+            chat=True,
+        ),
+        "m",
+    )
+    assert alone.chunks(final)[-1]["choices"] == []  # n = 1: the writer sends the usage chunk itself
 
 
 class _FakeCall:
@@ -140,9 +169,10 @@ def test_merged_streams_give_every_chunk_with_its_choice_and_raise_a_mid_stream_
 
     got = asyncio.run(collect([_FakeCall(["a0", "a1", "a2"]), _FakeCall(["b0", "b1"])]))
     assert sorted(got) == [(0, "a0"), (0, "a1"), (0, "a2"), (1, "b0"), (1, "b1")]
-    assert [c for i, c in got if i == 0] == ["a0", "a1", "a2"]            # each choice in its own order
-    failing = asyncio.run(collect([_FakeCall(["a0", "a1"], delay_s=0.05),
-                                   _FakeCall(["b0"], _rpc_error(grpc.StatusCode.UNAVAILABLE))]))
+    assert [c for i, c in got if i == 0] == ["a0", "a1", "a2"]  # each choice in its own order
+    failing = asyncio.run(
+        collect([_FakeCall(["a0", "a1"], delay_s=0.05), _FakeCall(["b0"], _rpc_error(grpc.StatusCode.UNAVAILABLE))])
+    )
     assert failing[-1] == grpc.StatusCode.UNAVAILABLE and (1, "b0") in failing
     alone = asyncio.run(collect([_FakeCall(["x0", "x1"])]))
     assert alone == [(0, "x0"), (0, "x1")]
