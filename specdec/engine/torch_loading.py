@@ -11,10 +11,12 @@ from typing import Any
 import torch
 
 from specdec.config import KernelConfig, ModelServiceConfig
+from specdec.engine.cuda_graphs import GraphCacheOps
 from specdec.engine.kernel_select import default_plan, plan_model
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
 from specdec.engine.torch_runner import CausalLMRunner
 from specdec.models.architecture import check_cache_truncatable
+from specdec.models.compat import cache_argument
 from specdec.models.feature_draft import FeatureDraftModel
 from specdec.models.int4 import quantize_linears_int4, wants_int4
 from specdec.models.int8 import quantize_linears, wants_int8
@@ -26,6 +28,21 @@ from specdec.models.spec import parse_model_spec
 from specdec.models.tokenizer_info import describe_tokenizer, eos_token_ids
 
 log = logging.getLogger("specdec.engine")
+
+
+def graph_cache_ops(cfg: ModelServiceConfig, model: Any, feature: bool) -> GraphCacheOps | None:
+    """SPECDEC_CUDA_GRAPHS: the static KV slots whose passes replay CUDA graphs (specdec/engine/cuda_graphs.py),
+    or None when off. Refused, naming why, where graphs cannot run."""
+    if not cfg.cuda_graphs:
+        return None
+    if model.device.type != "cuda":
+        raise ValueError(f"SPECDEC_CUDA_GRAPHS needs a CUDA device; {cfg.model} is on {model.device}")
+    if feature:
+        raise ValueError("SPECDEC_CUDA_GRAPHS runs causal LMs; a feature draft runs without graphs")
+    context = int(getattr(model.config.get_text_config(), "max_position_embeddings", 0) or cfg.cuda_graph_tokens)
+    tokens = min(cfg.cuda_graph_tokens, context)
+    log.info("%s: CUDA graphs over %d static KV slots of %d positions", cfg.model, cfg.cuda_graph_slots, tokens)
+    return GraphCacheOps(model, cache_argument(model), cfg.cuda_graph_slots, tokens, cfg.max_k + 1)
 
 
 def is_feature_draft(model: Any) -> bool:
@@ -116,11 +133,14 @@ def load_torch(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: boo
     per_token = kv_bytes_per_token(model.config, dtype_bytes)
     if keep_hidden or feature:  # the hidden rows kept beside the KV (a feature draft keeps them in fp32)
         per_token += model.config.get_text_config().hidden_size * (4 if feature else dtype_bytes)
-    pool = KVCachePool(cfg.cache_budget_bytes, per_token, model.config,
-                       share_min_tokens=0 if feature else cfg.prefix_share_min_tokens)  # a feature draft's cache is keyed apart
-    row_invariant = not feature and wants_row_invariant(cfg.row_invariant, quant is not None)
-    runner = CausalLMRunner(model, pool, batching=batching and not feature, keep_hidden=keep_hidden,
-                            row_invariant=row_invariant)
+    share = 0 if feature else cfg.prefix_share_min_tokens  # a feature draft's cache is keyed apart
+    graphs = graph_cache_ops(cfg, model, feature)
+    pool = KVCachePool(cfg.cache_budget_bytes, per_token, model.config, share_min_tokens=share, ops=graphs)
+    row_invariant = graphs is None and not feature and wants_row_invariant(cfg.row_invariant, quant is not None)
+    if graphs is not None and keep_hidden:
+        log.info("%s: CUDA graphs keep no hidden rows (feature drafts are refused by this target)", cfg.model)
+    runner = CausalLMRunner(model, pool, batching=batching and not feature and graphs is None,
+                            keep_hidden=keep_hidden and graphs is None, row_invariant=row_invariant)
     if row_invariant:
         log.info("%s: row-invariant attention (returned rows attend one at a time)", cfg.model)
     if batching and not runner.batching:

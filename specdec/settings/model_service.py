@@ -178,6 +178,22 @@ class ModelServiceConfig(ModelCache, ContextSettings):
         "Torch: row-invariant attention (rows computed bitwise as 1-row steps "
         "compute them): auto = on for --dtype int8 and int4, off otherwise.",
     )
+    cuda_graphs: bool = env(
+        "SPECDEC_CUDA_GRAPHS",
+        False,
+        "Torch on CUDA: decode and verify passes of one session replayed as CUDA graphs over static KV slots "
+        "(no cross-session batching, no hidden rows for feature drafts); measure on your GPU with "
+        "scripts/gpu_check.sh.",
+    )
+    cuda_graph_slots: int = env(
+        "SPECDEC_CUDA_GRAPH_SLOTS", 8, "CUDA graphs: sessions held at once, each a static KV slot.", ge=1
+    )
+    cuda_graph_tokens: int = env(
+        "SPECDEC_CUDA_GRAPH_TOKENS",
+        4096,
+        "CUDA graphs: positions one slot holds (prompt and output; at most the model's context).",
+        ge=1,
+    )
     max_hidden_bytes: int = env(
         "SPECDEC_MAX_HIDDEN_BYTES",
         2 * MIB,

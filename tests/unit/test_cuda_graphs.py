@@ -119,3 +119,13 @@ def test_real_cuda_graphs_give_the_eager_logits():
         _same(graphed, plain, "s", ids[:end], end - 1)
     _same(graphed, plain, "s", ids[:25] + [4, 5, 6, 7], 25)  # rollback, then a 4-row verify pass
     assert ops.captures == 2
+
+
+def test_graphs_are_refused_where_no_cuda_device_runs_the_model():
+    from specdec.config import ModelServiceConfig
+    from specdec.engine.torch_loading import graph_cache_ops
+
+    cfg = ModelServiceConfig(role="target", model="embedded", cuda_graphs=True)
+    with pytest.raises(ValueError, match="SPECDEC_CUDA_GRAPHS needs a CUDA device; embedded is on cpu"):
+        graph_cache_ops(cfg, tiny_llama(), feature=False)
+    assert graph_cache_ops(ModelServiceConfig(role="target", model="embedded"), tiny_llama(), feature=False) is None
