@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from specdec.bench.load_args import LoadArgs, args_from_cli
-from specdec.bench.load_overlap import overlap_goals, twins
+from specdec.bench.load_overlap import overlap_comparisons, twins
 from specdec.bench.load_plan import (CHAT_SETS, CONCURRENCY, GUIDELLM_VERSION, K0, RATE, LoadConfig, ScenarioInputs,
                                      data_inputs, invocation_seed, rate_list, scenario, sets_by_content,
                                      write_chat_jsonl)
-from specdec.bench.load_results import (SERVER_SAMPLES, add_ratios, goals, noise_band, parse_report, saturation_rps,
-                                        server_delta, server_samples)
+from specdec.bench.load_results import (SERVER_SAMPLES, add_ratios, compared_to_k0, noise_band, parse_report,
+                                        saturation_rps, server_delta, server_samples)
 from specdec.config import OrchestratorConfig
 
 log = logging.getLogger("specdec.bench.load")
@@ -237,8 +237,8 @@ def prompt_sets(dataset: str) -> dict[str, str] | None:
 def point_order(configs: list[LoadConfig], index: int) -> list[LoadConfig]:
     """The order the configurations run the index-th point in: as listed at even points, reversed at odd ones.
 
-    Run one after another over a whole phase, the configuration run last drifted: session 12's A/A
-    repeat of k = 0, always last, read 0.67-0.84x k = 0 at some points. Interleaved per point, every
+    Run one after another over a whole phase, the configuration run last takes the machine's drift: an A/A
+    repeat of k = 0, always last, can read 0.67-0.84x k = 0 at some points. Interleaved per point, every
     configuration of a point runs within a few minutes of the others, and the reversal keeps any one
     from always being first or last."""
     return list(configs) if index % 2 == 0 else list(reversed(configs))
@@ -269,13 +269,13 @@ def run_dataset(args: LoadArgs, dataset: str, inp: ScenarioInputs, record: dict[
 
 def summarize(results: dict[str, dict[str, dict[str, Any]]], rates: list[float], configs: list[str]
               ) -> dict[str, Any]:
-    """One data set's entry of the JSON: rows with ratios to k = 0, the A/A band, the goals per configuration."""
+    """One data set's entry of the JSON: rows with ratios to k = 0, the A/A band, each configuration against k = 0."""
     add_ratios(results)
     band = noise_band(results)
     sat = saturation_rps(list(results[K0].values()))
     return {"saturation_rps_k0": sat, "rates": rates, "configs": results, "noise_band": band,
-            "goals": {name: goals(results, name, band) for name in configs if name != K0},
-            "overlap": overlap_goals(results, twins(configs), band)}
+            "compared_to_k0": {name: compared_to_k0(results, name, band) for name in configs if name != K0},
+            "overlap": overlap_comparisons(results, twins(configs), band)}
 
 
 def reparse(record: dict[str, Any]) -> dict[str, Any]:
