@@ -3,69 +3,30 @@
 For a round with k draft tokens:
     E[tokens](k) = 1 + sum_{i=1..k} prod_{j<=i} a_j          (the +1 is the recovered/bonus token)
     E[time](k)   = v(k+1) + (k > 0) * (k * c + o_draft) + o
-where a_j is the session's running acceptance rate at draft position j (given
-positions < j were accepted), c the cost of one draft step, v(n) the cost of
-verifying n tokens, o_draft the draft hop's overhead and o the rest of a round.
-k = 0 (plain target decoding) is always a candidate, so speculation backs off when
-it does not pay. After a run of rounds at k = 0 one round probes a short draft
-(PROBE_K tokens: cheap to verify, enough to see whether the context now offers
-matches). A probe that accepts nothing doubles the run before the next probe (up to
-PROBE_EVERY_MAX rounds), one that accepts anything resets it to PROBE_EVERY: on text
-where the draft never matches, probing costs next to nothing.
+where a_j is the session's running acceptance rate at draft position j (given positions < j were
+accepted), c the cost of one draft step, v(n) the cost of verifying n tokens, o_draft the draft hop's
+overhead and o the rest of a round. k = 0 is always a candidate, so speculation backs off when it does not
+pay; after a run of k = 0 rounds one round probes a short draft (PROBE_K), and a probe that accepts nothing
+doubles the run before the next one (up to PROBE_EVERY_MAX).
 
-Costs are properties of the deployment and shared by all sessions of an
-orchestrator (`CostModel`); acceptance is per session (`AcceptanceTracker`),
-and both are kept per **proposer** (`ngram`, `model`): a combined draft proposes
-by prompt lookup on some rounds (~0.02 ms a token, no hop, accepted deep) and by
-the model on others (~2.5 ms a token plus a network hop, accepted shallow), so one
-mixed estimate would pick too long a draft for the model and too short a one for
-the lookup. The orchestrator knows before each round which one will propose.
-Under load the target verifies many sessions in one forward pass (its batch queue): a pass costs a
-fixed part t0 (reading the weights, launching the pass) plus about m per token it scores, so v is
-measured per pass, keyed by the tokens the whole pass computed (`ComputeStats.batch_tokens`). In a
-batch of B sessions each drafting k, every round waits for a pass of B·(k+1) tokens:
-v(B·(k+1)) + draft + overhead, for E[tokens](k) each. That is the cost a session's k puts on every
-session of its pass, not only its own share of the pass (counting only t0/B + (k+1)·m, and the
-whole overhead, kept long drafts going under load: each one's extra tokens slow every round of the
-others). Speculation pays by spreading t0 over more tokens, so as batches fill that gain shrinks and
-choose_k backs off towards k = 0 by itself; where scoring more tokens is nearly free (m ≈ 0: a
-memory-bound GPU) it keeps speculating. B is the batch the rounds rode in (`target_batch` of each
-round, averaged across the orchestrator's sessions: `CostModel.batch`). The overhead counts what a
-round costs outside the forwards whatever the load: time queued at the target (waiting for the pass
-before) is left out, since it grows with the same passes that v(B·(k+1)) already prices.
-That price is throughput first: a session's long draft can still pay for itself while it lengthens the
-rounds of the sessions it shares a pass with, and those (open-ended prompts, short drafts) then get
-their tokens more slowly than with no speculation at all. `latency_cap` puts latency first: with B
-sessions a pass, each drafting alike, a session sees the drafts of the B - 1 others lengthen its
-pass by (B-1)/B · (v(B·(k+1)) - v(B)); k is capped where that exceeds `slack` of a round without
-drafts (round_ms(0)), so no session's inter-token latency grows past 1 + slack of plain decoding's
-for the sake of another's (opt-in: SPECDEC_LATENCY_SLACK; off by default, see the config).
-B here counts the sessions that wait for the target, not the orchestrator's average pass (which
-lags by rounds: at a low request rate it capped sessions that were alone by then): the generations
-running in this orchestrator per healthy target replica, or the pass the session's latest round
-rode in when that held more (other orchestrators' sessions).
-A target runs one pass at a time, so a draft delays every session queued behind its pass, not only
-those inside it: counting the pass alone (run D in docs/performance.md) let sessions of a ragged
-closed loop draft whenever their last pass happened to be small. Alone nothing is capped.
-The cap does not assume that every session drafts alike when the orchestrator knows which ones want
-to (`DraftDemand`: the sessions whose best k without the cap is above 0): the passes' draft budget,
-the most draft tokens R with v(B + R) − v(B) ≤ slack · round_ms(0), is split among those D sessions.
-A session that does not draft then sees at most that growth, and a draft-friendly session (a
-grounded prompt) beside sessions that would not draft anyway (open prompts) keeps the budget they
-leave, instead of being held to 1/B of it (`latency_cap`'s `drafters`).
-The draft's own time counts too (`draft_delay`): a session that drafts sends its verify that much later, and
-the target holds the next pass for the sessions of the last one (SPECDEC_BATCH_WAIT_MS), so the others wait
-for it. Where passes cost about the same for any token count (bf16 on AMX) the tokens are nearly free and that
-wait is what a draft costs the others: a model draft with its hop then fits no 5 % slack, a lookup still does.
-A generation's first round (the prompt's prefill) drafts nothing with a model draft (orchestrator/generation.py
-`_round_k`): the draft would first prefill the whole prompt itself, and the first token would wait for that
-(bench-load, bf16, one stream: open prompts' TTFT 1.25-1.30x k = 0's); the draft catches up in the round after.
-vLLM, too, drafts only once the prefill has given the first token. An in-process lookup still drafts there.
-Acceptance starts from an optimistic prior at position 1 (decayed with the data, so
-it fades). A deeper position leans on the rate of the position before it until it has
-data of its own: a draft rejected at position 1 says nothing about position 5, and
-an optimistic prior there kept paying for long drafts that never got that far (seen
-on open-ended prompts: 7-token n-gram drafts verified and rejected round after round).
+Costs belong to the deployment and are shared by an orchestrator's sessions (`CostModel`); acceptance is per
+session (`AcceptanceTracker`); both are kept per proposer (`ngram`, `model`), since a combined draft's lookup
+and model differ in cost and depth of acceptance. Acceptance starts from an optimistic prior at position 1;
+a deeper position leans on the one before it until it has data of its own.
+
+Under load a target verifies many sessions in one pass: a pass costs a fixed part plus about m per token, so
+v is measured per pass and keyed by the tokens the whole pass computed. With B sessions a pass, each
+drafting k, every round waits for v(B·(k+1)); as batches fill, choose_k backs off towards k = 0 by itself,
+while where extra tokens are nearly free (m ≈ 0) it keeps speculating. Time queued at the target is left out
+of the overhead, since v(B·(k+1)) already prices it.
+
+`latency_cap` (opt-in, SPECDEC_LATENCY_SLACK) puts latency first: k is capped where the other sessions'
+drafts would lengthen a session's pass by more than `slack` of a round without drafts. B counts the sessions
+waiting for the target (this orchestrator's running generations per healthy target replica, or the latest
+pass when it held more); the pass's draft budget is split among the sessions that want to draft
+(`DraftDemand`), and a draft's own time (`draft_delay`) counts, since the target holds the next pass for the
+last one's sessions. A generation's first round drafts nothing with a model draft (the draft would first
+prefill the whole prompt, delaying the first token); an in-process lookup still drafts there.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Verify cost v(n) of a target: one forward over n new tokens after a cached context, n = 1..N.
 
-The ONE prepared script for the GPU machine (issue #7): it needs torch and transformers only
+The prepared measurement for a GPU machine: it needs torch and transformers only
 (no gRPC, no Redis, no model files: the models are random-weight ones built from the configs of
 Qwen1.5-0.5B and Qwen1.5-1.8B, the source article's pair), and writes one JSON file. The timing is
 the bench's own (`specdec.bench.verify_cost.measure_verify_costs`, which imports only torch and

@@ -1,8 +1,7 @@
 """Linear kernels and weight layouts chosen by measurement at load, per row-count band.
 
-Which kernel runs a linear layer fastest depends on the CPU: on an AMD EPYC (AVX-512, no AMX)
-input-major ([in, out]) weights on oneDNN ran a decode step 1.3x faster than nn.Linear, on an Intel
-Xeon (AVX-512, AMX) the same choice was 1.46x SLOWER (issue 17). So a model service times the
+Which kernel runs a linear layer fastest depends on the CPU: input-major ([in, out]) weights on oneDNN
+beat nn.Linear on an AMD EPYC with AVX-512 and lose to it on an Intel Xeon with AMX. So a model service times the
 candidates below on this model's own linear shapes, on this machine, with its thread count, for a
 few row counts (a decode step: 1 row; a verify pass: k + 1 rows; batched verifies and prefill
 chunks: more) and runs each band on its fastest kernel.
