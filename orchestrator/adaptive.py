@@ -34,21 +34,21 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-EMA_WEIGHT = 0.2             # weight of a new observation in running means
-PRIOR_ACCEPTS, PRIOR_TRIES = 1.5, 2.0   # optimistic Beta prior at position 1 (a_1 = 0.75 before data)
-LEAN_TRIES = 2.0             # weight (in tries) of position j-1's rate in position j's estimate
-DECAY = 0.9                  # older rounds count less: acceptance drifts with the context
-PROBE_EVERY = 8              # rounds at k = 0 before the first probing round
-PROBE_EVERY_MAX = 128        # the longest run of k = 0 rounds between probes (after failed probes)
-PROBE_K = 2                  # draft tokens of a probing round
+EMA_WEIGHT = 0.2  # weight of a new observation in running means
+PRIOR_ACCEPTS, PRIOR_TRIES = 1.5, 2.0  # optimistic Beta prior at position 1 (a_1 = 0.75 before data)
+LEAN_TRIES = 2.0  # weight (in tries) of position j-1's rate in position j's estimate
+DECAY = 0.9  # older rounds count less: acceptance drifts with the context
+PROBE_EVERY = 8  # rounds at k = 0 before the first probing round
+PROBE_EVERY_MAX = 128  # the longest run of k = 0 rounds between probes (after failed probes)
+PROBE_K = 2  # draft tokens of a probing round
 
 
 def _ema(old: float | None, new: float) -> float:
     return new if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * new
 
 
-NO_DRAFT = ""                # the overhead key of rounds without a draft
-ANY_DRAFT = "draft"          # the proposer when a caller does not tell them apart
+NO_DRAFT = ""  # the overhead key of rounds without a draft
+ANY_DRAFT = "draft"  # the proposer when a caller does not tell them apart
 
 
 @dataclass
@@ -59,20 +59,28 @@ class CostModel:
     the overhead of rounds without a draft under NO_DRAFT.
     """
 
-    verify_ms: dict[int, float] = field(default_factory=dict)      # tokens one target pass computed -> ms
+    verify_ms: dict[int, float] = field(default_factory=dict)  # tokens one target pass computed -> ms
     draft_step_ms: dict[str, float] = field(default_factory=dict)  # proposer -> ms per draft token
-    overhead_ms: dict[str, float] = field(default_factory=dict)    # proposer or NO_DRAFT -> non-forward ms a round
-    batch: float = 1.0                                             # sessions per target pass of recent rounds
-    overlap_extra_ms: float | None = None     # how much longer a verify runs beside a pre-draft (shared CPU)
-    _sorted: tuple[dict, list[int]] = field(default=({}, []), repr=False, compare=False)   # _known()'s cache
+    overhead_ms: dict[str, float] = field(default_factory=dict)  # proposer or NO_DRAFT -> non-forward ms a round
+    batch: float = 1.0  # sessions per target pass of recent rounds
+    overlap_extra_ms: float | None = None  # how much longer a verify runs beside a pre-draft (shared CPU)
+    _sorted: tuple[dict, list[int]] = field(default=({}, []), repr=False, compare=False)  # _known()'s cache
 
     def observe_batch(self, size: int) -> None:
         """Account for the number of sessions the target verified in one round's forward pass (0: unknown)."""
         if size > 0:
             self.batch = (1 - EMA_WEIGHT) * self.batch + EMA_WEIGHT * size
 
-    def observe(self, k: int, pass_tokens: int, draft_ms: float, target_ms: float, overhead_ms: float,
-                proposer: str = ANY_DRAFT, overlapped: bool = False) -> None:
+    def observe(
+        self,
+        k: int,
+        pass_tokens: int,
+        draft_ms: float,
+        target_ms: float,
+        overhead_ms: float,
+        proposer: str = ANY_DRAFT,
+        overlapped: bool = False,
+    ) -> None:
         """Account for one round: k tokens proposed by `proposer`, verified in a target pass that computed
         `pass_tokens` tokens (k + 1 alone; with the other sessions' tokens in a batch) in `target_ms`;
         `overhead_ms`: the round's time outside the forwards and the target's queue. A round whose verify
@@ -102,7 +110,7 @@ class CostModel:
             return 1.0
         if len(known) == 1:
             return self.verify_ms[known[0]]
-        i = bisect.bisect_left(known, n)                  # known[i - 1] < n < known[i]
+        i = bisect.bisect_left(known, n)  # known[i - 1] < n < known[i]
         lo = known[i - 1] if i > 0 else known[0]
         hi = known[i] if i < len(known) else known[-1]
         if lo == hi:
@@ -138,8 +146,8 @@ class AcceptanceTracker:
     accepts: list[float] = field(default_factory=list)
     tries: list[float] = field(default_factory=list)
     rounds_at_zero: int = 0
-    probe_every: int = PROBE_EVERY      # rounds at k = 0 before the next probe
-    probing: bool = False               # the round in flight is a probe
+    probe_every: int = PROBE_EVERY  # rounds at k = 0 before the next probe
+    probing: bool = False  # the round in flight is a probe
 
     def __post_init__(self) -> None:
         # position 1 starts from the prior (it decays with the data); deeper ones from nothing (see rates)
@@ -161,7 +169,7 @@ class AcceptanceTracker:
     def rates(self) -> list[float]:
         """a_j per position: position 1 from the prior and its data, position j from its data and a_(j-1)."""
         out = [self.accepts[0] / self.tries[0]] if self.k_max else []
-        for accepts, tries in zip(self.accepts[1:], self.tries[1:]):
+        for accepts, tries in zip(self.accepts[1:], self.tries[1:], strict=False):
             out.append((accepts + LEAN_TRIES * out[-1]) / (tries + LEAN_TRIES))
         return out
 
@@ -179,8 +187,14 @@ class AcceptanceTracker:
         return out
 
 
-def latency_cap(costs: CostModel, k_cap: int, slack: float, sessions: float = 0.0, drafters: float = 0.0,
-                proposer: str | None = None) -> int:
+def latency_cap(
+    costs: CostModel,
+    k_cap: int,
+    slack: float,
+    sessions: float = 0.0,
+    drafters: float = 0.0,
+    proposer: str | None = None,
+) -> int:
     """The largest k <= k_cap whose draft lengthens the passes the other sessions wait for by at most `slack`
     of a round without drafts (module docstring). sessions: those waiting for the target's passes, this one
     included (0: not known, the orchestrator's average pass costs.batch). drafters: how many of them want
@@ -190,7 +204,7 @@ def latency_cap(costs: CostModel, k_cap: int, slack: float, sessions: float = 0.
     the target holds the next pass for the sessions of the last one (its batch wait), so the others wait for
     it too: it comes off the slack first. slack < 0: no cap (throughput first)."""
     sessions = sessions if sessions > 0 else costs.batch
-    others = max(0.0, sessions - 1.0) / max(sessions, 1.0)   # (B-1)/B: the others' part of the drafts
+    others = max(0.0, sessions - 1.0) / max(sessions, 1.0)  # (B-1)/B: the others' part of the drafts
     if slack < 0 or others == 0.0:
         return k_cap
     allowed = slack * (costs.round_ms(0) - costs.pass_ms(1) + costs.pass_ms(1, sessions))
@@ -237,7 +251,7 @@ class DraftDemand:
     """Which generations of this orchestrator want drafts now (their best k without the latency cap is
     above 0): `latency_cap` splits the passes' draft budget among them."""
 
-    wants: dict[tuple[str, str], bool] = field(default_factory=dict)   # (session, request) -> wants drafts
+    wants: dict[tuple[str, str], bool] = field(default_factory=dict)  # (session, request) -> wants drafts
 
     def set(self, key: tuple[str, str], wants: bool) -> None:
         self.wants[key] = wants
@@ -283,7 +297,7 @@ def k_for_free_block(costs: CostModel, rates: list[float], k_cap: int, proposer:
     if k_cap <= 0 or not rates:
         return 0
     shifted = rates[1:] + rates[-1:] * (k_cap + 1)
-    base = costs.round_ms(0, proposer) - costs.pass_ms(1)            # a round's overhead without a draft hop
+    base = costs.round_ms(0, proposer) - costs.pass_ms(1)  # a round's overhead without a draft hop
 
     def per_ms(k: int) -> float:
         total, survive = 1.0, 1.0
@@ -291,4 +305,5 @@ def k_for_free_block(costs: CostModel, rates: list[float], k_cap: int, proposer:
             survive *= rate
             total += survive
         return total / max(costs.pass_ms(k + 1) + base, 1e-6)
+
     return max(range(k_cap + 1), key=per_ms)
