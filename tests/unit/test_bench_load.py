@@ -34,8 +34,8 @@ from specdec.bench.load_results import (
     parse_report,
     point_key,
     saturation_rps,
-    summary_lines,
 )
+from specdec.bench.load_summary import summary_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -102,7 +102,7 @@ def test_the_servers_pre_draft_counters_are_read_per_outcome():
 
 
 def test_the_summary_names_the_overlap_comparison():
-    from specdec.bench.load_results import summary_lines
+    from specdec.bench.load_summary import summary_lines
 
     results = {
         name: _rows({f"{CONCURRENCY}@4": tok})
