@@ -69,7 +69,7 @@ def overlap_lines(comparisons: dict[str, dict[str, Any]]) -> list[str]:
         f"overlap {name} vs {c['twin']}: lowest streamed tok/s x{c['min_tokens_ratio']} over {c['points']} points"
         + "".join(
             f"; {b['point']} x{b['ratio']}{' (within the A/A band)' if b['within_noise'] else ''}"
-            for b in c["points_slower"]
+            for b in c.get("points_slower", [])
         )
         for name, c in comparisons.items()
     ]
