@@ -3,69 +3,30 @@
 For a round with k draft tokens:
     E[tokens](k) = 1 + sum_{i=1..k} prod_{j<=i} a_j          (the +1 is the recovered/bonus token)
     E[time](k)   = v(k+1) + (k > 0) * (k * c + o_draft) + o
-where a_j is the session's running acceptance rate at draft position j (given
-positions < j were accepted), c the cost of one draft step, v(n) the cost of
-verifying n tokens, o_draft the draft hop's overhead and o the rest of a round.
-k = 0 (plain target decoding) is always a candidate, so speculation backs off when
-it does not pay. After a run of rounds at k = 0 one round probes a short draft
-(PROBE_K tokens: cheap to verify, enough to see whether the context now offers
-matches). A probe that accepts nothing doubles the run before the next probe (up to
-PROBE_EVERY_MAX rounds), one that accepts anything resets it to PROBE_EVERY: on text
-where the draft never matches, probing costs next to nothing.
+where a_j is the session's running acceptance rate at draft position j (given positions < j were
+accepted), c the cost of one draft step, v(n) the cost of verifying n tokens, o_draft the draft hop's
+overhead and o the rest of a round. k = 0 is always a candidate, so speculation backs off when it does not
+pay; after a run of k = 0 rounds one round probes a short draft (PROBE_K), and a probe that accepts nothing
+doubles the run before the next one (up to PROBE_EVERY_MAX).
 
-Costs are properties of the deployment and shared by all sessions of an
-orchestrator (`CostModel`); acceptance is per session (`AcceptanceTracker`),
-and both are kept per **proposer** (`ngram`, `model`): a combined draft proposes
-by prompt lookup on some rounds (~0.02 ms a token, no hop, accepted deep) and by
-the model on others (~2.5 ms a token plus a network hop, accepted shallow), so one
-mixed estimate would pick too long a draft for the model and too short a one for
-the lookup. The orchestrator knows before each round which one will propose.
-Under load the target verifies many sessions in one forward pass (its batch queue): a pass costs a
-fixed part t0 (reading the weights, launching the pass) plus about m per token it scores, so v is
-measured per pass, keyed by the tokens the whole pass computed (`ComputeStats.batch_tokens`). In a
-batch of B sessions each drafting k, every round waits for a pass of B·(k+1) tokens:
-v(B·(k+1)) + draft + overhead, for E[tokens](k) each. That is the cost a session's k puts on every
-session of its pass, not only its own share of the pass (counting only t0/B + (k+1)·m, and the
-whole overhead, kept long drafts going under load: each one's extra tokens slow every round of the
-others). Speculation pays by spreading t0 over more tokens, so as batches fill that gain shrinks and
-choose_k backs off towards k = 0 by itself; where scoring more tokens is nearly free (m ≈ 0: a
-memory-bound GPU) it keeps speculating. B is the batch the rounds rode in (`target_batch` of each
-round, averaged across the orchestrator's sessions: `CostModel.batch`). The overhead counts what a
-round costs outside the forwards whatever the load: time queued at the target (waiting for the pass
-before) is left out, since it grows with the same passes that v(B·(k+1)) already prices.
-That price is throughput first: a session's long draft can still pay for itself while it lengthens the
-rounds of the sessions it shares a pass with, and those (open-ended prompts, short drafts) then get
-their tokens more slowly than with no speculation at all. `latency_cap` puts latency first: with B
-sessions a pass, each drafting alike, a session sees the drafts of the B - 1 others lengthen its
-pass by (B-1)/B · (v(B·(k+1)) - v(B)); k is capped where that exceeds `slack` of a round without
-drafts (round_ms(0)), so no session's inter-token latency grows past 1 + slack of plain decoding's
-for the sake of another's (opt-in: SPECDEC_LATENCY_SLACK; off by default, see the config).
-B here counts the sessions that wait for the target, not the orchestrator's average pass (which
-lags by rounds: at a low request rate it capped sessions that were alone by then): the generations
-running in this orchestrator per healthy target replica, or the pass the session's latest round
-rode in when that held more (other orchestrators' sessions).
-A target runs one pass at a time, so a draft delays every session queued behind its pass, not only
-those inside it: counting the pass alone (run D in docs/performance.md) let sessions of a ragged
-closed loop draft whenever their last pass happened to be small. Alone nothing is capped.
-The cap does not assume that every session drafts alike when the orchestrator knows which ones want
-to (`DraftDemand`: the sessions whose best k without the cap is above 0): the passes' draft budget,
-the most draft tokens R with v(B + R) − v(B) ≤ slack · round_ms(0), is split among those D sessions.
-A session that does not draft then sees at most that growth, and a draft-friendly session (a
-grounded prompt) beside sessions that would not draft anyway (open prompts) keeps the budget they
-leave, instead of being held to 1/B of it (`latency_cap`'s `drafters`).
-The draft's own time counts too (`draft_delay`): a session that drafts sends its verify that much later, and
-the target holds the next pass for the sessions of the last one (SPECDEC_BATCH_WAIT_MS), so the others wait
-for it. Where passes cost about the same for any token count (bf16 on AMX) the tokens are nearly free and that
-wait is what a draft costs the others: a model draft with its hop then fits no 5 % slack, a lookup still does.
-A generation's first round (the prompt's prefill) drafts nothing with a model draft (orchestrator/generation.py
-`_round_k`): the draft would first prefill the whole prompt itself, and the first token would wait for that
-(bench-load, bf16, one stream: open prompts' TTFT 1.25-1.30x k = 0's); the draft catches up in the round after.
-vLLM, too, drafts only once the prefill has given the first token. An in-process lookup still drafts there.
-Acceptance starts from an optimistic prior at position 1 (decayed with the data, so
-it fades). A deeper position leans on the rate of the position before it until it has
-data of its own: a draft rejected at position 1 says nothing about position 5, and
-an optimistic prior there kept paying for long drafts that never got that far (seen
-on open-ended prompts: 7-token n-gram drafts verified and rejected round after round).
+Costs belong to the deployment and are shared by an orchestrator's sessions (`CostModel`); acceptance is per
+session (`AcceptanceTracker`); both are kept per proposer (`ngram`, `model`), since a combined draft's lookup
+and model differ in cost and depth of acceptance. Acceptance starts from an optimistic prior at position 1;
+a deeper position leans on the one before it until it has data of its own.
+
+Under load a target verifies many sessions in one pass: a pass costs a fixed part plus about m per token, so
+v is measured per pass and keyed by the tokens the whole pass computed. With B sessions a pass, each
+drafting k, every round waits for v(B·(k+1)); as batches fill, choose_k backs off towards k = 0 by itself,
+while where extra tokens are nearly free (m ≈ 0) it keeps speculating. Time queued at the target is left out
+of the overhead, since v(B·(k+1)) already prices it.
+
+`latency_cap` (opt-in, SPECDEC_LATENCY_SLACK) puts latency first: k is capped where the other sessions'
+drafts would lengthen a session's pass by more than `slack` of a round without drafts. B counts the sessions
+waiting for the target (this orchestrator's running generations per healthy target replica, or the latest
+pass when it held more); the pass's draft budget is split among the sessions that want to draft
+(`DraftDemand`), and a draft's own time (`draft_delay`) counts, since the target holds the next pass for the
+last one's sessions. A generation's first round drafts nothing with a model draft (the draft would first
+prefill the whole prompt, delaying the first token); an in-process lookup still drafts there.
 """
 
 from __future__ import annotations
@@ -73,21 +34,21 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-EMA_WEIGHT = 0.2             # weight of a new observation in running means
-PRIOR_ACCEPTS, PRIOR_TRIES = 1.5, 2.0   # optimistic Beta prior at position 1 (a_1 = 0.75 before data)
-LEAN_TRIES = 2.0             # weight (in tries) of position j-1's rate in position j's estimate
-DECAY = 0.9                  # older rounds count less: acceptance drifts with the context
-PROBE_EVERY = 8              # rounds at k = 0 before the first probing round
-PROBE_EVERY_MAX = 128        # the longest run of k = 0 rounds between probes (after failed probes)
-PROBE_K = 2                  # draft tokens of a probing round
+EMA_WEIGHT = 0.2  # weight of a new observation in running means
+PRIOR_ACCEPTS, PRIOR_TRIES = 1.5, 2.0  # optimistic Beta prior at position 1 (a_1 = 0.75 before data)
+LEAN_TRIES = 2.0  # weight (in tries) of position j-1's rate in position j's estimate
+DECAY = 0.9  # older rounds count less: acceptance drifts with the context
+PROBE_EVERY = 8  # rounds at k = 0 before the first probing round
+PROBE_EVERY_MAX = 128  # the longest run of k = 0 rounds between probes (after failed probes)
+PROBE_K = 2  # draft tokens of a probing round
 
 
 def _ema(old: float | None, new: float) -> float:
     return new if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * new
 
 
-NO_DRAFT = ""                # the overhead key of rounds without a draft
-ANY_DRAFT = "draft"          # the proposer when a caller does not tell them apart
+NO_DRAFT = ""  # the overhead key of rounds without a draft
+ANY_DRAFT = "draft"  # the proposer when a caller does not tell them apart
 
 
 @dataclass
@@ -98,20 +59,28 @@ class CostModel:
     the overhead of rounds without a draft under NO_DRAFT.
     """
 
-    verify_ms: dict[int, float] = field(default_factory=dict)      # tokens one target pass computed -> ms
+    verify_ms: dict[int, float] = field(default_factory=dict)  # tokens one target pass computed -> ms
     draft_step_ms: dict[str, float] = field(default_factory=dict)  # proposer -> ms per draft token
-    overhead_ms: dict[str, float] = field(default_factory=dict)    # proposer or NO_DRAFT -> non-forward ms a round
-    batch: float = 1.0                                             # sessions per target pass of recent rounds
-    overlap_extra_ms: float | None = None     # how much longer a verify runs beside a pre-draft (shared CPU)
-    _sorted: tuple[dict, list[int]] = field(default=({}, []), repr=False, compare=False)   # _known()'s cache
+    overhead_ms: dict[str, float] = field(default_factory=dict)  # proposer or NO_DRAFT -> non-forward ms a round
+    batch: float = 1.0  # sessions per target pass of recent rounds
+    overlap_extra_ms: float | None = None  # how much longer a verify runs beside a pre-draft (shared CPU)
+    _sorted: tuple[dict, list[int]] = field(default=({}, []), repr=False, compare=False)  # _known()'s cache
 
     def observe_batch(self, size: int) -> None:
         """Account for the number of sessions the target verified in one round's forward pass (0: unknown)."""
         if size > 0:
             self.batch = (1 - EMA_WEIGHT) * self.batch + EMA_WEIGHT * size
 
-    def observe(self, k: int, pass_tokens: int, draft_ms: float, target_ms: float, overhead_ms: float,
-                proposer: str = ANY_DRAFT, overlapped: bool = False) -> None:
+    def observe(
+        self,
+        k: int,
+        pass_tokens: int,
+        draft_ms: float,
+        target_ms: float,
+        overhead_ms: float,
+        proposer: str = ANY_DRAFT,
+        overlapped: bool = False,
+    ) -> None:
         """Account for one round: k tokens proposed by `proposer`, verified in a target pass that computed
         `pass_tokens` tokens (k + 1 alone; with the other sessions' tokens in a batch) in `target_ms`;
         `overhead_ms`: the round's time outside the forwards and the target's queue. A round whose verify
@@ -142,7 +111,7 @@ class CostModel:
             return 1.0
         if len(known) == 1:
             return self.verify_ms[known[0]]
-        i = bisect.bisect_left(known, n)                  # known[i - 1] < n < known[i]
+        i = bisect.bisect_left(known, n)  # known[i - 1] < n < known[i]
         lo = known[i - 1] if i > 0 else known[0]
         hi = known[i] if i < len(known) else known[-1]
         if lo == hi:
@@ -178,8 +147,8 @@ class AcceptanceTracker:
     accepts: list[float] = field(default_factory=list)
     tries: list[float] = field(default_factory=list)
     rounds_at_zero: int = 0
-    probe_every: int = PROBE_EVERY      # rounds at k = 0 before the next probe
-    probing: bool = False               # the round in flight is a probe
+    probe_every: int = PROBE_EVERY  # rounds at k = 0 before the next probe
+    probing: bool = False  # the round in flight is a probe
 
     def __post_init__(self) -> None:
         # position 1 starts from the prior (it decays with the data); deeper ones from nothing (see rates)
@@ -201,7 +170,7 @@ class AcceptanceTracker:
     def rates(self) -> list[float]:
         """a_j per position: position 1 from the prior and its data, position j from its data and a_(j-1)."""
         out = [self.accepts[0] / self.tries[0]] if self.k_max else []
-        for accepts, tries in zip(self.accepts[1:], self.tries[1:]):
+        for accepts, tries in zip(self.accepts[1:], self.tries[1:], strict=False):
             out.append((accepts + LEAN_TRIES * out[-1]) / (tries + LEAN_TRIES))
         return out
 
@@ -219,8 +188,14 @@ class AcceptanceTracker:
         return out
 
 
-def latency_cap(costs: CostModel, k_cap: int, slack: float, sessions: float = 0.0, drafters: float = 0.0,
-                proposer: str | None = None) -> int:
+def latency_cap(
+    costs: CostModel,
+    k_cap: int,
+    slack: float,
+    sessions: float = 0.0,
+    drafters: float = 0.0,
+    proposer: str | None = None,
+) -> int:
     """The largest k <= k_cap whose draft lengthens the passes the other sessions wait for by at most `slack`
     of a round without drafts (module docstring). sessions: those waiting for the target's passes, this one
     included (0: not known, the orchestrator's average pass costs.batch). drafters: how many of them want
@@ -230,7 +205,7 @@ def latency_cap(costs: CostModel, k_cap: int, slack: float, sessions: float = 0.
     the target holds the next pass for the sessions of the last one (its batch wait), so the others wait for
     it too: it comes off the slack first. slack < 0: no cap (throughput first)."""
     sessions = sessions if sessions > 0 else costs.batch
-    others = max(0.0, sessions - 1.0) / max(sessions, 1.0)   # (B-1)/B: the others' part of the drafts
+    others = max(0.0, sessions - 1.0) / max(sessions, 1.0)  # (B-1)/B: the others' part of the drafts
     if slack < 0 or others == 0.0:
         return k_cap
     allowed = slack * (costs.round_ms(0) - costs.pass_ms(1) + costs.pass_ms(1, sessions))
@@ -277,7 +252,7 @@ class DraftDemand:
     """Which generations of this orchestrator want drafts now (their best k without the latency cap is
     above 0): `latency_cap` splits the passes' draft budget among them."""
 
-    wants: dict[tuple[str, str], bool] = field(default_factory=dict)   # (session, request) -> wants drafts
+    wants: dict[tuple[str, str], bool] = field(default_factory=dict)  # (session, request) -> wants drafts
 
     def set(self, key: tuple[str, str], wants: bool) -> None:
         self.wants[key] = wants
@@ -323,7 +298,7 @@ def k_for_free_block(costs: CostModel, rates: list[float], k_cap: int, proposer:
     if k_cap <= 0 or not rates:
         return 0
     shifted = rates[1:] + rates[-1:] * (k_cap + 1)
-    base = costs.round_ms(0, proposer) - costs.pass_ms(1)            # a round's overhead without a draft hop
+    base = costs.round_ms(0, proposer) - costs.pass_ms(1)  # a round's overhead without a draft hop
 
     def per_ms(k: int) -> float:
         total, survive = 1.0, 1.0
@@ -331,4 +306,5 @@ def k_for_free_block(costs: CostModel, rates: list[float], k_cap: int, proposer:
             survive *= rate
             total += survive
         return total / max(costs.pass_ms(k + 1) + base, 1e-6)
+
     return max(range(k_cap + 1), key=per_ms)

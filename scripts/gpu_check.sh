@@ -11,8 +11,8 @@
 #                       speed-ups beside gpu_fp32.json's are what the graphs gain
 #   unit.log            the unit tests of the tensor-holding pieces, on CUDA
 # Each bench stops starting prompts at its --time-budget, well inside its limit, so a slow machine still
-# writes a JSON (one killed at its limit writes none): on the H200 lent here a 64-token generation took
-# about 2 s (docs/performance.md, "On a GPU"), which sizes the runs below.
+# writes a JSON (one killed at its limit writes none): on an H200 a 64-token generation takes about 2 s,
+# which sizes the runs below.
 #
 # A machine that cannot install packages (the workplace's device tool) gets them beside the checkout:
 # the wheels it lacks (redis, gguf, grpcio-health-checking, grpcio-reflection, and grpcio/protobuf at

@@ -1,6 +1,6 @@
 """Verify cost v(n) of a target: one forward over n new tokens after a cached context, n = 1..N.
 
-The ONE prepared script for the GPU machine (issue #7): it needs torch and transformers only
+The prepared measurement for a GPU machine: it needs torch and transformers only
 (no gRPC, no Redis, no model files: the models are random-weight ones built from the configs of
 Qwen1.5-0.5B and Qwen1.5-1.8B, the source article's pair), and writes one JSON file. The timing is
 the bench's own (`specdec.bench.verify_cost.measure_verify_costs`, which imports only torch and
@@ -32,12 +32,30 @@ from specdec.bench.verify_cost import measure_verify_costs  # noqa: E402
 
 # Qwen1.5 is the Qwen2 architecture; these are the published configs' shapes (vocab 151,936).
 SHAPES: dict[str, dict[str, int]] = {
-    "qwen1.5-0.5b": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=24,
-                         num_attention_heads=16, num_key_value_heads=16, vocab_size=151936),
-    "qwen1.5-1.8b": dict(hidden_size=2048, intermediate_size=5504, num_hidden_layers=24,
-                         num_attention_heads=16, num_key_value_heads=16, vocab_size=151936),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, vocab_size=512),
+    "qwen1.5-0.5b": dict(
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        vocab_size=151936,
+    ),
+    "qwen1.5-1.8b": dict(
+        hidden_size=2048,
+        intermediate_size=5504,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        vocab_size=151936,
+    ),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+    ),
 }
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -53,14 +71,20 @@ def build(shape: str, device: torch.device, dtype: torch.dtype, seed: int) -> Qw
 
 def summarise(measured: dict[str, Any]) -> dict[str, Any]:
     """Median ms per n, min-max spread, and v(n)/v(1), rounded for the JSON."""
-    return {"ms": {n: round(v, 4) for n, v in measured["ms"].items()},
-            "spread_ms": {n: [round(lo, 4), round(hi, 4)] for n, (lo, hi) in measured["spread_ms"].items()},
-            "ratio": {n: round(v, 4) for n, v in measured["ratio"].items()}}
+    return {
+        "ms": {n: round(v, 4) for n, v in measured["ms"].items()},
+        "spread_ms": {n: [round(lo, 4), round(hi, 4)] for n, (lo, hi) in measured["spread_ms"].items()},
+        "ratio": {n: round(v, 4) for n, v in measured["ratio"].items()},
+    }
 
 
 def machine(device: torch.device) -> dict[str, Any]:
-    info = {"device": str(device), "torch": torch.__version__, "python": platform.python_version(),
-            "platform": platform.platform()}
+    info = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     else:
@@ -69,11 +93,19 @@ def machine(device: torch.device) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     dtype = DTYPES[args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")]
-    result: dict[str, Any] = {"machine": machine(device), "dtype": str(dtype).replace("torch.", ""),
-                              "context_tokens": args.context, "reps": args.reps, "shapes": {}}
+    result: dict[str, Any] = {
+        "machine": machine(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "context_tokens": args.context,
+        "reps": args.reps,
+        "shapes": {},
+    }
     for shape in args.shapes.split(","):
         model = build(shape, device, dtype, args.seed)
         started = time.perf_counter()
@@ -81,8 +113,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["shapes"][shape] = summarise(measured)
         result["shapes"][shape]["seconds"] = round(time.perf_counter() - started, 1)
         result["shapes"][shape]["parameters"] = sum(p.numel() for p in model.parameters())
-        print(f"{shape}: v(n)/v(1) " + " ".join(f"{n}:{r}" for n, r in result["shapes"][shape]["ratio"].items())
-              + f"  (v(1) = {result['shapes'][shape]['ms']['1']} ms)", flush=True)
+        print(
+            f"{shape}: v(n)/v(1) "
+            + " ".join(f"{n}:{r}" for n, r in result["shapes"][shape]["ratio"].items())
+            + f"  (v(1) = {result['shapes'][shape]['ms']['1']} ms)",
+            flush=True,
+        )
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()

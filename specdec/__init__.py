@@ -8,5 +8,5 @@ import os
 # spins: about 1 ms on AMD EPYC, more where PAUSE is slow) keeps a core busy after every forward, and with as
 # many torch threads as cores the orchestrator and the service's own event loop wait for it: on the 2-core
 # machine a 2-thread round's overhead was 2.2 ms with the default and 1.4 ms with 20,000, forwards within noise
-# (docs/performance.md, "Cold caches after the forward, and the time between rounds").
+# (docs/performance.md, "Where the per-round overhead goes").
 os.environ.setdefault("GOMP_SPINCOUNT", "20000")

@@ -9,11 +9,16 @@ from typing import Any
 import grpc
 
 from specdec.core.accept import BONUS, AcceptResult
-from specdec.engine.types import VerifyInput, VerifyOutput
 from specdec.engine.batch_queue import BatchQueue
+from specdec.engine.types import VerifyInput, VerifyOutput
 from specdec.errors import InvalidArgument
 from specdec.protocol import (
-    fill_stats, hidden_to_proto, logprobs_to_proto, resolve_context, sampling_from_proto, sparse_from_proto,
+    fill_stats,
+    hidden_to_proto,
+    logprobs_to_proto,
+    resolve_context,
+    sampling_from_proto,
+    sparse_from_proto,
 )
 from specdec.server.lane import VERIFY, LaneCallContext, LaneMethod, call_arrival, ms_since
 from specdec.server.model_service import ModelServiceBase
@@ -35,11 +40,19 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
         if self._batches is None:
             bundle = self.loaded()
             engine = bundle.engines["target"]
-            self._batches = BatchQueue(self.worker, engine.verify_batch, bundle.info.get("max_batch", 1),
-                                       bundle.batch_wait_s, engine.work_tokens, bundle.inline_max_tokens,
-                                       engine.prefill_chunk, bundle.prefill_chunk_tokens,
-                                       bundle.prefill_turn_ms, batch_turn=engine.verify_batch_with_turn,
-                                       inline_tokens=engine.inline_tokens)
+            self._batches = BatchQueue(
+                self.worker,
+                engine.verify_batch,
+                bundle.info.get("max_batch", 1),
+                bundle.batch_wait_s,
+                engine.work_tokens,
+                bundle.inline_max_tokens,
+                engine.prefill_chunk,
+                bundle.prefill_chunk_tokens,
+                bundle.prefill_turn_ms,
+                batch_turn=engine.verify_batch_with_turn,
+                inline_tokens=engine.inline_tokens,
+            )
         return self._batches
 
     async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext) -> Any:
@@ -53,23 +66,28 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
         needs no task either."""
         arrived = call_arrival(context)
         batches = self.batches()
-        deadline_s = call_timeout_s(request, context)    # before `context` names the token ids below
+        deadline_s = call_timeout_s(request, context)  # before `context` names the token ids below
         on_forward = context.forward_done if isinstance(context, LaneCallContext) else None
         context, position_base, hashes = resolve_context(self.context_store(), request)
-        hashes.extend(request.draft_ids)                 # VerifyInput.prefix_hashes covers context + draft
+        hashes.extend(request.draft_ids)  # VerifyInput.prefix_hashes covers context + draft
         inp = VerifyInput(
-            session_id=request.session_id, context_ids=context,
-            draft_ids=list(request.draft_ids), sampling=sampling_from_proto(request.sampling),
+            session_id=request.session_id,
+            context_ids=context,
+            draft_ids=list(request.draft_ids),
+            sampling=sampling_from_proto(request.sampling),
             draft_probs=sparse_from_proto(request.draft_probs),
             logprobs=request.logprobs if request.HasField("logprobs") else -1,
-            position_base=position_base, checked_ids=len(context), prefix_hashes=hashes,
-            hidden_from=hidden_from(request, position_base), verdict_only=request.verdict_only,
+            position_base=position_base,
+            checked_ids=len(context),
+            prefix_hashes=hashes,
+            hidden_from=hidden_from(request, position_base),
+            verdict_only=request.verdict_only,
             on_forward=on_forward,
         )
         out = batches.run_now(request.session_id, inp)
         if out is None:
             return self._queued(inp, deadline_s, arrived)
-        asyncio.get_running_loop().call_soon(self.prepare_next, inp, out.result)   # runs once the answer is sent
+        asyncio.get_running_loop().call_soon(self.prepare_next, inp, out.result)  # runs once the answer is sent
         return verify_response(out, 0.0, arrived)
 
     def prepare_next(self, inp: VerifyInput, result: AcceptResult) -> None:
@@ -78,7 +96,7 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
         context store holds that context (the next delta then finds its tokens held), and the KV cache drops the
         rejected draft positions. Both are soft state, as before: a next request that differs (a retry, a resent
         context) is served as any other. Done only while no other call is in flight or queued (the KV cache
-        changes between forwards only); measured in docs/performance.md ("The next round prepared")."""
+        changes between forwards only); docs/performance.md, "Where the per-round overhead goes"."""
         self.context_store().hold_next(inp.session_id, len(inp.context_ids), result.emitted(inp.draft_ids))
         if self.batches().lone(inp.session_id):
             pool = self.loaded().pool
@@ -106,8 +124,8 @@ def verify_response(out: VerifyOutput, queue_ms: float, arrived: float) -> targe
     r = out.result
     kind = target_pb2.NEXT_KIND_BONUS if r.next_kind == BONUS else target_pb2.NEXT_KIND_RECOVERED
     response = target_pb2.VerifyResponse(
-        num_accepted=r.num_accepted, next_token=r.next_token, next_kind=kind, target_ids=r.target_ids,
-        matches=r.matches)
+        num_accepted=r.num_accepted, next_token=r.next_token, next_kind=kind, target_ids=r.target_ids, matches=r.matches
+    )
     if out.logprobs:
         response.logprobs.extend(logprobs_to_proto(out.logprobs))
     fill_stats(response.stats, out.stats)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import multiprocessing
 import statistics
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 INSTALL_HINT = "make install (builds llama-cpp-python portable: scripts/build_llamacpp.sh)"
 # Context window llama.cpp allocates: the longest bench prompt plus the generated tokens fit.
@@ -58,20 +59,30 @@ def anchor_lines(result: dict[str, Any]) -> list[str]:
         return []
     if "skipped" in anchor:
         return ["", f"llama.cpp anchor: skipped ({anchor['skipped']})"]
-    lines = ["", f"llama.cpp anchor (llama-cpp-python {anchor['version']}, {anchor['gguf']}, target alone, "
-                 f"{anchor['threads']} threads, greedy):"]
+    lines = [
+        "",
+        f"llama.cpp anchor (llama-cpp-python {anchor['version']}, {anchor['gguf']}, target alone, "
+        f"{anchor['threads']} threads, greedy):",
+    ]
     for s, tok_s in anchor["tok_s"].items():
         medians = our_medians(result, s)
         best = max(medians, key=lambda name: medians[name], default=None)
         k0 = medians.get("k0")
-        tail = (f"; ours k = 0 {k0:.1f} ({k0 / tok_s:.2f}x), best {best} {medians[best]:.1f} "
-                f"({medians[best] / tok_s:.2f}x)") if best and k0 else ""
+        tail = (
+            (
+                f"; ours k = 0 {k0:.1f} ({k0 / tok_s:.2f}x), best {best} {medians[best]:.1f} "
+                f"({medians[best] / tok_s:.2f}x)"
+            )
+            if best and k0
+            else ""
+        )
         lines.append(f"  {s}: {tok_s:.1f} tok/s{tail}")
     return lines
 
 
-def llamacpp_anchor(target_model: str, prompts: Sequence[Any], max_new: int, repeats: int,
-                    threads: int) -> dict[str, Any]:
+def llamacpp_anchor(
+    target_model: str, prompts: Sequence[Any], max_new: int, repeats: int, threads: int
+) -> dict[str, Any]:
     """tok/s of llama.cpp on each prompt set (median over prompts x repeats), or why it was skipped;
     measured in a spawned child process (`_measure`)."""
     try:
@@ -86,30 +97,38 @@ def llamacpp_anchor(target_model: str, prompts: Sequence[Any], max_new: int, rep
         try:
             return pool.submit(_measure, str(gguf), jobs, max_new, repeats, threads).result()
         except BrokenProcessPool as exc:
-            return {"skipped": f"llama.cpp crashed in its child process ({exc}); build llama-cpp-python "
-                               "with other CMAKE_ARGS (docs/performance.md, 'llama.cpp anchor')"}
+            return {
+                "skipped": f"llama.cpp crashed in its child process ({exc}); build llama-cpp-python "
+                "with other CMAKE_ARGS (docs/engines.md, 'Installing llama.cpp')"
+            }
 
 
-def _measure(gguf: str, jobs: list[tuple[str, list[int]]], max_new: int, repeats: int,
-             threads: int) -> dict[str, Any]:
+def _measure(gguf: str, jobs: list[tuple[str, list[int]]], max_new: int, repeats: int, threads: int) -> dict[str, Any]:
     """The child process of llamacpp_anchor: load the GGUF, warm up, time every (set, ids) job."""
     import llama_cpp
 
     from specdec.engine.llamacpp_lib import load_backends
 
-    load_backends(llama_cpp)   # ggml's CPU variants from the package folder (llama.cpp looks beside the executable only)
-    llm = llama_cpp.Llama(model_path=gguf, n_threads=threads, n_threads_batch=threads,
-                          n_ctx=LLAMACPP_N_CTX, verbose=False)
-    _generate(llm, jobs[0][1], min(8, max_new))                            # warm-up
+    load_backends(llama_cpp)  # ggml's CPU variants from the package folder (llama.cpp looks beside the executable only)
+    llm = llama_cpp.Llama(
+        model_path=gguf, n_threads=threads, n_threads_batch=threads, n_ctx=LLAMACPP_N_CTX, verbose=False
+    )
+    _generate(llm, jobs[0][1], min(8, max_new))  # warm-up
     per_set: dict[str, list[float]] = {}
     for _ in range(repeats):
         for name, ids in jobs:
             n, wall = _generate(llm, ids, max_new)
             per_set.setdefault(name, []).append(n / wall)
     system_info = llama_cpp.llama_print_system_info() if hasattr(llama_cpp, "llama_print_system_info") else b""
-    return {"version": llama_cpp.__version__, "gguf": Path(gguf).name, "threads": threads, "max_new_tokens": max_new,
-            "system_info": system_info.decode(errors="replace").strip(),    # the CPU features it was built with
-            "tok_s": {s: statistics.median(v) for s, v in per_set.items()}, "runs": per_set}
+    return {
+        "version": llama_cpp.__version__,
+        "gguf": Path(gguf).name,
+        "threads": threads,
+        "max_new_tokens": max_new,
+        "system_info": system_info.decode(errors="replace").strip(),  # the CPU features it was built with
+        "tok_s": {s: statistics.median(v) for s, v in per_set.items()},
+        "runs": per_set,
+    }
 
 
 # A token where our llama.cpp stack and its k = 0 part ways is a near-tie when the target's top-2 logit gap there
@@ -140,15 +159,20 @@ class LlamaCppProbe:
         for rep in range(reps + 1):
             for n in range(1, n_max + 1):
                 new = [100 + (rep * 31 + n * 17 + j) % 30000 for j in range(n)]
-                fwd = self.runner.extend("v", context + new, context_tokens)   # rolls the last pass back first
+                fwd = self.runner.extend("v", context + new, context_tokens)  # rolls the last pass back first
                 if rep:
                     samples[n].append(fwd.forward_ms)
         self.runner.pool.release("v")
         ms = {str(n): statistics.median(v) for n, v in samples.items()}
-        return {"context_tokens": context_tokens, "reps": reps, "threads": self.threads, "ms": ms,
-                "ratio": {n: v / ms["1"] for n, v in ms.items()},
-                "spread_ms": {str(n): [min(v), max(v)] for n, v in samples.items()},
-                "kv_bytes_per_token_measured": self.runner.bytes_per_token}
+        return {
+            "context_tokens": context_tokens,
+            "reps": reps,
+            "threads": self.threads,
+            "ms": ms,
+            "ratio": {n: v / ms["1"] for n, v in ms.items()},
+            "spread_ms": {str(n): [min(v), max(v)] for n, v in samples.items()},
+            "kv_bytes_per_token_measured": self.runner.bytes_per_token,
+        }
 
     def top2_gap(self, prompt_ids: list[int], prefix: list[int]) -> tuple[float, float]:
         """The target's top-2 logit gap after prompt + prefix (a 1-row step, as k = 0 ran it) and the tie threshold."""
@@ -162,4 +186,3 @@ class LlamaCppProbe:
 
     def close(self) -> None:
         self.runner.close()
-

@@ -20,21 +20,42 @@ import contextlib
 import json
 import logging
 import os
-import resource
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from specdec.bench.load_args import LoadArgs, args_from_cli
-from specdec.bench.load_overlap import overlap_goals, twins
-from specdec.bench.load_plan import (CHAT_SETS, CONCURRENCY, GUIDELLM_VERSION, K0, RATE, LoadConfig, ScenarioInputs,
-                                     data_inputs, invocation_seed, rate_list, scenario, sets_by_content,
-                                     write_chat_jsonl)
-from specdec.bench.load_results import (SERVER_SAMPLES, add_ratios, goals, noise_band, parse_report, saturation_rps,
-                                        server_delta, server_samples)
+from specdec.bench.load_cpu import children_cpu_s, cpu_by_service, cpu_delta, service_pids
+from specdec.bench.load_overlap import overlap_comparisons, twins
+from specdec.bench.load_plan import (
+    CHAT_SETS,
+    CONCURRENCY,
+    GUIDELLM_VERSION,
+    K0,
+    RATE,
+    LoadConfig,
+    ScenarioInputs,
+    data_inputs,
+    invocation_seed,
+    rate_list,
+    scenario,
+    sets_by_content,
+    write_chat_jsonl,
+)
+from specdec.bench.load_results import (
+    SERVER_SAMPLES,
+    add_ratios,
+    compared_to_k0,
+    noise_band,
+    parse_report,
+    saturation_rps,
+    server_delta,
+    server_samples,
+)
 from specdec.config import OrchestratorConfig
 
 log = logging.getLogger("specdec.bench.load")
@@ -51,16 +72,24 @@ GUIDELLM_WORKERS = 2
 
 def guidellm_env() -> dict[str, str]:
     """guidellm's environment: offline (no hub), its progress UI off, at most GUIDELLM_WORKERS processes."""
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-            "PYTHONUNBUFFERED": "1", "GUIDELLM__MAX_WORKER_PROCESSES": str(GUIDELLM_WORKERS)}
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "GUIDELLM__MAX_WORKER_PROCESSES": str(GUIDELLM_WORKERS),
+    }
 
 
 def check_guidellm(path: str) -> str:
     """The installed guidellm's version; a clear error when it is missing (make bench-load installs it)."""
     exe = Path(path)
     if not exe.is_file():
-        raise SystemExit(f"specdec bench-load: no guidellm at {path}: `make bench-load` creates .venv-load with "
-                         f"guidellm=={GUIDELLM_VERSION} (or pass --guidellm PATH)")
+        raise SystemExit(
+            f"specdec bench-load: no guidellm at {path}: `make bench-load` creates .venv-load with "
+            f"guidellm=={GUIDELLM_VERSION} (or pass --guidellm PATH)"
+        )
     out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, env=guidellm_env(), timeout=120)
     version = out.stdout.strip().split()[-1] if out.stdout.strip() else "unknown"
     if version != GUIDELLM_VERSION:
@@ -80,10 +109,15 @@ def export_processor(target_model: str, out_dir: Path) -> Path:
 def warm_up(url: str, configs: list[LoadConfig]) -> None:
     """One short request per configuration (first-call costs out of the measurement)."""
     for cfg in configs:
-        body = {"model": "specdec", "max_tokens": WARMUP_TOKENS, "messages": [{"role": "user", "content": "Hello"}],
-                "specdec": cfg.extension()}
-        req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        body = {
+            "model": "specdec",
+            "max_tokens": WARMUP_TOKENS,
+            "messages": [{"role": "user", "content": "Hello"}],
+            "specdec": cfg.extension(),
+        }
+        req = urllib.request.Request(
+            f"{url}/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=WARMUP_TIMEOUT_S) as resp:  # noqa: S310 - loopback only
             resp.read()
 
@@ -115,16 +149,29 @@ def serving(args: LoadArgs, max_concurrent: int) -> Iterator[tuple[Any, Any]]:
     from specdec.launcher import LocalStack, StackConfig
 
     work = Path(args.work_dir).resolve()
-    stack = LocalStack(StackConfig(target_model=args.target_model, draft_model=args.draft_model,
-                                   draft_kind=args.draft_kind, dtype=args.dtype, threads=args.threads,
-                                   max_batch=args.max_batch, cache_budget_bytes=args.cache_budget_bytes,
-                                   max_concurrent=max_concurrent,
-                                   log_dir=str(work / "logs"), metrics=True, extra_env=_service_env(args)))
+    stack = LocalStack(
+        StackConfig(
+            target_model=args.target_model,
+            draft_model=args.draft_model,
+            draft_kind=args.draft_kind,
+            dtype=args.dtype,
+            threads=args.threads,
+            max_batch=args.max_batch,
+            cache_budget_bytes=args.cache_budget_bytes,
+            max_concurrent=max_concurrent,
+            log_dir=str(work / "logs"),
+            metrics=True,
+            extra_env=_service_env(args),
+        )
+    )
     gateway = None
     try:
         stack.start()
-        args.metrics_urls = [f"http://127.0.0.1:{p.metrics_port}/metrics" for p in stack.procs
-                             if p.role in ("target", "orchestrator") and p.metrics_port]
+        args.metrics_urls = [
+            f"http://127.0.0.1:{p.metrics_port}/metrics"
+            for p in stack.procs
+            if p.role in ("target", "orchestrator") and p.metrics_port
+        ]
         gateway = GatewayProcess(stack.orchestrator_address, log_dir=str(work / "logs")).start()
         args.service_pids = service_pids(stack, gateway)
         yield stack, gateway
@@ -141,48 +188,6 @@ def _service_env(args: LoadArgs) -> dict[str, str]:
     return {"SPECDEC_PREFIX_SHARE_MIN_TOKENS": str(args.prefix_share_min_tokens)}
 
 
-def service_pids(stack: Any, gateway: Any) -> dict[str, int]:
-    """role -> pid of every process of the stack (a second replica of a role gets "-2", ...), the HTTP gateway
-    ("http") and the embedded Redis ("redis"), for the CPU each one spends per guidellm run."""
-    pids: dict[str, int] = {}
-    for proc in stack.procs:
-        name, n = proc.role, 1
-        while name in pids:
-            n += 1
-            name = f"{proc.role}-{n}"
-        pids[name] = proc.popen.pid
-    if gateway is not None and gateway.popen is not None:
-        pids["http"] = gateway.popen.pid
-    redis_proc = getattr(stack.redis, "_proc", None)
-    if redis_proc is not None:
-        pids["redis"] = redis_proc.pid
-    return pids
-
-
-def process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds the process `pid` has used so far (/proc/PID/stat; None where unreadable)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime, stime (fields 14, 15)
-
-
-def cpu_by_service(pids: dict[str, int]) -> dict[str, float | None]:
-    return {role: process_cpu_s(pid) for role, pid in pids.items()}
-
-
-def cpu_delta(before: dict[str, float | None], after: dict[str, float | None]) -> dict[str, float]:
-    """CPU seconds each service spent between two cpu_by_service readings (services unreadable in either left out)."""
-    return {role: round(end - start, 2) for role, start in before.items()
-            if start is not None and (end := after.get(role)) is not None}
-
-
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 @dataclass
 class Invocation:
     """One guidellm run: one configuration, one phase, all its points."""
@@ -196,12 +201,18 @@ class Invocation:
     load_avg_before: list[float]
     load_avg_after: list[float]
     report: str
-    server: dict[str, Any] = field(default_factory=dict)   # mean target batch, mean k, CPU s per service (cpu_s)
+    server: dict[str, Any] = field(default_factory=dict)  # mean target batch, mean k, CPU s per service (cpu_s)
 
 
-def run_guidellm(args: LoadArgs, cfg: LoadConfig, dataset: str, phase: str, values: list[Any],
-                 inp: ScenarioInputs, sets: dict[str, str] | None = None
-                 ) -> tuple[list[dict[str, Any]], str, Invocation]:
+def run_guidellm(
+    args: LoadArgs,
+    cfg: LoadConfig,
+    dataset: str,
+    phase: str,
+    values: list[Any],
+    inp: ScenarioInputs,
+    sets: dict[str, str] | None = None,
+) -> tuple[list[dict[str, Any]], str, Invocation]:
     """Write the scenario, run guidellm on it, parse its report (split by prompt set with `sets`,
     content -> set): (rows, guidellm version, invocation)."""
     work = Path(args.work_dir).resolve()
@@ -213,15 +224,30 @@ def run_guidellm(args: LoadArgs, cfg: LoadConfig, dataset: str, phase: str, valu
     scenario_path.write_text(json.dumps(scenario(cfg, phase, values, inp), indent=1))
     log.info("guidellm: %s %s %s at %s", dataset, cfg.name, phase, values)
     scraped, services_before = scrape(args.metrics_urls), cpu_by_service(args.service_pids)
-    load_before, cpu_before, started = list(os.getloadavg()), _children_cpu_s(), time.monotonic()
+    load_before, cpu_before, started = list(os.getloadavg()), children_cpu_s(), time.monotonic()
     with (work / f"{tag}.guidellm.log").open("wb") as out:
-        proc = subprocess.run([args.guidellm, "run", "--scenario", str(scenario_path), "--disable-console-interactive"],
-                              stdout=out, stderr=subprocess.STDOUT, env=guidellm_env(), cwd=str(work),
-                              timeout=GUIDELLM_TIMEOUT_S, check=False)
-    inv = Invocation(cfg.name, dataset, phase, list(values), round(time.monotonic() - started, 2),
-                     round(_children_cpu_s() - cpu_before, 2), load_before, list(os.getloadavg()), str(report_path))
-    inv.server = {**server_delta(scraped, scrape(args.metrics_urls)),
-                  "cpu_s": cpu_delta(services_before, cpu_by_service(args.service_pids))}
+        proc = subprocess.run(
+            [args.guidellm, "run", "--scenario", str(scenario_path), "--disable-console-interactive"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=guidellm_env(),
+            cwd=str(work),
+            timeout=GUIDELLM_TIMEOUT_S,
+            check=False,
+        )
+    inv = Invocation(
+        cfg.name,
+        dataset,
+        phase,
+        list(values),
+        round(time.monotonic() - started, 2),
+        round(children_cpu_s() - cpu_before, 2),
+        load_before,
+        list(os.getloadavg()),
+        str(report_path),
+    )
+    inv.server = server_delta(scraped, scrape(args.metrics_urls))
+    inv.server["cpu_s"] = cpu_delta(services_before, cpu_by_service(args.service_pids))
     if proc.returncode != 0 or not report_path.is_file():
         tail = (work / f"{tag}.guidellm.log").read_text(errors="replace").splitlines()[-30:]
         raise RuntimeError(f"guidellm failed ({proc.returncode}) for {tag}:\n" + "\n".join(tail))
@@ -237,8 +263,8 @@ def prompt_sets(dataset: str) -> dict[str, str] | None:
 def point_order(configs: list[LoadConfig], index: int) -> list[LoadConfig]:
     """The order the configurations run the index-th point in: as listed at even points, reversed at odd ones.
 
-    Run one after another over a whole phase, the configuration run last drifted: session 12's A/A
-    repeat of k = 0, always last, read 0.67-0.84x k = 0 at some points. Interleaved per point, every
+    Run one after another over a whole phase, the configuration run last takes the machine's drift: an A/A
+    repeat of k = 0, always last, can read 0.67-0.84x k = 0 at some points. Interleaved per point, every
     configuration of a point runs within a few minutes of the others, and the reversal keeps any one
     from always being first or last."""
     return list(configs) if index % 2 == 0 else list(reversed(configs))
@@ -267,15 +293,19 @@ def run_dataset(args: LoadArgs, dataset: str, inp: ScenarioInputs, record: dict[
     return summarize(results, rates, [c.name for c in args.configs])
 
 
-def summarize(results: dict[str, dict[str, dict[str, Any]]], rates: list[float], configs: list[str]
-              ) -> dict[str, Any]:
-    """One data set's entry of the JSON: rows with ratios to k = 0, the A/A band, the goals per configuration."""
+def summarize(results: dict[str, dict[str, dict[str, Any]]], rates: list[float], configs: list[str]) -> dict[str, Any]:
+    """One data set's entry of the JSON: rows with ratios to k = 0, the A/A band, each configuration against k = 0."""
     add_ratios(results)
     band = noise_band(results)
     sat = saturation_rps(list(results[K0].values()))
-    return {"saturation_rps_k0": sat, "rates": rates, "configs": results, "noise_band": band,
-            "goals": {name: goals(results, name, band) for name in configs if name != K0},
-            "overlap": overlap_goals(results, twins(configs), band)}
+    return {
+        "saturation_rps_k0": sat,
+        "rates": rates,
+        "configs": results,
+        "noise_band": band,
+        "compared_to_k0": {name: compared_to_k0(results, name, band) for name in configs if name != K0},
+        "overlap": overlap_comparisons(results, twins(configs), band),
+    }
 
 
 def reparse(record: dict[str, Any]) -> dict[str, Any]:
@@ -296,20 +326,35 @@ def reparse(record: dict[str, Any]) -> dict[str, Any]:
 
 def _settings(args: LoadArgs) -> dict[str, Any]:
     m = args.mode
-    return {"mode": args.mode_name, "concurrency": list(m.concurrency), "rate_fractions": list(m.rate_fractions),
-            "requests_per_point": m.requests_per_point, "max_tokens": m.max_tokens, "datasets": list(m.datasets),
-            "synthetic_prompt_tokens": m.synthetic_prompt_tokens,
-            "configs": {c.name: c.extension() for c in args.configs},
-            "config_order": "interleaved: each point run by every configuration, reversed at every other point",
-            "threads": {"target": args.threads, "cores": os.cpu_count(),
-                        "draft": "n-gram (no torch)" if args.draft_kind == "ngram" else args.threads},
-            "draft": {"kind": args.draft_kind, "model": args.draft_model}, "dtype": args.dtype or "service default",
-            "max_batch": args.max_batch or "service default",
-            "latency_slack": OrchestratorConfig().latency_slack,   # adaptive k's latency cap (< 0: off)
-            "cache_budget_bytes": args.cache_budget_bytes or "service default", "max_seconds_per_point": args.max_seconds_per_point,
-            "prefix_share_min_tokens": args.prefix_share_min_tokens if args.prefix_share_min_tokens >= 0 else "service default",
-            "target_model": args.target_model, "endpoint": "/v1/chat/completions (stream)",
-            "sampling": "greedy (temperature 0), ignore_eos", "guidellm_workers": GUIDELLM_WORKERS}
+    return {
+        "mode": args.mode_name,
+        "concurrency": list(m.concurrency),
+        "rate_fractions": list(m.rate_fractions),
+        "requests_per_point": m.requests_per_point,
+        "max_tokens": m.max_tokens,
+        "datasets": list(m.datasets),
+        "synthetic_prompt_tokens": m.synthetic_prompt_tokens,
+        "configs": {c.name: c.extension() for c in args.configs},
+        "config_order": "interleaved: each point run by every configuration, reversed at every other point",
+        "threads": {
+            "target": args.threads,
+            "cores": os.cpu_count(),
+            "draft": "n-gram (no torch)" if args.draft_kind == "ngram" else args.threads,
+        },
+        "draft": {"kind": args.draft_kind, "model": args.draft_model},
+        "dtype": args.dtype or "service default",
+        "max_batch": args.max_batch or "service default",
+        "latency_slack": OrchestratorConfig().latency_slack,  # adaptive k's latency cap (< 0: off)
+        "cache_budget_bytes": args.cache_budget_bytes or "service default",
+        "max_seconds_per_point": args.max_seconds_per_point,
+        "prefix_share_min_tokens": args.prefix_share_min_tokens
+        if args.prefix_share_min_tokens >= 0
+        else "service default",
+        "target_model": args.target_model,
+        "endpoint": "/v1/chat/completions (stream)",
+        "sampling": "greedy (temperature 0), ignore_eos",
+        "guidellm_workers": GUIDELLM_WORKERS,
+    }
 
 
 def run(args: LoadArgs) -> dict[str, Any]:
@@ -324,17 +369,29 @@ def run(args: LoadArgs) -> dict[str, Any]:
     chat_files = {name: work / f"{name}.chat.jsonl" for name in args.mode.datasets if name in CHAT_SETS}
     for name, path in chat_files.items():
         write_chat_jsonl(path, min_rows=args.mode.requests_per_point + 2 * top_c, sets=CHAT_SETS[name])
-    record: dict[str, Any] = {"note": args.note, "settings": _settings(args), "machine": machine_info(),
-                              "uptime_before": uptime(), "guidellm_version": version, "invocations": [], "datasets": {}}
+    record: dict[str, Any] = {
+        "note": args.note,
+        "settings": _settings(args),
+        "machine": machine_info(),
+        "uptime_before": uptime(),
+        "guidellm_version": version,
+        "invocations": [],
+        "datasets": {},
+    }
     started = time.monotonic()
     with serving(args, max(64, 4 * top_c)) as (_, gateway):
         warm_up(gateway.url, args.configs)
         for dataset in args.mode.datasets:
-            inp = ScenarioInputs(target_url=gateway.url, processor_dir=str(processor),
-                                 data_file=str(chat_files.get(dataset, "")), out_json="",
-                                 requests_per_point=args.mode.requests_per_point, max_tokens=args.mode.max_tokens,
-                                 max_seconds_per_point=args.max_seconds_per_point,
-                                 **data_inputs(dataset, args.mode.synthetic_prompt_tokens))
+            inp = ScenarioInputs(
+                target_url=gateway.url,
+                processor_dir=str(processor),
+                data_file=str(chat_files.get(dataset, "")),
+                out_json="",
+                requests_per_point=args.mode.requests_per_point,
+                max_tokens=args.mode.max_tokens,
+                max_seconds_per_point=args.max_seconds_per_point,
+                **data_inputs(dataset, args.mode.synthetic_prompt_tokens),
+            )
             record["datasets"][dataset] = run_dataset(args, dataset, inp, record)
     invs = record["invocations"]
     record["guidellm_cpu_s"] = round(sum(i["cpu_s"] for i in invs), 2)
@@ -346,7 +403,7 @@ def run(args: LoadArgs) -> dict[str, Any]:
 
 
 def cmd_bench_load(ns: argparse.Namespace) -> int:
-    from specdec.bench.load_results import plot, summary_lines
+    from specdec.bench.load_summary import plot, summary_lines
 
     args = args_from_cli(ns)
     if ns.reparse:
@@ -362,4 +419,3 @@ def cmd_bench_load(ns: argparse.Namespace) -> int:
     print("\n".join(summary_lines(record)))
     print(f"\nwrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
     return 0
-

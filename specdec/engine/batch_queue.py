@@ -7,14 +7,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from specdec.config import Limits
 from specdec.engine.worker import FILL_WEIGHT, MS_PER_S, ModelWorker, ewma, fits_inline
 from specdec.errors import ResourceExhausted
 
 T = TypeVar("T")
-I = TypeVar("I")
+ItemT = TypeVar("ItemT")
 #: a call computing more tokens than the largest verify (k = Limits.max_k, plus the bonus row) is a prefill.
 PREFILL_MIN_TOKENS = Limits.max_k + 2
 #: a new prefill is refused (RESOURCE_EXHAUSTED) when the work queued ahead of it, and its own, would take more
@@ -36,7 +37,7 @@ IO_TURNS_BETWEEN_PASSES = 3
 Entry = tuple  # (session_id, item, future, time queued): one queued call of a BatchQueue
 
 
-class BatchQueue(Generic[I, T]):
+class BatchQueue(Generic[ItemT, T]):
     """Coalesces concurrent calls of distinct sessions into one `batch_fn` call on the model thread.
 
     Continuous batching at round granularity: while one batch runs, new calls
@@ -69,12 +70,20 @@ class BatchQueue(Generic[I, T]):
             when given (and batching), a turn rides in the decode rounds' batch instead of a pass of its own.
     """
 
-    def __init__(self, worker: ModelWorker, batch_fn: Callable[[list[I]], list[T | Exception]],
-                 max_batch: int, max_wait_s: float = 0.0, work_tokens: Callable[[I], int] | None = None,
-                 inline_max_tokens: int = 0, prefill: Callable[[I, int], int] | None = None,
-                 chunk_tokens: int = 0, prefill_turn_ms: float = 0.0,
-                 batch_turn: Callable[[list[I], I, int], tuple[list[T | Exception], int | Exception]] | None = None,
-                 inline_tokens: Callable[[I], int] | None = None) -> None:
+    def __init__(
+        self,
+        worker: ModelWorker,
+        batch_fn: Callable[[list[ItemT]], list[T | Exception]],
+        max_batch: int,
+        max_wait_s: float = 0.0,
+        work_tokens: Callable[[ItemT], int] | None = None,
+        inline_max_tokens: int = 0,
+        prefill: Callable[[ItemT, int], int] | None = None,
+        chunk_tokens: int = 0,
+        prefill_turn_ms: float = 0.0,
+        batch_turn: Callable[[list[ItemT], ItemT, int], tuple[list[T | Exception], int | Exception]] | None = None,
+        inline_tokens: Callable[[ItemT], int] | None = None,
+    ) -> None:
         self.worker, self.batch_fn, self.max_batch = worker, batch_fn, max(1, max_batch)
         worker.state.max_batch = self.max_batch
         self.max_wait_s = max_wait_s
@@ -86,15 +95,15 @@ class BatchQueue(Generic[I, T]):
         self._pending: deque[Entry] = deque()
         self._drainer: asyncio.Task | None = None
         self._arrived = asyncio.Event()
-        self._last: set[str] = set()            # sessions of the previous batch
-        self.ms_per_token = 0.0                 # model ms per token of recent batches that prefilled (0: not measured)
-        self.chunk_ms_per_token = 0.0           # the same, of chunked-prefill turns (long contexts, small passes)
+        self._last: set[str] = set()  # sessions of the previous batch
+        self.ms_per_token = 0.0  # model ms per token of recent batches that prefilled (0: not measured)
+        self.chunk_ms_per_token = 0.0  # the same, of chunked-prefill turns (long contexts, small passes)
         self.prefill_turn_ms = prefill_turn_ms
-        self._batch_ended = 0.0                 # time.perf_counter() when the last batch ended
-        self._solo = False                      # a call waits one loop turn to run alone (_ran_alone)
-        self._turns_since_long = 0              # turns shorter prompts took while a long one waited (_next_turn)
+        self._batch_ended = 0.0  # time.perf_counter() when the last batch ended
+        self._solo = False  # a call waits one loop turn to run alone (_ran_alone)
+        self._turns_since_long = 0  # turns shorter prompts took while a long one waited (_next_turn)
 
-    async def submit(self, session_id: str, item: I, deadline_s: float | None = None) -> tuple[T, float]:
+    async def submit(self, session_id: str, item: ItemT, deadline_s: float | None = None) -> tuple[T, float]:
         """Queue one session's call; returns (its result, queue_ms until its batch started).
 
         deadline_s: how long the caller still waits (None: no deadline). A prefill that the work queued
@@ -121,15 +130,15 @@ class BatchQueue(Generic[I, T]):
         forward with the model thread idle (ModelWorker.run_on_thread). Saves the queue's task, hand-over
         and wake-up (~0.1 ms a round on CPU). Returns whether it ran (its future is then done)."""
         if self._solo or not self._idle() or not self.worker.model_thread_idle() or not self._small_items([entry[1]]):
-            return False                   # checked first: a call that cannot run alone pays no loop turn
-        self._solo = True                  # calls arriving meanwhile queue (and take this one along)
+            return False  # checked first: a call that cannot run alone pays no loop turn
+        self._solo = True  # calls arriving meanwhile queue (and take this one along)
         try:
             await asyncio.sleep(0)
         finally:
             self._solo = False
         if not self._idle() or not self.worker.model_thread_idle():
             return False
-        await self._run_batch([entry], inline=True)   # never suspends
+        await self._run_batch([entry], inline=True)  # never suspends
         return True
 
     def _idle(self) -> bool:
@@ -138,12 +147,12 @@ class BatchQueue(Generic[I, T]):
             return False
         return self.max_wait_s <= 0 or len(self._last) <= 1
 
-    def _work(self, item: I) -> int:
+    def _work(self, item: ItemT) -> int:
         """The tokens `item` computes; asked only where work_tokens is set (admission, chunked prefill)."""
         assert self.work_tokens is not None, "work_tokens is set where the work is sized"
         return self.work_tokens(item)
 
-    def _admit(self, item: I, deadline_s: float) -> None:
+    def _admit(self, item: ItemT, deadline_s: float) -> None:
         if self.work_tokens is None or self.ms_per_token <= 0:
             return
         own = self.work_tokens(item)
@@ -152,8 +161,10 @@ class BatchQueue(Generic[I, T]):
         wait_s = self.wait_ms(own) / MS_PER_S
         if wait_s > ADMIT_DEADLINE_SHARE * deadline_s:
             self.worker.state.shed_calls += 1
-            raise ResourceExhausted(f"target overloaded: about {wait_s:.1f} s of queued work for a {own}-token "
-                                    f"prefill and the call waits at most {deadline_s:.1f} s; retry later")
+            raise ResourceExhausted(
+                f"target overloaded: about {wait_s:.1f} s of queued work for a {own}-token "
+                f"prefill and the call waits at most {deadline_s:.1f} s; retry later"
+            )
 
     def wait_ms(self, own: int) -> float:
         """About how long a new call computing `own` tokens takes to be done (an upper estimate), at the
@@ -203,7 +214,7 @@ class BatchQueue(Generic[I, T]):
             others_decoding = decoding or bool(batch) or self._decoded_lately()
             turn = self._next_turn(takers, work, others_decoding) if takers else None
             if batch and turn and self.batch_turn is not None:
-                await self._run_batch(batch, turn=turn)    # the turn rides in the decode rounds' pass
+                await self._run_batch(batch, turn=turn)  # the turn rides in the decode rounds' pass
             else:
                 if batch:
                     await self._run_batch(batch)
@@ -211,11 +222,10 @@ class BatchQueue(Generic[I, T]):
                     await self._prefill_one(*turn)
             self._pending.extend(takers)  # behind the calls that came meanwhile (max_batch 1 interleaves too)
             if self.worker.loop_forwards:
-                for _ in range(IO_TURNS_BETWEEN_PASSES):   # the pass held the loop: let the calls it held up in
+                for _ in range(IO_TURNS_BETWEEN_PASSES):  # the pass held the loop: let the calls it held up in
                     await asyncio.sleep(0)
 
-    def _next_turn(self, waiting: list[Entry], work: dict[int, int], others_decoding: bool
-                   ) -> tuple[Entry, int, bool]:
+    def _next_turn(self, waiting: list[Entry], work: dict[int, int], others_decoding: bool) -> tuple[Entry, int, bool]:
         """(whose turn it is among the prefills that take turns, its tokens, whether it is a long prompt's). The
         oldest shorter prompt (at most a chunk), except that the oldest long one gets every LONG_TURN_EVERY-th
         turn while both kinds wait. First come first served across both would hold a 300-token prompt behind
@@ -248,8 +258,11 @@ class BatchQueue(Generic[I, T]):
         if not self.chunk_tokens:
             return batch, []
         budget = self.pass_prefill_tokens(decoding)
-        takers = [entry for entry in batch if work[id(entry)] > self.chunk_tokens
-                or budget < work[id(entry)] >= PREFILL_MIN_TOKENS]
+        takers = [
+            entry
+            for entry in batch
+            if work[id(entry)] > self.chunk_tokens or budget < work[id(entry)] >= PREFILL_MIN_TOKENS
+        ]
         held = {id(entry) for entry in takers}
         now, later, used = [], [], 0
         for entry in batch:
@@ -296,12 +309,13 @@ class BatchQueue(Generic[I, T]):
         now = self._pass_ms_per_token(tokens, elapsed_s)
         if now and long_context:
             self.chunk_ms_per_token = ewma(self.chunk_ms_per_token, now)
-            self.ms_per_token = self.ms_per_token or now   # no batch has prefilled yet: a first figure
+            self.ms_per_token = self.ms_per_token or now  # no batch has prefilled yet: a first figure
         elif now:
             self.ms_per_token = ewma(self.ms_per_token, now)
 
-    async def _run_batch(self, batch: list[Entry], inline: bool | None = None,
-                         turn: tuple[Entry, int, bool] | None = None) -> None:
+    async def _run_batch(
+        self, batch: list[Entry], inline: bool | None = None, turn: tuple[Entry, int, bool] | None = None
+    ) -> None:
         """One batch_fn call on the model thread (or inline: None = as `_small_items` says); each caller gets
         its result. With `turn` (entry, tokens, long_context), batch_turn runs that prefill's turn in the same
         pass (a failed turn fails its own call alone)."""
@@ -316,14 +330,15 @@ class BatchQueue(Generic[I, T]):
                 results, left = await self.worker.run_on_thread(lambda: batch_turn(items, turn[0][1], turn[1]))
                 self._fail_turn(turn[0], left)
             else:
-                results = await self.worker.run_on_thread(lambda: self.batch_fn(items),
-                                                          self._small_items(items) if inline is None else inline)
+                results = await self.worker.run_on_thread(
+                    lambda: self.batch_fn(items), self._small_items(items) if inline is None else inline
+                )
         except Exception as exc:  # noqa: BLE001 - the whole forward failed: every caller gets it
             results = [exc] * len(batch)
             if turn:
                 self._fail_turn(turn[0], exc)
         self._end_pass(prefill_tokens, started, turn is not None and turn[2])
-        for (_, _, future, queued), result in zip(batch, results):
+        for (_, _, future, queued), result in zip(batch, results, strict=False):
             if future.done():
                 continue  # the caller went away (cancelled)
             if isinstance(result, Exception):
@@ -345,14 +360,14 @@ class BatchQueue(Generic[I, T]):
             self.worker.state.prefill_ms += (self._batch_ended - started) * MS_PER_S
             self._learn_speed(prefill_tokens, self._batch_ended - started, long_context)
 
-    def run_now(self, session_id: str, item: I) -> T | None:
+    def run_now(self, session_id: str, item: ItemT) -> T | None:
         """A lone session's small call, run at once on the event loop: no session lock, future or loop turn.
         Lone: no call in flight or queued, the model thread idle and the last pass held this session alone (or
         none), so no other session's call can join it (a second session shows as a call in flight or in the last
         pass, and its calls go through `submit`, which batches). Small: a forward `submit` would run inline
         anyway (`_small_items`). What `submit` does for it, less the machinery a lone session never uses, which
-        on a CPU is cold Python after every forward (docs/performance.md, "Where a round's time goes in the
-        target"). Returns its result (its error is raised), or None when the call is not such a call (submit it).
+        on a CPU is cold Python after every forward (docs/performance.md, "Where the per-round overhead goes").
+        Returns its result (its error is raised), or None when the call is not such a call (submit it).
         """
         if not (self.lone(session_id) and self._small_items([item])):
             return None
@@ -415,7 +430,7 @@ class BatchQueue(Generic[I, T]):
         work = [self.work_tokens(item) for _, item, _, _ in batch]
         return sum(work) if max(work, default=0) >= PREFILL_MIN_TOKENS else 0
 
-    def _small_items(self, items: list[I]) -> bool:
+    def _small_items(self, items: list[ItemT]) -> bool:
         if self.inline_tokens is None or self.inline_max_tokens <= 0:  # skip sizing what cannot run inline
             return False
         return fits_inline(sum(self.inline_tokens(item) for item in items), self.inline_max_tokens)

@@ -1,8 +1,7 @@
 """Linear kernels and weight layouts chosen by measurement at load, per row-count band.
 
-Which kernel runs a linear layer fastest depends on the CPU: on an AMD EPYC (AVX-512, no AMX)
-input-major ([in, out]) weights on oneDNN ran a decode step 1.3x faster than nn.Linear, on an Intel
-Xeon (AVX-512, AMX) the same choice was 1.46x SLOWER (issue 17). So a model service times the
+Which kernel runs a linear layer fastest depends on the CPU: input-major ([in, out]) weights on oneDNN
+beat nn.Linear on an AMD EPYC with AVX-512 and lose to it on an Intel Xeon with AMX. So a model service times the
 candidates below on this model's own linear shapes, on this machine, with its thread count, for a
 few row counts (a decode step: 1 row; a verify pass: k + 1 rows; batched verifies and prefill
 chunks: more) and runs each band on its fastest kernel.
@@ -29,9 +28,9 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -46,8 +45,9 @@ AUTO = "auto"
 ONEDNN_KERNELS = ("onednn", "im_onednn")
 
 
-def run_kernel(kernel: str, x: torch.Tensor, w: torch.Tensor | None, w_t: torch.Tensor | None,
-               bias: torch.Tensor | None) -> torch.Tensor:
+def run_kernel(
+    kernel: str, x: torch.Tensor, w: torch.Tensor | None, w_t: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor:
     """x [..., in] -> [..., out] with `kernel`: w is the [out, in] weight, w_t the [in, out] copy."""
     if kernel == "linear" or kernel == "onednn":
         assert w is not None, "a standard kernel reads the [out, in] weight"
@@ -92,7 +92,7 @@ class KernelPlan:
 
     def kernel_for(self, rows: int) -> str:
         """The kernel of the band `rows` falls in."""
-        for high, kernel in zip(self.band_rows, self.kernels):
+        for high, kernel in zip(self.band_rows, self.kernels, strict=False):
             if rows <= high:
                 return kernel
         return self.kernels[-1]
@@ -103,7 +103,7 @@ class KernelPlan:
 
     def by_band(self) -> dict[str, str]:
         """band label -> kernel."""
-        return dict(zip(band_labels(self.band_rows), self.kernels))
+        return dict(zip(band_labels(self.band_rows), self.kernels, strict=False))
 
     def describe(self) -> str:
         """One line for logs: each band's kernel, and its timings when measured."""
@@ -115,8 +115,9 @@ class KernelPlan:
         return f"[{self.source}{', on a busy machine' if self.busy else ''}] " + "; ".join(parts)
 
 
-def pick_fastest(band_rows: Sequence[int], timings_ms: dict[str, dict[str, float]],
-                 layout_slack: float = 0.0) -> tuple[str, ...]:
+def pick_fastest(
+    band_rows: Sequence[int], timings_ms: dict[str, dict[str, float]], layout_slack: float = 0.0
+) -> tuple[str, ...]:
     """Per band, the kernel with the least time (DEFAULT_KERNEL where a band has no timing).
 
     Where the per-band winners need both weight layouts (two copies of every weight), one layout's
@@ -133,15 +134,21 @@ def pick_fastest(band_rows: Sequence[int], timings_ms: dict[str, dict[str, float
         picks = [k for k in found if k is not None]
         if len(picks) < len(found):    # a band without a timing of this layout
             continue
-        cost = sum(t[k] / t[f] for t, k, f in zip(times, picks, fastest)) / len(times)
+        cost = sum(t[k] / t[f] for t, k, f in zip(times, picks, fastest, strict=False)) / len(times)
         if cost < best_cost:
             best_single, best_cost = tuple(picks), cost
     return best_single if best_cost <= 1.0 + layout_slack else fastest
 
 
-def choose_plan(band_rows: Sequence[int], kernels: Sequence[str], measure: Callable[[int, str], float],
-                reps: int, budget_s: float, layout_slack: float = 0.0,
-                clock: Callable[[], float] = time.perf_counter) -> KernelPlan:
+def choose_plan(
+    band_rows: Sequence[int],
+    kernels: Sequence[str],
+    measure: Callable[[int, str], float],
+    reps: int,
+    budget_s: float,
+    layout_slack: float = 0.0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> KernelPlan:
     """Time `measure(rows, kernel)` (ms) for every band and kernel, `reps` rounds or until `budget_s`
     is spent (at least one full round), keeping each pair's least time; pick the fastest per band
     (one layout when that costs at most `layout_slack` more: `pick_fastest`).
@@ -151,7 +158,7 @@ def choose_plan(band_rows: Sequence[int], kernels: Sequence[str], measure: Calla
     for rep in range(max(1, reps)):
         if rep and clock() - start > budget_s:
             break
-        for label, rows in zip(labels, band_rows):
+        for label, rows in zip(labels, band_rows, strict=False):
             for kernel in kernels:
                 ms = measure(rows, kernel)
                 best[label][kernel] = min(ms, best[label].get(kernel, float("inf")))
@@ -166,8 +173,10 @@ def forced_plan(spec: str, band_rows: Sequence[int]) -> KernelPlan:
         names = names * len(band_rows)
     unknown = [n for n in names if n not in KERNELS]
     if unknown or len(names) != len(band_rows):
-        raise ValueError(f"linear kernel {spec!r}: give auto, one of {sorted(KERNELS)}, or "
-                         f"{len(band_rows)} of them comma-separated (bands {band_labels(band_rows)})")
+        raise ValueError(
+            f"linear kernel {spec!r}: give auto, one of {sorted(KERNELS)}, or "
+            f"{len(band_rows)} of them comma-separated (bands {band_labels(band_rows)})"
+        )
     missing = [n for n in names if n not in available_kernels()]
     if missing:
         raise ValueError(f"linear kernel(s) {missing} are not available in this torch build")
@@ -177,8 +186,12 @@ def forced_plan(spec: str, band_rows: Sequence[int]) -> KernelPlan:
 def plain_linears(root: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
     """(parent, attribute name, layer) of every plain nn.Linear under `root` (not a subclass, not one
     already replaced), listed before any is replaced: what the layer-swapping loops walk."""
-    return [(parent, name, child) for parent in list(root.modules())
-            for name, child in list(parent.named_children()) if type(child) is nn.Linear]
+    return [
+        (parent, name, child)
+        for parent in list(root.modules())
+        for name, child in list(parent.named_children())
+        if type(child) is nn.Linear
+    ]
 
 
 def linear_shapes(model: nn.Module) -> dict[tuple[int, int, bool], list[nn.Linear]]:
@@ -214,8 +227,13 @@ class PlanCache:
             raw = json.loads(path.read_text()) if path is not None else None
             if raw is None:
                 return None
-            plan = KernelPlan(tuple(raw["band_rows"]), tuple(raw["kernels"]), raw.get("timings_ms", {}), "cache",
-                              busy=bool(raw.get("busy", False)))
+            plan = KernelPlan(
+                tuple(raw["band_rows"]),
+                tuple(raw["kernels"]),
+                raw.get("timings_ms", {}),
+                "cache",
+                busy=bool(raw.get("busy", False)),
+            )
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return plan if set(plan.kernels) <= set(available_kernels()) else None
@@ -249,10 +267,13 @@ class PlannedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         layouts = plan.layouts()
         self.weight_std = linear.weight if STANDARD in layouts else None
-        self.weight_t = (nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
-                         if INPUT_MAJOR in layouts else None)            # [in, out]
+        self.weight_t = (
+            nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
+            if INPUT_MAJOR in layouts
+            else None
+        )  # [in, out]
         self.bias = linear.bias
-        self.bands = [(high, kernel) for high, kernel in zip(plan.band_rows, plan.kernels)]
+        self.bands = [(high, kernel) for high, kernel in zip(plan.band_rows, plan.kernels, strict=False)]
         self.bands[-1] = (sys.maxsize, self.bands[-1][1])
 
     @property

@@ -1,31 +1,22 @@
 """Weight layout and kernel for the CPU forward: linear layers stored input-major ([in, out]) in float32.
 
-Model services no longer apply this layout unconditionally: they time it against nn.Linear and
-oneDNN at load and keep the fastest per row-count band (specdec/models/kernels.py; on an Intel Xeon
-this layout was 1.46x slower). What stays here: the restricted-head helpers (`head_logits`,
-`input_major_head`) a draft's plan uses, and `InputMajorLinear` behind `input_major()` of the
-drafts (their own layers and restricted head; the target's embedding and LM head they share are
-left alone). The measurements below are the AMD EPYC ones that first motivated the layout.
+Model services time this layout against nn.Linear and oneDNN at load and keep the fastest per row-count
+band (specdec/models/kernels.py): it wins on some CPUs and loses on others. What stays here: the
+restricted-head helpers (`head_logits`, `input_major_head`) a draft's plan uses, and `InputMajorLinear`
+behind `input_major()` of the drafts (their own layers and restricted head; the target's embedding and LM
+head they share are left alone).
 
-`nn.Linear` keeps W as [out, in] and computes x @ W^T. For the few rows a decode step
-or a verify pass runs (M = 1 .. k+1), MKL's fp32 kernels stream an [in, out] matrix
-much faster than an [out, in] one on this CPU: SmolLM2-135M's whole forward over 300
-cached tokens measured v(1) = 39.2 -> 30.9 ms, v(2) 65.5 -> 49.7, v(3) 81.0 -> 60.0,
-v(5) 68.6 -> 63.1, v(9) 79.6 -> 73.3 ms (1 thread), with bit-identical logits. In
-bfloat16 the standard layout is faster (oneDNN), so only float32 on CPU is changed.
+`nn.Linear` keeps W as [out, in] and computes x @ W^T. For the few rows a decode step or a verify pass runs
+(M = 1 .. k+1), MKL's fp32 kernels can stream an [in, out] matrix much faster than an [out, in] one, with
+bit-identical logits. In bfloat16 the standard layout is faster (oneDNN), so only float32 on CPU is changed.
+A tied LM head (SmolLM2 ties it to the token embedding) gets its own transposed copy: vocab x hidden more
+weight memory, reported at load.
 
-A tied LM head (SmolLM2 ties it to the token embedding) gets its own transposed copy:
-vocab x hidden more weight memory (113 MB for SmolLM2 in fp32), reported at load.
-
-Kernel. MKL's fp32 GEMM costs about M times its one-row cost for M = 2 .. 5 rows (it
-streams the weights once per row), which is what made a verify pass of k+1 tokens cost
-2x a decode step. oneDNN, reading the SAME [in, out] tensor (passed as its [out, in]
-view), streams the weights once for all rows: SmolLM2-135M, 300 cached tokens, 1 thread,
-v(1)/v(2)/v(5)/v(9)/v(17) = 29.0/47.0/59.1/69.0/90.4 ms on MKL vs 31.3/33.9/40.0/40.3/49.5 ms
-on oneDNN, a 300-token prefill 662 -> 354 ms; 2 threads v(1) 29.3 -> 24.0, v(9) 54.2 -> 30.1
-(logits within 6e-5, same argmax). So oneDNN runs every call of two rows or more, and one
-row too when torch runs more than one thread; MKL keeps the one-row call on one thread,
-where it is ~2 ms a step faster. Where oneDNN is missing the MKL path runs everywhere.
+Kernel. MKL's fp32 GEMM costs about M times its one-row cost for a few rows (it streams the weights once
+per row); oneDNN, reading the SAME [in, out] tensor (passed as its [out, in] view), streams them once for
+all rows. So oneDNN runs every call of two rows or more, and one row too when torch runs more than one
+thread; MKL keeps the one-row call on one thread, where it is a little faster. Where oneDNN is missing the
+MKL path runs everywhere.
 """
 
 from __future__ import annotations

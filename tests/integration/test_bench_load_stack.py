@@ -32,14 +32,40 @@ TIMEOUT_S = 1500
 MAX_TOKENS, REQUESTS = 8, 2
 
 
-@pytest.mark.skipif(not GUIDELLM.is_file(), reason=f"no {GUIDELLM}: `make load-venv` installs guidellm=="
-                                                     f"{GUIDELLM_VERSION} there (minutes; not done by the tests)")
+@pytest.mark.skipif(
+    not GUIDELLM.is_file(),
+    reason=f"no {GUIDELLM}: `make load-venv` installs guidellm=="
+    f"{GUIDELLM_VERSION} there (minutes; not done by the tests)",
+)
 def test_bench_load_quick_run(tmp_path: Path) -> None:
     out, png = tmp_path / "load.json", tmp_path / "load.png"
-    cmd = [str(SPECDEC_BIN), "bench-load", "--quick", "--concurrency", "2", "--rate-fractions", "1",
-           "--requests", str(REQUESTS), "--max-tokens", str(MAX_TOKENS), "--adaptive-cap", "4",
-           "--draft-kind", "combined", "--overlap", "adaptive",
-           "--guidellm", str(GUIDELLM), "--work-dir", str(tmp_path / "work"), "--out", str(out), "--plot", str(png)]
+    cmd = [
+        str(SPECDEC_BIN),
+        "bench-load",
+        "--quick",
+        "--concurrency",
+        "2",
+        "--rate-fractions",
+        "1",
+        "--requests",
+        str(REQUESTS),
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--adaptive-cap",
+        "4",
+        "--draft-kind",
+        "combined",
+        "--overlap",
+        "adaptive",
+        "--guidellm",
+        str(GUIDELLM),
+        "--work-dir",
+        str(tmp_path / "work"),
+        "--out",
+        str(out),
+        "--plot",
+        str(png),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     print(proc.stdout)
@@ -57,17 +83,17 @@ def test_bench_load_quick_run(tmp_path: Path) -> None:
             # guidellm stops a point when its request count is reached and may count one request fewer
             # than asked at an open-loop (Poisson) point (seen: 1 of 2 at rate@0.24, no error)
             assert row["errors"] == 0 and 1 <= row["requests"] <= REQUESTS, (name, row)
-            assert row["output_tokens"] == row["requests"] * MAX_TOKENS, (name, row)   # ignore_eos: equal work
+            assert row["output_tokens"] == row["requests"] * MAX_TOKENS, (name, row)  # ignore_eos: equal work
             assert row["output_tokens_per_s"] > 0 and row["itl_ms_p50"] > 0 and row["ttft_ms_p99"] is None
     assert all(r["vs_k0"]["output_tokens_per_s"] == 1.0 for r in ds["configs"]["k0"].values())
     assert ds["noise_band"]["output_tokens_per_s"] is not None
     server = {(i["config"], i["phase"]): i["server"] for i in record["invocations"]}
-    assert server[("k0", "concurrency")]["mean_k"] == 0.0                 # the extension object reached the server
+    assert server[("k0", "concurrency")]["mean_k"] == 0.0  # the extension object reached the server
     assert server[("k4", "concurrency")]["mean_k"] > 0
     assert server[("k4", "concurrency")]["mean_target_batch"] >= 1.0
-    # only the overlapped configuration drafts ahead; it is judged against adaptive at both points
+    # only the overlapped configuration drafts ahead; it is compared with adaptive at both points
     assert all(s["predrafts_started"] == 0 for (name, _), s in server.items() if name != "overlap_adaptive")
-    goal = ds["overlap"]["overlap_adaptive"]
-    assert goal["twin"] == "adaptive" and goal["points"] == 2 and goal["min_tokens_ratio"] > 0
+    cmp = ds["overlap"]["overlap_adaptive"]
+    assert cmp["twin"] == "adaptive" and cmp["points"] == 2 and cmp["min_tokens_ratio"] > 0
     assert all("vs_sequential" in r for r in ds["configs"]["overlap_adaptive"].values())
     assert png.stat().st_size > 10_000

@@ -100,7 +100,7 @@ def test_rounds_send_only_new_tokens(stack, reference):
         assert s.context_store().counters.hits - hits[role] >= again_stats.rounds - 2, role
     prompt = target_pb2.VerifyRequest(context_ids=stack.tokenizer.encode(LONG_PROMPT)).ByteSize()
     # The first round carries the prompt twice (draft and target); every later round a few tokens
-    # (the goal: at most 400 bytes a round, whatever the context length).
+    # (at most 400 bytes a round, whatever the context length).
     later_rounds = (again_stats.wire_bytes - 2 * prompt) / (again_stats.rounds - 1)
     assert later_rounds < 400 < prompt, (later_rounds, prompt, again_stats.wire_bytes, again_stats.rounds)
 

@@ -1,4 +1,4 @@
-"""Bad input never gets a 5xx from the HTTP gateway; idempotency keys are honest (issue 22).
+"""Bad input never gets a 5xx from the HTTP gateway; idempotency keys are honest.
 
 Against the shared process stack of tests/http_support.py (Redis, tiny target and draft, the
 orchestrator and the gateway, real processes over loopback):

@@ -1,4 +1,4 @@
-"""Reliability scenarios of issue 6, each against real processes, real gRPC and a real Redis.
+"""Reliability scenarios, each against real processes, real gRPC and a real Redis.
 
 One LocalStack for the module (specdec/launcher.py): a persistent EmbeddedRedis (AOF),
 two target and two draft replicas of a tiny Llama pair (tests.support.make_tiny_pair,
