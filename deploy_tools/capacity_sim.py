@@ -26,7 +26,7 @@ BEGIN_MARK = "<!-- capacity-sim:begin {name} -->"
 END_MARK = "<!-- capacity-sim:end {name} -->"
 VARINT_BITS = 7
 FLOAT32_BYTES = 4
-TAG_BYTES = 1                  # field numbers 1..15 with any wire type
+TAG_BYTES = 1  # field numbers 1..15 with any wire type
 MS_PER_S = 1000.0
 
 
@@ -34,29 +34,29 @@ MS_PER_S = 1000.0
 class WireModel:
     """Inputs of the per-round wire-size model (one Propose + one Verify RPC)."""
 
-    k: int = 5                          # draft tokens per round
-    top_n: int = 16                     # (id, prob) pairs of the sparse q' per position
-    vocab_size: int = 151_936           # Qwen1.5: ids need <= 3 varint bytes
-    session_id_chars: int = 36          # UUID text
+    k: int = 5  # draft tokens per round
+    top_n: int = 16  # (id, prob) pairs of the sparse q' per position
+    vocab_size: int = 151_936  # Qwen1.5: ids need <= 3 varint bytes
+    session_id_chars: int = 36  # UUID text
     request_id_chars: int = 36
-    sampling_bytes: int = 12            # temperature + top_p (float32) + draft_top_n
-    stats_bytes: int = 25               # ComputeStats: 3 small varints + 2 doubles
-    draft_kind_chars: int = 5           # "model"
+    sampling_bytes: int = 12  # temperature + top_p (float32) + draft_top_n
+    stats_bytes: int = 25  # ComputeStats: 3 small varints + 2 doubles
+    draft_kind_chars: int = 5  # "model"
     context_tokens_bytes_per_id: int = 0  # 0 = worst case from vocab_size
-    grpc_prefix_bytes: int = 5          # gRPC length-prefixed message
-    http2_frame_header_bytes: int = 9   # one DATA frame per message (< 16 KiB)
-    hpack_request_headers_bytes: int = 60   # steady state, dynamic table warm (estimate)
+    grpc_prefix_bytes: int = 5  # gRPC length-prefixed message
+    http2_frame_header_bytes: int = 9  # one DATA frame per message (< 16 KiB)
+    hpack_request_headers_bytes: int = 60  # steady state, dynamic table warm (estimate)
     hpack_response_headers_bytes: int = 10  # estimate
-    hpack_trailers_bytes: int = 15          # grpc-status: 0 (estimate)
+    hpack_trailers_bytes: int = 15  # grpc-status: 0 (estimate)
 
 
 @dataclass(frozen=True)
 class SpeedModel:
     """Inputs of the draft:target worker model (times per forward, not measured)."""
 
-    draft_tokens_per_s: float = 50.0    # one draft worker, sequential decode
-    verify_ms: float = 30.0             # one target forward over k+1 positions
-    target_batch: int = 1               # sessions verified per target forward
+    draft_tokens_per_s: float = 50.0  # one draft worker, sequential decode
+    verify_ms: float = 30.0  # one target forward over k+1 positions
+    target_batch: int = 1  # sessions verified per target forward
 
 
 @dataclass(frozen=True)
@@ -74,9 +74,9 @@ class RedisModel:
     calls_per_round_script: int = 15
     scripts_per_request: int = 4
     generated_tokens_per_request: int = 256
-    id_bytes_stored: int = 4                # ids kept as little-endian int32
-    hash_fields_reply_bytes: int = 600      # HGETALL of the other 16 fields, RESP (estimate)
-    shard_scripts_per_s: float = 10_000.0   # conservative budget for one Redis primary
+    id_bytes_stored: int = 4  # ids kept as little-endian int32
+    hash_fields_reply_bytes: int = 600  # HGETALL of the other 16 fields, RESP (estimate)
+    shard_scripts_per_s: float = 10_000.0  # conservative budget for one Redis primary
 
 
 def varint_size(value: int) -> int:
@@ -108,29 +108,33 @@ def sparse_distribution(model: WireModel) -> int:
 
 def message_sizes(model: WireModel, context_ids: int) -> dict[str, int]:
     """Protobuf bytes of the four messages of one round with `context_ids` ids sent."""
-    small_int = TAG_BYTES + 1                       # k, num_accepted, next_kind
-    token_field = TAG_BYTES + id_bytes(model)       # next_token
+    small_int = TAG_BYTES + 1  # k, num_accepted, next_kind
+    token_field = TAG_BYTES + id_bytes(model)  # next_token
     q_prime = model.k * length_delimited(sparse_distribution(model))
-    header = (length_delimited(model.session_id_chars)
-              + length_delimited(model.request_id_chars)
-              + packed_ids(model, context_ids)
-              + length_delimited(model.sampling_bytes))
+    header = (
+        length_delimited(model.session_id_chars)
+        + length_delimited(model.request_id_chars)
+        + packed_ids(model, context_ids)
+        + length_delimited(model.sampling_bytes)
+    )
     stats = length_delimited(model.stats_bytes)
     return {
         "propose_request": header + small_int,
-        "propose_response": packed_ids(model, model.k) + q_prime + stats
-        + length_delimited(model.draft_kind_chars),
+        "propose_response": packed_ids(model, model.k) + q_prime + stats + length_delimited(model.draft_kind_chars),
         "verify_request": header + packed_ids(model, model.k) + q_prime,
-        "verify_response": small_int + token_field + small_int
-        + packed_ids(model, model.k + 1) + length_delimited(model.k) + stats,
+        "verify_response": small_int
+        + token_field
+        + small_int
+        + packed_ids(model, model.k + 1)
+        + length_delimited(model.k)
+        + stats,
     }
 
 
 def framing_per_call(model: WireModel) -> int:
     """HTTP/2 + gRPC bytes around one unary call (headers, 2 data frames, trailers)."""
     frames = 4 * model.http2_frame_header_bytes + 2 * model.grpc_prefix_bytes
-    return frames + model.hpack_request_headers_bytes + model.hpack_response_headers_bytes \
-        + model.hpack_trailers_bytes
+    return frames + model.hpack_request_headers_bytes + model.hpack_response_headers_bytes + model.hpack_trailers_bytes
 
 
 def expected_tokens_per_round(acceptance: float, k: int) -> float:
@@ -148,8 +152,7 @@ def wire_rows(model: WireModel, contexts: list[tuple[str, int]], acceptance: flo
         sizes = message_sizes(model, context_ids)
         framing = 2 * framing_per_call(model)
         total = sum(sizes.values()) + framing
-        rows.append([label, *(str(v) for v in sizes.values()), str(framing), str(total),
-                     f"{total / tokens:.0f}"])
+        rows.append([label, *(str(v) for v in sizes.values()), str(framing), str(total), f"{total / tokens:.0f}"])
     return rows
 
 
@@ -160,13 +163,11 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-WIRE_CONTEXTS = [("delta: 6 new ids", 6), ("full context 512", 512),
-                 ("full context 2048", 2048)]
+WIRE_CONTEXTS = [("delta: 6 new ids", 6), ("full context 512", 512), ("full context 2048", 2048)]
 WIRE_ACCEPTANCE = 0.7
 ACCEPTANCES = [0.5, 0.6, 0.7, 0.8, 0.9]
 K_VALUES = [2, 3, 5, 8]
-DRAFT_SPEEDS = [("Qwen1.5-0.5B, CPU", 50.0), ("Qwen1.5-0.5B, GPU", 250.0),
-                ("n-gram", 20_000.0)]
+DRAFT_SPEEDS = [("Qwen1.5-0.5B, CPU", 50.0), ("Qwen1.5-0.5B, GPU", 250.0), ("n-gram", 20_000.0)]
 TARGETS = [("GPU", 30.0), ("CPU", 150.0)]
 RATIO_ACCEPTANCE = 0.7
 SCALE_REPLICAS = [1, 10, 100, 300]
@@ -177,8 +178,16 @@ REDIS_SESSION_LENGTHS = [512, 2048, 8192]
 
 def wire_table(model: WireModel) -> str:
     """Table 1: bytes on the wire per round and per generated token."""
-    header = ["context sent", "Propose req", "Propose resp", "Verify req", "Verify resp",
-              "HTTP/2+gRPC", "bytes/round", f"bytes/token (a={WIRE_ACCEPTANCE})"]
+    header = [
+        "context sent",
+        "Propose req",
+        "Propose resp",
+        "Verify req",
+        "Verify resp",
+        "HTTP/2+gRPC",
+        "bytes/round",
+        f"bytes/token (a={WIRE_ACCEPTANCE})",
+    ]
     return markdown_table(header, wire_rows(model, WIRE_CONTEXTS, WIRE_ACCEPTANCE))
 
 
@@ -186,16 +195,22 @@ def q_prime_table(model: WireModel) -> str:
     """Table 1b: the sparse q' alone."""
     one = sparse_distribution(model)
     framed = length_delimited(one)
-    rows = [[str(model.top_n), str(one), str(framed), str(model.k * framed),
-             str(2 * model.k * framed)]]
-    return markdown_table(["N pairs", "SparseDistribution", "+ field framing",
-                           f"x k={model.k} positions", "sent twice (resp + verify req)"], rows)
+    rows = [[str(model.top_n), str(one), str(framed), str(model.k * framed), str(2 * model.k * framed)]]
+    return markdown_table(
+        [
+            "N pairs",
+            "SparseDistribution",
+            "+ field framing",
+            f"x k={model.k} positions",
+            "sent twice (resp + verify req)",
+        ],
+        rows,
+    )
 
 
 def scripts_per_token(redis: RedisModel, tokens_per_round: float) -> float:
     """Redis script calls (= client commands = round trips) per generated token."""
-    return redis.scripts_per_round / tokens_per_round \
-        + redis.scripts_per_request / redis.generated_tokens_per_request
+    return redis.scripts_per_round / tokens_per_round + redis.scripts_per_request / redis.generated_tokens_per_request
 
 
 def redis_rows(redis: RedisModel, k: int) -> list[list[str]]:
@@ -211,8 +226,12 @@ def redis_rows(redis: RedisModel, k: int) -> list[list[str]]:
 
 def redis_table(redis: RedisModel, k: int) -> str:
     """Table 2: Redis load per generated token at k."""
-    header = ["acceptance a", f"tokens/round (k={k})",
-              "scripts (= commands = round trips)/token", "calls inside scripts/token"]
+    header = [
+        "acceptance a",
+        f"tokens/round (k={k})",
+        "scripts (= commands = round trips)/token",
+        "calls inside scripts/token",
+    ]
     return markdown_table(header, redis_rows(redis, k))
 
 
@@ -224,8 +243,12 @@ def redis_bytes_table(redis: RedisModel, k: int) -> str:
         blob = length * redis.id_bytes_stored
         reply = blob + redis.hash_fields_reply_bytes
         rows.append([f"{length:,}", f"{blob:,}", f"{reply:,}", f"{reply / tokens:,.0f}"])
-    header = ["session tokens", "ids blob rewritten/round", "HGETALL reply/round",
-              f"reply bytes/token (a={WIRE_ACCEPTANCE})"]
+    header = [
+        "session tokens",
+        "ids blob rewritten/round",
+        "HGETALL reply/round",
+        f"reply bytes/token (a={WIRE_ACCEPTANCE})",
+    ]
     return markdown_table(header, rows)
 
 
@@ -246,16 +269,31 @@ def ratio_rows() -> list[list[str]]:
                 round_ms = k * MS_PER_S / draft_tps + verify_ms
                 speedup = tokens * verify_ms / round_ms
                 ratio = drafts_per_target(speed, k)
-                rows.append([draft_label, f"{target_label} {verify_ms:.0f} ms", str(k),
-                             f"{ratio:.2f}", str(math.ceil(ratio)),
-                             f"{tokens * MS_PER_S / round_ms:.1f}", f"{speedup:.2f}"])
+                rows.append(
+                    [
+                        draft_label,
+                        f"{target_label} {verify_ms:.0f} ms",
+                        str(k),
+                        f"{ratio:.2f}",
+                        str(math.ceil(ratio)),
+                        f"{tokens * MS_PER_S / round_ms:.1f}",
+                        f"{speedup:.2f}",
+                    ]
+                )
     return rows
 
 
 def ratio_table() -> str:
     """Table 3: how many draft workers one target worker needs."""
-    header = ["draft (tok/s)", "target verify", "k", "drafts per target", "whole workers",
-              f"session tok/s (a={RATIO_ACCEPTANCE})", "vs target alone"]
+    header = [
+        "draft (tok/s)",
+        "target verify",
+        "k",
+        "drafts per target",
+        "whole workers",
+        f"session tok/s (a={RATIO_ACCEPTANCE})",
+        "vs target alone",
+    ]
     rows = ratio_rows()
     labelled = [[f"{r[0]} ({dict(DRAFT_SPEEDS)[r[0]]:.0f})", *r[1:]] for r in rows]
     return markdown_table(header, labelled)
@@ -264,8 +302,11 @@ def ratio_table() -> str:
 def scale_rows(model: WireModel, redis: RedisModel) -> list[list[str]]:
     """Cluster-wide load for growing target pools (GPU target, batched verify)."""
     k, acceptance = model.k, RATIO_ACCEPTANCE
-    speed = SpeedModel(draft_tokens_per_s=dict(DRAFT_SPEEDS)["Qwen1.5-0.5B, GPU"],
-                       verify_ms=dict(TARGETS)["GPU"], target_batch=SCALE_BATCH)
+    speed = SpeedModel(
+        draft_tokens_per_s=dict(DRAFT_SPEEDS)["Qwen1.5-0.5B, GPU"],
+        verify_ms=dict(TARGETS)["GPU"],
+        target_batch=SCALE_BATCH,
+    )
     tokens = expected_tokens_per_round(acceptance, k)
     rounds_per_target = speed.target_batch * MS_PER_S / speed.verify_ms
     full = sum(message_sizes(model, SCALE_CONTEXT_IDS).values()) + 2 * framing_per_call(model)
@@ -274,28 +315,45 @@ def scale_rows(model: WireModel, redis: RedisModel) -> list[list[str]]:
     for replicas in SCALE_REPLICAS:
         rounds = replicas * rounds_per_target
         commands = rounds * tokens * scripts_per_token(redis, tokens)
-        rows.append([str(replicas), f"{rounds * tokens:,.0f}",
-                     f"{math.ceil(replicas * drafts_per_target(speed, k)):,}",
-                     f"{commands:,.0f}", str(math.ceil(commands / redis.shard_scripts_per_s)),
-                     f"{rounds * full * 8 / 1e6:,.0f}", f"{rounds * delta * 8 / 1e6:,.0f}"])
+        rows.append(
+            [
+                str(replicas),
+                f"{rounds * tokens:,.0f}",
+                f"{math.ceil(replicas * drafts_per_target(speed, k)):,}",
+                f"{commands:,.0f}",
+                str(math.ceil(commands / redis.shard_scripts_per_s)),
+                f"{rounds * full * 8 / 1e6:,.0f}",
+                f"{rounds * delta * 8 / 1e6:,.0f}",
+            ]
+        )
     return rows
 
 
 def scale_table(model: WireModel, redis: RedisModel) -> str:
     """Table 4: what 1 to 300 target replicas ask of Redis, drafts and the network."""
-    header = ["target replicas", "tokens/s", "draft workers", "Redis scripts/s",
-              f"Redis primaries @{redis.shard_scripts_per_s:,.0f}/s",
-              f"Mbit/s, full context {SCALE_CONTEXT_IDS}", "Mbit/s, delta"]
+    header = [
+        "target replicas",
+        "tokens/s",
+        "draft workers",
+        "Redis scripts/s",
+        f"Redis primaries @{redis.shard_scripts_per_s:,.0f}/s",
+        f"Mbit/s, full context {SCALE_CONTEXT_IDS}",
+        "Mbit/s, delta",
+    ]
     return markdown_table(header, scale_rows(model, redis))
 
 
 def tables(model: WireModel | None = None, redis: RedisModel | None = None) -> dict[str, str]:
     """Every table of the note, by marker name."""
     model, redis = model or WireModel(), redis or RedisModel()
-    return {"wire": wire_table(model), "qprime": q_prime_table(model),
-            "redis": redis_table(redis, model.k), "redisbytes": redis_bytes_table(redis, model.k),
-            "ratio": ratio_table(),
-            "scale": scale_table(model, redis)}
+    return {
+        "wire": wire_table(model),
+        "qprime": q_prime_table(model),
+        "redis": redis_table(redis, model.k),
+        "redisbytes": redis_bytes_table(redis, model.k),
+        "ratio": ratio_table(),
+        "scale": scale_table(model, redis),
+    }
 
 
 def block(name: str, text: str) -> str:
@@ -333,13 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--write", type=Path, help="rewrite this note's tables in place")
     args = parser.parse_args(argv)
     if args.check:
-        stale = [n for n, t in tables().items()
-                 if extract_blocks(args.check.read_text(encoding="utf-8")).get(n) != t]
+        stale = [n for n, t in tables().items() if extract_blocks(args.check.read_text(encoding="utf-8")).get(n) != t]
         print("stale tables: " + ", ".join(stale) if stale else "note matches")
         return 1 if stale else 0
     if args.write:
-        args.write.write_text(rewrite_note(args.write.read_text(encoding="utf-8")),
-                              encoding="utf-8")
+        args.write.write_text(rewrite_note(args.write.read_text(encoding="utf-8")), encoding="utf-8")
         return 0
     for name, text in tables().items():
         print(block(name, text) + "\n")

@@ -43,16 +43,18 @@ class Orchestrator:
     def generate(self, **fields) -> pb.GenerateResponse:
         """One unary Generate (greedy unless `sampling` is given)."""
         with grpc.insecure_channel(self.address) as channel:
-            return self._stub(channel).Generate(pb.GenerateRequest(**fields), timeout=CALL_TIMEOUT_S,
-                                                metadata=self.metadata)
+            return self._stub(channel).Generate(
+                pb.GenerateRequest(**fields), timeout=CALL_TIMEOUT_S, metadata=self.metadata
+            )
 
     def stream(self, on_chunk: Callable[[pb.GenerateChunk], None], **fields) -> list[int]:
         """GenerateStream to the end; the completion token ids (on_chunk sees every chunk)."""
         ids: list[int] = []
         with grpc.insecure_channel(self.address) as channel:
-            for chunk in self._stub(channel).GenerateStream(pb.GenerateRequest(**fields), timeout=CALL_TIMEOUT_S,
-                                                            metadata=self.metadata):
-                del ids[chunk.offset:]
+            for chunk in self._stub(channel).GenerateStream(
+                pb.GenerateRequest(**fields), timeout=CALL_TIMEOUT_S, metadata=self.metadata
+            ):
+                del ids[chunk.offset :]
                 ids.extend(chunk.token_ids)
                 on_chunk(chunk)
         return ids
@@ -63,16 +65,24 @@ def greedy_identity(client: Orchestrator) -> dict[str, object]:
     fields = dict(prompt=PROMPT, max_new_tokens=GREEDY_TOKENS, ignore_eos=True)
     spec = client.generate(**fields)
     plain = client.generate(k=0, **fields)
-    return {"ok": list(spec.token_ids) == list(plain.token_ids), "tokens": len(spec.token_ids),
-            "text": spec.text, "ids": list(plain.token_ids), "mal": spec.stats.mean_accepted_length}
+    return {
+        "ok": list(spec.token_ids) == list(plain.token_ids),
+        "tokens": len(spec.token_ids),
+        "text": spec.text,
+        "ids": list(plain.token_ids),
+        "mal": spec.stats.mean_accepted_length,
+    }
 
 
 def http_completion(port: int, token: str, k: int | None = None) -> str:
     """Greedy /v1/completions through the gateway on 127.0.0.1; the completion text."""
     ext = {"ignore_eos": True} | ({"k": k} if k is not None else {})
     body = {"prompt": PROMPT, "max_tokens": GREEDY_TOKENS, "temperature": 0, "specdec": ext}
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+    )
     with urllib.request.urlopen(request, timeout=CALL_TIMEOUT_S) as reply:  # noqa: S310 (loopback)
         return json.loads(reply.read())["choices"][0]["text"]
 
@@ -82,8 +92,14 @@ def replica_spread(client: Orchestrator, prefix: str) -> tuple[set[str], set[str
     targets: set[str] = set()
     drafts: set[str] = set()
     for i in range(SPREAD_SESSIONS):
-        resp = client.generate(prompt=f"{i}: {PROMPT}", max_new_tokens=16, ignore_eos=True, trace=True,
-                               session_id=f"{prefix}-{i}", create_session=True)
+        resp = client.generate(
+            prompt=f"{i}: {PROMPT}",
+            max_new_tokens=16,
+            ignore_eos=True,
+            trace=True,
+            session_id=f"{prefix}-{i}",
+            create_session=True,
+        )
         targets |= {r.target_replica for r in resp.trace if r.target_replica}
         drafts |= {r.draft_replica for r in resp.trace if r.draft_replica and r.draft_replica != "local"}
     return targets, drafts
@@ -98,8 +114,9 @@ def service_stats(address: str, role: str, service_token: str = "") -> common_pb
         return stub(channel).Stats(common_pb2.InfoRequest(), timeout=STATS_TIMEOUT_S, metadata=metadata)
 
 
-def kill_mid_stream(client: Orchestrator, reference: list[int], kill: Callable[[str], None],
-                    after_tokens: int = 8) -> dict[str, object]:
+def kill_mid_stream(
+    client: Orchestrator, reference: list[int], kill: Callable[[str], None], after_tokens: int = 8
+) -> dict[str, object]:
     """Stream the reference prompt; once `after_tokens` arrived, kill(target replica serving it)."""
     state: dict[str, object] = {"killed": "", "at": 0}
 
@@ -111,10 +128,22 @@ def kill_mid_stream(client: Orchestrator, reference: list[int], kill: Callable[[
             kill(served[-1])
 
     started = time.monotonic()
-    ids = client.stream(on_chunk, prompt=PROMPT, max_new_tokens=len(reference), ignore_eos=True, trace=True,
-                        session_id="deploy-kill", create_session=True)
-    return {"identical": ids == reference, "killed": state["killed"], "killed_at_token": state["at"],
-            "tokens": len(ids), "seconds": time.monotonic() - started}
+    ids = client.stream(
+        on_chunk,
+        prompt=PROMPT,
+        max_new_tokens=len(reference),
+        ignore_eos=True,
+        trace=True,
+        session_id="deploy-kill",
+        create_session=True,
+    )
+    return {
+        "identical": ids == reference,
+        "killed": state["killed"],
+        "killed_at_token": state["at"],
+        "tokens": len(ids),
+        "seconds": time.monotonic() - started,
+    }
 
 
 def one_run(client: Orchestrator) -> dict[str, float]:
@@ -124,10 +153,15 @@ def one_run(client: Orchestrator) -> dict[str, float]:
     wall = time.monotonic() - started
     median = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0.0  # noqa: E731
     in_rounds = sum(r.draft_ms + r.target_ms + r.overhead_ms for r in resp.trace) / 1000
-    return {"tok_s": len(resp.token_ids) / wall, "wall_s": wall, "rounds_s": in_rounds,
-            "draft_ms": median([r.draft_ms for r in resp.trace]),
-            "target_ms": median([r.target_ms for r in resp.trace]),
-            "overhead_ms": median([r.overhead_ms for r in resp.trace]), "mal": resp.stats.mean_accepted_length}
+    return {
+        "tok_s": len(resp.token_ids) / wall,
+        "wall_s": wall,
+        "rounds_s": in_rounds,
+        "draft_ms": median([r.draft_ms for r in resp.trace]),
+        "target_ms": median([r.target_ms for r in resp.trace]),
+        "overhead_ms": median([r.overhead_ms for r in resp.trace]),
+        "mal": resp.stats.mean_accepted_length,
+    }
 
 
 def side_by_side(a: Orchestrator, b: Orchestrator, runs: int = SPEED_RUNS) -> tuple[dict, dict]:
@@ -146,8 +180,14 @@ def wait_serving_on(client: Orchestrator, replica: str, deadline_s: float) -> fl
     started = time.monotonic()
     i = 0
     while time.monotonic() - started < deadline_s:
-        resp = client.generate(prompt=f"probe {i}", max_new_tokens=4, ignore_eos=True, trace=True,
-                               session_id=f"deploy-probe-{i}", create_session=True)
+        resp = client.generate(
+            prompt=f"probe {i}",
+            max_new_tokens=4,
+            ignore_eos=True,
+            trace=True,
+            session_id=f"deploy-probe-{i}",
+            create_session=True,
+        )
         if any(r.target_replica == replica for r in resp.trace):
             return time.monotonic() - started
         i += 1

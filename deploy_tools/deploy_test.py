@@ -38,8 +38,13 @@ def build(tag: str, skip: bool) -> dict[str, int]:
     if skip:
         return {}
     timings = Path(tempfile.mkstemp(suffix=".json")[1])
-    proc = subprocess.run(["scripts/build_images.sh"], cwd=REPO, env={**os.environ, "TAG": tag,
-                          "TIMINGS": str(timings)}, timeout=3600, check=False)
+    proc = subprocess.run(
+        ["scripts/build_images.sh"],
+        cwd=REPO,
+        env={**os.environ, "TAG": tag, "TIMINGS": str(timings)},
+        timeout=3600,
+        check=False,
+    )
     if proc.returncode != 0:
         raise StackError("image build failed (see above)")
     return json.loads(timings.read_text())
@@ -48,10 +53,20 @@ def build(tag: str, skip: bool) -> dict[str, int]:
 def image_tests(tag: str) -> dict[str, float]:
     """tests/deploy against the built images (they skip without SPECDEC_DEPLOY_TEST=1); their timings."""
     facts = Path(tempfile.mkstemp(suffix=".jsonl")[1])
-    env = {**os.environ, "SPECDEC_DEPLOY_TEST": "1", "SPECDEC_DEPLOY_TAG": tag, "PYTHONPATH": str(REPO),
-           "SPECDEC_DEPLOY_FACTS": str(facts)}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider",
-                           "tests/deploy"], cwd=REPO, env=env, timeout=1800, check=False)
+    env = {
+        **os.environ,
+        "SPECDEC_DEPLOY_TEST": "1",
+        "SPECDEC_DEPLOY_TAG": tag,
+        "PYTHONPATH": str(REPO),
+        "SPECDEC_DEPLOY_FACTS": str(facts),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider", "tests/deploy"],
+        cwd=REPO,
+        env=env,
+        timeout=1800,
+        check=False,
+    )
     if proc.returncode != 0:
         raise StackError("tests/deploy failed (see above)")
     timings: dict[str, float] = {}
@@ -78,8 +93,9 @@ def kill_and_replace(stack: ComposeStack, client: checks.Orchestrator, reference
     stack.wait_healthy(REPLACEMENT_DEADLINE_S, "target", stack.targets)
     targets = stack.containers("target")
     # compose restarts the killed container (same id) or, if it was removed, creates one.
-    new = next((c for c in targets if c["Id"] == marks["id"]), None) or \
-        max(targets, key=lambda c: c["State"]["StartedAt"])
+    new = next((c for c in targets if c["Id"] == marks["id"]), None) or max(
+        targets, key=lambda c: c["State"]["StartedAt"]
+    )
     ip = next(iter(new["NetworkSettings"]["Networks"].values()))["IPAddress"]
     healthy_s = time.monotonic() - marks["t0"]
     checks.wait_serving_on(client, f"{ip}:50052", REPLACEMENT_DEADLINE_S)
@@ -97,10 +113,11 @@ def compose_run(stack: ComposeStack, facts: dict) -> None:
     facts["http_equals_grpc"] = checks.http_completion(stack.http_port, stack.client_token) == greedy["text"]
     targets, drafts = checks.replica_spread(client, "deploy-spread")
     facts["target_replicas_used"], facts["draft_replicas_used"] = len(targets), len(drafts)
-    facts["lane_calls"] = {f"{role} {address}": checks.service_stats(address, role,
-                                                                      stack.service_token).lane_calls
-                           for role, addresses in (("target", targets), ("draft", drafts))
-                           for address in sorted(addresses)}
+    facts["lane_calls"] = {
+        f"{role} {address}": checks.service_stats(address, role, stack.service_token).lane_calls
+        for role, addresses in (("target", targets), ("draft", drafts))
+        for address in sorted(addresses)
+    }
     facts["hardening"] = {c["Name"].lstrip("/"): hardening(c) for c in stack.containers()}
     facts["compose_run"], facts["local_run"] = speed_vs_specdec_up(client, stack.threads)
     facts["compose_tok_s"], facts["local_tok_s"] = facts["compose_run"]["tok_s"], facts["local_run"]["tok_s"]
@@ -114,8 +131,14 @@ def speed_vs_specdec_up(client: checks.Orchestrator, threads: int) -> tuple[dict
     from specdec.config import DEFAULT_MODELS  # noqa: PLC0415
     from specdec.launcher import LocalStack, StackConfig  # noqa: PLC0415 (loads torch)
 
-    cfg = StackConfig(target_model="embedded", draft_model=DEFAULT_MODELS["draft"], draft_kind="combined",
-                      draft_replicas=2, target_replicas=2, threads=threads)
+    cfg = StackConfig(
+        target_model="embedded",
+        draft_model=DEFAULT_MODELS["draft"],
+        draft_kind="combined",
+        draft_replicas=2,
+        target_replicas=2,
+        threads=threads,
+    )
     with LocalStack(cfg) as local:
         return checks.side_by_side(client, checks.Orchestrator(local.orchestrator_address, ""))
 
@@ -123,14 +146,18 @@ def speed_vs_specdec_up(client: checks.Orchestrator, threads: int) -> tuple[dict
 def failures(facts: dict) -> list[str]:
     """The checks (not the speed goals: speed is reported, never asserted) that failed."""
     kill = facts.get("kill", {})
-    problems = [name for name, ok in (
-        ("greedy through the stack != k = 0", facts.get("greedy_equals_k0")),
-        ("HTTP gateway text != gRPC text", facts.get("http_equals_grpc")),
-        ("a target replica served no session", facts.get("target_replicas_used", 0) >= 2),
-        ("a draft replica served no session", facts.get("draft_replicas_used", 0) >= 2),
-        ("a replica answered no call on its round lane", min(facts.get("lane_calls", {}).values(), default=0) > 0),
-        ("tokens changed when a target was killed mid-stream", kill.get("identical")),
-    ) if not ok]
+    problems = [
+        name
+        for name, ok in (
+            ("greedy through the stack != k = 0", facts.get("greedy_equals_k0")),
+            ("HTTP gateway text != gRPC text", facts.get("http_equals_grpc")),
+            ("a target replica served no session", facts.get("target_replicas_used", 0) >= 2),
+            ("a draft replica served no session", facts.get("draft_replicas_used", 0) >= 2),
+            ("a replica answered no call on its round lane", min(facts.get("lane_calls", {}).values(), default=0) > 0),
+            ("tokens changed when a target was killed mid-stream", kill.get("identical")),
+        )
+        if not ok
+    ]
     for name, h in facts.get("hardening", {}).items():
         if h["uid"] == 0 or not h["read_only"] or h["root_writable"]:
             problems.append(f"{name}: uid {h['uid']}, read-only root {h['read_only']}, / writable {h['root_writable']}")
@@ -141,9 +168,11 @@ def costs(run_: dict | None) -> str:
     """Per-round medians of a speed run (median of 3 interleaved runs, 128 tokens, from the host)."""
     if not run_:
         return ""
-    return (f"median round: draft {run_['draft_ms']:.0f} ms, target {run_['target_ms']:.0f} ms, "
-            f"overhead {run_['overhead_ms']:.1f} ms; rounds {run_['rounds_s']:.1f} s of {run_['wall_s']:.1f} s; "
-            f"MAL {run_['mal']:.2f}")
+    return (
+        f"median round: draft {run_['draft_ms']:.0f} ms, target {run_['target_ms']:.0f} ms, "
+        f"overhead {run_['overhead_ms']:.1f} ms; rounds {run_['rounds_s']:.1f} s of {run_['wall_s']:.1f} s; "
+        f"MAL {run_['mal']:.2f}"
+    )
 
 
 def table(facts: dict) -> str:
@@ -153,15 +182,33 @@ def table(facts: dict) -> str:
         built = facts.get("build_s", {}).get(image)
         rows.append((f"image {image}", f"{size:.0f} MB", f"built in {built} s" if built is not None else "not rebuilt"))
     rows += [
-        ("time to healthy (2 drafts, 2 targets)", f"{facts.get('time_to_healthy_s', float('nan')):.1f} s", "compose up -> all healthy"),
-        ("greedy == k = 0 / HTTP == gRPC", f"{facts.get('greedy_equals_k0')} / {facts.get('http_equals_grpc')}",
-         f"mean accepted length {facts.get('mal', 0):.2f}"),
-        ("replicas used (target, draft)", f"{facts.get('target_replicas_used')}, {facts.get('draft_replicas_used')}", "trace"),
-        ("rounds on the round lane", "min {}".format(min(facts.get("lane_calls", {}).values(), default=0)),
-         "calls answered on each replica's lane (ServiceStats.lane_calls)"),
+        (
+            "time to healthy (2 drafts, 2 targets)",
+            f"{facts.get('time_to_healthy_s', float('nan')):.1f} s",
+            "compose up -> all healthy",
+        ),
+        (
+            "greedy == k = 0 / HTTP == gRPC",
+            f"{facts.get('greedy_equals_k0')} / {facts.get('http_equals_grpc')}",
+            f"mean accepted length {facts.get('mal', 0):.2f}",
+        ),
+        (
+            "replicas used (target, draft)",
+            f"{facts.get('target_replicas_used')}, {facts.get('draft_replicas_used')}",
+            "trace",
+        ),
+        (
+            "rounds on the round lane",
+            "min {}".format(min(facts.get("lane_calls", {}).values(), default=0)),
+            "calls answered on each replica's lane (ServiceStats.lane_calls)",
+        ),
         ("target killed mid-stream", f"identical={kill.get('identical')}", f"at token {kill.get('killed_at_token')}"),
-        ("replacement healthy / serving", f"{kill.get('replacement_healthy_s', float('nan')):.1f} s / "
-         f"{kill.get('replacement_serving_s', float('nan')):.1f} s", f"goal <= {REPLACEMENT_GOAL_S:.0f} s"),
+        (
+            "replacement healthy / serving",
+            f"{kill.get('replacement_healthy_s', float('nan')):.1f} s / "
+            f"{kill.get('replacement_serving_s', float('nan')):.1f} s",
+            f"goal <= {REPLACEMENT_GOAL_S:.0f} s",
+        ),
         ("tok/s compose", f"{facts.get('compose_tok_s', float('nan')):.2f}", costs(facts.get("compose_run"))),
         ("tok/s specdec up", f"{facts.get('local_tok_s', float('nan')):.2f}", costs(facts.get("local_run"))),
         ("compose / specdec up", f"{facts.get('speed_ratio', float('nan')):.2f}x", f"goal >= {SPEED_GOAL}x"),

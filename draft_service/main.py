@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from draft_service.servicer import SERVICE_NAME, DraftServicer, add_to_server
 from specdec.config import ModelServiceConfig
 from specdec.engine.loading import load_draft
 from specdec.server.model_service import run_model_service
-
-from draft_service.servicer import SERVICE_NAME, DraftServicer, add_to_server
 
 
 async def serve(cfg: ModelServiceConfig) -> None:

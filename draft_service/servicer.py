@@ -11,7 +11,11 @@ from specdec.engine.types import ProposeInput, ProposeOutput
 from specdec.engine.worker import fits_inline
 from specdec.errors import FailedPrecondition
 from specdec.protocol import (
-    fill_stats, hidden_from_proto, resolve_context, sampling_from_proto, sparse_to_proto,
+    fill_stats,
+    hidden_from_proto,
+    resolve_context,
+    sampling_from_proto,
+    sparse_to_proto,
 )
 from specdec.server.lane import PROPOSE, LaneMethod, call_arrival, ms_since
 from specdec.server.model_service import ModelServiceBase
@@ -43,11 +47,17 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
             raise FailedPrecondition(f"this draft service has no {kind!r} draft (it serves {sorted(bundle.engines)})")
         context, position_base, hashes = resolve_context(self.context_store(), request)
         inp = ProposeInput(
-            session_id=request.session_id, context_ids=context, k=request.k,
-            sampling=sampling_from_proto(request.sampling), draft_kind=kind,
+            session_id=request.session_id,
+            context_ids=context,
+            k=request.k,
+            sampling=sampling_from_proto(request.sampling),
+            draft_kind=kind,
             ngram_min_n=request.ngram.min_n if request.ngram.HasField("min_n") else None,
             ngram_max_n=request.ngram.max_n if request.ngram.HasField("max_n") else None,
-            position_base=position_base, checked_ids=len(context), prefix_hashes=hashes, runner_up=request.runner_up,
+            position_base=position_base,
+            checked_ids=len(context),
+            prefix_hashes=hashes,
+            runner_up=request.runner_up,
         )
         if getattr(engine, "needs_target_hidden", False):
             inp.target_hidden = hidden_from_proto(request.target_hidden, engine.hidden_size)
@@ -57,8 +67,9 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
 
     async def _propose_queued(self, engine: Any, inp: ProposeInput, bundle: Any, arrived: float) -> Any:
         queue_ms = await self._prefill_in_chunks(engine, inp, bundle.prefill_chunk_tokens)
-        out, last_queue_ms = await self.worker.run(inp.session_id, lambda: engine.propose(inp),
-                                                   lambda: small_call(engine, inp, bundle.inline_max_tokens))
+        out, last_queue_ms = await self.worker.run(
+            inp.session_id, lambda: engine.propose(inp), lambda: small_call(engine, inp, bundle.inline_max_tokens)
+        )
         return propose_response(out, queue_ms + last_queue_ms, arrived)
 
     async def _prefill_in_chunks(self, engine: Any, inp: ProposeInput, chunk: int) -> float:
@@ -70,7 +81,7 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
         queue_ms = 0.0
         if prefill is None or chunk <= 0:
             return queue_ms
-        left = engine.work_tokens(inp)      # the proposal's tokens: context still uncached + k steps
+        left = engine.work_tokens(inp)  # the proposal's tokens: context still uncached + k steps
         while left - inp.k > chunk:
             left, waited = await self.worker.run(inp.session_id, lambda: prefill(inp, chunk))
             queue_ms += waited
@@ -92,8 +103,12 @@ def add_to_server(servicer: DraftServicer, server: grpc.aio.Server) -> None:
 def propose_response(out: ProposeOutput, queue_ms: float, arrived: float) -> draft_pb2.ProposeResponse:
     """engine -> proto; `arrived`: when the call reached the service (ComputeStats.service_ms counts from it)."""
     out.stats.queue_ms = queue_ms
-    response = draft_pb2.ProposeResponse(draft_ids=out.draft_ids, draft_probs=sparse_to_proto(out.draft_probs),
-                                         draft_kind=out.draft_kind, runner_up_ids=out.runner_up_ids)
+    response = draft_pb2.ProposeResponse(
+        draft_ids=out.draft_ids,
+        draft_probs=sparse_to_proto(out.draft_probs),
+        draft_kind=out.draft_kind,
+        runner_up_ids=out.runner_up_ids,
+    )
     fill_stats(response.stats, out.stats)
     if out.target_hidden_from >= 0:
         response.target_hidden_from = out.target_hidden_from

@@ -78,7 +78,7 @@ class Gateway:
             ("grpc.max_receive_message_length", self.cfg.max_message_bytes),
         ]
         if self.cfg.tls:
-            ca = Path(self.cfg.tls_ca).read_bytes() if self.cfg.tls_ca else None
+            ca = Path(self.cfg.tls_ca).read_bytes() if self.cfg.tls_ca else None  # noqa: ASYNC240 - once, at start
             self.channel = grpc.aio.secure_channel(self.cfg.orchestrator, grpc.ssl_channel_credentials(ca), options)
         else:
             self.channel = grpc.aio.insecure_channel(self.cfg.orchestrator, options)

@@ -21,9 +21,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-KEY_PREFIX = "conversation:"     # apart from the orchestrator's session ids (uuid4 hex); a key only picks replicas
+KEY_PREFIX = "conversation:"  # apart from the orchestrator's session ids (uuid4 hex); a key only picks replicas
 KEY_DIGEST_BYTES = 16
-ROUTE_SLOT = "#"                 # key#n: the n-th further route of a key with max_live generations in flight
+ROUTE_SLOT = "#"  # key#n: the n-th further route of a key with max_live generations in flight
 
 
 def conversation_key(request: Any, prompt_chars: int) -> str:

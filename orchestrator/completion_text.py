@@ -11,7 +11,8 @@ character (a trailing U+FFFD included).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from orchestrator.detokenize import IncrementalDetokenizer
 from orchestrator.stops import StopMatcher, StopResult
@@ -52,7 +53,7 @@ class CompletionText:
         """
         if chars >= 0:
             held, rest = self._split(ids, offset, True)
-            return held[:chars], rest[:max(chars - len(held), 0)]
+            return held[:chars], rest[: max(chars - len(held), 0)]
         return self._split(ids, offset, ended)
 
     def _split(self, ids: Sequence[int], offset: int, ended: bool) -> tuple[str, str]:

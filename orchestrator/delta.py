@@ -20,8 +20,9 @@ the few tokens past it again and a rejected block can never be claimed as held.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import grpc
 
@@ -42,9 +43,9 @@ class ContextWire:
     """One generation's context hashes and what each replica holds of its context."""
 
     hashes: PrefixHashes = field(default_factory=PrefixHashes)
-    held: dict[tuple[str, str], int] = field(default_factory=dict)   # (role, address) -> tokens held
-    _last: int = -1                      # the last token hashed (detects a context that was rewritten)
-    ngram: NgramIndex | None = None      # the generation's prompt-lookup index (the orchestrator's n-gram draft)
+    held: dict[tuple[str, str], int] = field(default_factory=dict)  # (role, address) -> tokens held
+    _last: int = -1  # the last token hashed (detects a context that was rewritten)
+    ngram: NgramIndex | None = None  # the generation's prompt-lookup index (the orchestrator's n-gram draft)
 
     def lookup(self, proposer: NgramProposer) -> NgramIndex:
         """The generation's incremental prompt-lookup index (made on first use with `proposer`'s settings):
@@ -62,12 +63,12 @@ class ContextWire:
         if context:
             self._last = context[-1]
 
-    def send(self, role: str, context: Sequence[int]) -> "ContextSend":
+    def send(self, role: str, context: Sequence[int]) -> ContextSend:
         """This round's context for the `role` pool's call."""
         self.sync(context)
         return ContextSend(self, role, context)
 
-    def send_ahead(self, role: str, context: Sequence[int], ahead: Sequence[int]) -> "ContextSend":
+    def send_ahead(self, role: str, context: Sequence[int], ahead: Sequence[int]) -> ContextSend:
         """A call for `context` + `ahead`, tokens not accepted yet: held is confirmed up to `context` only."""
         self.sync(context)
         return ContextSend(self, role, list(context) + list(ahead), confirms=len(context))
@@ -80,8 +81,8 @@ class ContextSend:
     wire: ContextWire | None
     role: str
     context: Sequence[int]
-    resends: int = 0                     # whole contexts resent after a replica's context miss
-    confirms: int | None = None          # tokens an answer confirms as held (None: the whole context)
+    resends: int = 0  # whole contexts resent after a replica's context miss
+    confirms: int | None = None  # tokens an answer confirms as held (None: the whole context)
 
     def fill(self, request: Any, address: str, info: Any) -> None:
         """Set the request's context fields for the replica at `address` (its ModelInfo: `info`)."""

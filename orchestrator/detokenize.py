@@ -32,8 +32,9 @@ that is the correct text to show after the prompt.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class IncrementalDetokenizer:
         if len(w.ids) - w.read_offset > MAX_PENDING_TOKENS:
             logger.debug("emitting U+FFFD after %d pending tokens", len(w.ids) - w.read_offset)
             return self._emit_all(pending)
-        delta = pending[:-1][w.emitted_len:]
+        delta = pending[:-1][w.emitted_len :]
         w.emitted_len += len(delta)
         if len(w.ids) - w.read_offset > MAX_INCOMPLETE_TAIL_TOKENS:
             self._compact()
@@ -121,12 +122,12 @@ class IncrementalDetokenizer:
     def _pending(self, end: int) -> str:
         """Text of ``ids[read_offset:end]``, decoded with the left context."""
         w = self._w
-        return self._decode(w.ids[w.prefix_offset:end])[w.prefix_len:]
+        return self._decode(w.ids[w.prefix_offset : end])[w.prefix_len :]
 
     def _emit_all(self, pending: str) -> str:
         """Emit the rest of ``pending`` (text of all unread ids) and advance past them."""
         w = self._w
-        delta = pending[w.emitted_len:]
+        delta = pending[w.emitted_len :]
         w.emitted_len = len(pending)
         if pending:
             self._advance(len(w.ids), len(pending))

@@ -57,9 +57,13 @@ class HiddenRelay:
         if not self.pending:
             return None
         first = self.pending[0]
-        return common_pb2.HiddenStates(data=b"".join(h.data for h in self.pending),
-                                       rows=sum(h.rows for h in self.pending), hidden_size=first.hidden_size,
-                                       dtype=first.dtype, first_position=first.first_position)
+        return common_pb2.HiddenStates(
+            data=b"".join(h.data for h in self.pending),
+            rows=sum(h.rows for h in self.pending),
+            hidden_size=first.hidden_size,
+            dtype=first.dtype,
+            first_position=first.first_position,
+        )
 
     def after_propose(self, needed_from: int) -> None:
         """The draft holds rows up to `needed_from` (exclusive): drop what it has, ask from there next."""

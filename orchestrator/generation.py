@@ -45,28 +45,36 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator
+from typing import Any
 
+from orchestrator.adaptive import (
+    AcceptanceTracker,
+    CostModel,
+    DraftDemand,
+    best_k,
+    choose_k,
+    choose_k_drafted,
+    latency_cap,
+)
+from orchestrator.completion_text import CompletionText
+from orchestrator.delta import ContextWire
+from orchestrator.features import HiddenRelay
+from orchestrator.idempotency import RunningRequests, check_id, check_reuse, request_fingerprint
+from orchestrator.lease import SessionLease, store_errors
+from orchestrator.overlap import NO_AHEAD, AheadPlan, PreDraft, RunnerUpTracker, discard, plan_ahead, ready_block
+from orchestrator.prompting import Message, Prompter
+from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner, cancel_round
+from orchestrator.session_store import Session, SessionBusy, SessionStore
+from orchestrator.stats import StatsCollector, count_emitted
+from orchestrator.stops import cut_at_limits, tokens_before_stop
 from specdec.config import OrchestratorConfig
 from specdec.errors import InvalidArgument, NotFound
 from specdec.metrics import OrchestratorMetrics
 from specdec.params import MODEL, GenerationParams, field_or_default, resolve_generation
 from specdec.proto_json import FINISH_BY_DETAIL, finish_detail
 from specdec.v1 import orchestrator_pb2 as pb
-
-from orchestrator.adaptive import AcceptanceTracker, CostModel, DraftDemand, best_k, choose_k, choose_k_drafted, latency_cap
-from orchestrator.completion_text import CompletionText
-from orchestrator.features import HiddenRelay
-from orchestrator.idempotency import RunningRequests, check_id, check_reuse, request_fingerprint
-from orchestrator.lease import SessionLease, store_errors
-from orchestrator.prompting import Message, Prompter
-from orchestrator.delta import ContextWire
-from orchestrator.overlap import AheadPlan, NO_AHEAD, PreDraft, RunnerUpTracker, discard, plan_ahead, ready_block
-from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner, cancel_round
-from orchestrator.session_store import Session, SessionBusy, SessionStore
-from orchestrator.stats import StatsCollector, count_emitted
-from orchestrator.stops import cut_at_limits, tokens_before_stop
 
 log = logging.getLogger("specdec.orchestrator")
 
@@ -84,7 +92,7 @@ class Deps:
     owner: str
     model_name: str
     metrics: OrchestratorMetrics = field(default_factory=OrchestratorMetrics)
-    costs: CostModel = field(default_factory=CostModel)   # measured draft/verify costs, shared by sessions
+    costs: CostModel = field(default_factory=CostModel)  # measured draft/verify costs, shared by sessions
     running: RunningRequests = field(default_factory=RunningRequests)  # requests generating in this process
     demand: DraftDemand = field(default_factory=DraftDemand)  # which of them want drafts (the latency cap's share)
 
@@ -93,12 +101,12 @@ class Deps:
 class State:
     """The mutable state of one generation (its round state lives in `session`)."""
 
-    session: Session                     # as read when the request began
-    ids: list[int]                       # the whole context: prompt (all turns) + completion so far
-    version: int                         # the session's version after our last write
-    prompt_len: int                      # tokens before the completion
+    session: Session  # as read when the request began
+    ids: list[int]  # the whole context: prompt (all turns) + completion so far
+    version: int  # the session's version after our last write
+    prompt_len: int  # tokens before the completion
     completion: list[int] = field(default_factory=list)
-    text: str = ""                       # text delivered so far (after stop hold-back)
+    text: str = ""  # text delivered so far (after stop hold-back)
     finish: int = pb.FINISH_REASON_UNSPECIFIED
     trace: list[pb.Round] = field(default_factory=list)
     logprobs: list[Any] = field(default_factory=list)
@@ -110,25 +118,27 @@ class Generation:
     def __init__(self, deps: Deps, request: pb.GenerateRequest, deadline: float | None = None, keyed: str = "") -> None:
         self.deps = deps
         self.request = request
-        self.deadline = deadline          # time.monotonic() of the client's deadline (None = none)
+        self.deadline = deadline  # time.monotonic() of the client's deadline (None = none)
         self.params: GenerationParams = resolve_generation(request, deps.cfg.limits)
         for name in ("session_id", "request_id"):
             if request.HasField(name):
                 check_id(name, getattr(request, name), deps.cfg.limits.max_id_chars)
         self.session_id = keyed or (request.session_id if request.HasField("session_id") else uuid.uuid4().hex)
-        self.route = ""                   # replicas' routing key, set by the servicer ("" = the session id)
+        self.route = ""  # replicas' routing key, set by the servicer ("" = the session id)
         self.lease = SessionLease(deps.store, self.session_id, deps.owner, deps.cfg.lease)
         self.request_id = request.request_id if request.HasField("request_id") else uuid.uuid4().hex
         self._key = (self.session_id, self.request_id)
-        self.fingerprint = request_fingerprint(request, self.params)   # orchestrator/idempotency.py
+        self.fingerprint = request_fingerprint(request, self.params)  # orchestrator/idempotency.py
         self.stats = StatsCollector()
-        self.acceptance: dict[str, AcceptanceTracker] = {}   # per proposer (orchestrator/adaptive.py)
-        self.relay = HiddenRelay()          # the target's hidden states on their way to a feature draft
-        self.wire = ContextWire()           # what each replica holds of the context (delta rounds)
+        self.acceptance: dict[str, AcceptanceTracker] = {}  # per proposer (orchestrator/adaptive.py)
+        self.relay = HiddenRelay()  # the target's hidden states on their way to a feature draft
+        self.wire = ContextWire()  # what each replica holds of the context (delta rounds)
         self.overlap = deps.cfg.overlap.enabled if self.params.overlap is None else self.params.overlap
         self.ahead: PreDraft | None = None  # the next round's block, drafted ahead (orchestrator/overlap.py)
         self.runner_ups = RunnerUpTracker()  # how often the target recovers with the draft's runner-up (branches)
-        self.branches = deps.cfg.overlap.branches if self.params.overlap_branches is None else self.params.overlap_branches
+        self.branches = (
+            deps.cfg.overlap.branches if self.params.overlap_branches is None else self.params.overlap_branches
+        )
         self.state: State | None = None
 
     async def chunks(self) -> AsyncIterator[pb.GenerateChunk]:
@@ -161,7 +171,7 @@ class Generation:
     async def _begin(self) -> State:
         """Create or continue the session and register this request (idempotent on request_id)."""
         d, req = self.deps, self.request
-        existing = await d.store.get(self.session_id)   # a request_id alone may name one (keyed_session)
+        existing = await d.store.get(self.session_id)  # a request_id alone may name one (keyed_session)
         if existing is None and req.HasField("session_id") and not field_or_default(req, "create_session"):
             raise NotFound(f"session {self.session_id!r} does not exist; pass create_session=true to create it")
         check_reuse(existing, self.session_id, self.request_id, self.fingerprint)
@@ -195,8 +205,15 @@ class Generation:
         while True:
             try:
                 session, _ = await d.store.begin_request(  # the same request_id, another fingerprint: refused
-                    self.session_id, self.request_id, d.owner, d.cfg.lease.seconds, turn, params,
-                    create_missing=create, fingerprint=self.fingerprint)
+                    self.session_id,
+                    self.request_id,
+                    d.owner,
+                    d.cfg.lease.seconds,
+                    turn,
+                    params,
+                    create_missing=create,
+                    fingerprint=self.fingerprint,
+                )
                 return session
             except SessionBusy:
                 if not resuming or time.monotonic() + d.cfg.lease.poll_s >= give_up:
@@ -226,8 +243,10 @@ class Generation:
         if prompt_len > limits.max_prompt_tokens:
             raise InvalidArgument(f"the prompt has {prompt_len} tokens, over the limit of {limits.max_prompt_tokens}")
         if prompt_len + p.max_new_tokens > self.deps.max_context:
-            raise InvalidArgument(f"prompt ({prompt_len} tokens) + max_new_tokens ({p.max_new_tokens}) exceeds "
-                                  f"the model's context of {self.deps.max_context} tokens")
+            raise InvalidArgument(
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({p.max_new_tokens}) exceeds "
+                f"the model's context of {self.deps.max_context} tokens"
+            )
 
     # -- text ------------------------------------------------------------------------------
 
@@ -244,15 +263,23 @@ class Generation:
         chars = state.session.last_text_chars if state.finish != pb.FINISH_REASON_UNSPECIFIED else -1
         held, emitted = text.replay(state.completion, offset, ended, chars)
         state.text = held + emitted
-        return pb.GenerateChunk(text_delta=emitted, token_ids=state.completion[offset:], offset=offset,
-                                session_id=self.session_id, request_id=self.request_id)
+        return pb.GenerateChunk(
+            text_delta=emitted,
+            token_ids=state.completion[offset:],
+            offset=offset,
+            session_id=self.session_id,
+            request_id=self.request_id,
+        )
 
     # -- rounds ----------------------------------------------------------------------------
 
     def _round_k(self, state: State) -> tuple[int, str]:
         """(k, the draft expected to propose): k clipped to the tokens and context left; with adaptive k chosen from the
         proposer's acceptance and costs within the latency cap, and 0 for a model in the prompt's round (adaptive.py)."""
-        left_tokens, left_context = self.params.max_new_tokens - len(state.completion), self.deps.max_context - len(state.ids)
+        left_tokens, left_context = (
+            self.params.max_new_tokens - len(state.completion),
+            self.deps.max_context - len(state.ids),
+        )
         cap = max(0, min(self.params.k, left_tokens - 1, left_context - 1))
         if cap == 0:
             return 0, ""
@@ -261,7 +288,7 @@ class Generation:
             return cap, proposer
         if proposer == MODEL and not self.stats.rounds:
             return 0, proposer
-        ready = ready_block(self.ahead, state.ids, cap) if proposer == MODEL else 0   # drafted ahead: free
+        ready = ready_block(self.ahead, state.ids, cap) if proposer == MODEL else 0  # drafted ahead: free
         capped = self._latency_cap(ready or cap, proposer, bool(ready))
         self.deps.metrics.latency_capped.inc(capped < (ready or cap))
         choose = choose_k_drafted if ready else choose_k
@@ -279,7 +306,9 @@ class Generation:
         local = len(self.deps.running) / replicas
         waiting = max(self.stats.last_target_batch, local)
         drafters = self.deps.demand.drafters() / replicas + (waiting - local)
-        return latency_cap(self.deps.costs, cap, self.deps.cfg.latency_slack, waiting, drafters, None if ready else proposer)
+        return latency_cap(
+            self.deps.costs, cap, self.deps.cfg.latency_slack, waiting, drafters, None if ready else proposer
+        )
 
     def _tracker(self, proposer: str) -> AcceptanceTracker:
         return self.acceptance.setdefault(proposer, AcceptanceTracker(k_max=max(self.params.k, 1)))
@@ -288,12 +317,19 @@ class Generation:
         """Feed adaptive k: acceptance per session and proposer; costs only from rounds without a prefill."""
         proposed = len(outcome.draft_ids)
         self.deps.costs.observe_batch(outcome.target_batch)
-        if proposed and not outcome.predrafted:   # a used pre-draft's positions are shifted by its guess
+        if proposed and not outcome.predrafted:  # a used pre-draft's positions are shifted by its guess
             self._tracker(outcome.proposer).observe(proposed, outcome.num_accepted)
         self.runner_ups.observe(outcome.draft_ids, outcome.runner_up_ids, outcome.num_accepted, outcome.next_token)
         if outcome.target_computed <= proposed + 1 and not outcome.degraded and not outcome.predrafted:
-            self.deps.costs.observe(proposed, outcome.pass_tokens, outcome.draft_ms, outcome.target_ms,
-                                    outcome.fixed_overhead_ms, outcome.proposer, overlapped=outcome.ahead is not None)
+            self.deps.costs.observe(
+                proposed,
+                outcome.pass_tokens,
+                outcome.draft_ms,
+                outcome.target_ms,
+                outcome.fixed_overhead_ms,
+                outcome.proposer,
+                overlapped=outcome.ahead is not None,
+            )
 
     async def _rounds(self, state: State, text: CompletionText) -> AsyncIterator[pb.GenerateChunk]:
         """Steps 1-6 of the module docstring, round after round, until the generation finishes.
@@ -309,16 +345,16 @@ class Generation:
                 outcome = await running
                 self.ahead = outcome.ahead
                 start_len = len(state.completion)
-                tokens = self._advance(state, outcome)                                         # 3
-                running = None if state.finish else self._start_round(state)                  # next 1, 2
-                await asyncio.sleep(0)   # the next round sends its calls before the bookkeeping below
-                tokens, delta = await self._settle(state, text, outcome, start_len, tokens)     # 4
-                if state.finish and running is not None:   # a stop string: the round started is not needed
+                tokens = self._advance(state, outcome)  # 3
+                running = None if state.finish else self._start_round(state)  # next 1, 2
+                await asyncio.sleep(0)  # the next round sends its calls before the bookkeeping below
+                tokens, delta = await self._settle(state, text, outcome, start_len, tokens)  # 4
+                if state.finish and running is not None:  # a stop string: the round started is not needed
                     await cancel_round(running)
                     running = None
                 if tokens:
-                    await self._store(state, tokens, outcome)                                  # 5
-                chunk = self._chunk(state, outcome, tokens, start_len, delta)                   # 6
+                    await self._store(state, tokens, outcome)  # 5
+                chunk = self._chunk(state, outcome, tokens, start_len, delta)  # 6
                 if chunk is not None:
                     yield chunk
         finally:
@@ -330,12 +366,29 @@ class Generation:
         """Steps 1-2 (draft proposes, target verifies) for the context so far, as a task."""
         self.lease.check()
         (k, proposer), p = self._round_k(state), self.params
-        ahead, self.ahead = self.ahead, None     # the round uses the block drafted ahead or discards it
-        return asyncio.create_task(self.deps.runner.run(RoundRequest(
-            self.session_id, self.request_id, list(state.ids), k, p.sampling, p.draft_kind, p.logprobs, self.deadline,
-            self.relay, proposer, self.wire, ahead, ahead_plan=self._ahead_plan(state, k, proposer),
-            runner_up=self.overlap and self.branches > 0 and proposer == MODEL, route=self.route,
-            verdict_only=not (p.trace and self.deps.cfg.trace_rejected_rows))))
+        ahead, self.ahead = self.ahead, None  # the round uses the block drafted ahead or discards it
+        return asyncio.create_task(
+            self.deps.runner.run(
+                RoundRequest(
+                    self.session_id,
+                    self.request_id,
+                    list(state.ids),
+                    k,
+                    p.sampling,
+                    p.draft_kind,
+                    p.logprobs,
+                    self.deadline,
+                    self.relay,
+                    proposer,
+                    self.wire,
+                    ahead,
+                    ahead_plan=self._ahead_plan(state, k, proposer),
+                    runner_up=self.overlap and self.branches > 0 and proposer == MODEL,
+                    route=self.route,
+                    verdict_only=not (p.trace and self.deps.cfg.trace_rejected_rows),
+                )
+            )
+        )
 
     def _ahead_plan(self, state: State, k: int, proposer: str) -> AheadPlan:
         """Overlap (docs/overlap.md): what to draft ahead while this round verifies (overlap.plan_ahead)."""
@@ -343,15 +396,30 @@ class Generation:
         if not self.overlap or proposer != MODEL or (k == 0 and not p.adaptive_k):
             return NO_AHEAD
         cap = min(p.k, p.max_new_tokens - len(state.completion) - k - 2, deps.max_context - len(state.ids) - k - 2)
-        running = len(deps.running) / deps.runner.target_replicas()      # generations per target replica
-        return plan_ahead(cap, k, deps.costs, deps.cfg.overlap, self._tracker(proposer).rates(), p.adaptive_k, running,
-                          self.runner_ups.rate(), self.branches)
+        running = len(deps.running) / deps.runner.target_replicas()  # generations per target replica
+        return plan_ahead(
+            cap,
+            k,
+            deps.costs,
+            deps.cfg.overlap,
+            self._tracker(proposer).rates(),
+            p.adaptive_k,
+            running,
+            self.runner_ups.rate(),
+            self.branches,
+        )
 
     def _advance(self, state: State, outcome: RoundOutcome) -> list[int]:
         """Step 3: cut the round's tokens (EOS, max_new_tokens, the context end, max_rounds) and grow the context, so
         the next round can start; adaptive k learns from the round. Returns the tokens (_settle may still cut them)."""
-        tokens, finish = cut_at_limits(outcome.emitted, len(state.completion), len(state.ids), self.params,
-                                       self.deps.eos_ids, self.deps.max_context)
+        tokens, finish = cut_at_limits(
+            outcome.emitted,
+            len(state.completion),
+            len(state.ids),
+            self.params,
+            self.deps.eos_ids,
+            self.deps.max_context,
+        )
         state.finish = finish or state.finish
         state.completion += tokens
         state.ids += tokens
@@ -360,30 +428,42 @@ class Generation:
             state.finish = pb.FINISH_REASON_LENGTH
         return tokens
 
-    async def _settle(self, state: State, text: CompletionText, outcome: RoundOutcome, start_len: int,
-                      tokens: list[int]) -> tuple[list[int], str]:
+    async def _settle(
+        self, state: State, text: CompletionText, outcome: RoundOutcome, start_len: int, tokens: list[int]
+    ) -> tuple[list[int], str]:
         """Step 4, while the next round runs: detokenize, handle a stop string (it ends the generation
         and cuts the tokens, also from the context); count the round.
 
         start_len: completion tokens before this round; tokens: what _advance added. Returns (tokens this
         round adds, text to stream). Redis gets the tokens in step 5.
         """
-        delta = text.push(tokens, last=state.finish != pb.FINISH_REASON_UNSPECIFIED)   # last: held text released
+        delta = text.push(tokens, last=state.finish != pb.FINISH_REASON_UNSPECIFIED)  # last: held text released
         if delta.stopped:
             state.finish = pb.FINISH_REASON_STOP
             keep = tokens_before_stop(self.deps.prompter.tokenizer, state.completion, len(state.text + delta.emit))
             tokens = state.completion[start_len:keep] if keep >= start_len else []
             await self._store_cut(state, keep, start_len)
             state.completion = state.completion[:keep]
-            del state.ids[state.prompt_len + len(state.completion):]
+            del state.ids[state.prompt_len + len(state.completion) :]
         state.text += delta.emit
-        counted = self.stats.add_round(outcome, len(tokens))     # only what was emitted counts
-        self.deps.metrics.observe_round(outcome.draft_ids[:counted.drafted], counted.accepted, len(tokens),
-                                        outcome.draft_ms, outcome.target_ms, outcome.overhead_ms, outcome.wall_ms,
-                                        outcome.degraded)
+        counted = self.stats.add_round(outcome, len(tokens))  # only what was emitted counts
+        self.deps.metrics.observe_round(
+            outcome.draft_ids[: counted.drafted],
+            counted.accepted,
+            len(tokens),
+            outcome.draft_ms,
+            outcome.target_ms,
+            outcome.overhead_ms,
+            outcome.wall_ms,
+            outcome.degraded,
+        )
         self.deps.metrics.observe_load(outcome.k, outcome.target_batch, self.params.adaptive_k)
-        self.deps.metrics.observe_overlap(len(outcome.ahead.branches) if outcome.ahead is not None else 0,
-                                          outcome.predrafted, outcome.draft_hidden_ms, outcome.predraft_runner_up_at > 0)
+        self.deps.metrics.observe_overlap(
+            len(outcome.ahead.branches) if outcome.ahead is not None else 0,
+            outcome.predrafted,
+            outcome.draft_hidden_ms,
+            outcome.predraft_runner_up_at > 0,
+        )
         return tokens, delta.emit
 
     async def _store(self, state: State, tokens: list[int], outcome: RoundOutcome) -> None:
@@ -397,16 +477,21 @@ class Generation:
         """A stop string ended inside tokens stored by earlier rounds: drop them from the session."""
         if keep < start_len:
             written = await self.deps.store.truncate(
-                self.session_id, state.version, state.prompt_len + keep, self.deps.owner)
+                self.session_id, state.version, state.prompt_len + keep, self.deps.owner
+            )
             state.version = written.version
 
-    def _chunk(self, state: State, outcome: RoundOutcome, tokens: list[int], offset: int,
-               text: str) -> pb.GenerateChunk | None:
+    def _chunk(
+        self, state: State, outcome: RoundOutcome, tokens: list[int], offset: int, text: str
+    ) -> pb.GenerateChunk | None:
         rounds = []
         if self.params.trace:
             # the tokens this round appended (after EOS/length/stop cuts), special tokens shown
-            rounds = [self.stats.round_proto(outcome, count_emitted(outcome, len(tokens)),
-                                             self.deps.prompter.tokenizer.decode(tokens))]
+            rounds = [
+                self.stats.round_proto(
+                    outcome, count_emitted(outcome, len(tokens)), self.deps.prompter.tokenizer.decode(tokens)
+                )
+            ]
             state.trace += rounds
         if not tokens and not text and not rounds:
             return None
@@ -416,7 +501,8 @@ class Generation:
 
     async def _finish(self, state: State) -> None:
         state.session = await self.deps.store.finish_request(
-            self.session_id, self.deps.owner, finish_detail(state.finish), state.version, text_chars=len(state.text))
+            self.session_id, self.deps.owner, finish_detail(state.finish), state.version, text_chars=len(state.text)
+        )
         state.version = state.session.version
         self.deps.metrics.observe_generation(finish_detail(state.finish), self.stats.first_token_ms)
 
@@ -431,18 +517,36 @@ class Generation:
         state = self.state
         n = len(state.completion)
         cached = max(state.session.request_base_len, min(self.stats.first_target_cached, state.prompt_len))
-        return pb.Usage(prompt_tokens=state.prompt_len, completion_tokens=n, total_tokens=state.prompt_len + n,
-                        cached_prompt_tokens=cached)
+        return pb.Usage(
+            prompt_tokens=state.prompt_len,
+            completion_tokens=n,
+            total_tokens=state.prompt_len + n,
+            cached_prompt_tokens=cached,
+        )
 
     def _final_chunk(self, state: State) -> pb.GenerateChunk:
-        chunk = pb.GenerateChunk(offset=len(state.completion), usage=self.usage(), stats=self.stats.proto(),
-                                 session_id=self.session_id, request_id=self.request_id)
+        chunk = pb.GenerateChunk(
+            offset=len(state.completion),
+            usage=self.usage(),
+            stats=self.stats.proto(),
+            session_id=self.session_id,
+            request_id=self.request_id,
+        )
         chunk.finish_reason = state.finish
         return chunk
 
     def response(self) -> pb.GenerateResponse:
         """The whole result, after chunks() ran to the end."""
         s = self.state
-        return pb.GenerateResponse(session_id=self.session_id, request_id=self.request_id, text=s.text, token_ids=s.completion,
-                                   finish_reason=s.finish, usage=self.usage(), stats=self.stats.proto(), trace=s.trace,
-                                   logprobs=s.logprobs, model=self.deps.model_name)
+        return pb.GenerateResponse(
+            session_id=self.session_id,
+            request_id=self.request_id,
+            text=s.text,
+            token_ids=s.completion,
+            finish_reason=s.finish,
+            usage=self.usage(),
+            stats=self.stats.proto(),
+            trace=s.trace,
+            logprobs=s.logprobs,
+            model=self.deps.model_name,
+        )

@@ -24,16 +24,16 @@ import asyncio
 import math
 import ssl
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 from google.protobuf.message import Message
 
+from orchestrator.streams import StreamEnded, call_once_more_if_ended, rpc_error
 from specdec import spin
 from specdec.server.lane import ERROR, FORWARD_DONE, HELLO, METHOD_KINDS, NOTIFY, OK, FrameBuffer, frame
 from specdec.v1 import common_pb2, draft_pb2, target_pb2
-
-from orchestrator.streams import StreamEnded, call_once_more_if_ended, rpc_error
 
 MS_PER_S = 1000
 RESPONSES: dict[str, type[Message]] = {"Propose": draft_pb2.ProposeResponse, "Verify": target_pb2.VerifyResponse}
@@ -48,8 +48,9 @@ def lane_error(status_bytes: bytes) -> grpc.aio.AioRpcError:
     """An ERROR frame's payload as the AioRpcError the unary call would have raised."""
     status = common_pb2.RoundLaneStatus.FromString(status_bytes)
     trailing = grpc.aio.Metadata(*sorted(status.trailing.items()))
-    return grpc.aio.AioRpcError(CODES.get(status.code, grpc.StatusCode.UNKNOWN), grpc.aio.Metadata(), trailing,
-                                status.message)
+    return grpc.aio.AioRpcError(
+        CODES.get(status.code, grpc.StatusCode.UNKNOWN), grpc.aio.Metadata(), trailing, status.message
+    )
 
 
 class _Connection(asyncio.Protocol):
@@ -57,8 +58,8 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, max_bytes: int, forward_done: Callable[[], spin.Window | None]) -> None:
         self.frames = FrameBuffer(max_bytes)
-        self.forward_done = forward_done    # called on a FORWARD_DONE frame (the answer is on its way)
-        self.polling: spin.Window | None = None   # the loop polls for the answer (ended when it comes)
+        self.forward_done = forward_done  # called on a FORWARD_DONE frame (the answer is on its way)
+        self.polling: spin.Window | None = None  # the loop polls for the answer (ended when it comes)
         self.transport: asyncio.Transport | None = None
         self.answer: asyncio.Future | None = None
         self.lost = False
@@ -103,7 +104,7 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-ANSWER_WITHIN_S = 0.002    # after FORWARD_DONE the loop polls this long for the answer (specdec.spin)
+ANSWER_WITHIN_S = 0.002  # after FORWARD_DONE the loop polls this long for the answer (specdec.spin)
 
 
 class RoundLane:
@@ -122,16 +123,25 @@ class RoundLane:
             it the loop polls for the answer (specdec.spin) instead of sleeping until it arrives.
     """
 
-    def __init__(self, host: str, port: int, token: str, max_bytes: int, idle_max: int,
-                 connect_timeout_s: float, retry_s: float, tls: ssl.SSLContext | None = None,
-                 notify: bool = False) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: str,
+        max_bytes: int,
+        idle_max: int,
+        connect_timeout_s: float,
+        retry_s: float,
+        tls: ssl.SSLContext | None = None,
+        notify: bool = False,
+    ) -> None:
         self.host, self.port, self.token, self.max_bytes, self.tls = host, port, token, max_bytes, tls
         self.idle_max, self.connect_timeout_s, self.retry_s = idle_max, connect_timeout_s, retry_s
         self._idle: list[_Connection] = []
-        self.opened = 0                     # connections opened (tests read it: calls reuse connections)
-        self.unreachable_until = 0.0        # time.monotonic() before which calls skip the lane
+        self.opened = 0  # connections opened (tests read it: calls reuse connections)
+        self.unreachable_until = 0.0  # time.monotonic() before which calls skip the lane
         self.notify = notify
-        self.forward_done = 0               # FORWARD_DONE frames received (tests read it)
+        self.forward_done = 0  # FORWARD_DONE frames received (tests read it)
 
     def usable(self) -> bool:
         """Whether calls should try the lane now (not after a failed connect, for retry_s)."""
@@ -141,8 +151,11 @@ class RoundLane:
         """`method`(request) on the lane within `timeout` s (raises grpc.aio.AioRpcError as the unary call
         would, or LaneUnreachable when no connection could be opened)."""
         deadline = asyncio.get_running_loop().time() + timeout
-        return await call_once_more_if_ended(lambda fresh: self._take(deadline, fresh),
-                                             lambda conn: self._exchange(method, conn, request, deadline), deadline)
+        return await call_once_more_if_ended(
+            lambda fresh: self._take(deadline, fresh),
+            lambda conn: self._exchange(method, conn, request, deadline),
+            deadline,
+        )
 
     async def _take(self, deadline: float, fresh: bool) -> tuple[_Connection, bool]:
         """(an idle connection or a new one, whether it was idle); fresh: close the idle ones first."""
@@ -172,16 +185,18 @@ class RoundLane:
         except (OSError, TimeoutError, StreamEnded) as exc:
             conn.close()
             if isinstance(exc, TimeoutError) and conn.transport is not None and loop.time() >= deadline:
-                raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "round lane: connected, but HELLO was not "
-                                "answered before the call's deadline") from None
+                raise rpc_error(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    "round lane: connected, but HELLO was not answered before the call's deadline",
+                ) from None
             self.unreachable_until = time.monotonic() + self.retry_s
             raise LaneUnreachable(f"round lane {self.host}:{self.port}: {type(exc).__name__}: {exc}") from None
-        except BaseException:               # cancelled while connecting: leave no connection behind
+        except BaseException:  # cancelled while connecting: leave no connection behind
             conn.close()
             raise
         if kind != OK:
             conn.close()
-            raise lane_error(payload)       # e.g. UNAUTHENTICATED: a wrong token is not a network problem
+            raise lane_error(payload)  # e.g. UNAUTHENTICATED: a wrong token is not a network problem
         self.opened += 1
         return conn
 

@@ -8,16 +8,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
 
-from specdec.config import LeaseConfig
-from specdec.errors import Aborted, AlreadyExists, NotFound, Unavailable
-
+from orchestrator.idempotency import reused
 from orchestrator.session_store import SessionStore
 from orchestrator.session_types import (
-    LeaseLost, RequestReused, SessionBusy, SessionExists, SessionNotFound, StoreUnavailable, VersionConflict,
+    LeaseLost,
+    RequestReused,
+    SessionBusy,
+    SessionExists,
+    SessionNotFound,
+    StoreUnavailable,
+    VersionConflict,
 )
-from orchestrator.idempotency import reused
+from specdec.config import LeaseConfig
+from specdec.errors import Aborted, AlreadyExists, NotFound, Unavailable
 
 log = logging.getLogger("specdec.orchestrator")
 
@@ -51,7 +56,7 @@ class SessionLease:
 
     def __init__(self, store: SessionStore, session_id: str, owner: str, cfg: LeaseConfig) -> None:
         self.store, self.session_id, self.owner, self.cfg = store, session_id, owner, cfg
-        self.lost = ""            # set by the renewer when another instance took the session over
+        self.lost = ""  # set by the renewer when another instance took the session over
 
     @contextlib.asynccontextmanager
     async def renewing(self) -> AsyncIterator[None]:

@@ -7,15 +7,6 @@ import logging
 import sys
 import uuid
 
-from specdec import spin
-from specdec.config import OrchestratorConfig
-from specdec.core.ngram import NgramProposer
-from specdec.models.load_config import load_config
-from specdec.models.loader import load_tokenizer
-from specdec.models.tokenizer_info import describe_tokenizer
-from specdec.metrics import serve_metrics
-from specdec.server.app import GrpcApp
-
 from orchestrator.generation import Deps
 from orchestrator.pair import PairMonitor
 from orchestrator.prompting import Prompter
@@ -24,6 +15,14 @@ from orchestrator.rounds import RoundRunner
 from orchestrator.servicer import SERVICE_NAME, Admission, OrchestratorServicer
 from orchestrator.session_store import SessionStore, open_redis
 from orchestrator.store_health import StoreProbe
+from specdec import spin
+from specdec.config import OrchestratorConfig
+from specdec.core.ngram import NgramProposer
+from specdec.metrics import serve_metrics
+from specdec.models.load_config import load_config
+from specdec.models.loader import load_tokenizer
+from specdec.models.tokenizer_info import describe_tokenizer
+from specdec.server.app import GrpcApp
 from specdec.v1 import orchestrator_pb2_grpc
 
 log = logging.getLogger("specdec.orchestrator")
@@ -50,13 +49,22 @@ async def serve(cfg: OrchestratorConfig) -> None:
         raise SystemExit("specdec orchestrator: REDIS_URL is not set (specdec up starts an embedded Redis)")
     spin.configure(spin.auto_spin_us(cfg.server.spin_us, "orchestrator"))
     tokenizer = await asyncio.to_thread(
-        load_tokenizer, cfg.tokenizer, load_config(cache_dir=cfg.cache_dir, offline=cfg.offline))
+        load_tokenizer, cfg.tokenizer, load_config(cache_dir=cfg.cache_dir, offline=cfg.offline)
+    )
     target, draft = build_pools(cfg)
-    probe = StoreProbe(cfg.redis_url, cfg.redis_ping_timeout_s)   # health covers Redis too
+    probe = StoreProbe(cfg.redis_url, cfg.redis_ping_timeout_s)  # health covers Redis too
     pair = PairMonitor(target, draft, describe_tokenizer(tokenizer), cfg.tokenizer, cfg.health_refresh_s, probe)
     store = SessionStore(open_redis(cfg.redis_url), prefix=cfg.redis_prefix, ttl_seconds=cfg.session_ttl_s)
-    deps = Deps(cfg=cfg, store=store, runner=RoundRunner(draft, target, cfg.retry, local_ngram(cfg), cfg.overlap), prompter=Prompter(tokenizer),
-                eos_ids=frozenset(), max_context=0, owner=f"orch-{uuid.uuid4().hex[:12]}", model_name="")
+    deps = Deps(
+        cfg=cfg,
+        store=store,
+        runner=RoundRunner(draft, target, cfg.retry, local_ngram(cfg), cfg.overlap),
+        prompter=Prompter(tokenizer),
+        eos_ids=frozenset(),
+        max_context=0,
+        owner=f"orch-{uuid.uuid4().hex[:12]}",
+        model_name="",
+    )
     for pool in (target, draft):
         if pool is not None:
             pool.on_context_resend = deps.metrics.observe_context_resend
@@ -71,7 +79,11 @@ async def serve(cfg: OrchestratorConfig) -> None:
     async def on_change(ok: bool) -> None:
         info = pair.target_info()
         if info is not None:
-            deps.eos_ids, deps.max_context, deps.model_name = frozenset(info.eos_token_ids), info.max_context, info.model_id
+            deps.eos_ids, deps.max_context, deps.model_name = (
+                frozenset(info.eos_token_ids),
+                info.max_context,
+                info.model_id,
+            )
         await app.set_serving(ok)
 
     stop = asyncio.Event()

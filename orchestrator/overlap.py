@@ -30,27 +30,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any
 
+from orchestrator.adaptive import DECAY, NO_DRAFT, CostModel, k_for_free_block
 from specdec.config import OverlapConfig
 from specdec.errors import SpecDecError
 from specdec.params import MODEL
 from specdec.v1 import draft_pb2
 
-from orchestrator.adaptive import DECAY, NO_DRAFT, CostModel, k_for_free_block
-
 log = logging.getLogger("specdec.orchestrator")
 MS_PER_S = 1000.0
-PREFIX_CHECK_TOKENS = 8     # round r's last context tokens a BlockBase re-checks (a guard, not the proof)
+PREFIX_CHECK_TOKENS = 8  # round r's last context tokens a BlockBase re-checks (a guard, not the proof)
 # RunnerUpTracker's prior: the shipped draft's runner-up is the target's token about one time in five when
 # its top token is not (held-out, teacher-forced; docs/overlap.md, "Branches"), worth this many rounds.
 RUNNER_UP_PRIOR = 0.2
 RUNNER_UP_PRIOR_TRIES = 4.0
 
 
-def usable_block(base: BlockBase, drafted: Sequence[int], context: Sequence[int], k: int,
-                 guess: int | None = None) -> int:
+def usable_block(
+    base: BlockBase, drafted: Sequence[int], context: Sequence[int], k: int, guess: int | None = None
+) -> int:
     """How many tokens of a pre-drafted block a round from `context` asking for k draft tokens can use.
 
     Post-verify (`guess` None): the pre-draft continued `base` (round r's context + its draft block) with
@@ -85,10 +86,10 @@ def hit_probability(rates: Sequence[float], k: int) -> float:
 class AheadCosts:
     """What adaptive k weighs before overlapping a round (milliseconds; see OverlapConfig)."""
 
-    draft_step_ms: float       # one draft token
-    draft_hop_ms: float        # the draft call's overhead (hop, serialisation)
-    verify_ms: float           # the round's own verify, which the pre-draft hides behind
-    miss_cost_ms: float        # what a pre-draft costs the verify beside it (used or not): shared cores
+    draft_step_ms: float  # one draft token
+    draft_hop_ms: float  # the draft call's overhead (hop, serialisation)
+    verify_ms: float  # the round's own verify, which the pre-draft hides behind
+    miss_cost_ms: float  # what a pre-draft costs the verify beside it (used or not): shared cores
 
 
 def worth_overlapping(hit: float, k_ahead: int, costs: AheadCosts) -> bool:
@@ -134,9 +135,17 @@ class AheadPlan:
 NO_AHEAD = AheadPlan()
 
 
-def plan_ahead(cap: int, k: int, costs: CostModel, cfg: OverlapConfig, rates: Sequence[float],
-               adaptive: bool = False, running: float = 1.0, runner_up_rate: float = 0.0,
-               branches: int | None = None) -> AheadPlan:
+def plan_ahead(
+    cap: int,
+    k: int,
+    costs: CostModel,
+    cfg: OverlapConfig,
+    rates: Sequence[float],
+    adaptive: bool = False,
+    running: float = 1.0,
+    runner_up_rate: float = 0.0,
+    branches: int | None = None,
+) -> AheadPlan:
     """What to draft ahead behind a k-token round. Blocks of `cap` tokens (the next round's k cap; with
     adaptive k, only as many as a round would verify from a free block, adaptive.k_for_free_block: the rest
     would never be used); branches likeliest first (branch_chances), at most `branches` (None:
@@ -178,7 +187,7 @@ class RunnerUpTracker:
     def observe(self, draft_ids: Sequence[int], runner_up_ids: Sequence[int], accepted: int, next_token: int) -> None:
         """A round that proposed `draft_ids` (runner-ups `runner_up_ids`) and accepted `accepted` of them."""
         if accepted >= min(len(draft_ids), len(runner_up_ids)):
-            return                  # all accepted (the bonus is no recovery), or no runner-up known there
+            return  # all accepted (the bonus is no recovery), or no runner-up known there
         self.hits = self.hits * DECAY + (runner_up_ids[accepted] == next_token)
         self.tries = self.tries * DECAY + 1.0
 
@@ -195,12 +204,12 @@ class BlockBase:
     prefix tokens are checked too, as a cheap guard."""
 
     prefix_len: int
-    prefix_tail: tuple[int, ...]            # the last PREFIX_CHECK_TOKENS tokens of round r's context
-    block: tuple[int, ...]                  # round r's draft block d1..dk (empty in a k = 0 round)
+    prefix_tail: tuple[int, ...]  # the last PREFIX_CHECK_TOKENS tokens of round r's context
+    block: tuple[int, ...]  # round r's draft block d1..dk (empty in a k = 0 round)
 
     @classmethod
-    def of(cls, context: Sequence[int], block: Sequence[int]) -> "BlockBase":
-        return cls(len(context), tuple(context[max(0, len(context) - PREFIX_CHECK_TOKENS):]), tuple(block))
+    def of(cls, context: Sequence[int], block: Sequence[int]) -> BlockBase:
+        return cls(len(context), tuple(context[max(0, len(context) - PREFIX_CHECK_TOKENS) :]), tuple(block))
 
     def __len__(self) -> int:
         return self.prefix_len + len(self.block)
@@ -208,12 +217,14 @@ class BlockBase:
     def continued_by_one(self, context: Sequence[int]) -> bool:
         """Whether `context` is this base + exactly one more token."""
         end = self.prefix_len
-        return (len(context) == end + len(self.block) + 1
-                and tuple(context[end:end + len(self.block)]) == self.block
-                and tuple(context[end - len(self.prefix_tail):end]) == self.prefix_tail)
+        return (
+            len(context) == end + len(self.block) + 1
+            and tuple(context[end : end + len(self.block)]) == self.block
+            and tuple(context[end - len(self.prefix_tail) : end]) == self.prefix_tail
+        )
 
 
-Call = Callable[[], Awaitable[tuple[draft_pb2.ProposeResponse, str, int]]]   # -> (response, replica, retries)
+Call = Callable[[], Awaitable[tuple[draft_pb2.ProposeResponse, str, int]]]  # -> (response, replica, retries)
 
 
 @dataclass
@@ -229,8 +240,8 @@ class Branch:
     response: draft_pb2.ProposeResponse | None = None
     replica: str = ""
     error: Exception | None = None
-    started: float | None = None            # perf_counter when its call was sent
-    finished: float | None = None           # ... and when its answer came
+    started: float | None = None  # perf_counter when its call was sent
+    finished: float | None = None  # ... and when its answer came
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def matches(self, context: Sequence[int]) -> bool:
@@ -249,9 +260,9 @@ class PreDraft:
     """Round r + 1's candidate blocks being drafted ahead, one branch after another on one task."""
 
     branches: list[Branch]
-    kind: str                               # the remote draft kind asked ("model")
-    task: asyncio.Task                      # runs the branches' calls in order
-    verified: float | None = None           # perf_counter when round r's verify returned
+    kind: str  # the remote draft kind asked ("model")
+    task: asyncio.Task  # runs the branches' calls in order
+    verified: float | None = None  # perf_counter when round r's verify returned
 
     def branch_for(self, context: Sequence[int]) -> Branch | None:
         """The branch a round from `context` could use (at most one: their contexts differ), or None."""
@@ -264,11 +275,11 @@ async def _run_branches(branches: Sequence[Branch]) -> None:
     calls it yields once, so that a round which was waiting for the branch before stops it before the next call."""
     try:
         for branch in branches:
-            await asyncio.sleep(0)   # a round already waiting for the branch before stops the rest here
+            await asyncio.sleep(0)  # a round already waiting for the branch before stops the rest here
             branch.started = time.perf_counter()
             try:
                 branch.response, branch.replica, _ = await branch.call()
-            except Exception as exc:   # noqa: BLE001 - kept for take(): a lost pre-draft costs time, never a token
+            except Exception as exc:  # noqa: BLE001 - kept for take(): a lost pre-draft costs time, never a token
                 branch.error = exc
                 return
             finally:
@@ -299,9 +310,9 @@ class Taken:
 
     response: draft_pb2.ProposeResponse
     replica: str
-    forward_ms: float                   # the pre-draft's draft forward time
-    hidden_ms: float                    # its wall time behind the previous round's verify
-    runner_up_at: int = 0               # behind the runner-up at this position of round r's block (0: post-verify)
+    forward_ms: float  # the pre-draft's draft forward time
+    hidden_ms: float  # its wall time behind the previous round's verify
+    runner_up_at: int = 0  # behind the runner-up at this position of round r's block (0: post-verify)
 
 
 async def take(ahead: PreDraft | None, context: Sequence[int], k: int, kind: str) -> Taken | None:
@@ -325,10 +336,13 @@ async def take(ahead: PreDraft | None, context: Sequence[int], k: int, kind: str
     n = usable_block(branch.base, response.draft_ids, context, k, branch.guess)
     if n == 0:
         return None
-    sliced = draft_pb2.ProposeResponse(draft_ids=response.draft_ids[skip:skip + n], draft_kind=response.draft_kind,
-                                       runner_up_ids=response.runner_up_ids[skip:skip + n])
+    sliced = draft_pb2.ProposeResponse(
+        draft_ids=response.draft_ids[skip : skip + n],
+        draft_kind=response.draft_kind,
+        runner_up_ids=response.runner_up_ids[skip : skip + n],
+    )
     if response.draft_probs:
-        sliced.draft_probs.extend(response.draft_probs[skip:skip + n])
+        sliced.draft_probs.extend(response.draft_probs[skip : skip + n])
     sliced.stats.CopyFrom(response.stats)
     at = len(branch.base.block) + 1 if branch.guess is not None else 0
     return Taken(sliced, branch.replica, response.stats.forward_ms, branch.hidden_ms(ahead.verified), at)

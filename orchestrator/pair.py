@@ -23,14 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Awaitable, Callable
-
-from specdec.errors import FailedPrecondition, SpecDecError, Unavailable
-from specdec.models.tokenizer_info import TokenizerInfo
-from specdec.v1 import orchestrator_pb2 as pb
+from collections.abc import Awaitable, Callable
 
 from orchestrator.replicas import ReplicaPool
 from orchestrator.store_health import StoreProbe
+from specdec.errors import FailedPrecondition, SpecDecError, Unavailable
+from specdec.models.tokenizer_info import TokenizerInfo
+from specdec.v1 import orchestrator_pb2 as pb
 
 log = logging.getLogger("specdec.orchestrator")
 
@@ -39,8 +38,15 @@ class PairMonitor:
     """Keeps the pools fresh and says whether a compatible draft/target pair (and, with `store`,
     the session store) is available. `refresh_s`: the pause between passes (OrchestratorConfig.health_refresh_s)."""
 
-    def __init__(self, target: ReplicaPool, draft: ReplicaPool | None, tokenizer: TokenizerInfo,
-                 tokenizer_name: str, refresh_s: float, store: StoreProbe | None = None) -> None:
+    def __init__(
+        self,
+        target: ReplicaPool,
+        draft: ReplicaPool | None,
+        tokenizer: TokenizerInfo,
+        tokenizer_name: str,
+        refresh_s: float,
+        store: StoreProbe | None = None,
+    ) -> None:
         self.target, self.draft, self.store = target, draft, store
         self.tokenizer, self.tokenizer_name = tokenizer, tokenizer_name
         self.refresh_s = refresh_s
@@ -88,8 +94,9 @@ class PairMonitor:
             if targets:
                 t = targets[0].info
                 assert t is not None, "usable replicas have Info"
-                ref = TokenizerInfo(vocab_size=t.vocab_size, fingerprint=t.tokenizer_fingerprint,
-                                    special_tokens=dict(t.special_tokens))
+                ref = TokenizerInfo(
+                    vocab_size=t.vocab_size, fingerprint=t.tokenizer_fingerprint, special_tokens=dict(t.special_tokens)
+                )
                 self.draft.check_compatible(ref, f"target {t.model_id}")
                 self.draft.check_features(t)
         self._problem = self._diagnose()
@@ -129,7 +136,15 @@ class PairMonitor:
 
     def replica_statuses(self) -> list[pb.ReplicaStatus]:
         pools = [self.target] + ([self.draft] if self.draft is not None else [])
-        return [pb.ReplicaStatus(address=r.address, role=pool.role, healthy=not r.error and r.info is not None
-                                 and r.address not in pool.set.unhealthy, error=r.error,
-                                 in_flight=pool.set.in_flight(r.address), info=r.info)
-                for pool in pools for r in pool.replicas.values()]
+        return [
+            pb.ReplicaStatus(
+                address=r.address,
+                role=pool.role,
+                healthy=not r.error and r.info is not None and r.address not in pool.set.unhealthy,
+                error=r.error,
+                in_flight=pool.set.in_flight(r.address),
+                info=r.info,
+            )
+            for pool in pools
+            for r in pool.replicas.values()
+        ]

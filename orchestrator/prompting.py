@@ -10,8 +10,9 @@ the template's end-of-turn text.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from specdec.errors import FailedPrecondition, InvalidArgument
 
@@ -53,7 +54,9 @@ class Prompter:
             raise FailedPrecondition("the target's tokenizer has no chat template; send a plain prompt instead")
         return self.tokenizer.apply_chat_template(
             [{"role": m.role, "content": m.content} for m in messages],
-            tokenize=False, add_generation_prompt=add_generation_prompt)
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
 
     def first_turn(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:
         """The whole templated conversation (the template adds BOS/system text itself)."""
@@ -67,14 +70,15 @@ class Prompter:
         head = self._render(before, add_generation_prompt=False)
         full = self._render(before + list(messages), add_generation_prompt)
         if not full.startswith(head):
-            raise FailedPrecondition("the chat template does not render turns incrementally; "
-                                     "start a new session with the whole conversation")
-        return self.encode_text(full[len(head):], first_turn=False)
+            raise FailedPrecondition(
+                "the chat template does not render turns incrementally; start a new session with the whole conversation"
+            )
+        return self.encode_text(full[len(head) :], first_turn=False)
 
     def end_of_turn(self) -> list[int]:
         """Tokens that close an assistant turn that stopped without EOS ([] without a template)."""
         if not self.has_template:
             return []
         text = self._render([Message("user", _PROBE_USER), Message("assistant", _PROBE_ASSISTANT)], False)
-        tail = text[text.index(_PROBE_ASSISTANT) + len(_PROBE_ASSISTANT):]
+        tail = text[text.index(_PROBE_ASSISTANT) + len(_PROBE_ASSISTANT) :]
         return self.encode_text(tail, first_turn=False)

@@ -20,24 +20,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 
+from orchestrator.delta import ContextSend, is_context_miss
+from orchestrator.lane import LaneUnreachable, RoundLane
+from orchestrator.streams import STREAM_METHODS, RoundStreams
 from specdec.config import RetryConfig, ServerConfig
 from specdec.errors import (
-    Cancelled, DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted, SpecDecError, Unavailable,
+    Cancelled,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    SpecDecError,
+    Unavailable,
 )
 from specdec.models.tokenizer_info import TokenizerInfo, compare_tokenizers
 from specdec.routing import ReplicaSet, RoutingConfig, make_resolver
 from specdec.server.app import grpc_options
 from specdec.server.tls import channel_credentials, lane_client_context
 from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
-
-from orchestrator.delta import ContextSend, is_context_miss
-from orchestrator.lane import LaneUnreachable, RoundLane
-from orchestrator.streams import STREAM_METHODS, RoundStreams
 
 log = logging.getLogger("specdec.orchestrator")
 
@@ -71,7 +77,7 @@ class Replica:
     stub: Any
     streams: RoundStreams
     info: common_pb2.ModelInfo | None = None
-    error: str = ""          # why it cannot be used (incompatible tokenizer, Info failed)
+    error: str = ""  # why it cannot be used (incompatible tokenizer, Info failed)
     incompatible: bool = False  # the error is a tokenizer mismatch (not transient)
     lane: RoundLane | None = None  # its round lane, when it serves one (orchestrator/lane.py)
 
@@ -112,8 +118,11 @@ class ReplicaPool:
             ("grpc.min_reconnect_backoff_ms", int(self.retry.reconnect_initial_s * MS_PER_S)),
             ("grpc.max_reconnect_backoff_ms", int(self.retry.reconnect_max_s * MS_PER_S)),
         ]
-        channel = (grpc.aio.secure_channel(address, creds, options=opts) if creds
-                   else grpc.aio.insecure_channel(address, options=opts))
+        channel = (
+            grpc.aio.secure_channel(address, creds, options=opts)
+            if creds
+            else grpc.aio.insecure_channel(address, options=opts)
+        )
         stub = STUBS[self.role](channel)
         return Replica(address, channel, stub, RoundStreams(stub, self._metadata, self.retry.idle_streams_max))
 
@@ -135,8 +144,9 @@ class ReplicaPool:
 
     async def _fetch_info(self, replica: Replica) -> None:
         try:
-            replica.info = await replica.stub.Info(common_pb2.InfoRequest(), timeout=self.retry.connect_timeout_s,
-                                                   metadata=self._metadata())
+            replica.info = await replica.stub.Info(
+                common_pb2.InfoRequest(), timeout=self.retry.connect_timeout_s, metadata=self._metadata()
+            )
             replica.error = ""
             self._attach_lane(replica)
             self.set.mark_healthy(replica.address)
@@ -150,15 +160,25 @@ class ReplicaPool:
         assert info is not None, "the lane is attached after Info answered"
         port = info.round_lane_port if self.retry.round_lane else 0
         if replica.lane is not None and replica.lane.port == port:
-            replica.lane.unreachable_until = 0.0   # Info answered again (a restart on the same port): try it
+            replica.lane.unreachable_until = 0.0  # Info answered again (a restart on the same port): try it
             return
         if replica.lane is not None:
             replica.lane.close_idle()
-        replica.lane = RoundLane(lane_host(replica.address), port, self.server_cfg.service_token,
-                                 self.server_cfg.max_message_bytes, self.retry.idle_streams_max,
-                                 self.retry.lane_connect_timeout_s, self.retry.lane_retry_s,
-                                 lane_client_context(self.server_cfg.tls),
-                                 notify=info.round_lane_forward_done) if port else None
+        replica.lane = (
+            RoundLane(
+                lane_host(replica.address),
+                port,
+                self.server_cfg.service_token,
+                self.server_cfg.max_message_bytes,
+                self.retry.idle_streams_max,
+                self.retry.lane_connect_timeout_s,
+                self.retry.lane_retry_s,
+                lane_client_context(self.server_cfg.tls),
+                notify=info.round_lane_forward_done,
+            )
+            if port
+            else None
+        )
 
     def usable(self) -> list[Replica]:
         """Replicas with Info and no compatibility error."""
@@ -169,9 +189,14 @@ class ReplicaPool:
         for r in self.replicas.values():
             if r.info is None or not r.info.tokenizer_fingerprint:
                 continue
-            theirs = TokenizerInfo(vocab_size=r.info.vocab_size, fingerprint=r.info.tokenizer_fingerprint,
-                                   special_tokens=dict(r.info.special_tokens))
-            problem = compare_tokenizers(reference, theirs, reference_name, f"{self.role} {r.info.model_id} at {r.address}")
+            theirs = TokenizerInfo(
+                vocab_size=r.info.vocab_size,
+                fingerprint=r.info.tokenizer_fingerprint,
+                special_tokens=dict(r.info.special_tokens),
+            )
+            problem = compare_tokenizers(
+                reference, theirs, reference_name, f"{self.role} {r.info.model_id} at {r.address}"
+            )
             if problem or r.incompatible:
                 r.error = problem or ""
             r.incompatible = bool(problem)
@@ -186,16 +211,19 @@ class ReplicaPool:
                 continue
             if target.keeps_hidden and target.hidden_size == r.info.hidden_size:
                 continue
-            r.error = (f"hidden states differ: feature draft {r.info.model_id} at {r.address} needs the target's "
-                       f"hidden states of size {r.info.hidden_size}; target {target.model_id} has size "
-                       f"{target.hidden_size} and {'keeps' if target.keeps_hidden else 'does not keep'} them "
-                       "(SPECDEC_KEEP_HIDDEN)")
+            r.error = (
+                f"hidden states differ: feature draft {r.info.model_id} at {r.address} needs the target's "
+                f"hidden states of size {r.info.hidden_size}; target {target.model_id} has size "
+                f"{target.hidden_size} and {'keeps' if target.keeps_hidden else 'does not keep'} them "
+                "(SPECDEC_KEEP_HIDDEN)"
+            )
             r.incompatible = True
             self.set.mark_unhealthy(r.address)
             log.error("refusing %s", r.error)
 
-    async def call(self, session_id: str, method: str, request: Any, timeout: float,
-                   context: ContextSend | None = None) -> tuple[Any, str, int]:
+    async def call(
+        self, session_id: str, method: str, request: Any, timeout: float, context: ContextSend | None = None
+    ) -> tuple[Any, str, int]:
         """Call `method` on the session's replica, retrying UNAVAILABLE on the next choices.
 
         `timeout` bounds the whole call, retries and backoff included. With `context`, the request's
@@ -235,18 +263,28 @@ class ReplicaPool:
             try:
                 return await replica.lane.call(method, request, timeout)
             except LaneUnreachable as exc:
-                log.warning("%s replica %s: %s; calls go over gRPC for %.0f s", self.role, replica.address, exc,
-                            self.retry.lane_retry_s)
+                log.warning(
+                    "%s replica %s: %s; calls go over gRPC for %.0f s",
+                    self.role,
+                    replica.address,
+                    exc,
+                    self.retry.lane_retry_s,
+                )
                 if self.on_lane_fallback is not None:
                     self.on_lane_fallback(self.role)
                 timeout = max(0.0, deadline - time.monotonic())
-        if (self.retry.round_streams and method in STREAM_METHODS and replica.info is not None
-                and replica.info.round_streams):
+        if (
+            self.retry.round_streams
+            and method in STREAM_METHODS
+            and replica.info is not None
+            and replica.info.round_streams
+        ):
             return await replica.streams.call(method, request, timeout)
         return await getattr(replica.stub, method)(request, timeout=timeout, metadata=self._metadata())
 
-    async def _send(self, replica: Replica, method: str, request: Any, timeout: float,
-                    context: ContextSend | None) -> Any:
+    async def _send(
+        self, replica: Replica, method: str, request: Any, timeout: float, context: ContextSend | None
+    ) -> Any:
         """One call to one replica; a context miss is resent at once with the whole context."""
         if context is None:
             return await self._invoke(replica, method, request, timeout)
@@ -261,8 +299,13 @@ class ReplicaPool:
             context.missed(replica.address)
             if self.on_context_resend is not None:
                 self.on_context_resend(self.role)
-            log.info("%s replica %s did not hold session %s's context (%s): resending it whole", self.role,
-                     replica.address, request.session_id, exc.details())
+            log.info(
+                "%s replica %s did not hold session %s's context (%s): resending it whole",
+                self.role,
+                replica.address,
+                request.session_id,
+                exc.details(),
+            )
             context.fill(request, replica.address, replica.info)
             try:
                 response = await self._invoke(replica, method, request, max(0.0, deadline - time.monotonic()))
@@ -275,8 +318,9 @@ class ReplicaPool:
     async def release_session(self, session_id: str) -> None:
         """Best effort: tell every usable replica to drop the session's cache."""
         req = common_pb2.ReleaseRequest(session_id=session_id)
-        calls = [r.stub.Release(req, timeout=self.retry.connect_timeout_s, metadata=self._metadata())
-                 for r in self.usable()]
+        calls = [
+            r.stub.Release(req, timeout=self.retry.connect_timeout_s, metadata=self._metadata()) for r in self.usable()
+        ]
         await asyncio.gather(*calls, return_exceptions=True)
 
     async def close(self) -> None:

@@ -28,9 +28,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
+from orchestrator.delta import ContextSend, ContextWire
+from orchestrator.features import HiddenRelay
+from orchestrator.overlap import (
+    NO_AHEAD,
+    AheadPlan,
+    BlockBase,
+    Branch,
+    PreDraft,
+    Taken,
+    start_predraft,
+    take,
+    with_hop_delay,
+)
+from orchestrator.replicas import ReplicaPool
 from specdec.config import OverlapConfig, RetryConfig
 from specdec.core.ngram import NgramProposer
 from specdec.core.sampling import SamplingConfig
@@ -38,13 +52,6 @@ from specdec.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from specdec.params import COMBINED, MODEL, NGRAM
 from specdec.protocol import sampling_bytes
 from specdec.v1 import draft_pb2, target_pb2
-
-from orchestrator.delta import ContextSend, ContextWire
-from orchestrator.features import HiddenRelay
-from orchestrator.overlap import (
-    NO_AHEAD, AheadPlan, BlockBase, Branch, PreDraft, Taken, start_predraft, take, with_hop_delay,
-)
-from orchestrator.replicas import ReplicaPool
 
 log = logging.getLogger("specdec.orchestrator")
 MS_PER_S = 1000.0
@@ -65,33 +72,33 @@ class RoundOutcome:
     num_accepted: int
     next_token: int
     next_kind: target_pb2.NextKind
-    emitted: list[int]              # accepted draft tokens + the recovered/bonus token
+    emitted: list[int]  # accepted draft tokens + the recovered/bonus token
     logprobs: list = field(default_factory=list)
-    draft_ms: float = 0.0           # draft forward time
-    target_ms: float = 0.0          # target forward time
-    target_cached: int = 0          # context tokens the target reused from its KV cache
-    target_computed: int = 0        # tokens the target ran through its model
-    target_batch: int = 0           # sessions the target verified in the same forward pass
-    target_batch_tokens: int = 0    # tokens that pass computed over all its sessions (0 = not reported)
-    target_queue_ms: float = 0.0    # time the verify waited at the target (session lock, the pass before)
+    draft_ms: float = 0.0  # draft forward time
+    target_ms: float = 0.0  # target forward time
+    target_cached: int = 0  # context tokens the target reused from its KV cache
+    target_computed: int = 0  # tokens the target ran through its model
+    target_batch: int = 0  # sessions the target verified in the same forward pass
+    target_batch_tokens: int = 0  # tokens that pass computed over all its sessions (0 = not reported)
+    target_queue_ms: float = 0.0  # time the verify waited at the target (session lock, the pass before)
     target_service_ms: float = 0.0  # time the target held the verify (ComputeStats.service_ms; 0 = not reported)
-    draft_service_ms: float = 0.0   # time the draft service held this round's Propose (0 = none or not reported)
+    draft_service_ms: float = 0.0  # time the draft service held this round's Propose (0 = none or not reported)
     draft_computed: int = 0
     wall_ms: float = 0.0
     wire_bytes: int = 0
     draft_replica: str = ""
-    draft_kind: str = ""            # which draft proposed ("model" | "ngram"; "" = none)
-    proposer: str = ""              # which draft was expected to propose (RoundRequest.proposer)
+    draft_kind: str = ""  # which draft proposed ("model" | "ngram"; "" = none)
+    proposer: str = ""  # which draft was expected to propose (RoundRequest.proposer)
     target_replica: str = ""
     degraded: bool = False
     retries: int = 0
-    context_resends: int = 0        # calls resent with the whole context after a replica's context miss
-    context_tokens: int = 0         # the context the round started from
-    predrafted: bool = False        # the block was drafted ahead, during the previous round's verify
+    context_resends: int = 0  # calls resent with the whole context after a replica's context miss
+    context_tokens: int = 0  # the context the round started from
+    predrafted: bool = False  # the block was drafted ahead, during the previous round's verify
     predraft_runner_up_at: int = 0  # ... behind the runner-up at this position of the previous block (0: post-verify)
-    runner_up_ids: list[int] = field(default_factory=list)   # the draft's runner-up per position (when asked)
-    draft_hidden_ms: float = 0.0    # the block's draft time (hop + forward) hidden behind that verify
-    ahead: PreDraft | None = None   # the next round's block, drafted ahead during this round's verify
+    runner_up_ids: list[int] = field(default_factory=list)  # the draft's runner-up per position (when asked)
+    draft_hidden_ms: float = 0.0  # the block's draft time (hop + forward) hidden behind that verify
+    ahead: PreDraft | None = None  # the next round's block, drafted ahead during this round's verify
 
     @property
     def overhead_ms(self) -> float:
@@ -120,15 +127,15 @@ class RoundRequest:
     sampling: SamplingConfig
     draft_kind: str = ""
     logprobs: int = -1
-    deadline: float | None = None     # time.monotonic() by which the client wants its answer
+    deadline: float | None = None  # time.monotonic() by which the client wants its answer
     relay: HiddenRelay | None = None  # the generation's hidden-state relay (used with feature drafts)
-    proposer: str = ""                # RoundRunner.proposer(): adaptive k's estimates are kept per proposer
-    wire: ContextWire | None = None   # the generation's delta-round state (None: every call sends the whole context)
-    ahead: PreDraft | None = None     # the previous round's pre-draft: used if drafted from this context, else discarded
+    proposer: str = ""  # RoundRunner.proposer(): adaptive k's estimates are kept per proposer
+    wire: ContextWire | None = None  # the generation's delta-round state (None: every call sends the whole context)
+    ahead: PreDraft | None = None  # the previous round's pre-draft: used if drafted from this context, else discarded
     ahead_plan: AheadPlan = NO_AHEAD  # overlap: the next round's blocks to draft ahead while this one verifies
-    runner_up: bool = False           # ask the draft for its runner-up per position (branches; RunnerUpTracker)
-    route: str = ""                   # replicas' routing key ("" = the session id; orchestrator/affinity.py)
-    verdict_only: bool = False        # the target returns only the accept rule's reads (VerifyRequest.verdict_only)
+    runner_up: bool = False  # ask the draft for its runner-up per position (branches; RunnerUpTracker)
+    route: str = ""  # replicas' routing key ("" = the session id; orchestrator/affinity.py)
+    verdict_only: bool = False  # the target returns only the accept rule's reads (VerifyRequest.verdict_only)
 
     @property
     def replica_key(self) -> str:
@@ -146,19 +153,27 @@ def context_send(req: RoundRequest, role: str) -> ContextSend:
 class RoundRunner:
     """Drives single rounds against the two pools, with deadlines scaled to the work."""
 
-    def __init__(self, draft: ReplicaPool | None, target: ReplicaPool, retry: RetryConfig,
-                 local_ngram: NgramProposer | None = None, overlap: OverlapConfig | None = None) -> None:
+    def __init__(
+        self,
+        draft: ReplicaPool | None,
+        target: ReplicaPool,
+        retry: RetryConfig,
+        local_ngram: NgramProposer | None = None,
+        overlap: OverlapConfig | None = None,
+    ) -> None:
         self.draft = draft
         self.target = target
         self.retry = retry
         self.local_ngram = local_ngram
         self.overlap = overlap if overlap is not None else OverlapConfig()
 
-    async def _call(self, pool: ReplicaPool, req: RoundRequest, method: str, request, timeout: float,
-                    send: ContextSend) -> tuple:
+    async def _call(
+        self, pool: ReplicaPool, req: RoundRequest, method: str, request, timeout: float, send: ContextSend
+    ) -> tuple:
         """pool.call, with the test/bench-only hop delay (OverlapConfig.hop_delay_ms) when set."""
-        return await with_hop_delay(self.overlap.hop_delay_ms,
-                                    lambda: pool.call(req.replica_key, method, request, timeout, send))
+        return await with_hop_delay(
+            self.overlap.hop_delay_ms, lambda: pool.call(req.replica_key, method, request, timeout, send)
+        )
 
     def target_replicas(self) -> int:
         """Healthy target replicas (at least 1): the generations of this orchestrator spread over them."""
@@ -206,7 +221,7 @@ class RoundRunner:
         ngram = self.local_ngram
         assert ngram is not None, "rounds propose locally only with a local n-gram draft"
         start = time.perf_counter()
-        if req.wire is not None:   # the generation's index: O(new tokens), not O(context), per round
+        if req.wire is not None:  # the generation's index: O(new tokens), not O(context), per round
             draft_ids = req.wire.lookup(ngram).propose(req.context_ids, req.k)
         else:
             draft_ids = ngram.propose(req.context_ids, req.k)
@@ -229,9 +244,13 @@ class RoundRunner:
         start = time.perf_counter()
         relay = req.relay if req.relay is not None and self.feature_draft(req.draft_kind) else None
         proposal, out = await self._propose(req, relay)
-        verify = target_pb2.VerifyRequest(session_id=req.session_id, request_id=req.request_id,
-                                          draft_ids=proposal.draft_ids, draft_probs=proposal.draft_probs,
-                                          verdict_only=req.verdict_only and bool(proposal.draft_ids))
+        verify = target_pb2.VerifyRequest(
+            session_id=req.session_id,
+            request_id=req.request_id,
+            draft_ids=proposal.draft_ids,
+            draft_probs=proposal.draft_probs,
+            verdict_only=req.verdict_only and bool(proposal.draft_ids),
+        )
         verify.sampling.MergeFromString(sampling_bytes(req.sampling))
         if req.logprobs >= 0:
             verify.logprobs = req.logprobs
@@ -260,11 +279,21 @@ class RoundRunner:
         out.wall_ms = (time.perf_counter() - start) * MS_PER_S
         return out
 
-    async def _propose(self, req: RoundRequest, relay: HiddenRelay | None
-                       ) -> tuple[draft_pb2.ProposeResponse, RoundOutcome]:
-        out = RoundOutcome(k=req.k, draft_ids=[], matches=[], target_ids=[], num_accepted=0,
-                           next_token=-1, next_kind=target_pb2.NEXT_KIND_UNSPECIFIED, emitted=[], proposer=req.proposer,
-                           context_tokens=len(req.context_ids))
+    async def _propose(
+        self, req: RoundRequest, relay: HiddenRelay | None
+    ) -> tuple[draft_pb2.ProposeResponse, RoundOutcome]:
+        out = RoundOutcome(
+            k=req.k,
+            draft_ids=[],
+            matches=[],
+            target_ids=[],
+            num_accepted=0,
+            next_token=-1,
+            next_kind=target_pb2.NEXT_KIND_UNSPECIFIED,
+            emitted=[],
+            proposer=req.proposer,
+            context_tokens=len(req.context_ids),
+        )
         empty = draft_pb2.ProposeResponse()
         taken = await take(req.ahead, req.context_ids, req.k, MODEL if self.remote_model(req) else "")
         if taken is not None:
@@ -285,8 +314,12 @@ class RoundRunner:
         if self.draft is None:
             out.degraded = True
             return empty, out
-        propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id, k=req.k,
-                                           runner_up=req.runner_up or req.ahead_plan.wants_runner_up(req.k))
+        propose = draft_pb2.ProposeRequest(
+            session_id=req.session_id,
+            request_id=req.request_id,
+            k=req.k,
+            runner_up=req.runner_up or req.ahead_plan.wants_runner_up(req.k),
+        )
         propose.sampling.MergeFromString(sampling_bytes(req.sampling))
         send = context_send(req, "draft")
         if remote_kind:
@@ -296,8 +329,9 @@ class RoundRunner:
             propose.target_hidden.CopyFrom(rows)
         try:
             timeout = self._deadline(len(req.context_ids) + req.k, req.deadline)
-            response, out.draft_replica, out.retries = await self._call(self.draft, req, "Propose", propose,
-                                                                        timeout, send)
+            response, out.draft_replica, out.retries = await self._call(
+                self.draft, req, "Propose", propose, timeout, send
+            )
         except DEGRADING_DRAFT_ERRORS as exc:
             log.warning("draft unavailable, degrading session %s to target-only this round: %s", req.session_id, exc)
             out.degraded = True
@@ -323,14 +357,20 @@ class RoundRunner:
         out.wire_bytes = taken.response.ByteSize()
         return out
 
-    def _start_ahead(self, req: RoundRequest, proposal: draft_pb2.ProposeResponse,
-                     out: RoundOutcome) -> PreDraft | None:
+    def _start_ahead(
+        self, req: RoundRequest, proposal: draft_pb2.ProposeResponse, out: RoundOutcome
+    ) -> PreDraft | None:
         """Overlap: start drafting the next round's candidate blocks (req.ahead_plan) from this round's context
         while the verify runs. None when the round's draft was not the pool's model, it proposed fewer than k
         tokens, or the draft replica has other work queued (OverlapConfig.max_draft_in_flight)."""
-        drafted = out.draft_kind == MODEL and len(proposal.draft_ids) == req.k    # k = 0: the guess alone
-        if (req.ahead_plan.k <= 0 or self.draft is None or out.degraded or not self.remote_model(req)
-                or not (req.k == 0 or drafted)):
+        drafted = out.draft_kind == MODEL and len(proposal.draft_ids) == req.k  # k = 0: the guess alone
+        if (
+            req.ahead_plan.k <= 0
+            or self.draft is None
+            or out.degraded
+            or not self.remote_model(req)
+            or not (req.k == 0 or drafted)
+        ):
             return None
         address = out.draft_replica or self.draft.set.pick(req.replica_key)
         if not address or self.draft.set.in_flight(address) > self.overlap.max_draft_in_flight:
@@ -349,7 +389,7 @@ class RoundRunner:
         if at <= len(block):
             if len(proposal.runner_up_ids) < at:
                 return None
-            before, guess = block[:at - 1], proposal.runner_up_ids[at - 1]
+            before, guess = block[: at - 1], proposal.runner_up_ids[at - 1]
             sent, tokens = before + [guess], k
         else:
             before, guess, sent, tokens = block, None, block, k + 1
@@ -357,16 +397,30 @@ class RoundRunner:
             timeout = self._deadline(len(req.context_ids) + len(sent) + tokens, req.deadline)
         except DeadlineExceeded:
             return None
-        propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id, k=tokens,
-                                           draft_kind=MODEL, runner_up=req.runner_up)   # for the next round's branches
+        propose = draft_pb2.ProposeRequest(
+            session_id=req.session_id, request_id=req.request_id, k=tokens, draft_kind=MODEL, runner_up=req.runner_up
+        )  # for the next round's branches
         propose.sampling.MergeFromString(sampling_bytes(req.sampling))
-        send = (req.wire.send_ahead("draft", req.context_ids, sent) if req.wire is not None
-                else ContextSend(None, "draft", list(req.context_ids) + sent))
-        return Branch(BlockBase.of(req.context_ids, before), guess,
-                      lambda: self._call(draft, req, "Propose", propose, timeout, send))
+        send = (
+            req.wire.send_ahead("draft", req.context_ids, sent)
+            if req.wire is not None
+            else ContextSend(None, "draft", list(req.context_ids) + sent)
+        )
+        return Branch(
+            BlockBase.of(req.context_ids, before),
+            guess,
+            lambda: self._call(draft, req, "Propose", propose, timeout, send),
+        )
 
-    async def _verify_and_ahead(self, req: RoundRequest, proposal: draft_pb2.ProposeResponse, out: RoundOutcome,
-                                verify: target_pb2.VerifyRequest, timeout: float, send: ContextSend) -> tuple:
+    async def _verify_and_ahead(
+        self,
+        req: RoundRequest,
+        proposal: draft_pb2.ProposeResponse,
+        out: RoundOutcome,
+        verify: target_pb2.VerifyRequest,
+        timeout: float,
+        send: ContextSend,
+    ) -> tuple:
         """The round's Verify; with overlap, the next round's pre-draft runs beside it (out.ahead)."""
         if req.ahead_plan.k <= 0:
             return await self._call(self.target, req, "Verify", verify, timeout, send)
@@ -378,7 +432,7 @@ class RoundRunner:
             running = {verifying} | ({out.ahead.task} if out.ahead is not None else set())
             for task in running:
                 task.cancel()
-            await asyncio.wait(running)      # both calls have stopped when the round has
+            await asyncio.wait(running)  # both calls have stopped when the round has
             raise
         if out.ahead is not None:
             out.ahead.verified = time.perf_counter()

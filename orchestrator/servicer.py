@@ -15,21 +15,21 @@ trailing metadata (ADMISSION_METADATA_PREFIX + active / admitted / released / re
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 import grpc
-
-from specdec.errors import NotFound, ResourceExhausted
-from specdec.metrics import OrchestratorMetrics
-from specdec.protocol import PROTOCOL_VERSION
-from specdec.v1 import orchestrator_pb2 as pb
-from specdec.v1 import orchestrator_pb2_grpc
 
 from orchestrator.affinity import ConversationRoutes, conversation_key, routed_by
 from orchestrator.generation import Deps, Generation, store_errors
 from orchestrator.idempotency import check_id, keyed_session
 from orchestrator.pair import PairMonitor
+from specdec.errors import NotFound, ResourceExhausted
+from specdec.metrics import OrchestratorMetrics
+from specdec.protocol import PROTOCOL_VERSION
+from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import orchestrator_pb2_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Orchestrator"].full_name
 ADMISSION_METADATA_PREFIX = "specdec-admission-"
@@ -65,8 +65,13 @@ class Admission:
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The counters as gRPC metadata pairs."""
-        values = {"active": self.active, "admitted": self.admitted, "released": self.released,
-                  "rejected": self.rejected, "cap": self.cap}
+        values = {
+            "active": self.active,
+            "admitted": self.admitted,
+            "released": self.released,
+            "rejected": self.rejected,
+            "cap": self.cap,
+        }
         return tuple((ADMISSION_METADATA_PREFIX + name, str(v)) for name, v in values.items())
 
 
@@ -83,7 +88,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         self.deps = deps
         self.pair = pair
         self.admission = admission
-        self.routes = ConversationRoutes()      # generations in flight per conversation key
+        self.routes = ConversationRoutes()  # generations in flight per conversation key
 
     async def _start(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> Generation:
         left = context.time_remaining()
@@ -92,12 +97,12 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         problem = self.pair.problem_error()
         if problem is not None:
             raise problem
-        with store_errors():   # a request_id without session_id runs in the session its key names
+        with store_errors():  # a request_id without session_id runs in the session its key names
             keyed = await keyed_session(self.deps.store, request, self.deps.cfg.limits.max_id_chars)
         generation = Generation(self.deps, request, client_deadline(context), keyed)  # INVALID_ARGUMENT first
         # the same idempotency key generating here already: refused (orchestrator/idempotency.py)
         self.deps.running.enter(generation.session_id, generation.request_id, generation.fingerprint)
-        cfg = self.deps.cfg   # a stateless request goes to its conversation's replicas (orchestrator/affinity.py)
+        cfg = self.deps.cfg  # a stateless request goes to its conversation's replicas (orchestrator/affinity.py)
         key = "" if request.HasField("session_id") else conversation_key(request, cfg.affinity_prompt_chars)
         generation.route = self.routes.claim(key, cfg.affinity_max_live)
         try:
@@ -123,7 +128,9 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             self._leave(generation)
         return generation.response()
 
-    async def GenerateStream(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
+    async def GenerateStream(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateChunk]:
         generation = await self._start(request, context)
         try:
             async for chunk in generation.chunks():
@@ -137,9 +144,17 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             s = await self.deps.store.get(request.session_id)
         if s is None:
             raise NotFound(f"session {request.session_id!r} does not exist")
-        return pb.SessionInfo(session_id=s.session_id, status=s.status, prompt_tokens=s.prompt_tokens,
-                              total_tokens=len(s.ids), turns=s.turns, version=s.version,
-                              created_at=s.created_at, updated_at=s.updated_at, request_id=s.request_id)
+        return pb.SessionInfo(
+            session_id=s.session_id,
+            status=s.status,
+            prompt_tokens=s.prompt_tokens,
+            total_tokens=len(s.ids),
+            turns=s.turns,
+            version=s.version,
+            created_at=s.created_at,
+            updated_at=s.updated_at,
+            request_id=s.request_id,
+        )
 
     async def DeleteSession(self, request: pb.SessionRequest, context: Any) -> pb.SessionInfo:
         info = await self.GetSession(request, context)
@@ -151,5 +166,6 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
 
     async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
         context.set_trailing_metadata(self.admission.metadata())
-        return pb.StatusResponse(protocol_version=PROTOCOL_VERSION, target_model=self.deps.model_name,
-                                 replicas=self.pair.replica_statuses())
+        return pb.StatusResponse(
+            protocol_version=PROTOCOL_VERSION, target_model=self.deps.model_name, replicas=self.pair.replica_statuses()
+        )

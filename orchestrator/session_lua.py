@@ -21,7 +21,7 @@ from orchestrator.session_types import ID_BYTES, MS_PER_SECOND, US_PER_MS
 
 R_OK, R_RESUMED, R_NOT_FOUND, R_EXISTS = "OK", "RESUMED", "NOT_FOUND", "EXISTS"
 R_VERSION, R_LEASE, R_BUSY, R_RANGE, R_REUSED = "VERSION", "LEASE", "BUSY", "RANGE", "REUSED"
-R_APPLIED = "APPLIED"   # a retried write found already applied (nothing done again)
+R_APPLIED = "APPLIED"  # a retried write found already applied (nothing done again)
 
 _LUA_PRELUDE = """
 if redis.replicate_commands then redis.replicate_commands() end
@@ -196,7 +196,11 @@ def _lua(body: str) -> str:
 
 
 SCRIPTS = {
-    "get": _lua(_LUA_GET), "create": _lua(_LUA_CREATE), "append": _lua(_LUA_APPEND),
-    "truncate": _lua(_LUA_TRUNCATE), "begin": _lua(_LUA_BEGIN), "renew": _lua(_LUA_RENEW),
+    "get": _lua(_LUA_GET),
+    "create": _lua(_LUA_CREATE),
+    "append": _lua(_LUA_APPEND),
+    "truncate": _lua(_LUA_TRUNCATE),
+    "begin": _lua(_LUA_BEGIN),
+    "renew": _lua(_LUA_RENEW),
     "finish": _lua(_LUA_FINISH),
 }

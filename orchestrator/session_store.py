@@ -53,7 +53,8 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -62,11 +63,35 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from orchestrator.session_lua import (
-    R_APPLIED, R_BUSY, R_EXISTS, R_LEASE, R_NOT_FOUND, R_OK, R_RANGE, R_RESUMED, R_REUSED, R_VERSION, SCRIPTS,
+    R_APPLIED,
+    R_BUSY,
+    R_EXISTS,
+    R_LEASE,
+    R_NOT_FOUND,
+    R_OK,
+    R_RANGE,
+    R_RESUMED,
+    R_REUSED,
+    R_VERSION,
+    SCRIPTS,
 )
 from orchestrator.session_types import (
-    COUNTER_FIELDS, ID_BYTES, MS_PER_SECOND, LeaseLost, RequestReused, Session, SessionBusy, SessionExists,
-    SessionNotFound, SessionStoreError, StoreUnavailable, VersionConflict, Written, encode_ids, session_from_reply, decode_text,
+    COUNTER_FIELDS,
+    ID_BYTES,
+    MS_PER_SECOND,
+    LeaseLost,
+    RequestReused,
+    Session,
+    SessionBusy,
+    SessionExists,
+    SessionNotFound,
+    SessionStoreError,
+    StoreUnavailable,
+    VersionConflict,
+    Written,
+    decode_text,
+    encode_ids,
+    session_from_reply,
     written_from_reply,
 )
 
@@ -211,7 +236,11 @@ class SessionStore:
         raise SessionStoreError(f"unexpected script reply {status!r}")
 
     async def create(
-        self, session_id: str, ids: Sequence[int], prompt_tokens: int, params: Mapping[str, Any],
+        self,
+        session_id: str,
+        ids: Sequence[int],
+        prompt_tokens: int,
+        params: Mapping[str, Any],
         write_id: str = "",
     ) -> Session:
         """Create a session holding ``ids`` (turns = 1 if ``ids`` else 0), status idle, version 1.
@@ -222,13 +251,19 @@ class SessionStore:
             SessionExists: the id is taken.  StoreUnavailable: Redis unreachable.
         """
         reply = await self._script(
-            "create", session_id, encode_ids(ids), int(prompt_tokens), 1 if ids else 0,
-            _params_json(params), self.ttl_seconds, _write_id(write_id),
+            "create",
+            session_id,
+            encode_ids(ids),
+            int(prompt_tokens),
+            1 if ids else 0,
+            _params_json(params),
+            self.ttl_seconds,
+            _write_id(write_id),
         )
         self._raise_for(session_id, reply)
         return session_from_reply(session_id, reply)
 
-    async def get(self, session_id: str) -> Optional[Session]:
+    async def get(self, session_id: str) -> Session | None:
         """Return the session (hash and ids read atomically), or None if it does not exist."""
         reply = await self._script("get", session_id)
         if decode_text(reply[0]) == R_NOT_FOUND:
@@ -260,8 +295,14 @@ class SessionStore:
             raise ValueError(f"unknown counters {sorted(unknown)}; allowed {sorted(COUNTER_FIELDS)}")
         pairs = [x for name, delta in counters_delta.items() for x in (name, int(delta))]
         reply = await self._script(
-            "append", session_id, int(expected_version), owner, encode_ids(new_ids),
-            self.ttl_seconds, _write_id(write_id), *pairs,
+            "append",
+            session_id,
+            int(expected_version),
+            owner,
+            encode_ids(new_ids),
+            self.ttl_seconds,
+            _write_id(write_id),
+            *pairs,
         )
         self._raise_for(session_id, reply, expected_version)
         return written_from_reply(reply)
@@ -297,9 +338,16 @@ class SessionStore:
         if not request_id:
             raise ValueError("request_id must be non-empty")
         reply = await self._script(
-            "begin", session_id, request_id, owner, _lease_ms(lease_seconds),
-            encode_ids(new_turn_ids), _params_json(params), self.ttl_seconds,
-            "1" if create_missing else "0", fingerprint,
+            "begin",
+            session_id,
+            request_id,
+            owner,
+            _lease_ms(lease_seconds),
+            encode_ids(new_turn_ids),
+            _params_json(params),
+            self.ttl_seconds,
+            "1" if create_missing else "0",
+            fingerprint,
         )
         self._raise_for(session_id, reply)
         return session_from_reply(session_id, reply), decode_text(reply[0]) == R_RESUMED
@@ -310,14 +358,17 @@ class SessionStore:
         Raises:
             LeaseLost: another owner holds a live lease, or no request is generating.
         """
-        reply = await self._script(
-            "renew", session_id, owner, _lease_ms(lease_seconds), self.ttl_seconds
-        )
+        reply = await self._script("renew", session_id, owner, _lease_ms(lease_seconds), self.ttl_seconds)
         self._raise_for(session_id, reply)
         return int(reply[1]) / MS_PER_SECOND
 
     async def finish_request(
-        self, session_id: str, owner: str, finish_reason: str, expected_version: int, write_id: str = "",
+        self,
+        session_id: str,
+        owner: str,
+        finish_reason: str,
+        expected_version: int,
+        write_id: str = "",
         text_chars: int = -1,
     ) -> Session:
         """Mark the request finished: status idle, lease cleared, last_finish_reason set, and the
@@ -327,8 +378,14 @@ class SessionStore:
         ``write_id`` (module docstring).
         """
         reply = await self._script(
-            "finish", session_id, owner, finish_reason, int(expected_version), self.ttl_seconds,
-            _write_id(write_id), int(text_chars),
+            "finish",
+            session_id,
+            owner,
+            finish_reason,
+            int(expected_version),
+            self.ttl_seconds,
+            _write_id(write_id),
+            int(text_chars),
         )
         self._raise_for(session_id, reply, expected_version)
         return session_from_reply(session_id, reply)
@@ -346,8 +403,13 @@ class SessionStore:
         if length < 0:
             raise ValueError("length must be >= 0")
         reply = await self._script(
-            "truncate", session_id, int(expected_version), owner, length * ID_BYTES,
-            self.ttl_seconds, _write_id(write_id),
+            "truncate",
+            session_id,
+            int(expected_version),
+            owner,
+            length * ID_BYTES,
+            self.ttl_seconds,
+            _write_id(write_id),
         )
         self._raise_for(session_id, reply, expected_version)
         return written_from_reply(reply)
@@ -356,7 +418,7 @@ class SessionStore:
         """Delete the session (both keys); True if it existed."""
         return bool(await self._run(self._redis.delete(*self.keys(session_id))))
 
-    async def memory_bytes(self, session_id: str) -> Optional[int]:
+    async def memory_bytes(self, session_id: str) -> int | None:
         """Bytes Redis uses for the session, hash plus ids (``MEMORY USAGE``); None if absent."""
 
         async def both() -> list[Any]:

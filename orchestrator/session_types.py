@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import sys
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 MS_PER_SECOND = 1000
 US_PER_MS = 1000
@@ -92,13 +93,13 @@ class Session:
     lease_until: float
     request_id: str
     request_base_len: int
-    fingerprint: str = ""   # of the latest request (orchestrator/idempotency.py); "" = stored before they existed
-    last_text_chars: int = -1   # characters of text the finished request delivered; -1 = not known
+    fingerprint: str = ""  # of the latest request (orchestrator/idempotency.py); "" = stored before they existed
+    last_text_chars: int = -1  # characters of text the finished request delivered; -1 = not known
 
     @property
     def completion_ids(self) -> list[int]:
         """Ids generated so far by the latest request (after its prompt)."""
-        return self.ids[self.request_base_len + self.prompt_tokens:]
+        return self.ids[self.request_base_len + self.prompt_tokens :]
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def decode_ids(blob: bytes) -> list[int]:
     return packed.tolist()
 
 
-def decode_text(value: Optional[bytes]) -> str:
+def decode_text(value: bytes | None) -> str:
     """Decode a hash value (absent → '')."""
     return value.decode("utf-8") if value is not None else ""
 
@@ -178,6 +179,4 @@ def session_from_reply(session_id: str, reply: Sequence[Any]) -> Session:
 
 def written_from_reply(reply: Sequence[Any]) -> Written:
     """Build a Written from a script reply ``[status, version, length, lease_until_ms]``."""
-    return Written(
-        version=int(reply[1]), length=int(reply[2]), lease_until=int(reply[3]) / MS_PER_SECOND
-    )
+    return Written(version=int(reply[1]), length=int(reply[2]), lease_until=int(reply[3]) / MS_PER_SECOND)

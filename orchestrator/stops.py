@@ -14,8 +14,9 @@ Semantics (tested in tests/unit/test_stops.py):
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from specdec.v1 import orchestrator_pb2 as pb
 
@@ -37,7 +38,7 @@ class StopResult:
 
     emit: str
     stopped: bool
-    matched: Optional[str]
+    matched: str | None
 
 
 class StopMatcher:
@@ -55,7 +56,7 @@ class StopMatcher:
             raise ValueError("stop strings must be non-empty")
         self._stops: tuple[str, ...] = tuple(dict.fromkeys(stops))
         self._held = ""
-        self._matched: Optional[str] = None
+        self._matched: str | None = None
 
     @property
     def stopped(self) -> bool:
@@ -80,7 +81,7 @@ class StopMatcher:
             self._matched, self._held = stop, ""
             return StopResult(buf[:start], True, stop)
         keep = self._partial_suffix_len(buf)
-        self._held = buf[len(buf) - keep:] if keep else ""
+        self._held = buf[len(buf) - keep :] if keep else ""
         return StopResult(buf[: len(buf) - keep], False, None)
 
     def flush(self) -> str:
@@ -88,12 +89,12 @@ class StopMatcher:
         held, self._held = self._held, ""
         return "" if self._matched is not None else held
 
-    def _earliest_match(self, buf: str, old_len: int) -> Optional[tuple[int, str]]:
+    def _earliest_match(self, buf: str, old_len: int) -> tuple[int, str] | None:
         """Return (start, stop) of the stop completing earliest in ``buf``, if any.
 
         ``buf[:old_len]`` is known to hold no complete stop, so every match ends after it.
         """
-        best: Optional[tuple[int, int, str]] = None  # (end, -length, stop)
+        best: tuple[int, int, str] | None = None  # (end, -length, stop)
         for stop in self._stops:
             start = buf.find(stop, max(0, old_len - len(stop) + 1))
             if start < 0:
@@ -154,8 +155,9 @@ def tokens_before_stop(
     return lo
 
 
-def cut_at_limits(emitted: Sequence[int], completed: int, context_len: int, params: Any, eos_ids: Any,
-                  max_context: int) -> tuple[list[int], int]:
+def cut_at_limits(
+    emitted: Sequence[int], completed: int, context_len: int, params: Any, eos_ids: Any, max_context: int
+) -> tuple[list[int], int]:
     """A round's tokens cut at EOS (when honoured: not with params.ignore_eos, not before params.min_tokens),
     params.max_new_tokens or the model's context end; returns (tokens kept, the finish reason they hit,
     FINISH_REASON_UNSPECIFIED = none). completed / context_len: completion and context tokens before them."""

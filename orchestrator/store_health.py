@@ -23,8 +23,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 log = logging.getLogger("specdec.orchestrator")
 
-STALE_CONNECTION_RETRIES = 1   # a closed connection is retried once, at once; a timeout never
-BACKSTOP_FACTOR = 2.0   # connect + read are each bounded by the timeout; asyncio's bound covers both
+STALE_CONNECTION_RETRIES = 1  # a closed connection is retried once, at once; a timeout never
+BACKSTOP_FACTOR = 2.0  # connect + read are each bounded by the timeout; asyncio's bound covers both
 
 
 class StoreProbe:
@@ -41,7 +41,8 @@ class StoreProbe:
         self.timeout_s = timeout_s
         retry = Retry(NoBackoff(), STALE_CONNECTION_RETRIES, supported_errors=(RedisConnectionError,))
         self._redis: aioredis.Redis = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=retry)
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=retry
+        )
         self.problem = ""
 
     async def check(self) -> str:

@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 
@@ -47,8 +48,9 @@ class StreamEnded(Exception):
     """The replica ended the stream before answering (OK status: it drains; the request was not read)."""
 
 
-async def call_once_more_if_ended(take: Callable[[bool], Awaitable[tuple[Any, bool]]],
-                                  exchange: Callable[[Any], Awaitable[Any]], deadline: float) -> Any:
+async def call_once_more_if_ended(
+    take: Callable[[bool], Awaitable[tuple[Any, bool]]], exchange: Callable[[Any], Awaitable[Any]], deadline: float
+) -> Any:
     """One call on a pooled channel (a round stream, a round-lane connection): `take(fresh)` gives
     (channel, whether it was idle in the pool; fresh: after closing the idle ones), `exchange(channel)`
     makes the call. A channel the replica had ended while it sat idle (StreamEnded before an answer) is
@@ -80,7 +82,7 @@ class RoundStreams:
         self.metadata = metadata
         self.idle_max = idle_max
         self._idle: dict[str, list[grpc.aio.StreamStreamCall]] = {}
-        self.opened = 0                    # streams opened (a test reads it: calls reuse streams)
+        self.opened = 0  # streams opened (a test reads it: calls reuse streams)
 
     def _take(self, method: str) -> tuple[grpc.aio.StreamStreamCall, bool]:
         """(an idle stream of `method` or a new one, whether it was idle)."""
@@ -108,8 +110,10 @@ class RoundStreams:
             if fresh:
                 self.close_idle(method)
             return self._take(method)
-        return await call_once_more_if_ended(take, lambda call: self._exchange(method, call, request, deadline),
-                                             deadline)
+
+        return await call_once_more_if_ended(
+            take, lambda call: self._exchange(method, call, request, deadline), deadline
+        )
 
     async def _exchange(self, method: str, call: grpc.aio.StreamStreamCall, request: Any, deadline: float) -> Any:
         """Write the request, read its response; the stream goes back to the pool only after a whole call."""
@@ -119,7 +123,7 @@ class RoundStreams:
                 request.timeout_ms = max(1, math.ceil((deadline - asyncio.get_running_loop().time()) * MS_PER_S))
                 try:
                     await call.write(request)
-                except asyncio.InvalidStateError:    # the replica ended the stream (OK) before this call
+                except asyncio.InvalidStateError:  # the replica ended the stream (OK) before this call
                     raise StreamEnded(f"the replica ended its {method} stream") from None
                 except grpc.aio.AioRpcError as exc:
                     # the write raced the replica's end of the stream: gRPC fails the send ("Internal error

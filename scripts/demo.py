@@ -30,16 +30,18 @@ from specdec.report import round_table, stats_lines
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 
-PROMPT = ("Rewrite this sentence in the past tense: I walk to the park, I play football with my friends "
-          "and then I go home.")
-DEFAULT_K = None          # k unset: the server's default configuration
+PROMPT = (
+    "Rewrite this sentence in the past tense: I walk to the park, I play football with my friends and then I go home."
+)
+DEFAULT_K = None  # k unset: the server's default configuration
 MAX_NEW_TOKENS, TIMEOUT_S = 160, 600
 WARMUP_TOKENS = 8
 TIMED_PAIRS = 3
 
 
-def ask(stub: orchestrator_pb2_grpc.OrchestratorStub, k: int | None, max_new_tokens: int = MAX_NEW_TOKENS
-        ) -> pb.GenerateResponse:
+def ask(
+    stub: orchestrator_pb2_grpc.OrchestratorStub, k: int | None, max_new_tokens: int = MAX_NEW_TOKENS
+) -> pb.GenerateResponse:
     req = pb.GenerateRequest(max_new_tokens=max_new_tokens, trace=True)
     if k is not None:
         req.k = k
@@ -47,7 +49,9 @@ def ask(stub: orchestrator_pb2_grpc.OrchestratorStub, k: int | None, max_new_tok
     return stub.Generate(req, timeout=TIMEOUT_S)
 
 
-def timed_runs(stub: orchestrator_pb2_grpc.OrchestratorStub) -> tuple[list[pb.GenerateResponse], list[pb.GenerateResponse]]:
+def timed_runs(
+    stub: orchestrator_pb2_grpc.OrchestratorStub,
+) -> tuple[list[pb.GenerateResponse], list[pb.GenerateResponse]]:
     """Warm both configurations up (not timed), then run them interleaved TIMED_PAIRS times."""
     for k in (DEFAULT_K, 0):
         ask(stub, k, WARMUP_TOKENS)
@@ -60,7 +64,9 @@ def timed_runs(stub: orchestrator_pb2_grpc.OrchestratorStub) -> tuple[list[pb.Ge
 
 def main() -> int:
     print("starting Redis, target (SmolLM2-135M-Instruct, GGUF), n-gram draft and orchestrator ...", flush=True)
-    with LocalStack(StackConfig(target_model="embedded", draft_kind="ngram", threads=default_threads("ngram"))) as stack:
+    with LocalStack(
+        StackConfig(target_model="embedded", draft_kind="ngram", threads=default_threads("ngram"))
+    ) as stack:
         for proc in stack.procs:
             print(f"  {proc.role:<12} {proc.address}")
         with grpc.insecure_channel(stack.orchestrator_address) as channel:
@@ -72,10 +78,12 @@ def main() -> int:
     print(round_table(spec.trace))
     spec_ms = statistics.median(r.stats.total_ms for r in spec_runs)
     plain_ms = statistics.median(r.stats.total_ms for r in plain_runs)
-    print(f"\ntarget-only (k=0): {plain.stats.rounds} target passes, median {plain_ms:.0f} ms; "
-          f"default: {spec.stats.rounds} target passes, median {spec_ms:.0f} ms "
-          f"-> {plain_ms / max(spec_ms, 1e-9):.2f}x (warmed up, {TIMED_PAIRS} interleaved runs each); "
-          f"{identity(spec_runs, plain_runs)}")
+    print(
+        f"\ntarget-only (k=0): {plain.stats.rounds} target passes, median {plain_ms:.0f} ms; "
+        f"default: {spec.stats.rounds} target passes, median {spec_ms:.0f} ms "
+        f"-> {plain_ms / max(spec_ms, 1e-9):.2f}x (warmed up, {TIMED_PAIRS} interleaved runs each); "
+        f"{identity(spec_runs, plain_runs)}"
+    )
     return 0
 
 

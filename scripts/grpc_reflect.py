@@ -33,8 +33,13 @@ class Reflector:
         self._files: dict[str, descriptor_pb2.FileDescriptorProto] = {}
 
     def _ask(self, **kwargs) -> reflection_pb2.ServerReflectionResponse:
-        reply = next(iter(self.stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(**kwargs)]),
-                                                         timeout=self.timeout)))
+        reply = next(
+            iter(
+                self.stub.ServerReflectionInfo(
+                    iter([reflection_pb2.ServerReflectionRequest(**kwargs)]), timeout=self.timeout
+                )
+            )
+        )
         if reply.HasField("error_response"):
             raise LookupError(f"reflection: {reply.error_response.error_message} ({kwargs})")
         return reply
@@ -78,8 +83,11 @@ class Reflector:
         service_name, method_name = full.split("/")
         service = self.symbol(service_name)
         method = service.methods_by_name[method_name]
-        return (method, message_factory.GetMessageClass(method.input_type),
-                message_factory.GetMessageClass(method.output_type))
+        return (
+            method,
+            message_factory.GetMessageClass(method.input_type),
+            message_factory.GetMessageClass(method.output_type),
+        )
 
     def call(self, channel: grpc.Channel, full: str, request_json: str, timeout: float, metadata=()):
         """Yield the response(s) of a unary or server-streaming method, as messages."""
@@ -87,12 +95,14 @@ class Reflector:
         request = json_format.Parse(request_json or "{}", req_cls())
         path = "/" + full
         if method.server_streaming:
-            call = channel.unary_stream(path, request_serializer=req_cls.SerializeToString,
-                                        response_deserializer=resp_cls.FromString)
+            call = channel.unary_stream(
+                path, request_serializer=req_cls.SerializeToString, response_deserializer=resp_cls.FromString
+            )
             yield from call(request, timeout=timeout, metadata=metadata)
         else:
-            call = channel.unary_unary(path, request_serializer=req_cls.SerializeToString,
-                                       response_deserializer=resp_cls.FromString)
+            call = channel.unary_unary(
+                path, request_serializer=req_cls.SerializeToString, response_deserializer=resp_cls.FromString
+            )
             yield call(request, timeout=timeout, metadata=metadata)
 
 
@@ -112,14 +122,21 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(r.list_services()))
         elif args.verb == "describe":
             d = r.symbol(args.name)
-            proto = descriptor_pb2.DescriptorProto() if hasattr(d, "fields") else descriptor_pb2.ServiceDescriptorProto()
+            proto = (
+                descriptor_pb2.DescriptorProto() if hasattr(d, "fields") else descriptor_pb2.ServiceDescriptorProto()
+            )
             d.CopyToProto(proto)
             print(proto)
         else:
             try:
                 for msg in r.call(channel, args.name, args.data, args.timeout, metadata):
-                    print(json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True),
-                                     ensure_ascii=False, indent=2))
+                    print(
+                        json.dumps(
+                            json_format.MessageToDict(msg, preserving_proto_field_name=True),
+                            ensure_ascii=False,
+                            indent=2,
+                        )
+                    )
             except grpc.RpcError as exc:
                 print(f"ERROR: {exc.code().name}: {exc.details()}", file=sys.stderr)
                 return 1

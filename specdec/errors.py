@@ -96,8 +96,8 @@ class Cancelled(SpecDecError):
 
 # Markers at the start of the details of two errors, so that the HTTP gateway can give them their own
 # OpenAI error `code` (and clients can tell them apart from other ALREADY_EXISTS / ABORTED errors).
-IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"   # ALREADY_EXISTS: a request_id reused for a different request
-REQUEST_IN_PROGRESS = "request_in_progress"         # ABORTED: the same request is still running
+IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"  # ALREADY_EXISTS: a request_id reused for a different request
+REQUEST_IN_PROGRESS = "request_in_progress"  # ABORTED: the same request is still running
 
 
 class UnsupportedCacheError(RuntimeError):

@@ -12,7 +12,8 @@ Names follow vLLM's spec-decode metrics where one exists
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -38,8 +39,9 @@ def serve_metrics(port: int, registry: CollectorRegistry, host: str = "0.0.0.0")
 class ModelServiceCollector:
     """Reads a model service's worker state and KV-cache pool at scrape time."""
 
-    def __init__(self, role: str, state: Callable[[], Any], pool: Callable[[], Any],
-                 kernels: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self, role: str, state: Callable[[], Any], pool: Callable[[], Any], kernels: Callable[[], Any] | None = None
+    ) -> None:
         self.role, self._state, self._pool = role, state, pool
         self._kernels = kernels or (lambda: None)
 
@@ -50,47 +52,88 @@ class ModelServiceCollector:
         yield _counter("call_failures", "calls that failed inside the model", state.failures, labels)
         yield _gauge("queue_depth", "calls waiting for or running on the model", state.in_flight, labels)
         yield _counter("forward_batches", "batched forward passes (target)", state.batches, labels)
-        yield _counter("batched_calls", "calls carried by batched passes (mean batch = this / forward_batches)",
-                       state.batched_calls, labels)
-        yield _counter("inline_calls", "calls run on the event loop's thread (small ones while the model thread is "
-                       "idle, or every call with forwards on the loop)", state.inline_calls, labels)
-        yield _gauge("forwards_on_loop", "1: every forward runs on the event loop, no model thread "
-                     "(SPECDEC_LOOP_FORWARDS)", int(state.forwards_on_loop), labels)
-        yield _counter("prefill_chunks", "passes that prefilled one chunk of a long prompt (target, chunked prefill)",
-                       state.prefill_chunks, labels)
-        for name, ms, doc in (("model_busy_seconds", state.busy_ms, "time the model ran calls"),
-                              ("prefill_pass_seconds", state.prefill_ms, "model time in passes that prefilled (target)"),
-                              ("batch_wait_seconds", state.batch_wait_ms,
-                               "time a batch waited for the previous batch's sessions to come back (target)")):
+        yield _counter(
+            "batched_calls",
+            "calls carried by batched passes (mean batch = this / forward_batches)",
+            state.batched_calls,
+            labels,
+        )
+        yield _counter(
+            "inline_calls",
+            "calls run on the event loop's thread (small ones while the model thread is "
+            "idle, or every call with forwards on the loop)",
+            state.inline_calls,
+            labels,
+        )
+        yield _gauge(
+            "forwards_on_loop",
+            "1: every forward runs on the event loop, no model thread (SPECDEC_LOOP_FORWARDS)",
+            int(state.forwards_on_loop),
+            labels,
+        )
+        yield _counter(
+            "prefill_chunks",
+            "passes that prefilled one chunk of a long prompt (target, chunked prefill)",
+            state.prefill_chunks,
+            labels,
+        )
+        for name, ms, doc in (
+            ("model_busy_seconds", state.busy_ms, "time the model ran calls"),
+            ("prefill_pass_seconds", state.prefill_ms, "model time in passes that prefilled (target)"),
+            (
+                "batch_wait_seconds",
+                state.batch_wait_ms,
+                "time a batch waited for the previous batch's sessions to come back (target)",
+            ),
+        ):
             yield _counter(name, doc, ms / 1000.0, labels)
-        yield _counter("shed_calls", "prefills refused (RESOURCE_EXHAUSTED) because the queued work would outlast "
-                       "their deadline (target)", state.shed_calls, labels)
+        yield _counter(
+            "shed_calls",
+            "prefills refused (RESOURCE_EXHAUSTED) because the queued work would outlast their deadline (target)",
+            state.shed_calls,
+            labels,
+        )
         if state.max_batch:
             yield _gauge("max_batch", "sessions one forward pass may carry (target)", state.max_batch, labels)
-            yield _gauge("batch_fill", "recent sessions per forward pass / max_batch, exponentially weighted",
-                         state.recent_fill, labels)
-            yield _histogram("batch_size", "sessions per batched forward pass (target)", state.batch_sizes,
-                             BATCH_SIZE_BUCKETS, labels)
+            yield _gauge(
+                "batch_fill",
+                "recent sessions per forward pass / max_batch, exponentially weighted",
+                state.recent_fill,
+                labels,
+            )
+            yield _histogram(
+                "batch_size",
+                "sessions per batched forward pass (target)",
+                state.batch_sizes,
+                BATCH_SIZE_BUCKETS,
+                labels,
+            )
         yield from kernel_families(self._kernels(), labels)
         if pool is None:
             return
         c = pool.counters
-        for name, value, doc in (("cache_hits", c.hits, "calls that reused cached tokens"),
-                                 ("cache_misses", c.misses, "calls that reused nothing"),
-                                 ("cache_rollbacks", c.rollbacks, "calls that dropped rejected tokens"),
-                                 ("cache_rolled_back_tokens", c.rolled_back_tokens, "tokens dropped"),
-                                 ("cache_evictions", c.evictions, "sessions evicted to stay in budget"),
-                                 ("cache_evicted_tokens", c.evicted_tokens, "positions those evictions dropped"),
-                                 ("cache_reprefills", c.reprefills,
-                                  "calls of an evicted session, which prefill it again"),
-                                 ("cache_reprefill_tokens", c.reprefill_tokens,
-                                  "positions those sessions held when evicted (recomputed)"),
-                                 ("computed_tokens", c.computed_tokens, "tokens run through the model"),
-                                 ("reused_tokens", c.reused_tokens, "tokens served from the KV cache"),
-                                 ("cache_prefix_hits", c.prefix_hits,
-                                  "new sessions started from another session's cached prefix (prefix sharing)"),
-                                 ("cache_prefix_shared_tokens", c.prefix_shared_tokens,
-                                  "positions copied from another session's cache instead of computed")):
+        for name, value, doc in (
+            ("cache_hits", c.hits, "calls that reused cached tokens"),
+            ("cache_misses", c.misses, "calls that reused nothing"),
+            ("cache_rollbacks", c.rollbacks, "calls that dropped rejected tokens"),
+            ("cache_rolled_back_tokens", c.rolled_back_tokens, "tokens dropped"),
+            ("cache_evictions", c.evictions, "sessions evicted to stay in budget"),
+            ("cache_evicted_tokens", c.evicted_tokens, "positions those evictions dropped"),
+            ("cache_reprefills", c.reprefills, "calls of an evicted session, which prefill it again"),
+            ("cache_reprefill_tokens", c.reprefill_tokens, "positions those sessions held when evicted (recomputed)"),
+            ("computed_tokens", c.computed_tokens, "tokens run through the model"),
+            ("reused_tokens", c.reused_tokens, "tokens served from the KV cache"),
+            (
+                "cache_prefix_hits",
+                c.prefix_hits,
+                "new sessions started from another session's cached prefix (prefix sharing)",
+            ),
+            (
+                "cache_prefix_shared_tokens",
+                c.prefix_shared_tokens,
+                "positions copied from another session's cache instead of computed",
+            ),
+        ):
             yield _counter(name, doc, value, labels)
         yield _gauge("cache_used_bytes", "KV-cache bytes in use", pool.used_bytes(), labels)
         yield _gauge("cache_budget_bytes", "KV-cache byte budget", pool.budget_bytes, labels)
@@ -104,11 +147,14 @@ def kernel_families(plan: Any, labels: dict[str, str]) -> Iterable[Any]:
     if plan is None:
         return
     names = [*labels, "band", "kernel", "source"]
-    info = GaugeMetricFamily(f"{PREFIX}_linear_kernel_info", "CPU linear kernel chosen per row-count band",
-                             labels=names)
-    timing = GaugeMetricFamily(f"{PREFIX}_linear_kernel_probe_ms",
-                               "estimated linear time of one forward per band and candidate kernel, timed at load",
-                               labels=[*labels, "band", "kernel"])
+    info = GaugeMetricFamily(
+        f"{PREFIX}_linear_kernel_info", "CPU linear kernel chosen per row-count band", labels=names
+    )
+    timing = GaugeMetricFamily(
+        f"{PREFIX}_linear_kernel_probe_ms",
+        "estimated linear time of one forward per band and candidate kernel, timed at load",
+        labels=[*labels, "band", "kernel"],
+    )
     for band, kernel in plan.by_band().items():
         info.add_metric([*labels.values(), band, kernel, plan.source], 1.0)
         for candidate, ms in plan.timings_ms.get(band, {}).items():
@@ -129,14 +175,18 @@ def _gauge(name: str, doc: str, value: float, labels: dict[str, str]) -> GaugeMe
     return family
 
 
-def _histogram(name: str, doc: str, counts: dict[int, int], buckets: tuple[int, ...],
-               labels: dict[str, str]) -> HistogramMetricFamily:
+def _histogram(
+    name: str, doc: str, counts: dict[int, int], buckets: tuple[int, ...], labels: dict[str, str]
+) -> HistogramMetricFamily:
     """A histogram from {value: times seen}, built at scrape time (cumulative buckets, +Inf, sum)."""
     family = HistogramMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
     seen = dict(counts)  # a snapshot: the model thread may add a batch meanwhile
     cumulative = [(str(float(b)), sum(n for v, n in seen.items() if v <= b)) for b in buckets]
-    family.add_metric(list(labels.values()), cumulative + [("+Inf", sum(seen.values()))],
-                      sum_value=sum(v * n for v, n in seen.items()))
+    family.add_metric(
+        list(labels.values()),
+        cumulative + [("+Inf", sum(seen.values()))],
+        sum_value=sum(v * n for v, n in seen.items()),
+    )
     return family
 
 
@@ -151,18 +201,26 @@ class SpinCollector:
         if stats is None:
             return
         labels = {"role": self.role}
-        yield _counter("loop_poll_seconds", "time the event loop polled for an expected event instead of "
-                       "sleeping (SPECDEC_SPIN_US)", stats.spun_s, labels)
-        polls = CounterMetricFamily(f"{PREFIX}_loop_polls", "poll windows the event loop ran, by outcome "
-                                    "(caught: the event came while polling; missed: it slept after the window)",
-                                    labels=["role", "outcome"])
+        yield _counter(
+            "loop_poll_seconds",
+            "time the event loop polled for an expected event instead of sleeping (SPECDEC_SPIN_US)",
+            stats.spun_s,
+            labels,
+        )
+        polls = CounterMetricFamily(
+            f"{PREFIX}_loop_polls",
+            "poll windows the event loop ran, by outcome "
+            "(caught: the event came while polling; missed: it slept after the window)",
+            labels=["role", "outcome"],
+        )
         polls.add_metric([self.role, "caught"], stats.caught)
         polls.add_metric([self.role, "missed"], stats.missed)
         yield polls
 
 
-def model_service_registry(role: str, state: Callable[[], Any], pool: Callable[[], Any],
-                           kernels: Callable[[], Any] | None = None) -> CollectorRegistry:
+def model_service_registry(
+    role: str, state: Callable[[], Any], pool: Callable[[], Any], kernels: Callable[[], Any] | None = None
+) -> CollectorRegistry:
     """A registry exporting one model service's counters (and its kernel plan, when given)."""
     registry = CollectorRegistry()
     registry.register(ModelServiceCollector(role, state, pool, kernels))
@@ -180,46 +238,91 @@ class OrchestratorMetrics:
         self.drafts = Counter(f"{p}_num_drafts", "rounds with a draft", registry=r)
         self.draft_tokens = Counter(f"{p}_num_draft_tokens", "draft tokens proposed", registry=r)
         self.accepted_tokens = Counter(f"{p}_num_accepted_tokens", "draft tokens accepted", registry=r)
-        self.emitted_tokens = Counter(f"{p}_num_emitted_tokens",
-                                      "tokens the rounds emitted (recovered/bonus included, nothing after a cut)",
-                                      registry=r)
-        self.accepted_per_pos = Counter(f"{p}_num_accepted_tokens_per_pos", "accepted at position", ["position"], registry=r)
+        self.emitted_tokens = Counter(
+            f"{p}_num_emitted_tokens",
+            "tokens the rounds emitted (recovered/bonus included, nothing after a cut)",
+            registry=r,
+        )
+        self.accepted_per_pos = Counter(
+            f"{p}_num_accepted_tokens_per_pos", "accepted at position", ["position"], registry=r
+        )
         self.degraded_rounds = Counter(f"{PREFIX}_degraded_rounds", "rounds run target-only: no draft", registry=r)
         self.generations = Counter(f"{PREFIX}_generations", "finished generations", ["finish_reason"], registry=r)
-        self.round_seconds = Histogram(f"{PREFIX}_round_seconds", "time per round by part", ["part"],
-                                       buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "time to first token", buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds", "round time / tokens it yielded",
-                             buckets=LATENCY_BUCKETS, registry=r)
+        self.round_seconds = Histogram(
+            f"{PREFIX}_round_seconds", "time per round by part", ["part"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.ttft = Histogram(
+            f"{PREFIX}_time_to_first_token_seconds", "time to first token", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            f"{PREFIX}_inter_token_latency_seconds",
+            "round time / tokens it yielded",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.in_flight = Gauge(f"{PREFIX}_generations_in_flight", "admitted generations running", registry=r)
         self.rejected = Counter(f"{PREFIX}_admission_rejected", "requests refused at admission", registry=r)
-        self.k_per_round = Histogram(f"{p}_k", "draft tokens asked per round (adaptive: the k it chose)",
-                                     ["mode"], buckets=K_BUCKETS, registry=r)
-        self.latency_capped = Counter(f"{p}_latency_capped_rounds",
-                                      "adaptive rounds whose k the latency cap lowered (the target's passes were "
-                                      "shared; SPECDEC_LATENCY_SLACK)", registry=r)
-        self.context_resends = Counter(f"{PREFIX}_context_resends",
-                                       "calls resent with the whole context after a replica's context miss "
-                                       "(delta rounds: evicted, restarted or another replica)", ["role"], registry=r)
-        self.lane_fallbacks = Counter(f"{PREFIX}_round_lane_fallbacks",
-                                      "calls sent over gRPC because a replica's round lane could not be reached "
-                                      "(refused or no answer; the lane is then skipped for lane_retry_s)",
-                                      ["role"], registry=r)
-        self.predrafts = Counter(f"{PREFIX}_predrafts", "overlapped rounds: blocks drafted ahead during a verify, "
-                                 "by outcome (started | used; discarded = started - used; used_runner_up: used "
-                                 "blocks drafted behind the draft's runner-up token)",
-                                 ["outcome"], registry=r)
-        self.draft_hidden = Counter(f"{PREFIX}_draft_hidden_seconds",
-                                    "draft time (hop + forward) of used pre-drafts hidden behind verification", registry=r)
-        self.routes = Counter(f"{PREFIX}_generation_routes", "generations by what routed them to replicas: their "
-                              "session id, their conversation's opening, or one of its further routes (more than "
-                              "SPECDEC_AFFINITY_MAX_LIVE in flight; orchestrator/affinity.py)", ["by"], registry=r)
-        self.target_batch = Histogram(f"{PREFIX}_round_target_batch_size",
-                                      "sessions the target verified in the same forward pass as this round",
-                                      buckets=BATCH_SIZE_BUCKETS, registry=r)
+        self.k_per_round = Histogram(
+            f"{p}_k", "draft tokens asked per round (adaptive: the k it chose)", ["mode"], buckets=K_BUCKETS, registry=r
+        )
+        self.latency_capped = Counter(
+            f"{p}_latency_capped_rounds",
+            "adaptive rounds whose k the latency cap lowered (the target's passes were shared; SPECDEC_LATENCY_SLACK)",
+            registry=r,
+        )
+        self.context_resends = Counter(
+            f"{PREFIX}_context_resends",
+            "calls resent with the whole context after a replica's context miss "
+            "(delta rounds: evicted, restarted or another replica)",
+            ["role"],
+            registry=r,
+        )
+        self.lane_fallbacks = Counter(
+            f"{PREFIX}_round_lane_fallbacks",
+            "calls sent over gRPC because a replica's round lane could not be reached "
+            "(refused or no answer; the lane is then skipped for lane_retry_s)",
+            ["role"],
+            registry=r,
+        )
+        self.predrafts = Counter(
+            f"{PREFIX}_predrafts",
+            "overlapped rounds: blocks drafted ahead during a verify, "
+            "by outcome (started | used; discarded = started - used; used_runner_up: used "
+            "blocks drafted behind the draft's runner-up token)",
+            ["outcome"],
+            registry=r,
+        )
+        self.draft_hidden = Counter(
+            f"{PREFIX}_draft_hidden_seconds",
+            "draft time (hop + forward) of used pre-drafts hidden behind verification",
+            registry=r,
+        )
+        self.routes = Counter(
+            f"{PREFIX}_generation_routes",
+            "generations by what routed them to replicas: their "
+            "session id, their conversation's opening, or one of its further routes (more than "
+            "SPECDEC_AFFINITY_MAX_LIVE in flight; orchestrator/affinity.py)",
+            ["by"],
+            registry=r,
+        )
+        self.target_batch = Histogram(
+            f"{PREFIX}_round_target_batch_size",
+            "sessions the target verified in the same forward pass as this round",
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=r,
+        )
 
-    def observe_round(self, draft_ids: list[int], num_accepted: int, kept: int, draft_ms: float,
-                      target_ms: float, overhead_ms: float, wall_ms: float, degraded: bool) -> None:
+    def observe_round(
+        self,
+        draft_ids: list[int],
+        num_accepted: int,
+        kept: int,
+        draft_ms: float,
+        target_ms: float,
+        overhead_ms: float,
+        wall_ms: float,
+        degraded: bool,
+    ) -> None:
         """Account for one round: `draft_ids` and `num_accepted` as counted up to the cut, `kept` tokens emitted."""
         if draft_ids:
             self.drafts.inc()

@@ -26,12 +26,12 @@ SEED_BITS = 63
 DEFAULTS: dict[str, Any] = {
     # generation
     "max_new_tokens": 128,
-    "k": 4,                      # draft tokens per round; 0 = target-only decoding
-    "draft_kind": "",            # "" = the draft service's own kind
+    "k": 4,  # draft tokens per round; 0 = target-only decoding
+    "draft_kind": "",  # "" = the draft service's own kind
     "trace": False,
     "ignore_eos": False,
     "min_tokens": 0,
-    "logprobs": -1,              # -1 = no logprobs; 0 = chosen token only; n = top-n too
+    "logprobs": -1,  # -1 = no logprobs; 0 = chosen token only; n = top-n too
     "add_generation_prompt": True,
     "create_session": False,
     "resume_offset": 0,
@@ -41,14 +41,14 @@ DEFAULTS: dict[str, Any] = {
     # k), and for sampling, whose tokens for a seed depend on each round's k (a timing-priced k would make a seeded
     # request's output vary from run to run).
     "adaptive_k": None,
-    "max_rounds": 0,             # 0 = no cap beyond max_new_tokens (every round yields >= 1 token)
-    "overlap": None,             # None = the orchestrator's default (OverlapConfig.enabled; docs/overlap.md)
-    "overlap_branches": None,    # None = the orchestrator's default (OverlapConfig.branches)
+    "max_rounds": 0,  # 0 = no cap beyond max_new_tokens (every round yields >= 1 token)
+    "overlap": None,  # None = the orchestrator's default (OverlapConfig.enabled; docs/overlap.md)
+    "overlap_branches": None,  # None = the orchestrator's default (OverlapConfig.branches)
     # sampling (applied identically by draft and target)
     "temperature": 0.0,
     "top_k": 0,
     "top_p": 1.0,
-    "seed": None,                # None = a fresh random seed per request (returned in the session)
+    "seed": None,  # None = a fresh random seed per request (returned in the session)
     "repetition_penalty": 1.0,
     "frequency_penalty": 0.0,
     "presence_penalty": 0.0,
@@ -56,10 +56,16 @@ DEFAULTS: dict[str, Any] = {
 }
 
 SAMPLING_FIELDS = (
-    "temperature", "top_k", "top_p", "seed", "repetition_penalty",
-    "frequency_penalty", "presence_penalty", "draft_top_n",
+    "temperature",
+    "top_k",
+    "top_p",
+    "seed",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "draft_top_n",
 )
-MODEL, NGRAM, COMBINED = "model", "ngram", "combined"   # draft kinds
+MODEL, NGRAM, COMBINED = "model", "ngram", "combined"  # draft kinds
 DRAFT_KINDS = ("", MODEL, NGRAM, COMBINED)
 MODEL_DRAFT_KINDS = (MODEL, COMBINED)  # kinds that need draft weights
 
@@ -87,7 +93,7 @@ class GenerationParams:
     add_generation_prompt: bool = True
     max_rounds: int = 0
     adaptive_k: bool = False
-    overlap: bool | None = None          # None: the orchestrator's default
+    overlap: bool | None = None  # None: the orchestrator's default
     overlap_branches: int | None = None  # None: the orchestrator's default
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -133,10 +139,20 @@ def resolve_generation(request: Any, limits: Limits) -> GenerationParams:
     if adaptive is None:
         adaptive = not request.HasField("k") and sampling.greedy
     return GenerationParams(
-        max_rounds=max_rounds, adaptive_k=adaptive, overlap=get("overlap"), overlap_branches=branches,
-        max_new_tokens=max_new, k=k, draft_kind=draft_kind, sampling=sampling,
-        stop=stop, trace=get("trace"), ignore_eos=get("ignore_eos"), min_tokens=min_tokens,
-        logprobs=logprobs, add_generation_prompt=get("add_generation_prompt"),
+        max_rounds=max_rounds,
+        adaptive_k=adaptive,
+        overlap=get("overlap"),
+        overlap_branches=branches,
+        max_new_tokens=max_new,
+        k=k,
+        draft_kind=draft_kind,
+        sampling=sampling,
+        stop=stop,
+        trace=get("trace"),
+        ignore_eos=get("ignore_eos"),
+        min_tokens=min_tokens,
+        logprobs=logprobs,
+        add_generation_prompt=get("add_generation_prompt"),
     )
 
 

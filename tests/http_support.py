@@ -73,8 +73,15 @@ def shared_stack() -> HttpStack:
             started = time.perf_counter()
             directory = Path(tempfile.mkdtemp(prefix="specdec-http-"))
             target_dir, draft_dir = make_tiny_pair(directory, IDENTITY_PROMPTS)
-            stack = LocalStack(StackConfig(target_model=str(target_dir), draft_model=str(draft_dir),
-                                           draft_kind="model", threads=1, log_dir=str(directory)))
+            stack = LocalStack(
+                StackConfig(
+                    target_model=str(target_dir),
+                    draft_model=str(draft_dir),
+                    draft_kind="model",
+                    threads=1,
+                    log_dir=str(directory),
+                )
+            )
             gateway = GatewayProcess("", log_dir=str(directory))
             try:
                 stack.start()
@@ -86,6 +93,8 @@ def shared_stack() -> HttpStack:
                 raise
             _shared = HttpStack(stack, gateway, target_dir, draft_dir, time.perf_counter() - started)
             atexit.register(_shared.stop)
-            print(f"\n[http stack] started in {_shared.started_s:.1f} s: orchestrator {stack.orchestrator_address}, "
-                  f"http {gateway.url}")
+            print(
+                f"\n[http stack] started in {_shared.started_s:.1f} s: orchestrator {stack.orchestrator_address}, "
+                f"http {gateway.url}"
+            )
         return _shared

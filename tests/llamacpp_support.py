@@ -8,7 +8,7 @@ a (k+1)-row verify and a 1-row step round one position's logits up to ~1.1 apart
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from specdec.bench.llamacpp import LLAMACPP_N_CTX, LlamaCppProbe, target_gguf
 
@@ -20,9 +20,10 @@ class LlamaCppReference:
         import llama_cpp
 
         path = str(target_gguf(spec))
-        self.probe = LlamaCppProbe(path, threads)      # the bench's: 1-row passes of our runner
-        self.llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_threads_batch=threads,
-                                   n_ctx=LLAMACPP_N_CTX, verbose=False)
+        self.probe = LlamaCppProbe(path, threads)  # the bench's: 1-row passes of our runner
+        self.llm = llama_cpp.Llama(
+            model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=LLAMACPP_N_CTX, verbose=False
+        )
 
     def greedy(self, ids: Sequence[int], max_new: int, eos: Sequence[int]) -> list[int]:
         """llama.cpp's greedy continuation of `ids`: at most max_new tokens, through the first EOS."""
@@ -35,14 +36,14 @@ class LlamaCppReference:
         return out
 
     def divergence(self, prompt_ids: list[int], got: list[int], want: list[int]) -> str:
-        """"" when equal, "tie" when they first part at a near-tie (reported with its gap), else a message."""
+        """ "" when equal, "tie" when they first part at a near-tie (reported with its gap), else a message."""
         j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
         if j is None:
             return "" if len(got) == len(want) else f"lengths differ: {len(got)} vs {len(want)}"
         gap, tie = self.probe.top2_gap(prompt_ids, want[:j])
         if gap < tie:
             return "tie"
-        return f"diverged at {j} (top-2 gap {gap:.3f}): got {got[j:j + 5]} want {want[j:j + 5]}"
+        return f"diverged at {j} (top-2 gap {gap:.3f}): got {got[j : j + 5]} want {want[j : j + 5]}"
 
     def close(self) -> None:
         self.probe.close()

@@ -24,22 +24,26 @@ FENCE = re.compile(r"^```(?P<lang>\S*)\s*$")
 ORCH_ADDRESS, HTTP_ADDRESS = "127.0.0.1:50050", "127.0.0.1:8000"
 PERF_HEADING = "## Performance"
 #: table column -> measure key of the bench JSON (result[SET][MEASURE][CONFIG]).
-MEASURE_COLUMNS = {"tok/s": "tokens_per_s", "× our k=0": "speedup", "× HF prompt lookup": "vs_hf",
-                   "tokens / round": "mean_accepted_length"}
+MEASURE_COLUMNS = {
+    "tok/s": "tokens_per_s",
+    "× our k=0": "speedup",
+    "× HF prompt lookup": "vs_hf",
+    "tokens / round": "mean_accepted_length",
+}
 TEXT_COLUMNS = ("prompts", "configuration", "JSON", "command", "CPU")
 NOT_APPLICABLE = "–"
-LLAMACPP = "llamacpp"   # the bench's llama.cpp anchor (result["llamacpp"]["tok_s"][set])
-SERVER_CONFIGS = ("server", "server_ngram_simple", "server_ngram_mod")   # llama-server (result["llama_server"])
-ENGINE_LABEL = "llama.cpp "   # a row of our stack on the llama.cpp engine: "llama.cpp Q4_1, n-gram, ..."
-LOAD_KEY = "datasets"   # a `make bench-load` JSON (result["datasets"]["prompts"]["configs"][config][point])
+LLAMACPP = "llamacpp"  # the bench's llama.cpp anchor (result["llamacpp"]["tok_s"][set])
+SERVER_CONFIGS = ("server", "server_ngram_simple", "server_ngram_mod")  # llama-server (result["llama_server"])
+ENGINE_LABEL = "llama.cpp "  # a row of our stack on the llama.cpp engine: "llama.cpp Q4_1, n-gram, ..."
+LOAD_KEY = "datasets"  # a `make bench-load` JSON (result["datasets"]["prompts"]["configs"][config][point])
 
 
 @dataclass
 class Block:
     lang: str
     code: str
-    line: int              # 1-based line of the opening fence
-    not_run: str | None    # the marker's reason, None when the block is meant to run
+    line: int  # 1-based line of the opening fence
+    not_run: str | None  # the marker's reason, None when the block is meant to run
 
 
 def code_blocks(text: str) -> list[Block]:
@@ -54,7 +58,7 @@ def code_blocks(text: str) -> list[Block]:
         if end is None:
             raise ValueError(f"README line {i + 1}: code block never closed")
         marker = NOT_RUN.match(lines[i - 1].strip()) if i > 0 else None
-        blocks.append(Block(m["lang"], "\n".join(lines[i + 1:end]), i + 1, marker["reason"] if marker else None))
+        blocks.append(Block(m["lang"], "\n".join(lines[i + 1 : end]), i + 1, marker["reason"] if marker else None))
         i = end + 1
     return blocks
 
@@ -159,7 +163,10 @@ def _setting_errors(row: dict[str, str], path: str, result: dict[str, Any], wher
     expect = {
         "--out": (flags.get("--out", "bench/results/latest.json"), path),
         # runs from before the engine option ran torch
-        "--engine": (flags.get("--engine", "auto"), settings.get("engine_option", "auto" if "engine" in settings else "torch")),
+        "--engine": (
+            flags.get("--engine", "auto"),
+            settings.get("engine_option", "auto" if "engine" in settings else "torch"),
+        ),
         "--draft-kind": (flags.get("--draft-kind", "ngram"), settings["draft_kind"]),
         "--no-hf": (bool(flags.get("--no-hf")), "hf_assisted" not in result["grounded"]["tokens_per_s"]),
     }
@@ -169,8 +176,9 @@ def _setting_errors(row: dict[str, str], path: str, result: dict[str, Any], wher
         expect["--k"] = ([int(k) for k in str(flags["--k"]).split(",")], settings["k_sweep"])
     if "--threads" in flags:
         expect["--threads"] = (int(flags["--threads"]), settings["threads"]["target_service"])
-    errors += [f"{where}: command {flag} gives {a!r}, the JSON recorded {b!r}"
-               for flag, (a, b) in expect.items() if a != b]
+    errors += [
+        f"{where}: command {flag} gives {a!r}, the JSON recorded {b!r}" for flag, (a, b) in expect.items() if a != b
+    ]
     cpu = f"{machine['cpu_model']}, {machine['cores']} cores"
     if row["CPU"] != cpu:
         errors.append(f"{where}: CPU {row['CPU']!r}, the JSON recorded {cpu!r}")
@@ -189,9 +197,11 @@ def _label_errors(label: str, result: dict[str, Any], where: str) -> list[str]:
         if anchor.get("gguf", "") not in label:
             errors.append(f"{where}: label {label!r} does not name llama.cpp's GGUF {anchor.get('gguf')!r}")
     elif label.startswith(ENGINE_LABEL):
-        weights = label.split(",")[0][len(ENGINE_LABEL):]
+        weights = label.split(",")[0][len(ENGINE_LABEL) :]
         if settings.get("engine") != "llamacpp" or settings["dtype"] != weights:
-            errors.append(f"{where}: label {label!r}, the JSON ran engine {settings.get('engine')!r} on {settings['dtype']!r}")
+            errors.append(
+                f"{where}: label {label!r}, the JSON ran engine {settings.get('engine')!r} on {settings['dtype']!r}"
+            )
     elif dtype != settings["dtype"] or settings.get("engine", "torch") != "torch":
         errors.append(f"{where}: label {label!r} does not name the dtype {settings['dtype']} on torch")
     cap = re.search(r"adaptive k ≤ (\d+)", label)
@@ -242,8 +252,11 @@ def load_row_errors(row: dict[str, str], path: str, result: dict[str, Any], wher
         decimals = len(shown.split(".")[1]) if "." in shown else 0
         if f"{value:.{decimals}f}" != shown:
             errors.append(f"{where}: {column} = {shown}, the JSON says {value:.{decimals}f} ({value})")
-    errors += [f"{where}: {column} should be {NOT_APPLICABLE}" for column in ("× HF prompt lookup", "tokens / round")
-               if row[column] != NOT_APPLICABLE]
+    errors += [
+        f"{where}: {column} should be {NOT_APPLICABLE}"
+        for column in ("× HF prompt lookup", "tokens / round")
+        if row[column] != NOT_APPLICABLE
+    ]
     (command,) = backticked(row["command"]) or [row["command"]]
     words, settings = shlex.split(command), result["settings"]
     if words[:2] != ["make", "bench-load"] or "--out" in command:

@@ -23,12 +23,12 @@ class LossyProxy:
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.port = 0
-        self.lost = 0                    # replies thrown away so far
+        self.lost = 0  # replies thrown away so far
         self._marker: bytes | None = None
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task] = set()
 
-    async def start(self) -> "LossyProxy":
+    async def start(self) -> LossyProxy:
         self._server = await asyncio.start_server(self._serve, LOOPBACK, 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -51,8 +51,10 @@ class LossyProxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection(LOOPBACK, self.upstream_port)
         dropping = asyncio.Event()
-        tasks = {asyncio.create_task(self._to_redis(reader, up_writer, dropping)),
-                 asyncio.create_task(self._to_client(up_reader, writer, dropping))}
+        tasks = {
+            asyncio.create_task(self._to_redis(reader, up_writer, dropping)),
+            asyncio.create_task(self._to_client(up_reader, writer, dropping)),
+        }
         self._tasks |= tasks
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in tasks:
@@ -64,8 +66,9 @@ class LossyProxy:
             with contextlib.suppress(ConnectionError, OSError):
                 await w.wait_closed()
 
-    async def _to_redis(self, reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter,
-                        dropping: asyncio.Event) -> None:
+    async def _to_redis(
+        self, reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, dropping: asyncio.Event
+    ) -> None:
         while data := await reader.read(CHUNK_BYTES):
             if self._marker is not None and self._marker in data:
                 self._marker = None
@@ -73,11 +76,12 @@ class LossyProxy:
             up_writer.write(data)
             await up_writer.drain()
 
-    async def _to_client(self, up_reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         dropping: asyncio.Event) -> None:
+    async def _to_client(
+        self, up_reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dropping: asyncio.Event
+    ) -> None:
         while data := await up_reader.read(CHUNK_BYTES):
             if dropping.is_set():
                 self.lost += 1
-                return               # the reply is dropped and the connection closed (by _serve)
+                return  # the reply is dropped and the connection closed (by _serve)
             writer.write(data)
             await writer.drain()

@@ -18,18 +18,18 @@ from dataclasses import dataclass
 
 import pytest
 
-STEP_S = 0.25             # how often the monitor wakes
-STALL_S = 2.0             # a wake-up this much later than asked is recorded
-SUMMARY_STALLS = 5        # the largest stalls listed at the end of the run
+STEP_S = 0.25  # how often the monitor wakes
+STALL_S = 2.0  # a wake-up this much later than asked is recorded
+SUMMARY_STALLS = 5  # the largest stalls listed at the end of the run
 
 
 @dataclass
 class Stall:
-    started: float        # wall clock (time.time) when the late wake-up was due
-    seconds: float        # how late it was
+    started: float  # wall clock (time.time) when the late wake-up was due
+    seconds: float  # how late it was
     test: str
-    load: str             # /proc/loadavg's first three figures after the gap
-    steal_pct: float      # share of the gap's CPU time the hypervisor took (-1: unknown)
+    load: str  # /proc/loadavg's first three figures after the gap
+    steal_pct: float  # share of the gap's CPU time the hypervisor took (-1: unknown)
 
 
 def _steal_and_total() -> tuple[int, int]:
@@ -82,12 +82,14 @@ class StallMonitor:
 
 def describe(stall: Stall) -> str:
     steal = f", steal {stall.steal_pct:.0f} %" if stall.steal_pct >= 0 else ""
-    return (f"{stall.seconds:.1f} s at {time.strftime('%H:%M:%S', time.localtime(stall.started))} "
-            f"during {stall.test} (load {stall.load}{steal})")
+    return (
+        f"{stall.seconds:.1f} s at {time.strftime('%H:%M:%S', time.localtime(stall.started))} "
+        f"during {stall.test} (load {stall.load}{steal})"
+    )
 
 
 _monitor = StallMonitor()
-_started = pytest.StashKey[float]()     # when each test began (time.time), for its report's stalls
+_started = pytest.StashKey[float]()  # when each test began (time.time), for its report's stalls
 
 
 def pytest_configure(config: pytest.Config) -> None:

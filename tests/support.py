@@ -14,20 +14,13 @@ import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import grpc
 import torch
-
-from specdec.config import ModelServiceConfig, OrchestratorConfig, ServerConfig
-from specdec.engine.loading import ModelBundle, load_draft, load_target
-from specdec.models.loader import load_tokenizer
-from specdec.models.tiny import build_tiny_causal_lm, save_tiny_pair
-from specdec.models.tokenizer_info import describe_tokenizer
-from specdec.server.app import GrpcApp
-from specdec.v1 import orchestrator_pb2_grpc
 
 from draft_service import servicer as draft_servicer
 from orchestrator.generation import Deps
@@ -38,6 +31,13 @@ from orchestrator.rounds import RoundRunner
 from orchestrator.servicer import SERVICE_NAME as ORCH_NAME
 from orchestrator.servicer import Admission, OrchestratorServicer
 from orchestrator.session_store import SessionStore, open_redis
+from specdec.config import ModelServiceConfig, OrchestratorConfig, ServerConfig
+from specdec.engine.loading import ModelBundle, load_draft, load_target
+from specdec.models.loader import load_tokenizer
+from specdec.models.tiny import build_tiny_causal_lm, save_tiny_pair
+from specdec.models.tokenizer_info import describe_tokenizer
+from specdec.server.app import GrpcApp
+from specdec.v1 import orchestrator_pb2_grpc
 from target_service import servicer as target_servicer
 from tests.worker_pool import per_process
 
@@ -62,8 +62,9 @@ def pick_emitted_eos(model: Any, tokenizer: Any, prompts: list[str]) -> int:
     seen: dict[int, int] = {}
     for text in prompts:
         ids = torch.tensor([tokenizer.encode(text)])
-        out = model.generate(ids, max_new_tokens=EOS_PROBE_TOKENS, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)[0, ids.shape[1]:].tolist()
+        out = model.generate(ids, max_new_tokens=EOS_PROBE_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0)[
+            0, ids.shape[1] :
+        ].tolist()
         for t in set(out):
             seen[t] = seen.get(t, 0) + 1
     target = len(prompts) / 2
@@ -75,7 +76,9 @@ def make_tiny_pair(directory: Path, prompts: list[str], noise: float = TINY_NOIS
     tok = smollm2_tokenizer()
     key = (tuple(prompts), seed)
     if key not in _eos_cache:  # the probe is deterministic: once per test session, not once per module
-        _eos_cache[key] = pick_emitted_eos(build_tiny_causal_lm(tok, seed=seed, init_range=TINY_INIT_RANGE), tok, prompts)
+        _eos_cache[key] = pick_emitted_eos(
+            build_tiny_causal_lm(tok, seed=seed, init_range=TINY_INIT_RANGE), tok, prompts
+        )
     eos = _eos_cache[key]
     pair = save_tiny_pair(directory, tok, noise=noise, seed=seed, init_range=TINY_INIT_RANGE, eos_token_id=eos)
     return pair.target_dir, pair.draft_dir
@@ -90,9 +93,9 @@ class InProcessStack:
     draft_kind: str = "model"
     redis_url: str = ""
     threads: int = 1
-    target_dtype: str = ""               # e.g. "int8": the target's --dtype ("": SPECDEC_DTYPE or auto)
+    target_dtype: str = ""  # e.g. "int8": the target's --dtype ("": SPECDEC_DTYPE or auto)
 
-    def start(self) -> "InProcessStack":
+    def start(self) -> InProcessStack:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -114,10 +117,15 @@ class InProcessStack:
 
     async def _start(self) -> None:
         torch.set_num_threads(self.threads)
-        tcfg = ModelServiceConfig(role="target", model=self.target_model, cache_budget_bytes=1 << 30,
-                                  **({"dtype": self.target_dtype} if self.target_dtype else {}))
-        dcfg = ModelServiceConfig(role="draft", model=self.draft_model, draft_kind=self.draft_kind,
-                                  cache_budget_bytes=1 << 30)
+        tcfg = ModelServiceConfig(
+            role="target",
+            model=self.target_model,
+            cache_budget_bytes=1 << 30,
+            **({"dtype": self.target_dtype} if self.target_dtype else {}),
+        )
+        dcfg = ModelServiceConfig(
+            role="draft", model=self.draft_model, draft_kind=self.draft_kind, cache_budget_bytes=1 << 30
+        )
         self.target_bundle = await asyncio.to_thread(load_target, tcfg)
         self.draft_bundle = await asyncio.to_thread(load_draft, dcfg)
         self.target_app, self.target_servicer, tport = await self._serve_model("target", self.target_bundle)
@@ -125,9 +133,13 @@ class InProcessStack:
         await self._start_orchestrator(f"127.0.0.1:{tport}", f"127.0.0.1:{dport}")
 
     async def _start_orchestrator(self, target_address: str, draft_address: str) -> None:
-        cfg = OrchestratorConfig(tokenizer=self.target_model, draft_addresses=draft_address,
-                                 target_addresses=target_address, redis_url=self.redis_url,
-                                 server=ServerConfig(host="127.0.0.1", port=0, drain_seconds=1.0))
+        cfg = OrchestratorConfig(
+            tokenizer=self.target_model,
+            draft_addresses=draft_address,
+            target_addresses=target_address,
+            redis_url=self.redis_url,
+            server=ServerConfig(host="127.0.0.1", port=0, drain_seconds=1.0),
+        )
         tokenizer = await asyncio.to_thread(load_tokenizer, self.target_model)
         target = ReplicaPool("target", cfg.target_addresses, cfg.server, cfg.retry)
         draft = ReplicaPool("draft", cfg.draft_addresses, cfg.server, cfg.retry)
@@ -135,14 +147,22 @@ class InProcessStack:
         await self.pair.refresh()
         info = self.pair.target_info()
         store = SessionStore(open_redis(self.redis_url), prefix=f"test-{uuid.uuid4().hex[:8]}:")
-        self.deps = Deps(cfg=cfg, store=store, runner=RoundRunner(draft, target, cfg.retry, overlap=cfg.overlap),
-                         prompter=Prompter(tokenizer), eos_ids=frozenset(info.eos_token_ids),
-                         max_context=info.max_context, owner="test-orchestrator", model_name=info.model_id)
+        self.deps = Deps(
+            cfg=cfg,
+            store=store,
+            runner=RoundRunner(draft, target, cfg.retry, overlap=cfg.overlap),
+            prompter=Prompter(tokenizer),
+            eos_ids=frozenset(info.eos_token_ids),
+            max_context=info.max_context,
+            owner="test-orchestrator",
+            model_name=info.model_id,
+        )
         self.admission = Admission(cfg.max_concurrent)
         self.servicer = OrchestratorServicer(self.deps, self.pair, self.admission)
         self.app = GrpcApp(ORCH_NAME, cfg.server)
         port = await self.app.start(
-            lambda s: orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(self.servicer, s))
+            lambda s: orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(self.servicer, s)
+        )
         await self.app.set_serving(True)
         self.address = f"127.0.0.1:{port}"
         self.tokenizer = tokenizer
@@ -154,6 +174,7 @@ class InProcessStack:
     def stop(self) -> None:
         """Stop the servers, close the orchestrator's channels and Redis client, cancel what is left on
         the loop and close it (a stopped loop left open keeps its gRPC calls alive in the process)."""
+
         async def _stop() -> None:
             for app in (self.app, self.draft_app, self.target_app):
                 await app.server.stop(grace=None)
@@ -166,6 +187,7 @@ class InProcessStack:
             for task in rest:
                 task.cancel()
             await asyncio.gather(*rest, return_exceptions=True)
+
         self.call(_stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
@@ -203,10 +225,17 @@ def tiny_pair_and_reference(directory: Path, prompts: list[str], noise: float = 
 def target_greedy(model: Any, ids: list[int], max_new_tokens: int, eos_ids: list[int]) -> list[int]:
     """Plain target greedy decoding with HF generate (the reference every identity test uses)."""
     with torch.inference_mode():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=list(eos_ids), pad_token_id=eos_ids[0], top_k=None, top_p=None,
-                             temperature=None)
-    return out[0, len(ids):].tolist()
+        out = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=list(eos_ids),
+            pad_token_id=eos_ids[0],
+            top_k=None,
+            top_p=None,
+            temperature=None,
+        )
+    return out[0, len(ids) :].tolist()
 
 
 def reference_key(spec: str) -> str:
@@ -218,7 +247,7 @@ def _load_reference(spec: str) -> Any:
     from specdec.models.loader import LoadConfig, load_causal_lm
 
     model = load_causal_lm(spec, LoadConfig(device="cpu", dtype="float32")).model
-    torch.set_num_threads(1)      # the loader sets the service default
+    torch.set_num_threads(1)  # the loader sets the service default
     return model
 
 
@@ -230,7 +259,7 @@ def reference_greedy(spec: str, max_new_tokens: int, eos_ids: tuple[int, ...], i
 
 
 def divergence(model: Any, prompt_ids: list[int], got: list[int], want: list[int], tie_epsilon: float = 1e-4) -> str:
-    """"" when equal, "tie" when they first differ where the target's top-2 logits are within
+    """ "" when equal, "tie" when they first differ where the target's top-2 logits are within
     tie_epsilon (a (k+1)-token forward may round differently from one-token steps), else a message."""
     j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
     if j is None:
@@ -239,7 +268,7 @@ def divergence(model: Any, prompt_ids: list[int], got: list[int], want: list[int
         return f"lengths differ: {len(got)} vs {len(want)}"
     if top2_gap(model, prompt_ids + want[:j]) < tie_epsilon:
         return "tie"
-    return f"diverged at {j}: got {got[j:j + 5]} want {want[j:j + 5]}"
+    return f"diverged at {j}: got {got[j : j + 5]} want {want[j : j + 5]}"
 
 
 def top2_gap(model: Any, ids: list[int]) -> float:
@@ -274,8 +303,19 @@ def refused_generate(cfg: Any, request: Any, timeout: float = 60.0) -> Any:
         target, draft = stack.start_target(), stack.start_draft()
         stack.wait_ready(target)
         stack.wait_ready(draft)
-        orch = stack._spawn("orchestrator", ["--target", target.address, "--draft", draft.address,
-                                             "--redis-url", cfg.redis_url, "--tokenizer", cfg.target_model])
+        orch = stack._spawn(
+            "orchestrator",
+            [
+                "--target",
+                target.address,
+                "--draft",
+                draft.address,
+                "--redis-url",
+                cfg.redis_url,
+                "--tokenizer",
+                cfg.target_model,
+            ],
+        )
         assert wait_for_status(orch.address, want_serving=False) == "NOT_SERVING"
         with grpc.insecure_channel(orch.address) as channel:
             try:
@@ -294,8 +334,15 @@ def tiny_llama() -> Any:
     """A 2-layer Llama with grouped KV heads (4 query, 2 KV), seeded, in eval mode: the KV-cache unit tests' model."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=TINY_LLAMA_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    cfg = LlamaConfig(
+        vocab_size=TINY_LLAMA_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = LlamaForCausalLM(cfg)

@@ -11,9 +11,16 @@ from specdec.engine.torch_runner import CausalLMRunner
 
 def tiny_llama(tied: bool = True, hidden: int = 32, seed: int = 3) -> LlamaForCausalLM:
     """A 2-layer Llama (vocab 96, `hidden` wide, MLP 2x), weights from `seed` without touching the global RNG."""
-    cfg = LlamaConfig(vocab_size=96, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=tied)
+    cfg = LlamaConfig(
+        vocab_size=96,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=tied,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return LlamaForCausalLM(cfg).eval()

@@ -21,21 +21,22 @@ import atexit
 import contextlib
 import multiprocessing
 import os
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-MAX_WORKERS = 2           # the CI machine's cores; this process is one of the workers
-WORKERS_ENV = "SPECDEC_TEST_WORKERS"   # 1: the plain loop in this process
-TIMEOUT_S = 600.0         # how long this process waits for a worker's share once its own is done
+MAX_WORKERS = 2  # the CI machine's cores; this process is one of the workers
+WORKERS_ENV = "SPECDEC_TEST_WORKERS"  # 1: the plain loop in this process
+TIMEOUT_S = 600.0  # how long this process waits for a worker's share once its own is done
 PRELOAD = ["torch", "transformers", "scipy.stats", "specdec.engine.target", "specdec.engine.draft"]
 
 _pool: ProcessPoolExecutor | None = None
-_objects: dict[str, Any] = {}      # per_process: what this process computes items with
+_objects: dict[str, Any] = {}  # per_process: what this process computes items with
 
 
 def workers() -> int:
@@ -101,8 +102,13 @@ def run_share(fn: Callable[[T], R], share: Sequence[T]) -> list[R]:
     return [fn(x) for x in share]
 
 
-def pool_map(fn: Callable[[T], R], items: Sequence[T], n_workers: int | None = None,
-             weights: Sequence[float] | None = None, timeout_s: float = TIMEOUT_S) -> list[R]:
+def pool_map(
+    fn: Callable[[T], R],
+    items: Sequence[T],
+    n_workers: int | None = None,
+    weights: Sequence[float] | None = None,
+    timeout_s: float = TIMEOUT_S,
+) -> list[R]:
     """[fn(x) for x in items], computed by n_workers processes (default `workers()`): this one and pool workers.
 
     The items are dealt as `deal` says; the workers' shares are submitted first, then this process computes

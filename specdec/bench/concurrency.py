@@ -56,8 +56,11 @@ STREAM_STACK = "batched_stream"
 #: as SPECDEC_LOOP_FORWARDS=0), behind its own orchestrator, run right after the batched one.
 ENV_STACK = "batched_env"
 #: target /metrics counters read around each run (specdec/metrics.py, WorkerState in specdec/engine/worker.py).
-SPLIT_SAMPLES = ("specdec_model_busy_seconds_total", "specdec_prefill_pass_seconds_total",
-                 "specdec_batch_wait_seconds_total")
+SPLIT_SAMPLES = (
+    "specdec_model_busy_seconds_total",
+    "specdec_prefill_pass_seconds_total",
+    "specdec_batch_wait_seconds_total",
+)
 
 
 @dataclass
@@ -68,9 +71,9 @@ class ConcurrencyArgs:
     repeats: int = DEFAULT_REPEATS
     max_batch: int = DEFAULT_MAX_BATCH
     threads: int = 1
-    dtype: str = "auto"               # auto: the services' default (the GGUF on llama.cpp)
+    dtype: str = "auto"  # auto: the services' default (the GGUF on llama.cpp)
     target_model: str = "embedded"
-    llama_server: bool = True         # llama.cpp's own server on the same waves (skipped with a note without one)
+    llama_server: bool = True  # llama.cpp's own server on the same waves (skipped with a note without one)
     prompts: list[str] = field(default_factory=lambda: ["grounded", "open"])
     prompts_dir: str = str(PROMPTS_DIR)
     out: str = "bench/results/concurrency.json"
@@ -110,9 +113,14 @@ class Stacks:
     def __init__(self, args: ConcurrencyArgs) -> None:
         from specdec.launcher import LocalStack, StackConfig
 
-        cfg = StackConfig(target_model=args.target_model, threads=args.threads, max_batch=args.max_batch,
-                          dtype=args.dtype,
-                          max_concurrent=max(args.concurrency) * 2, metrics=True)
+        cfg = StackConfig(
+            target_model=args.target_model,
+            threads=args.threads,
+            max_batch=args.max_batch,
+            dtype=args.dtype,
+            max_concurrent=max(args.concurrency) * 2,
+            metrics=True,
+        )
         self.stack = LocalStack(cfg)
         self.max_batch = args.max_batch
         self.compare_stream, self.compare_env = args.compare_stream, args.compare_env
@@ -123,13 +131,15 @@ class Stacks:
         The stacks after the first are spawned together and waited for together (their imports and model
         loads overlap on the cores), each orchestrator beside the target it is given."""
         s = self.stack
-        s.start()                                   # Redis, the batched target, its orchestrator
+        s.start()  # Redis, the batched target, its orchestrator
         url = "http://127.0.0.1:{}/metrics".format
         plain = s.start_target(max_batch=1)
         spawned = {"unbatched": (s.start_orchestrator(targets=[plain]), plain)}
         if self.compare_stream:
-            spawned[STREAM_STACK] = (s.start_orchestrator(targets=s.targets[:1], env={"SPECDEC_ROUND_LANE": "0"}),
-                                     s.targets[0])
+            spawned[STREAM_STACK] = (
+                s.start_orchestrator(targets=s.targets[:1], env={"SPECDEC_ROUND_LANE": "0"}),
+                s.targets[0],
+            )
         if self.compare_env:
             target = s.start_target(env=self.compare_env)
             spawned[ENV_STACK] = (s.start_orchestrator(targets=[target]), target)
@@ -162,8 +172,9 @@ class Sessions:
         """(completion tokens, (target batch size, overhead ms) of every round)."""
         from specdec.v1 import orchestrator_pb2 as pb
 
-        req = pb.GenerateRequest(max_new_tokens=self.max_new_tokens, ignore_eos=True, trace=True, k=k,
-                                 request_id=uuid.uuid4().hex)
+        req = pb.GenerateRequest(
+            max_new_tokens=self.max_new_tokens, ignore_eos=True, trace=True, k=k, request_id=uuid.uuid4().hex
+        )
         req.messages.messages.add(role="user", content=prompt.user)
         req.sampling.temperature = 0.0
         res = self.stub.Generate(req, timeout=RPC_TIMEOUT_S)
@@ -177,7 +188,7 @@ class Sessions:
         with ThreadPoolExecutor(max_workers=c) as pool:
             for first in range(0, len(prompts), c):
                 start = time.perf_counter()
-                results += list(pool.map(lambda p: self.one(p, k), prompts[first:first + c]))
+                results += list(pool.map(lambda p: self.one(p, k), prompts[first : first + c]))
                 wall += time.perf_counter() - start
         return wall, [tokens for tokens, _ in results], [b for _, sizes in results for b in sizes]
 
@@ -202,24 +213,36 @@ def measure(args: ConcurrencyArgs, clients: dict[str, Sessions], prompts: list[P
                         after = scrape([clients[name].metrics_url], SPLIT_SAMPLES)
                         tokens = sum(len(o) for o in outputs)
                         sizes = [b for b, _ in rounds]
-                        samples.append(Sample(name, c, k, rep, tokens, wall, statistics.fmean(sizes) if sizes else 0.0,
-                                              {p.id: o for p, o in zip(prompts, outputs)},
-                                              time_split(wall, tokens, before, after, [o for _, o in rounds])))
+                        samples.append(
+                            Sample(
+                                name,
+                                c,
+                                k,
+                                rep,
+                                tokens,
+                                wall,
+                                statistics.fmean(sizes) if sizes else 0.0,
+                                {p.id: o for p, o in zip(prompts, outputs)},
+                                time_split(wall, tokens, before, after, [o for _, o in rounds]),
+                            )
+                        )
                         bar.update()
     return samples
 
 
-def time_split(wall_s: float, tokens: int, before: dict[str, float], after: dict[str, float],
-               round_overhead_ms: list[float]) -> dict[str, float]:
+def time_split(
+    wall_s: float, tokens: int, before: dict[str, float], after: dict[str, float], round_overhead_ms: list[float]
+) -> dict[str, float]:
     """Where one run's wall time went, from the target's counters before and after it (module docstring):
     seconds and shares of prefill, decode, batch wait and idle, the tokens/s of the decode passes alone,
     and the p50 of the rounds' overhead (round wall at the orchestrator minus draft and target forwards)."""
+
     def grew(name: str) -> float:
         return max(0.0, after.get(name, 0.0) - before.get(name, 0.0))
+
     busy, prefill, wait = (grew(n) for n in SPLIT_SAMPLES)
     decode = max(0.0, busy - prefill)
-    parts = {"prefill_s": prefill, "decode_s": decode, "batch_wait_s": wait,
-             "idle_s": max(0.0, wall_s - busy - wait)}
+    parts = {"prefill_s": prefill, "decode_s": decode, "batch_wait_s": wait, "idle_s": max(0.0, wall_s - busy - wait)}
     out = {name: round(v, 3) for name, v in parts.items()}
     out.update({name[:-2] + "_share": round(v / wall_s, 3) if wall_s > 0 else 0.0 for name, v in parts.items()})
     out["tokens_per_decode_s"] = round(tokens / decode, 2) if decode > 0 else 0.0
@@ -241,8 +264,13 @@ def summarise(samples: list[Sample], args: ConcurrencyArgs, reference: dict[str,
         for per_stack in per_k.values():
             for cell in per_stack.values():
                 runs = cell["runs"]
-                cell.update(tokens_per_s=statistics.median(runs), min=min(runs), max=max(runs),
-                            mean_batch=statistics.fmean(cell["mean_batch"]), split=mean_split(cell.pop("splits")))
+                cell.update(
+                    tokens_per_s=statistics.median(runs),
+                    min=min(runs),
+                    max=max(runs),
+                    mean_batch=statistics.fmean(cell["mean_batch"]),
+                    split=mean_split(cell.pop("splits")),
+                )
     return {"throughput": table, "ratios": ratios(table, args)}
 
 
@@ -269,7 +297,8 @@ def ratios(table: dict[str, Any], args: ConcurrencyArgs) -> dict[str, Any]:
         streamed = per_k.get(STREAM_STACK)
         if streamed:
             out[k_name][f"{STREAM_STACK}_{hi}_vs_{lo}"] = round(
-                streamed[hi]["tokens_per_s"] / streamed[lo]["tokens_per_s"], 2)
+                streamed[hi]["tokens_per_s"] / streamed[lo]["tokens_per_s"], 2
+            )
             out[k_name]["lane_vs_stream"] = {c: round(b[c]["tokens_per_s"] / streamed[c]["tokens_per_s"], 2) for c in b}
         env = per_k.get(ENV_STACK)
         if env:
@@ -287,23 +316,33 @@ def run(args: ConcurrencyArgs) -> dict[str, Any]:
     clients: dict[str, Sessions] = {}
     try:
         addresses = stacks.start()
-        clients = {name: Sessions(*addresses[name][:1], args.max_new_tokens, addresses[name][1]) for name in args.stacks}
-        reference = {p.id: clients["unbatched"].one(p, 0)[0] for p in prompts}   # also the warm-up
+        clients = {
+            name: Sessions(*addresses[name][:1], args.max_new_tokens, addresses[name][1]) for name in args.stacks
+        }
+        reference = {p.id: clients["unbatched"].one(p, 0)[0] for p in prompts}  # also the warm-up
         samples = measure(args, clients, prompts)
     finally:
         for client in clients.values():
             client.close()
         stacks.stop()
     result = summarise(samples, args, reference)
-    if args.llama_server:   # after our stacks stopped
+    if args.llama_server:  # after our stacks stopped
         result["llama_server"] = _server_anchor(args, prompts)
     result["machine"] = machine_info()
     result["settings"] = {
-        "concurrency": args.concurrency, "k": args.ks, "max_new_tokens": args.max_new_tokens,
-        "repeats": args.repeats, "max_batch": args.max_batch, "target_model": args.target_model,
-        "threads": {"target_service": args.threads}, "dtype": args.dtype, "draft": "n-gram, in the orchestrator",
+        "concurrency": args.concurrency,
+        "k": args.ks,
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+        "max_batch": args.max_batch,
+        "target_model": args.target_model,
+        "threads": {"target_service": args.threads},
+        "dtype": args.dtype,
+        "draft": "n-gram, in the orchestrator",
         "compare_env": args.compare_env,
-        "prompts": [p.id for p in prompts], "greedy": True, "ignore_eos": True,
+        "prompts": [p.id for p in prompts],
+        "greedy": True,
+        "ignore_eos": True,
         "order": f"for each repeat, c, k: the stacks back to back ({', '.join(args.stacks)})",
         "round_transport": {name: "stream" if name == STREAM_STACK else round_transport() for name in args.stacks},
         "work": "every configuration runs the same prompts, in waves of c sessions at once",
@@ -345,27 +384,36 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"{'k':>3} {'stack':<10} " + " ".join(f"{'c=' + c:>20}" for c in cs)]
     for k_name, per_k in result["throughput"].items():
         for stack, cells in per_k.items():
-            row = " ".join(f"{cells[c]['tokens_per_s']:7.1f} tok/s b={cells[c]['mean_batch']:3.1f}"
-                           for c in cs)
+            row = " ".join(f"{cells[c]['tokens_per_s']:7.1f} tok/s b={cells[c]['mean_batch']:3.1f}" for c in cs)
             lines.append(f"{k_name[1:]:>3} {stack:<10} {row}")
-    lines.append("where the wall time goes (batched target; s per run: prefill / decode / batch wait / idle, "
-                 "tok/s of the decode passes alone, round overhead p50):")
+    lines.append(
+        "where the wall time goes (batched target; s per run: prefill / decode / batch wait / idle, "
+        "tok/s of the decode passes alone, round overhead p50):"
+    )
     for k_name, per_k in result["throughput"].items():
         for c, cell in per_k.get("batched", {}).items():
             sp = cell.get("split") or {}
             if sp:
-                lines.append(f"  k={k_name[1:]} c={c}: {sp['prefill_s']:.2f} / {sp['decode_s']:.2f} / "
-                             f"{sp['batch_wait_s']:.2f} / {sp['idle_s']:.2f} s ({sp['prefill_share']:.0%} / "
-                             f"{sp['decode_share']:.0%} / {sp['batch_wait_share']:.0%} / {sp['idle_share']:.0%}); "
-                             f"{sp['tokens_per_decode_s']:.1f} tok/s decode-only; overhead p50 "
-                             f"{sp['round_overhead_ms_p50']:.1f} ms")
+                lines.append(
+                    f"  k={k_name[1:]} c={c}: {sp['prefill_s']:.2f} / {sp['decode_s']:.2f} / "
+                    f"{sp['batch_wait_s']:.2f} / {sp['idle_s']:.2f} s ({sp['prefill_share']:.0%} / "
+                    f"{sp['decode_share']:.0%} / {sp['batch_wait_share']:.0%} / {sp['idle_share']:.0%}); "
+                    f"{sp['tokens_per_decode_s']:.1f} tok/s decode-only; overhead p50 "
+                    f"{sp['round_overhead_ms_p50']:.1f} ms"
+                )
     lines.append("ratios: " + json.dumps(result["ratios"]))
     server = result.get("llama_server") or {}
     if "tokens_per_s" in server:
         ours = result["throughput"].get("k0", {}).get("batched", {})
-        lines.append(f"llama-server -np {server['slots']} ({server['gguf']}, {server['threads']} threads): " + ", ".join(
-            f"c={c} {v:.1f} tok/s (ours k=0 batched {ours[c]['tokens_per_s'] / v:.2f}x)" if c in ours else f"c={c} {v:.1f}"
-            for c, v in server["tokens_per_s"].items()))
+        lines.append(
+            f"llama-server -np {server['slots']} ({server['gguf']}, {server['threads']} threads): "
+            + ", ".join(
+                f"c={c} {v:.1f} tok/s (ours k=0 batched {ours[c]['tokens_per_s'] / v:.2f}x)"
+                if c in ours
+                else f"c={c} {v:.1f}"
+                for c, v in server["tokens_per_s"].items()
+            )
+        )
     elif server:
         lines.append(f"llama-server: skipped ({server.get('skipped')})")
     return "\n".join(lines)
@@ -386,22 +434,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts-dir", default=str(PROMPTS_DIR))
     p.add_argument("--out", default="bench/results/concurrency.json")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--compare-stream", action="store_true",
-                   help="also run the batched target behind an orchestrator on gRPC round streams (lane vs stream)")
-    p.add_argument("--compare-env", default="",
-                   help="also run a second batched target with these variables set (NAME=V,NAME=V), e.g. "
-                        "SPECDEC_LOOP_FORWARDS=0: reported as batched_env and batched_vs_env")
+    p.add_argument(
+        "--compare-stream",
+        action="store_true",
+        help="also run the batched target behind an orchestrator on gRPC round streams (lane vs stream)",
+    )
+    p.add_argument(
+        "--compare-env",
+        default="",
+        help="also run a second batched target with these variables set (NAME=V,NAME=V), e.g. "
+        "SPECDEC_LOOP_FORWARDS=0: reported as batched_env and batched_vs_env",
+    )
 
 
 def cmd_bench_concurrency(ns: argparse.Namespace) -> int:
     """Run, write the JSON, print the table."""
     ints = lambda text: sorted({int(x) for x in text.split(",") if x.strip()})  # noqa: E731
-    args = ConcurrencyArgs(concurrency=ints(ns.concurrency), ks=ints(ns.k), max_new_tokens=ns.max_new_tokens,
-                           repeats=ns.repeats, max_batch=ns.max_batch, threads=ns.threads, dtype=ns.dtype,
-                           target_model=ns.target_model, prompts=ns.prompts.split(","),
-                           prompts_dir=ns.prompts_dir, out=ns.out, progress=not ns.no_progress,
-                           compare_stream=ns.compare_stream, llama_server=not ns.no_llama_server,
-                           compare_env=env_assignments(ns.compare_env))
+    args = ConcurrencyArgs(
+        concurrency=ints(ns.concurrency),
+        ks=ints(ns.k),
+        max_new_tokens=ns.max_new_tokens,
+        repeats=ns.repeats,
+        max_batch=ns.max_batch,
+        threads=ns.threads,
+        dtype=ns.dtype,
+        target_model=ns.target_model,
+        prompts=ns.prompts.split(","),
+        prompts_dir=ns.prompts_dir,
+        out=ns.out,
+        progress=not ns.no_progress,
+        compare_stream=ns.compare_stream,
+        llama_server=not ns.no_llama_server,
+        compare_env=env_assignments(ns.compare_env),
+    )
     logging.getLogger().setLevel(logging.WARNING)
     result = run(args)
     out = Path(args.out)

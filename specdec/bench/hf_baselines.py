@@ -34,27 +34,39 @@ class HFSettings:
 
     draft_kind: str = "ngram"
     # n-gram draft (PromptLookupCandidateGenerator): a constant number of tokens, no schedule
-    prompt_lookup_num_tokens: int = 10          # the value of the transformers documentation
-    max_matching_ngram_size: int = 2            # transformers' default
+    prompt_lookup_num_tokens: int = 10  # the value of the transformers documentation
+    max_matching_ngram_size: int = 2  # transformers' default
     # model draft (AssistedCandidateGenerator)
     assistant_model: str = ""
-    num_assistant_tokens: int = 20              # transformers' defaults
+    num_assistant_tokens: int = 20  # transformers' defaults
     num_assistant_tokens_schedule: str = "constant"
     assistant_confidence_threshold: float = 0.4
 
     def generate_kwargs(self) -> dict[str, Any]:
         if self.draft_kind == "ngram":
-            return {"prompt_lookup_num_tokens": self.prompt_lookup_num_tokens,
-                    "max_matching_ngram_size": self.max_matching_ngram_size}
-        return {"num_assistant_tokens": self.num_assistant_tokens,
-                "num_assistant_tokens_schedule": self.num_assistant_tokens_schedule,
-                "assistant_confidence_threshold": self.assistant_confidence_threshold}
+            return {
+                "prompt_lookup_num_tokens": self.prompt_lookup_num_tokens,
+                "max_matching_ngram_size": self.max_matching_ngram_size,
+            }
+        return {
+            "num_assistant_tokens": self.num_assistant_tokens,
+            "num_assistant_tokens_schedule": self.num_assistant_tokens_schedule,
+            "assistant_confidence_threshold": self.assistant_confidence_threshold,
+        }
 
     def record(self) -> dict[str, Any]:
         """What the JSON shows: only the settings that apply to this draft kind."""
-        keys = (("draft_kind", "prompt_lookup_num_tokens", "max_matching_ngram_size") if self.draft_kind == "ngram"
-                else ("draft_kind", "assistant_model", "num_assistant_tokens", "num_assistant_tokens_schedule",
-                      "assistant_confidence_threshold"))
+        keys = (
+            ("draft_kind", "prompt_lookup_num_tokens", "max_matching_ngram_size")
+            if self.draft_kind == "ngram"
+            else (
+                "draft_kind",
+                "assistant_model",
+                "num_assistant_tokens",
+                "num_assistant_tokens_schedule",
+                "assistant_confidence_threshold",
+            )
+        )
         return {k: v for k, v in asdict(self).items() if k in keys}
 
 
@@ -68,7 +80,7 @@ class TimingStreamer:
 
     def put(self, value: torch.Tensor) -> None:
         now = time.perf_counter()
-        if not self._prompt_seen:           # generate() first hands over the prompt
+        if not self._prompt_seen:  # generate() first hands over the prompt
             self._prompt_seen = True
             return
         self.times.append(now)
@@ -82,7 +94,7 @@ class TimingStreamer:
 class HFRun:
     token_ids: list[int]
     wall_s: float
-    arrivals: list[tuple[float, int]] = field(default_factory=list)   # (seconds since start, tokens)
+    arrivals: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, tokens)
 
 
 class HFBaselines:
@@ -94,7 +106,7 @@ class HFBaselines:
 
         self.threads = threads
         self.settings = settings
-        quant = weight_quantization(dtype)   # the same int8 / int4 linears as the services (HF runs that target too)
+        quant = weight_quantization(dtype)  # the same int8 / int4 linears as the services (HF runs that target too)
         # The services' device ("auto": CUDA when present); the int8 / int4 linears are CPU kernels.
         cfg = LoadConfig(device="cpu" if quant else "auto", dtype="float32" if quant else dtype, threads=threads)
         torch.set_num_threads(threads)
@@ -146,10 +158,11 @@ class HFBaselines:
                 kwargs["assistant_model"] = self.assistant
         streamer = TimingStreamer()
         start = time.perf_counter()
-        out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config,
-                                  streamer=streamer, **kwargs)
+        out = self.model.generate(
+            input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config, streamer=streamer, **kwargs
+        )
         wall = time.perf_counter() - start
-        tokens = out[0, len(ids):].tolist()
+        tokens = out[0, len(ids) :].tolist()
         arrivals = [(t - start, n) for t, n in zip(streamer.times, streamer.counts)]
         return HFRun(tokens, wall, arrivals)
 
@@ -161,15 +174,16 @@ class HFBaselines:
         costs), so every measurement sees the same cache length. Median of ``reps`` runs,
         measured in interleaved passes over n so that drift affects all n alike.
         """
-        return measure_verify_costs(self.model, self.threads, n_max, context_tokens, reps,
-                                    vocab=self.model.config.vocab_size)
+        return measure_verify_costs(
+            self.model, self.threads, n_max, context_tokens, reps, vocab=self.model.config.vocab_size
+        )
 
     def draft_step_cost(self, context_tokens: int = 300, reps: int = 5) -> float | None:
         """c: one draft step (1 token, warm cache) relative to one target step; None without a model draft."""
         if self.assistant is None:
             return None
-        vd = measure_verify_costs(self.assistant, self.threads, 1, context_tokens, reps,
-                                  vocab=self.model.config.vocab_size)
-        vt = measure_verify_costs(self.model, self.threads, 1, context_tokens, reps,
-                                  vocab=self.model.config.vocab_size)
+        vd = measure_verify_costs(
+            self.assistant, self.threads, 1, context_tokens, reps, vocab=self.model.config.vocab_size
+        )
+        vt = measure_verify_costs(self.model, self.threads, 1, context_tokens, reps, vocab=self.model.config.vocab_size)
         return vd["ms"]["1"] / vt["ms"]["1"]

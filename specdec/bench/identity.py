@@ -8,7 +8,7 @@ from typing import Any
 from specdec.bench.plan import K0, Config, Prompt, RunRecord
 
 TIE_EPSILON = 1e-4
-TIE_ULPS = 2            # 16-bit dtypes: a top-2 gap within 2 units in the last place of the top logit is a tie
+TIE_ULPS = 2  # 16-bit dtypes: a top-2 gap within 2 units in the last place of the top logit is a tie
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -33,8 +33,9 @@ def top2_gap(hf: Any, prompt_ids: list[int], prefix: list[int]) -> tuple[float, 
     return float(top[0] - top[1]), eps
 
 
-def identity_report(records: list[RunRecord], prompts: list[Prompt], configs: list[Config], hf: Any,
-                    gap: Any = None) -> dict:
+def identity_report(
+    records: list[RunRecord], prompts: list[Prompt], configs: list[Config], hf: Any, gap: Any = None
+) -> dict:
     """Per set and configuration: how many prompts give exactly the tokens of our k = 0 (repeat 0). `gap(prompt_ids,
     prefix)` gives the top-2 logit gap and tie threshold at a difference (default: the in-process HF model's)."""
     if gap is None and hf is not None:
@@ -58,8 +59,15 @@ def identity_report(records: list[RunRecord], prompts: list[Prompt], configs: li
                     same += 1
                     continue
                 logit_gap, eps = gap(ids[(set_name, p.id)], ref.tokens[:pos]) if gap is not None else (None, 0.0)
-                diffs.append({"prompt": p.id, "position": pos, "top2_logit_gap": logit_gap, "tie_threshold": eps,
-                              "near_tie": logit_gap is not None and logit_gap <= eps})
+                diffs.append(
+                    {
+                        "prompt": p.id,
+                        "position": pos,
+                        "top2_logit_gap": logit_gap,
+                        "tie_threshold": eps,
+                        "near_tie": logit_gap is not None and logit_gap <= eps,
+                    }
+                )
             per[cfg.name] = {"identical": same, "prompts": total, "differences": diffs}
         out[set_name] = per
     return out

@@ -18,24 +18,30 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from specdec.bench.llamacpp import our_medians
 from specdec.launcher import free_port
 
 BUILD_HINT = "make llama-server (builds llama.cpp's server from llama-cpp-python's sdist, a few minutes)"
-N_CTX = 4096                 # the longest bench prompt plus its tokens fit
+N_CTX = 4096  # the longest bench prompt plus its tokens fit
 START_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 600.0
 # Its speculation without a draft model: the types this llama.cpp offers, each with the settings we found best
 # for short chat answers on 2 cores (a draft of up to 4 tokens behind a 2-3 token match); the best one is kept.
 SPEC_CONFIGS: dict[str, list[str]] = {
     "server": [],
-    "server_ngram_simple": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2",
-                            "--spec-ngram-simple-size-m", "4"],
-    "server_ngram_mod": ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "2",
-                         "--spec-ngram-mod-n-max", "4"],
+    "server_ngram_simple": [
+        "--spec-type",
+        "ngram-simple",
+        "--spec-ngram-simple-size-n",
+        "2",
+        "--spec-ngram-simple-size-m",
+        "4",
+    ],
+    "server_ngram_mod": ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "2", "--spec-ngram-mod-n-max", "4"],
 }
 
 
@@ -56,14 +62,36 @@ class LlamaServer:
 
     def __init__(self, binary: Path, gguf: str, threads: int, extra: Sequence[str], slots: int = 1) -> None:
         self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
-        cmd = [str(binary), "-m", gguf, "-t", str(threads), "-tb", str(threads), "-c", str(N_CTX * slots),
-               "-np", str(slots), "--host", "127.0.0.1", "--port", str(self.port), "--no-webui", *extra]
+        self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)  # noqa: SIM115 - lives with the server
+        cmd = [
+            str(binary),
+            "-m",
+            gguf,
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+            "-c",
+            str(N_CTX * slots),
+            "-np",
+            str(slots),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--no-webui",
+            *extra,
+        ]
         libs = os.pathsep.join(filter(None, (str(binary.parent), os.environ.get("LD_LIBRARY_PATH", ""))))
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, "LD_LIBRARY_PATH": libs})   # its libraries lie beside it
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "LD_LIBRARY_PATH": libs},
+        )  # its libraries lie beside it
 
-    def __enter__(self) -> "LlamaServer":
+    def __enter__(self) -> LlamaServer:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -90,29 +118,45 @@ class LlamaServer:
 
     def complete(self, ids: Sequence[int], max_new: int) -> tuple[list[int], float]:
         """Greedy completion of the prompt ids, EOS ignored: (token ids, wall seconds at the client)."""
-        body = json.dumps({"prompt": list(ids), "n_predict": max_new, "ignore_eos": True, "temperature": 0.0,
-                           "top_k": 1, "cache_prompt": False, "return_tokens": True}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", body,
-                                         {"Content-Type": "application/json"})
+        body = json.dumps(
+            {
+                "prompt": list(ids),
+                "n_predict": max_new,
+                "ignore_eos": True,
+                "temperature": 0.0,
+                "top_k": 1,
+                "cache_prompt": False,
+                "return_tokens": True,
+            }
+        ).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/completion", body, {"Content-Type": "application/json"}
+        )
         start = time.perf_counter()
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as r:
             out = json.loads(r.read())
         return list(out.get("tokens", [])), time.perf_counter() - start
 
 
-def llama_server_anchor(gguf: str, prompts: Sequence[Any], max_new: int, repeats: int, threads: int,
-                        binary: str = "") -> dict[str, Any]:
+def llama_server_anchor(
+    gguf: str, prompts: Sequence[Any], max_new: int, repeats: int, threads: int, binary: str = ""
+) -> dict[str, Any]:
     """tok/s of llama-server target alone and with each SPEC_CONFIGS speculation, per prompt set (median over
     prompts x repeats), with its greedy tokens per prompt (identity against ours), or why it was skipped."""
     path = find_binary(binary)
     if path is None:
         return {"skipped": f"no llama-server binary: {BUILD_HINT}"}
-    result: dict[str, Any] = {"binary": str(path), "gguf": Path(gguf).name, "threads": threads,
-                              "max_new_tokens": max_new, "configs": {}}
+    result: dict[str, Any] = {
+        "binary": str(path),
+        "gguf": Path(gguf).name,
+        "threads": threads,
+        "max_new_tokens": max_new,
+        "configs": {},
+    }
     for name, extra in SPEC_CONFIGS.items():
         try:
             with LlamaServer(path, gguf, threads, extra) as server:
-                server.complete(prompts[0].ids, min(8, max_new))                 # warm-up
+                server.complete(prompts[0].ids, min(8, max_new))  # warm-up
                 per_set: dict[str, list[float]] = {}
                 tokens: dict[str, list[int]] = {}
                 for _ in range(repeats):
@@ -123,8 +167,12 @@ def llama_server_anchor(gguf: str, prompts: Sequence[Any], max_new: int, repeats
         except (RuntimeError, TimeoutError, OSError) as exc:
             result["configs"][name] = {"skipped": str(exc)}
             continue
-        result["configs"][name] = {"args": extra, "tok_s": {s: statistics.median(v) for s, v in per_set.items()},
-                                   "runs": per_set, "tokens": tokens}
+        result["configs"][name] = {
+            "args": extra,
+            "tok_s": {s: statistics.median(v) for s, v in per_set.items()},
+            "runs": per_set,
+            "tokens": tokens,
+        }
     return result
 
 
@@ -149,13 +197,16 @@ def server_lines(result: dict[str, Any]) -> list[str]:
         alone = anchor["configs"].get("server", {}).get("tok_s", {}).get(s)
         if ours and alone:
             top = max(ours, key=lambda name: ours[name])
-            lines.append(f"  {s}: ours k = 0 {ours.get('k0', 0):.1f} ({ours.get('k0', 0) / alone:.2f}x server alone); "
-                         f"ours best {top} {ours[top]:.1f} ({ours[top] / v:.2f}x the best server {v:.1f})")
+            lines.append(
+                f"  {s}: ours k = 0 {ours.get('k0', 0):.1f} ({ours.get('k0', 0) / alone:.2f}x server alone); "
+                f"ours best {top} {ours[top]:.1f} ({ours[top] / v:.2f}x the best server {v:.1f})"
+            )
     return lines
 
 
-def server_identity(records: Sequence[Any], prompts: Sequence[Any], anchor: dict[str, Any],
-                    gap: Any = None) -> dict[str, Any]:
+def server_identity(
+    records: Sequence[Any], prompts: Sequence[Any], anchor: dict[str, Any], gap: Any = None
+) -> dict[str, Any]:
     """Our k = 0 (and every configuration) against llama-server's target alone, prompt by prompt (repeat 0):
     identical, or the first differing position with the target's top-2 logit gap there (`gap(prompt_ids, prefix)`)."""
     from specdec.bench.identity import first_divergence
@@ -176,13 +227,27 @@ def server_identity(records: Sequence[Any], prompts: Sequence[Any], anchor: dict
             per["identical"] += 1
             continue
         logit_gap, eps = gap(ids[(r.set, r.prompt)], theirs[:pos]) if gap is not None else (None, 0.0)
-        per["differences"].append({"prompt": f"{r.set}/{r.prompt}", "position": pos, "top2_logit_gap": logit_gap,
-                                   "tie_threshold": eps, "near_tie": logit_gap is not None and logit_gap <= eps})
+        per["differences"].append(
+            {
+                "prompt": f"{r.set}/{r.prompt}",
+                "position": pos,
+                "top2_logit_gap": logit_gap,
+                "tie_threshold": eps,
+                "near_tie": logit_gap is not None and logit_gap <= eps,
+            }
+        )
     return out
 
 
-def server_waves(gguf: str, prompt_ids: Sequence[Sequence[int]], concurrency: Sequence[int], max_new: int,
-                 repeats: int, threads: int, binary: str = "") -> dict[str, Any]:
+def server_waves(
+    gguf: str,
+    prompt_ids: Sequence[Sequence[int]],
+    concurrency: Sequence[int],
+    max_new: int,
+    repeats: int,
+    threads: int,
+    binary: str = "",
+) -> dict[str, Any]:
     """llama-server with max(concurrency) slots (continuous batching, `-np`) on the same prompts as
     bench-concurrency, in waves of c requests at once: aggregate tok/s per c (median over repeats)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -193,15 +258,21 @@ def server_waves(gguf: str, prompt_ids: Sequence[Sequence[int]], concurrency: Se
     slots = max(concurrency)
     per_c: dict[str, list[float]] = {}
     with LlamaServer(path, gguf, threads, [], slots=slots) as server, ThreadPoolExecutor(slots) as pool:
-        server.complete(prompt_ids[0], 8)                                      # warm-up
+        server.complete(prompt_ids[0], 8)  # warm-up
         for _ in range(repeats):
             for c in concurrency:
                 tokens, wall = 0, 0.0
                 for first in range(0, len(prompt_ids), c):
                     start = time.perf_counter()
-                    done = list(pool.map(lambda ids: server.complete(ids, max_new), prompt_ids[first:first + c]))
+                    done = list(pool.map(lambda ids: server.complete(ids, max_new), prompt_ids[first : first + c]))
                     wall += time.perf_counter() - start
                     tokens += sum(len(t) for t, _ in done)
                 per_c.setdefault(str(c), []).append(tokens / wall)
-    return {"binary": str(path), "gguf": Path(gguf).name, "threads": threads, "slots": slots,
-            "tokens_per_s": {c: statistics.median(v) for c, v in per_c.items()}, "runs": per_c}
+    return {
+        "binary": str(path),
+        "gguf": Path(gguf).name,
+        "threads": threads,
+        "slots": slots,
+        "tokens_per_s": {c: statistics.median(v) for c, v in per_c.items()},
+        "runs": per_c,
+    }

@@ -31,8 +31,8 @@ DATASETS = (DATA_PROMPTS, DATA_GROUNDED, DATA_SYNTHETIC, DATA_MULTITURN)
 MULTITURN_TURNS = 4
 MULTITURN_PREFIX_TOKENS = 256
 MULTITURN_PROMPT_TOKENS = 128
-SEED_SPREAD = 1_000_000   # per-invocation seeds of multiturn (invocation_seed) lie in [seed, seed + this)
-CHAT_SETS = {DATA_PROMPTS: ("grounded", "open"), DATA_GROUNDED: ("grounded",)}   # bench prompt sets per data set
+SEED_SPREAD = 1_000_000  # per-invocation seeds of multiturn (invocation_seed) lie in [seed, seed + this)
+CHAT_SETS = {DATA_PROMPTS: ("grounded", "open"), DATA_GROUNDED: ("grounded",)}  # bench prompt sets per data set
 CONCURRENCY, RATE = "concurrency", "rate"
 #: significant digits of a derived rate (requests/s): the same list is written to every scenario.
 RATE_DIGITS = 3
@@ -48,7 +48,7 @@ class LoadConfig:
     name: str
     k: int
     adaptive: bool = False
-    overlap: bool = False     # overlapped rounds (docs/overlap.md), named OVERLAP_PREFIX + "_" + its twin's name
+    overlap: bool = False  # overlapped rounds (docs/overlap.md), named OVERLAP_PREFIX + "_" + its twin's name
 
     def extension(self) -> dict[str, Any]:
         """The request's `specdec` object (docs/http.md): k, adaptive_k, overlap, ignore_eos (equal work)."""
@@ -74,25 +74,47 @@ class Mode:
 
 
 #: Default: concurrency 1, 4, 16 and 5 Poisson rates (fractions of k = 0's saturation), 50 requests each.
-DEFAULT_MODE = Mode(concurrency=(1, 4, 16), rate_fractions=(0.2, 0.4, 0.6, 0.8, 1.0), requests_per_point=50,
-                    max_tokens=64, fixed_ks=(4,), datasets=(DATA_PROMPTS,))
+DEFAULT_MODE = Mode(
+    concurrency=(1, 4, 16),
+    rate_fractions=(0.2, 0.4, 0.6, 0.8, 1.0),
+    requests_per_point=50,
+    max_tokens=64,
+    fixed_ks=(4,),
+    datasets=(DATA_PROMPTS,),
+)
 #: --full: more points, k 2/4/8, 100 requests (p99 reported), both data sets.
-FULL_MODE = Mode(concurrency=(1, 2, 4, 8, 16, 32), rate_fractions=(0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.15),
-                 requests_per_point=100, max_tokens=64, fixed_ks=(2, 4, 8), datasets=DATASETS)
+FULL_MODE = Mode(
+    concurrency=(1, 2, 4, 8, 16, 32),
+    rate_fractions=(0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.15),
+    requests_per_point=100,
+    max_tokens=64,
+    fixed_ks=(2, 4, 8),
+    datasets=DATASETS,
+)
 #: --quick: the whole pipeline in a few minutes (tests/integration/test_bench_load_stack.py).
-QUICK_MODE = Mode(concurrency=(1, 2), rate_fractions=(0.5, 1.0), requests_per_point=3, max_tokens=12,
-                  fixed_ks=(4,), datasets=(DATA_PROMPTS,), synthetic_prompt_tokens=64)
+QUICK_MODE = Mode(
+    concurrency=(1, 2),
+    rate_fractions=(0.5, 1.0),
+    requests_per_point=3,
+    max_tokens=12,
+    fixed_ks=(4,),
+    datasets=(DATA_PROMPTS,),
+    synthetic_prompt_tokens=64,
+)
 
 
-def configurations(fixed_ks: tuple[int, ...], adaptive_cap: int, overlap_ks: tuple[int, ...] = (),
-                   overlap_adaptive: bool = False) -> list[LoadConfig]:
+def configurations(
+    fixed_ks: tuple[int, ...], adaptive_cap: int, overlap_ks: tuple[int, ...] = (), overlap_adaptive: bool = False
+) -> list[LoadConfig]:
     """k = 0 first, the fixed ks, adaptive, and k = 0 again last (the A/A repeat that sets the noise band);
     overlap_ks / overlap_adaptive add overlapped twins (`overlap_k4`, `overlap_adaptive`) each right after
     its sequential configuration, which must be in the run (it is what the twin is judged against)."""
     missing = [k for k in overlap_ks if k not in fixed_ks or k <= 0]
     if missing or (overlap_adaptive and adaptive_cap <= 0):
-        raise ValueError(f"an overlapped configuration needs its sequential twin in the run: k {missing or ''}"
-                         f"{' adaptive (--adaptive-cap > 0)' if overlap_adaptive and adaptive_cap <= 0 else ''}")
+        raise ValueError(
+            f"an overlapped configuration needs its sequential twin in the run: k {missing or ''}"
+            f"{' adaptive (--adaptive-cap > 0)' if overlap_adaptive and adaptive_cap <= 0 else ''}"
+        )
     configs = [LoadConfig(K0, 0)]
     for k in (k for k in fixed_ks if k > 0):
         configs.append(LoadConfig(f"k{k}", k))
@@ -130,15 +152,15 @@ class ScenarioInputs:
 
     target_url: str
     processor_dir: str
-    data_file: str            # a chat JSONL (prompts) or "" for synthetic data
+    data_file: str  # a chat JSONL (prompts) or "" for synthetic data
     out_json: str
     requests_per_point: int
     max_tokens: int
     synthetic_prompt_tokens: int = 256
-    max_seconds_per_point: float = 0.0     # 0: no time cap (every point runs its requests)
+    max_seconds_per_point: float = 0.0  # 0: no time cap (every point runs its requests)
     seed: int = 42
-    turns: int = 1                         # synthetic data: user turns per conversation (history resent)
-    prefix_tokens: int = 0                 # synthetic data: a prefix every conversation shares (0: none)
+    turns: int = 1  # synthetic data: user turns per conversation (history resent)
+    prefix_tokens: int = 0  # synthetic data: a prefix every conversation shares (0: none)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -172,8 +194,11 @@ class DataInputs(TypedDict, total=False):
 def data_inputs(dataset: str, synthetic_prompt_tokens: int) -> DataInputs:
     """The ScenarioInputs fields a data set sets: the synthetic sizes (multiturn: its own, above)."""
     if dataset == DATA_MULTITURN:
-        return {"synthetic_prompt_tokens": MULTITURN_PROMPT_TOKENS, "turns": MULTITURN_TURNS,
-                "prefix_tokens": MULTITURN_PREFIX_TOKENS}
+        return {
+            "synthetic_prompt_tokens": MULTITURN_PROMPT_TOKENS,
+            "turns": MULTITURN_TURNS,
+            "prefix_tokens": MULTITURN_PREFIX_TOKENS,
+        }
     return {"synthetic_prompt_tokens": synthetic_prompt_tokens}
 
 
@@ -194,29 +219,39 @@ def scenario(config: LoadConfig, phase: str, values: list[float] | list[int], in
     if inp.max_seconds_per_point > 0:
         constraints.append({"kind": "max_duration", "seconds": inp.max_seconds_per_point})
     body = {"temperature": 0.0, "specdec": config.extension()}
-    return {"spec": {
-        "backend": {"kind": "openai_http", "target": inp.target_url, "model": "specdec",
-                    "request_format": "/v1/chat/completions", "max_tokens": inp.max_tokens,
-                    "timeout": REQUEST_TIMEOUT_S, "http2": False, "extras": {"body": body}},
-        "profile": profile,
-        "tokenizer": {"kind": "huggingface_auto", "model": inp.processor_dir},
-        "data": [_data_spec(inp)],
-        "constraints": constraints,
-        "seed": {"kind": "static", "value": inp.seed},
-        "outputs": [{"kind": "json", "path": inp.out_json}],
-        **inp.extra,
-    }}
+    return {
+        "spec": {
+            "backend": {
+                "kind": "openai_http",
+                "target": inp.target_url,
+                "model": "specdec",
+                "request_format": "/v1/chat/completions",
+                "max_tokens": inp.max_tokens,
+                "timeout": REQUEST_TIMEOUT_S,
+                "http2": False,
+                "extras": {"body": body},
+            },
+            "profile": profile,
+            "tokenizer": {"kind": "huggingface_auto", "model": inp.processor_dir},
+            "data": [_data_spec(inp)],
+            "constraints": constraints,
+            "seed": {"kind": "static", "value": inp.seed},
+            "outputs": [{"kind": "json", "path": inp.out_json}],
+            **inp.extra,
+        }
+    }
 
 
-def chat_rows(prompts_dir: str | Path = PROMPTS_DIR, sets: tuple[str, ...] = CHAT_SETS[DATA_PROMPTS]
-              ) -> list[dict[str, Any]]:
+def chat_rows(
+    prompts_dir: str | Path = PROMPTS_DIR, sets: tuple[str, ...] = CHAT_SETS[DATA_PROMPTS]
+) -> list[dict[str, Any]]:
     """The bench's prompts of `sets` (default grounded and open), alternating (g1, o1, g2, o2, ...), as
     chat messages."""
     per_set = [load_prompts([name], 0, Path(prompts_dir)) for name in sets]
     rows: list[dict[str, Any]] = []
     for i in range(max(len(prompts) for prompts in per_set)):
         for prompts in per_set:
-            rows += [{"messages": [{"role": "user", "content": p.user}]} for p in prompts[i:i + 1]]
+            rows += [{"messages": [{"role": "user", "content": p.user}]} for p in prompts[i : i + 1]]
     return rows
 
 
@@ -244,7 +279,11 @@ def write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> int:
     return len(rows)
 
 
-def write_chat_jsonl(path: str | Path, prompts_dir: str | Path = PROMPTS_DIR, min_rows: int = 0,
-                     sets: tuple[str, ...] = CHAT_SETS[DATA_PROMPTS]) -> int:
+def write_chat_jsonl(
+    path: str | Path,
+    prompts_dir: str | Path = PROMPTS_DIR,
+    min_rows: int = 0,
+    sets: tuple[str, ...] = CHAT_SETS[DATA_PROMPTS],
+) -> int:
     """Write chat_rows() of `sets`, cycled to at least `min_rows` rows, as JSONL; return the row count."""
     return write_jsonl(path, cycle_rows(chat_rows(prompts_dir, sets), min_rows))

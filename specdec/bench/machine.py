@@ -14,8 +14,7 @@ def machine_info() -> dict[str, Any]:
     import torch
     import transformers
 
-    from specdec.models.cpu_info import usable_cores
-    from specdec.models.cpu_info import cpu_summary
+    from specdec.models.cpu_info import cpu_summary, usable_cores
 
     usable = usable_cores()
     mem = None
@@ -25,11 +24,19 @@ def machine_info() -> dict[str, Any]:
                 mem = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return {**cpu_summary(), "cores": os.cpu_count(), "usable_cores": usable, "memory_bytes": mem,
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "platform": platform.platform(),
-            "load_avg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-            "round_transport": round_transport(), "gpu": gpu_summary()}
+    return {
+        **cpu_summary(),
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "memory_bytes": mem,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_avg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "round_transport": round_transport(),
+        "gpu": gpu_summary(),
+    }
 
 
 def gpu_summary() -> dict[str, Any] | None:
@@ -39,8 +46,12 @@ def gpu_summary() -> dict[str, Any] | None:
     if not torch.cuda.is_available():
         return None
     props = torch.cuda.get_device_properties(0)
-    return {"name": props.name, "count": torch.cuda.device_count(), "memory_bytes": props.total_memory,
-            "cuda": torch.version.cuda}
+    return {
+        "name": props.name,
+        "count": torch.cuda.device_count(),
+        "memory_bytes": props.total_memory,
+        "cuda": torch.version.cuda,
+    }
 
 
 def round_transport() -> str:

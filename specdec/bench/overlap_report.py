@@ -39,10 +39,13 @@ def _bounds(runs: list[Any], call_overhead_ms: float, first_acceptance: float) -
     hideable_ms = sum(rd["draft_ms"] for rd in drafted) + call_overhead_ms * len(drafted)
     all_accepted = sum(rd["accepted"] == rd["drafted"] for rd in drafted) / len(rounds)
     hit = all_accepted * first_acceptance
-    return {"sequential_tokens_per_s": tokens / wall_ms * 1000.0,
-            "all_hidden_tokens_per_s": tokens / max(wall_ms - hideable_ms, 1e-9) * 1000.0,
-            "post_verify_tokens_per_s": tokens / max(wall_ms - hit * hideable_ms, 1e-9) * 1000.0,
-            "post_verify_hit_rate": hit, "hideable_ms_per_round": hideable_ms / len(rounds)}
+    return {
+        "sequential_tokens_per_s": tokens / wall_ms * 1000.0,
+        "all_hidden_tokens_per_s": tokens / max(wall_ms - hideable_ms, 1e-9) * 1000.0,
+        "post_verify_tokens_per_s": tokens / max(wall_ms - hit * hideable_ms, 1e-9) * 1000.0,
+        "post_verify_hit_rate": hit,
+        "hideable_ms_per_round": hideable_ms / len(rounds),
+    }
 
 
 def section(out: dict, names: list[str], records: list[Any]) -> dict[str, Any] | None:
@@ -62,19 +65,24 @@ def section(out: dict, names: list[str], records: list[Any]) -> dict[str, Any] |
         rounds = [rd for r in records if r.config == n for rd in r.rounds]
         drafted = [rd for rd in rounds if rd["drafted"]]
         used = [rd for rd in drafted if rd.get("predrafted")]
-        base = without_branches(n)                      # overlap_adaptive_b0 -> overlap_adaptive
-        twin = base[len(OVERLAP_PREFIX) + 1:]            # overlap_k4 -> k4, overlap_adaptive -> adaptive
+        base = without_branches(n)  # overlap_adaptive_b0 -> overlap_adaptive
+        twin = base[len(OVERLAP_PREFIX) + 1 :]  # overlap_k4 -> k4, overlap_adaptive -> adaptive
         result["configs"][n] = {
-            "tokens_per_s": tps, "vs_k0": _ratio(tps, k0), "vs_sequential": _ratio(tps, seq),
+            "tokens_per_s": tps,
+            "vs_k0": _ratio(tps, k0),
+            "vs_sequential": _ratio(tps, seq),
             "vs_same_k_sequential": _ratio(tps, _median(out["tokens_per_s"].get(twin))),
             **({"vs_server_branches": _ratio(tps, _median(out["tokens_per_s"].get(base)))} if base != n else {}),
             "vs_bound_all_hidden": _ratio(tps, bounds["all_hidden_tokens_per_s"] if bounds else None),
             "vs_bound_post_verify": _ratio(tps, bounds["post_verify_tokens_per_s"] if bounds else None),
-            "predrafted_rounds": len(used), "drafted_rounds": len(drafted),
+            "predrafted_rounds": len(used),
+            "drafted_rounds": len(drafted),
             "predrafted_runner_up_rounds": sum(1 for rd in used if rd.get("predraft_runner_up_at")),
             "predraft_branches": sum(r.stats.get("predraft_branches", 0) for r in records if r.config == n),
             "predraft_use_rate": len(used) / len(drafted) if drafted else None,
-            "draft_hidden_ms_per_round": sum(rd.get("draft_hidden_ms", 0.0) for rd in rounds) / len(rounds) if rounds else None,
+            "draft_hidden_ms_per_round": sum(rd.get("draft_hidden_ms", 0.0) for rd in rounds) / len(rounds)
+            if rounds
+            else None,
         }
     return result
 
@@ -91,18 +99,22 @@ def lines(result: dict[str, Any]) -> list[str]:
         if not ov:
             continue
         b = ov["bounds"] or {}
-        out.append(f"  overlap ({s}): sequential = {ov['sequential']}; bound all draft hidden "
-                   f"{_f(b.get('all_hidden_tokens_per_s'))} tok/s ({_f(_ratio(b.get('all_hidden_tokens_per_s'), b.get('sequential_tokens_per_s')), 2)}x "
-                   f"sequential), post-verify bound {_f(b.get('post_verify_tokens_per_s'))} tok/s "
-                   f"(hit rate {_f(b.get('post_verify_hit_rate'), 3)})")
+        out.append(
+            f"  overlap ({s}): sequential = {ov['sequential']}; bound all draft hidden "
+            f"{_f(b.get('all_hidden_tokens_per_s'))} tok/s ({_f(_ratio(b.get('all_hidden_tokens_per_s'), b.get('sequential_tokens_per_s')), 2)}x "
+            f"sequential), post-verify bound {_f(b.get('post_verify_tokens_per_s'))} tok/s "
+            f"(hit rate {_f(b.get('post_verify_hit_rate'), 3)})"
+        )
         for n, c in ov["configs"].items():
-            out.append(f"    {n}: {_f(c['tokens_per_s'])} tok/s, {_f(c['vs_k0'], 2)}x k0, {_f(c['vs_sequential'], 2)}x "
-                       f"sequential, {_f(c['vs_same_k_sequential'], 2)}x same k sequential, {_f(c['vs_bound_all_hidden'], 2)} "
-                       f"of the bound; pre-drafts used in {c['predrafted_rounds']}/{c['drafted_rounds']} rounds "
-                       f"({c.get('predrafted_runner_up_rounds', 0)} behind a runner-up; {c.get('predraft_branches', 0)} "
-                       f"blocks drafted), "
-                       f"{_f(c['draft_hidden_ms_per_round'], 2)} ms hidden a round"
-                       + (f", {_f(c['vs_server_branches'], 3)}x the server's branches" if "vs_server_branches" in c else ""))
+            out.append(
+                f"    {n}: {_f(c['tokens_per_s'])} tok/s, {_f(c['vs_k0'], 2)}x k0, {_f(c['vs_sequential'], 2)}x "
+                f"sequential, {_f(c['vs_same_k_sequential'], 2)}x same k sequential, {_f(c['vs_bound_all_hidden'], 2)} "
+                f"of the bound; pre-drafts used in {c['predrafted_rounds']}/{c['drafted_rounds']} rounds "
+                f"({c.get('predrafted_runner_up_rounds', 0)} behind a runner-up; {c.get('predraft_branches', 0)} "
+                f"blocks drafted), "
+                f"{_f(c['draft_hidden_ms_per_round'], 2)} ms hidden a round"
+                + (f", {_f(c['vs_server_branches'], 3)}x the server's branches" if "vs_server_branches" in c else "")
+            )
     return out
 
 

@@ -15,8 +15,8 @@ VERIFY_CONTEXT_TOKENS = 300
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "prompts"
 
 K0, KDEF, ADAPTIVE, HF_TARGET, HF_ASSISTED = "k0", "kdefault", "adaptive", "hf_target", "hf_assisted"
-OVERLAP_PREFIX = "overlap"      # overlapped rounds (docs/overlap.md): overlap_k4, overlap_adaptive
-BRANCHES_SUFFIX = "_b"          # ... with a set number of runner-up branches: overlap_adaptive_b0
+OVERLAP_PREFIX = "overlap"  # overlapped rounds (docs/overlap.md): overlap_k4, overlap_adaptive
+BRANCHES_SUFFIX = "_b"  # ... with a set number of runner-up branches: overlap_adaptive_b0
 
 
 def without_branches(name: str) -> str:
@@ -39,12 +39,12 @@ class Config:
     """One configuration of the comparison."""
 
     name: str
-    kind: str                 # "stack" | "hf"
-    k: int | None = None      # stack: None = the server default; with adaptive: the cap
-    assisted: bool = False    # hf: assisted generation (d) instead of target-only (c)
-    adaptive: bool = False    # stack: adaptive_k (each round picks k in [0, k])
-    overlap: bool = False     # stack: overlapped rounds (GenerateRequest.overlap)
-    branches: int | None = None   # stack, overlapped: GenerateRequest.overlap_branches (None: the server's)
+    kind: str  # "stack" | "hf"
+    k: int | None = None  # stack: None = the server default; with adaptive: the cap
+    assisted: bool = False  # hf: assisted generation (d) instead of target-only (c)
+    adaptive: bool = False  # stack: adaptive_k (each round picks k in [0, k])
+    overlap: bool = False  # stack: overlapped rounds (GenerateRequest.overlap)
+    branches: int | None = None  # stack, overlapped: GenerateRequest.overlap_branches (None: the server's)
 
     def label(self, default_k: int) -> str:
         if self.kind == "hf":
@@ -63,9 +63,15 @@ def adaptive_supported() -> bool:
     return "adaptive_k" in pb.GenerateRequest.DESCRIPTOR.fields_by_name
 
 
-def make_configs(ks: list[int], with_default: bool = True, with_hf: bool = True,
-                 adaptive_cap: int = 0, overlap_ks: list[int] | None = None,
-                 overlap_adaptive: bool = False, overlap_branches: int | None = None) -> list[Config]:
+def make_configs(
+    ks: list[int],
+    with_default: bool = True,
+    with_hf: bool = True,
+    adaptive_cap: int = 0,
+    overlap_ks: list[int] | None = None,
+    overlap_adaptive: bool = False,
+    overlap_branches: int | None = None,
+) -> list[Config]:
     """The configurations of a run; overlap_ks / overlap_adaptive add overlapped twins (`overlap_k4`,
     `overlap_adaptive`, the latter with the adaptive cap) placed next to their sequential ones; with
     `overlap_branches`, each overlapped one has a twin drafting ahead behind at most that many runner-ups
@@ -79,8 +85,13 @@ def make_configs(ks: list[int], with_default: bool = True, with_hf: bool = True,
     if overlap_adaptive and adaptive_cap > 0:
         configs.append(Config(f"{OVERLAP_PREFIX}_adaptive", "stack", adaptive_cap, adaptive=True, overlap=True))
     if overlap_branches is not None:
-        configs = [twin for c in configs for twin in (c, replace(c, name=f"{c.name}{BRANCHES_SUFFIX}{overlap_branches}",
-                                                               branches=overlap_branches))[:1 + c.overlap]]
+        configs = [
+            twin
+            for c in configs
+            for twin in (c, replace(c, name=f"{c.name}{BRANCHES_SUFFIX}{overlap_branches}", branches=overlap_branches))[
+                : 1 + c.overlap
+            ]
+        ]
     if with_hf:
         configs += [Config(HF_TARGET, "hf"), Config(HF_ASSISTED, "hf", assisted=True)]
     return configs
@@ -104,21 +115,41 @@ class RunRecord:
     repeat: int
     tokens: list[int]
     wall_s: float
-    arrivals: list[tuple[float, int]]            # (seconds since the request, tokens in the chunk)
+    arrivals: list[tuple[float, int]]  # (seconds since the request, tokens in the chunk)
     stats: dict[str, Any] = field(default_factory=dict)
     rounds: list[dict[str, Any]] = field(default_factory=list)
     memory: dict[str, Any] = field(default_factory=dict)
 
     def compact(self) -> dict[str, Any]:
         """The per-run row of the JSON (token ids left out; their identity is reported separately)."""
-        return {"set": self.set, "prompt": self.prompt, "config": self.config, "repeat": self.repeat,
-                "tokens": len(self.tokens), "wall_s": round(self.wall_s, 4),
-                "ttft_ms": round(self.arrivals[0][0] * 1000, 2) if self.arrivals else None,
-                **({"rounds": len(self.rounds)} if self.rounds else {}),
-                **({k: self.stats[k] for k in ("draft_ms", "target_ms", "overhead_ms", "accepted_tokens",
-                                                "draft_tokens", "predrafts", "predrafts_used", "draft_hidden_ms",
-                                                "predraft_branches", "predrafts_used_runner_up")
-                    if k in self.stats})}
+        return {
+            "set": self.set,
+            "prompt": self.prompt,
+            "config": self.config,
+            "repeat": self.repeat,
+            "tokens": len(self.tokens),
+            "wall_s": round(self.wall_s, 4),
+            "ttft_ms": round(self.arrivals[0][0] * 1000, 2) if self.arrivals else None,
+            **({"rounds": len(self.rounds)} if self.rounds else {}),
+            **(
+                {
+                    k: self.stats[k]
+                    for k in (
+                        "draft_ms",
+                        "target_ms",
+                        "overhead_ms",
+                        "accepted_tokens",
+                        "draft_tokens",
+                        "predrafts",
+                        "predrafts_used",
+                        "draft_hidden_ms",
+                        "predraft_branches",
+                        "predrafts_used_runner_up",
+                    )
+                    if k in self.stats
+                }
+            ),
+        }
 
 
 def env_assignments(text: str) -> dict[str, str]:
@@ -133,7 +164,7 @@ def load_prompts(names: list[str], per_set: int, prompts_dir: Path = PROMPTS_DIR
         if not path.is_file():
             raise SystemExit(f"specdec bench: no prompt set {name!r} ({path} missing)")
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        out += [Prompt(name, r["id"], r["user"]) for r in rows[:per_set or None]]
+        out += [Prompt(name, r["id"], r["user"]) for r in rows[: per_set or None]]
     return out
 
 
@@ -154,21 +185,21 @@ class BenchArgs:
     hf_ngram_size: int = 2
     with_default_k: bool = True
     with_hf: bool = True
-    with_llamacpp: bool = True            # the llama.cpp anchor (skipped with a note when not installed)
+    with_llamacpp: bool = True  # the llama.cpp anchor (skipped with a note when not installed)
     with_adaptive: bool = True
-    adaptive_cap: int = 0                 # 0: the largest k of the sweep
+    adaptive_cap: int = 0  # 0: the largest k of the sweep
     verify_context: int = VERIFY_CONTEXT_TOKENS
     verify_reps: int = 7
     quick: bool = False
-    dtype: str = "auto"                   # of the target (and model draft) in the services and in HF (auto: the
-                                          # services' default, HF in float32)
-    engine: str = "auto"                  # the model services' runner (auto: llama.cpp for a GGUF on CPU)
-    with_llama_server: bool = True        # llama.cpp's own server (skipped with a note when no binary is found)
-    llama_server: str = ""                # its binary ("": found by specdec.bench.llama_server.find_binary)
+    dtype: str = "auto"  # of the target (and model draft) in the services and in HF (auto: the
+    # services' default, HF in float32)
+    engine: str = "auto"  # the model services' runner (auto: llama.cpp for a GGUF on CPU)
+    with_llama_server: bool = True  # llama.cpp's own server (skipped with a note when no binary is found)
+    llama_server: str = ""  # its binary ("": found by specdec.bench.llama_server.find_binary)
     progress: bool = True
     prompts_dir: str = str(PROMPTS_DIR)
-    overlap_ks: list[int] = field(default_factory=list)   # overlapped twins of these fixed k
-    overlap_adaptive: bool = False                         # and of adaptive k
-    overlap_branches: int | None = None                    # twins of those with this GenerateRequest.overlap_branches
-    hop_delay_ms: float = 0.0             # TEST/BENCH ONLY: SPECDEC_HOP_DELAY_MS of the orchestrator
-    time_budget_s: float = 0.0            # 0: none; else no prompt is started after this many seconds of measuring
+    overlap_ks: list[int] = field(default_factory=list)  # overlapped twins of these fixed k
+    overlap_adaptive: bool = False  # and of adaptive k
+    overlap_branches: int | None = None  # twins of those with this GenerateRequest.overlap_branches
+    hop_delay_ms: float = 0.0  # TEST/BENCH ONLY: SPECDEC_HOP_DELAY_MS of the orchestrator
+    time_budget_s: float = 0.0  # 0: none; else no prompt is started after this many seconds of measuring

@@ -34,8 +34,13 @@ def spread(values: list[float | None]) -> dict[str, Any] | None:
     vals = [v for v in values if v is not None]
     if not vals:
         return None
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals),
-            "values": [round(v, 6) for v in vals]}
+    return {
+        "median": statistics.median(vals),
+        "min": min(vals),
+        "max": max(vals),
+        "n": len(vals),
+        "values": [round(v, 6) for v in vals],
+    }
 
 
 def _itl_samples(arrivals: list[tuple[float, int]]) -> list[float]:
@@ -56,19 +61,32 @@ def _decode_tps(r: Any) -> float | None:
 
 
 # -- build ---------------------------------------------------------------------------------------
-def build(records: list[Any], configs: list[Any], prompts: list[Any], *, settings: dict, machine: dict,
-          hf_settings: dict, verify: dict, draft_step_cost: float | None, identity: dict, rss: dict,
-          kv_per_token_model: dict, default_k: int, stats_error: str = "") -> dict[str, Any]:
+def build(
+    records: list[Any],
+    configs: list[Any],
+    prompts: list[Any],
+    *,
+    settings: dict,
+    machine: dict,
+    hf_settings: dict,
+    verify: dict,
+    draft_step_cost: float | None,
+    identity: dict,
+    rss: dict,
+    kv_per_token_model: dict,
+    default_k: int,
+    stats_error: str = "",
+) -> dict[str, Any]:
     names = [c.name for c in configs]
-    dk = default_k if isinstance(default_k, int) else None      # None: the server picks k (adaptive)
+    dk = default_k if isinstance(default_k, int) else None  # None: the server picks k (adaptive)
     ks = {c.name: (None if c.adaptive else dk if c.k is None else c.k) for c in configs if c.kind == "stack"}
-    measured = {r.set for r in records}     # a run stopped at its time budget may lack a set
+    measured = {r.set for r in records}  # a run stopped at its time budget may lack a set
     sets = [s for s in dict.fromkeys(p.set for p in prompts) if s in measured]
     c = draft_step_cost if draft_step_cost is not None else 0.0
     ratio = {int(n): v for n, v in verify["ratio"].items()}
 
     def v(n: int) -> float:
-        return ratio.get(n, ratio[max(ratio)] * n / max(ratio))      # beyond the measured range: linear
+        return ratio.get(n, ratio[max(ratio)] * n / max(ratio))  # beyond the measured range: linear
 
     result: dict[str, Any] = {"schema": 1, "machine": machine, "settings": settings, "hf_settings": hf_settings}
     for s in sets:
@@ -78,42 +96,74 @@ def build(records: list[Any], configs: list[Any], prompts: list[Any], *, setting
         out["memory"] = _set_memory(records, s, kv_per_token_model, settings.get("draft_kind", "ngram"))
         out["identity"] = identity.get(s, {})
         result[s] = out
-    result["memory"] = _memory_summary([result[s]["memory"] for s in sets], rss, verify, kv_per_token_model,
-                                       stats_error)
+    result["memory"] = _memory_summary(
+        [result[s]["memory"] for s in sets], rss, verify, kv_per_token_model, stats_error
+    )
     result["verify_cost"] = {k: v for k, v in verify.items() if k != "kv_bytes_per_token_measured"}
     result["draft_step_cost_c"] = draft_step_cost if draft_step_cost is not None else 0.0
-    result["draft_step_cost_note"] = ("c measured in-process (draft 1-token step / target 1-token step)"
-                                      if draft_step_cost is not None else "n-gram draft: c = 0 (no model)")
+    result["draft_step_cost_note"] = (
+        "c measured in-process (draft 1-token step / target 1-token step)"
+        if draft_step_cost is not None
+        else "n-gram draft: c = 0 (no model)"
+    )
     result["runs"] = [r.compact() for r in records]
     return result
 
 
-def _set_section(records: list[Any], names: list[str], ks: dict[str, int | None], repeats: list[int], c: float,
-                 v: Any) -> dict[str, Any]:
+def _set_section(
+    records: list[Any], names: list[str], ks: dict[str, int | None], repeats: list[int], c: float, v: Any
+) -> dict[str, Any]:
     """One prompt set's figures per configuration (records: that set's runs), with its overlap section."""
     runs = {(n, rep): [r for r in records if r.config == n and r.repeat == rep] for n in names for rep in repeats}
-    tps = {key: (sum(len(r.tokens) for r in rs) / sum(r.wall_s for r in rs)) if rs else None
-           for key, rs in runs.items()}
+    tps = {
+        key: (sum(len(r.tokens) for r in rs) / sum(r.wall_s for r in rs)) if rs else None for key, rs in runs.items()
+    }
     dtps = {key: _ratio_mean([_decode_tps(r) for r in rs]) for key, rs in runs.items()}
-    out: dict[str, Any] = {m: {} for m in (
-        "tokens_per_s", "speedup", "speedup_decode", "vs_hf", "vs_hf_target", "overhead_ms_p50",
-        "overhead_share_p50", "overhead_e2e_ms_per_round", "acceptance_rate", "mean_accepted_length",
-        "per_position_acceptance", "target_passes_per_token", "itl_ms_p50", "itl_ms_p95", "ttft_ms_p50",
-        "draft_ms_per_round", "verify_ms_per_round", "verify_cost_ratio_stack", "bound", "bound_drafted",
-        "speedup_vs_bound", "mean_k", "wire_bytes_per_round_p50", "context_tokens_p50",
-        "target_outside_forward_ms_p50")}
+    out: dict[str, Any] = {
+        m: {}
+        for m in (
+            "tokens_per_s",
+            "speedup",
+            "speedup_decode",
+            "vs_hf",
+            "vs_hf_target",
+            "overhead_ms_p50",
+            "overhead_share_p50",
+            "overhead_e2e_ms_per_round",
+            "acceptance_rate",
+            "mean_accepted_length",
+            "per_position_acceptance",
+            "target_passes_per_token",
+            "itl_ms_p50",
+            "itl_ms_p95",
+            "ttft_ms_p50",
+            "draft_ms_per_round",
+            "verify_ms_per_round",
+            "verify_cost_ratio_stack",
+            "bound",
+            "bound_drafted",
+            "speedup_vs_bound",
+            "mean_k",
+            "wire_bytes_per_round_p50",
+            "context_tokens_p50",
+            "target_outside_forward_ms_p50",
+        )
+    }
     for n in names:
         out["tokens_per_s"][n] = spread([tps[(n, rep)] for rep in repeats])
         out["speedup"][n] = spread([_div(tps[(n, rep)], tps.get((K0, rep))) for rep in repeats])
         out["speedup_decode"][n] = spread([_div(dtps[(n, rep)], dtps.get((K0, rep))) for rep in repeats])
         out["vs_hf"][n] = spread([_div(tps[(n, rep)], tps.get((HF_ASSISTED, rep))) for rep in repeats])
         out["vs_hf_target"][n] = spread([_div(tps[(n, rep)], tps.get((HF_TARGET, rep))) for rep in repeats])
-        out["itl_ms_p50"][n] = spread([pct(sum((_itl_samples(r.arrivals) for r in runs[(n, rep)]), []), 50)
-                                       for rep in repeats])
-        out["itl_ms_p95"][n] = spread([pct(sum((_itl_samples(r.arrivals) for r in runs[(n, rep)]), []), 95)
-                                       for rep in repeats])
-        out["ttft_ms_p50"][n] = spread([pct([r.arrivals[0][0] * 1000 for r in runs[(n, rep)] if r.arrivals], 50)
-                                        for rep in repeats])
+        out["itl_ms_p50"][n] = spread(
+            [pct(sum((_itl_samples(r.arrivals) for r in runs[(n, rep)]), []), 50) for rep in repeats]
+        )
+        out["itl_ms_p95"][n] = spread(
+            [pct(sum((_itl_samples(r.arrivals) for r in runs[(n, rep)]), []), 95) for rep in repeats]
+        )
+        out["ttft_ms_p50"][n] = spread(
+            [pct([r.arrivals[0][0] * 1000 for r in runs[(n, rep)] if r.arrivals], 50) for rep in repeats]
+        )
         if n not in ks:
             continue
         _stack_measures(out, n, ks[n], runs, repeats, c, v)
@@ -128,8 +178,9 @@ def _set_section(records: list[Any], names: list[str], ks: dict[str, int | None]
     return out
 
 
-def _memory_summary(set_memory: list[dict], rss: dict, verify: dict, kv_per_token_model: dict,
-                    stats_error: str) -> dict[str, Any]:
+def _memory_summary(
+    set_memory: list[dict], rss: dict, verify: dict, kv_per_token_model: dict, stats_error: str
+) -> dict[str, Any]:
     """The run's memory figures: peak RSS per process, KV bytes per token (the first set that has them)."""
     return {
         "peak_rss_bytes": {role: m["bytes"] for role, m in rss.items()},
@@ -149,9 +200,9 @@ def _memory_summary(set_memory: list[dict], rss: dict, verify: dict, kv_per_toke
 def _stack_measures(out: dict, n: str, k: int | None, runs: dict, repeats: list[int], c: float, v: Any) -> None:
     all_runs = [r for rep in repeats for r in runs[(n, rep)]]
     rounds = [rd for r in all_runs for rd in r.rounds]
-    decode_rounds = [rd for r in all_runs for rd in r.rounds[1:]]     # round 0 carries the prefill
+    decode_rounds = [rd for r in all_runs for rd in r.rounds[1:]]  # round 0 carries the prefill
     out["mean_k"][n] = statistics.fmean(rd["k"] for rd in rounds) if rounds else None
-    if k is None:                                                      # server-chosen k: its mean
+    if k is None:  # server-chosen k: its mean
         k = out["mean_k"][n] or 0
     drafted = sum(rd["drafted"] for rd in rounds)
     accepted = sum(rd["accepted"] for rd in rounds)
@@ -170,20 +221,40 @@ def _stack_measures(out: dict, n: str, k: int | None, runs: dict, repeats: list[
     out["per_position_acceptance"][n] = [x / y if y else None for x, y in zip(per_acc, per_draft)]
     tokens = sum(len(r.tokens) for r in all_runs)
     out["target_passes_per_token"][n] = len(rounds) / tokens if tokens else None
-    out["overhead_ms_p50"][n] = spread([pct([rd["overhead_ms"] for r in runs[(n, rep)] for rd in r.rounds], 50)
-                                        for rep in repeats])
-    out["overhead_share_p50"][n] = spread([pct([rd["overhead_ms"] / tot for r in runs[(n, rep)] for rd in r.rounds
-                                                for tot in [rd["overhead_ms"] + rd["draft_ms"] + rd["target_ms"]]
-                                                if tot > 0], 50) for rep in repeats])
-    out["overhead_e2e_ms_per_round"][n] = spread([
-        _div(sum(r.wall_s * 1000 - sum(rd["draft_ms"] + rd["target_ms"] for rd in r.rounds) for r in runs[(n, rep)]),
-             sum(len(r.rounds) for r in runs[(n, rep)])) for rep in repeats])
+    out["overhead_ms_p50"][n] = spread(
+        [pct([rd["overhead_ms"] for r in runs[(n, rep)] for rd in r.rounds], 50) for rep in repeats]
+    )
+    out["overhead_share_p50"][n] = spread(
+        [
+            pct(
+                [
+                    rd["overhead_ms"] / tot
+                    for r in runs[(n, rep)]
+                    for rd in r.rounds
+                    for tot in [rd["overhead_ms"] + rd["draft_ms"] + rd["target_ms"]]
+                    if tot > 0
+                ],
+                50,
+            )
+            for rep in repeats
+        ]
+    )
+    out["overhead_e2e_ms_per_round"][n] = spread(
+        [
+            _div(
+                sum(r.wall_s * 1000 - sum(rd["draft_ms"] + rd["target_ms"] for rd in r.rounds) for r in runs[(n, rep)]),
+                sum(len(r.rounds) for r in runs[(n, rep)]),
+            )
+            for rep in repeats
+        ]
+    )
     # Bytes on the wire per decode round (round 0 carries the prompt) and the context the rounds ran at.
     out["wire_bytes_per_round_p50"][n] = pct([rd["wire_bytes"] for rd in decode_rounds if "wire_bytes" in rd], 50)
     out["context_tokens_p50"][n] = pct([rd["context_tokens"] for rd in rounds if "context_tokens" in rd], 50)
     # The part of the overhead spent inside the target around its forward (the rest: wire, orchestrator, draft).
-    out["target_outside_forward_ms_p50"][n] = pct([rd["in_target_ms"] for rd in decode_rounds
-                                                   if rd.get("in_target_ms") is not None], 50)
+    out["target_outside_forward_ms_p50"][n] = pct(
+        [rd["in_target_ms"] for rd in decode_rounds if rd.get("in_target_ms") is not None], 50
+    )
     out["draft_ms_per_round"][n] = _p50_mean([rd["draft_ms"] for rd in decode_rounds])
     out["verify_ms_per_round"][n] = _p50_mean([rd["target_ms"] for rd in decode_rounds])
     # The bound, in units of one target step: tokens per round / cost of a round.
@@ -211,8 +282,10 @@ def _set_memory(records: list[Any], s: str, kv_per_token_model: dict, draft_kind
         return statistics.median(vals) if vals else None
 
     from_rpc = all("target_kv_bytes" in m for m in mem)
-    out: dict[str, Any] = {"session_tokens": med([m.get("session_tokens") for m in mem]),
-                           "redis_bytes_per_session": med([m.get("redis_bytes") for m in mem])}
+    out: dict[str, Any] = {
+        "session_tokens": med([m.get("session_tokens") for m in mem]),
+        "redis_bytes_per_session": med([m.get("redis_bytes") for m in mem]),
+    }
     if from_rpc:
         out["kv_source"] = "Stats RPC (cache_used_bytes, one session cached)"
         out["target_kv_bytes_per_session"] = med([m["target_kv_bytes"] for m in mem])
@@ -273,7 +346,7 @@ def _fmt(x: Any, digits: int = 2, spread_: bool = False) -> str:
 
 
 def cpu_features(machine: dict[str, Any]) -> str:
-    """" (AVX-512, no AMX, bf16)": the CPU features that decide kernels, where the result has them."""
+    """ " (AVX-512, no AMX, bf16)": the CPU features that decide kernels, where the result has them."""
     if "avx512" not in machine:
         return ""
     yes_no = [("AVX-512", machine["avx512"]), ("AMX", machine.get("amx")), ("bf16", machine.get("bf16"))]
@@ -285,22 +358,47 @@ def table(result: dict[str, Any]) -> str:
     lines = []
     st, m = result["settings"], result["machine"]
     gpu = f" | GPU {m['gpu']['name']}" if m.get("gpu") else ""
-    lines.append(f"machine: {m['cpu_model']}{cpu_features(m)} | {m['cores']} cores ({m['usable_cores']} usable){gpu} "
-                 f"| torch {m['torch']} | transformers {m['transformers']}")
+    lines.append(
+        f"machine: {m['cpu_model']}{cpu_features(m)} | {m['cores']} cores ({m['usable_cores']} usable){gpu} "
+        f"| torch {m['torch']} | transformers {m['transformers']}"
+    )
     gens = st.get("generations") or {}
     if gens and gens["measured"] < gens["planned"]:
-        lines.append(f"stopped at the time budget ({st.get('time_budget_s')} s): {gens['measured']} of "
-                     f"{gens['planned']} generations, every configuration on each prompt measured")
+        lines.append(
+            f"stopped at the time budget ({st.get('time_budget_s')} s): {gens['measured']} of "
+            f"{gens['planned']} generations, every configuration on each prompt measured"
+        )
     load = m.get("load_avg_at_start")
     if load and load[0] > 0.5 * (m.get("usable_cores") or 1):
-        lines.append(f"WARNING: the machine was busy (1-minute load average {load[0]:.1f} at the start on "
-                     f"{m.get('usable_cores')} cores): timings are not representative")
-    lines.append(f"target {st['target_model_id']} ({st.get('engine', 'torch')}, {st['dtype']}), draft {st['draft_kind']}, threads "
-                 f"{st['threads']['target_service']}, {st['max_new_tokens']} new tokens, {st['repeats']} repeat(s), "
-                 f"greedy, ignore_eos; HF assisted: {result['hf_settings']}")
-    cols = [("config", 26), ("mean k", 6), ("tok/s", 20), ("speedup", 18), ("vs HF(d)", 9), ("accept", 7), ("MAL", 5),
-            ("pass/tok", 8), ("ITL p50/p95 ms", 14), ("draft ms", 8), ("verify ms", 9), ("ovh p50 ms", 10),
-            ("ovh %", 6), ("wire B/rd", 9), ("ctx", 5), ("bound", 6), ("/bound", 6), ("same", 5)]
+        lines.append(
+            f"WARNING: the machine was busy (1-minute load average {load[0]:.1f} at the start on "
+            f"{m.get('usable_cores')} cores): timings are not representative"
+        )
+    lines.append(
+        f"target {st['target_model_id']} ({st.get('engine', 'torch')}, {st['dtype']}), draft {st['draft_kind']}, threads "
+        f"{st['threads']['target_service']}, {st['max_new_tokens']} new tokens, {st['repeats']} repeat(s), "
+        f"greedy, ignore_eos; HF assisted: {result['hf_settings']}"
+    )
+    cols = [
+        ("config", 26),
+        ("mean k", 6),
+        ("tok/s", 20),
+        ("speedup", 18),
+        ("vs HF(d)", 9),
+        ("accept", 7),
+        ("MAL", 5),
+        ("pass/tok", 8),
+        ("ITL p50/p95 ms", 14),
+        ("draft ms", 8),
+        ("verify ms", 9),
+        ("ovh p50 ms", 10),
+        ("ovh %", 6),
+        ("wire B/rd", 9),
+        ("ctx", 5),
+        ("bound", 6),
+        ("/bound", 6),
+        ("same", 5),
+    ]
     for s in (k for k in result if isinstance(result[k], dict) and "tokens_per_s" in result[k]):
         r = result[s]
         lines.append("")
@@ -311,24 +409,41 @@ def table(result: dict[str, Any]) -> str:
             same = "ref" if n == K0 else (f"{ident['identical']}/{ident['prompts']}" if ident else "-")
             itl = f"{_fmt(r['itl_ms_p50'].get(n), 1)}/{_fmt(r['itl_ms_p95'].get(n), 1)}"
             share = r["overhead_share_p50"].get(n)
-            row = [label, _fmt(r["mean_k"].get(n), 1), _fmt(r["tokens_per_s"][n], 1, True), _fmt(r["speedup"][n], 2, True),
-                   _fmt(r["vs_hf"].get(n)), _fmt(r["acceptance_rate"].get(n)), _fmt(r["mean_accepted_length"].get(n)),
-                   _fmt(r["target_passes_per_token"].get(n)), itl, _fmt(r["draft_ms_per_round"].get(n), 1),
-                   _fmt(r["verify_ms_per_round"].get(n), 1), _fmt(r["overhead_ms_p50"].get(n), 2),
-                   f"{share['median'] * 100:.1f}" if share else "-", _fmt(r["wire_bytes_per_round_p50"].get(n), 0),
-                   _fmt(r["context_tokens_p50"].get(n), 0), _fmt(r["bound_drafted"].get(n)),
-                   _fmt(r["speedup_vs_bound"].get(n)), same]
+            row = [
+                label,
+                _fmt(r["mean_k"].get(n), 1),
+                _fmt(r["tokens_per_s"][n], 1, True),
+                _fmt(r["speedup"][n], 2, True),
+                _fmt(r["vs_hf"].get(n)),
+                _fmt(r["acceptance_rate"].get(n)),
+                _fmt(r["mean_accepted_length"].get(n)),
+                _fmt(r["target_passes_per_token"].get(n)),
+                itl,
+                _fmt(r["draft_ms_per_round"].get(n), 1),
+                _fmt(r["verify_ms_per_round"].get(n), 1),
+                _fmt(r["overhead_ms_p50"].get(n), 2),
+                f"{share['median'] * 100:.1f}" if share else "-",
+                _fmt(r["wire_bytes_per_round_p50"].get(n), 0),
+                _fmt(r["context_tokens_p50"].get(n), 0),
+                _fmt(r["bound_drafted"].get(n)),
+                _fmt(r["speedup_vs_bound"].get(n)),
+                same,
+            ]
             lines.append("  ".join(str(x).ljust(w) for x, (_, w) in zip(row, cols)))
         mem = r.get("memory") or {}
         if mem:
-            lines.append(f"  per session: target KV {_mb(mem.get('target_kv_bytes_per_session'))}, draft KV "
-                         f"{_mb(mem.get('draft_kv_bytes_per_session'))}, Redis {_kb(mem.get('redis_bytes_per_session'))} "
-                         f"({_fmt(mem.get('session_tokens'), 0)} tokens)")
+            lines.append(
+                f"  per session: target KV {_mb(mem.get('target_kv_bytes_per_session'))}, draft KV "
+                f"{_mb(mem.get('draft_kv_bytes_per_session'))}, Redis {_kb(mem.get('redis_bytes_per_session'))} "
+                f"({_fmt(mem.get('session_tokens'), 0)} tokens)"
+            )
         diffs = [(n, d) for n, i in r["identity"].items() for d in i["differences"]]
         for n, d in diffs:
             tie = f", near-tie (<= {d.get('tie_threshold', 0):.4g})" if d["near_tie"] else ""
-            lines.append(f"  token difference: {n} on {d['prompt']} at position {d['position']} "
-                         f"(top-2 logit gap {_fmt(d['top2_logit_gap'], 6)}{tie})")
+            lines.append(
+                f"  token difference: {n} on {d['prompt']} at position {d['position']} "
+                f"(top-2 logit gap {_fmt(d['top2_logit_gap'], 6)}{tie})"
+            )
     from specdec.bench.llama_server import server_lines
     from specdec.bench.llamacpp import anchor_lines
 
@@ -337,19 +452,29 @@ def table(result: dict[str, Any]) -> str:
     lines += server_lines(result)
     mem = result["memory"]
     lines.append("")
-    lines.append("peak RSS: " + ", ".join(f"{k} {_mb(v)}" for k, v in mem["peak_rss_bytes"].items())
-                 + f" ({'/'.join(mem['peak_rss_source'])})")
+    lines.append(
+        "peak RSS: "
+        + ", ".join(f"{k} {_mb(v)}" for k, v in mem["peak_rss_bytes"].items())
+        + f" ({'/'.join(mem['peak_rss_source'])})"
+    )
     kv = mem["kv_bytes_per_token"]
-    lines.append(f"KV bytes per cached token: target {_fmt(kv['target'], 0)} (config {kv['target_from_config']}, "
-                 f"tensors {_fmt(kv['target_measured_tensors'], 0)}), draft {_fmt(kv['draft'], 0)}")
+    lines.append(
+        f"KV bytes per cached token: target {_fmt(kv['target'], 0)} (config {kv['target_from_config']}, "
+        f"tensors {_fmt(kv['target_measured_tensors'], 0)}), draft {_fmt(kv['draft'], 0)}"
+    )
     vc = result["verify_cost"]
-    lines.append(f"verify cost v(n)/v(1) on the target in-process ({vc['context_tokens']} cached tokens, "
-                 f"{vc['threads']} threads, v(1) = {vc['ms']['1']:.1f} ms): "
-                 + " ".join(f"{n}:{x:.2f}" for n, x in vc["ratio"].items()) + f"; c = {result['draft_step_cost_c']:.3f}")
-    lines.append("columns: speedup = tok/s over ours k=0 (median [min-max] over repeats); vs HF(d) = over HF "
-                 "assisted; MAL = mean accepted length (tokens per round); draft/verify ms = p50 per round; ovh = "
-                 "per-round overhead (not a model forward); bound = MAL/(k*c + v(k+1)) with the k actually drafted; "
-                 "/bound = decode-only speedup / bound; same = token-identical to ours k=0; mean k = k asked per round (adaptive: chosen)")
+    lines.append(
+        f"verify cost v(n)/v(1) on the target in-process ({vc['context_tokens']} cached tokens, "
+        f"{vc['threads']} threads, v(1) = {vc['ms']['1']:.1f} ms): "
+        + " ".join(f"{n}:{x:.2f}" for n, x in vc["ratio"].items())
+        + f"; c = {result['draft_step_cost_c']:.3f}"
+    )
+    lines.append(
+        "columns: speedup = tok/s over ours k=0 (median [min-max] over repeats); vs HF(d) = over HF "
+        "assisted; MAL = mean accepted length (tokens per round); draft/verify ms = p50 per round; ovh = "
+        "per-round overhead (not a model forward); bound = MAL/(k*c + v(k+1)) with the k actually drafted; "
+        "/bound = decode-only speedup / bound; same = token-identical to ours k=0; mean k = k asked per round (adaptive: chosen)"
+    )
     return "\n".join(lines)
 
 
@@ -375,8 +500,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     axes = list(axes) if hasattr(axes, "__len__") else [axes]
     for ax, s in zip(axes, sets):
         r = result[s]
-        pts = sorted((int(n[1:]), n) for n in r["speedup"]
-                     if n.startswith("k") and n[1:].isdigit() and r["speedup"][n] is not None)
+        pts = sorted(
+            (int(n[1:]), n)
+            for n in r["speedup"]
+            if n.startswith("k") and n[1:].isdigit() and r["speedup"][n] is not None
+        )
         xs = [k for k, _ in pts]
         meds = [_get(r["speedup"][n], "median") for _, n in pts]
         lo = [m - _get(r["speedup"][n], "min", m) for (_, n), m in zip(pts, meds) if m is not None]
@@ -389,19 +517,40 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.plot([k for k, _ in bk], [b for _, b in bk], linestyle="--", marker="x", label="bound: MAL/(k·c+v(k+1))")
         bd = [(k, r["bound_drafted"].get(n)) for k, n in pts if r["bound_drafted"].get(n) is not None]
         if bd:
-            ax.plot([k for k, _ in bd], [b for _, b in bd], linestyle="-.", marker="+",
-                    label="bound with the k actually drafted")
+            ax.plot(
+                [k for k, _ in bd],
+                [b for _, b in bd],
+                linestyle="-.",
+                marker="+",
+                label="bound with the k actually drafted",
+            )
         if r["speedup"].get(KDEF):
             x = st["server_default_k"] if isinstance(st["server_default_k"], int) else (r["mean_k"].get(KDEF) or 0)
-            ax.plot([x], [r["speedup"][KDEF]["median"]], marker="*", markersize=12,
-                    linestyle="none", label="ours, k unset (server default)")
+            ax.plot(
+                [x],
+                [r["speedup"][KDEF]["median"]],
+                marker="*",
+                markersize=12,
+                linestyle="none",
+                label="ours, k unset (server default)",
+            )
         if r["speedup"].get(ADAPTIVE):
-            ax.plot([r["mean_k"].get(ADAPTIVE) or 0], [r["speedup"][ADAPTIVE]["median"]], marker="D", markersize=8,
-                    linestyle="none", label=f"{st['configs'][ADAPTIVE]} (at its mean k)")
+            ax.plot(
+                [r["mean_k"].get(ADAPTIVE) or 0],
+                [r["speedup"][ADAPTIVE]["median"]],
+                marker="D",
+                markersize=8,
+                linestyle="none",
+                label=f"{st['configs'][ADAPTIVE]} (at its mean k)",
+            )
         for name, style in ((HF_ASSISTED, "tab:red"), (HF_TARGET, "tab:gray")):
             if r["speedup"].get(name):
-                ax.axhline(r["speedup"][name]["median"], color=style, linestyle=":",
-                           label=f"{st['configs'][name]} ({r['speedup'][name]['median']:.2f}x)")
+                ax.axhline(
+                    r["speedup"][name]["median"],
+                    color=style,
+                    linestyle=":",
+                    label=f"{st['configs'][name]} ({r['speedup'][name]['median']:.2f}x)",
+                )
         ax.axhline(1.0, color="black", linewidth=0.6)
         ax.set_title(f"{s}: speed-up over ours k=0")
         ax.set_xlabel("k (draft tokens per round)")
@@ -423,9 +572,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     m = result["machine"]
-    fig.suptitle(f"specdec bench — {st['target_model_id']} ({st['dtype']}), {st['draft_kind']} draft, "
-                 f"{st['threads']['target_service']} threads, {m['cpu_model']}{cpu_features(m)} ({m['cores']} cores), "
-                 f"{st['max_new_tokens']} tokens, {st['repeats']} repeat(s)", fontsize=9)
+    fig.suptitle(
+        f"specdec bench — {st['target_model_id']} ({st['dtype']}), {st['draft_kind']} draft, "
+        f"{st['threads']['target_service']} threads, {m['cpu_model']}{cpu_features(m)} ({m['cores']} cores), "
+        f"{st['max_new_tokens']} tokens, {st['repeats']} repeat(s)",
+        fontsize=9,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -19,14 +19,24 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specdec.bench.identity import identity_report
 from specdec.bench.machine import machine_info, peak_rss_bytes
 from specdec.bench.plan import (
-    HF_ASSISTED, PROMPT_SETS, PROMPTS_DIR, BenchArgs, Config, Prompt, RunRecord, adaptive_supported, load_prompts,
-    make_configs, parse_overlap,
+    HF_ASSISTED,
+    PROMPT_SETS,
+    PROMPTS_DIR,
+    BenchArgs,
+    Config,
+    Prompt,
+    RunRecord,
+    adaptive_supported,
+    load_prompts,
+    make_configs,
+    parse_overlap,
 )
 from specdec.bench.stack_client import StackClient, round_dict, stats_dict
 from specdec.params import MODEL_DRAFT_KINDS
@@ -51,8 +61,15 @@ def run(args: BenchArgs) -> dict[str, Any]:
     phases: dict[str, float] = {}
     machine = machine_info()
     adaptive_cap = (args.adaptive_cap or max(args.ks, default=0)) if args.with_adaptive and adaptive_supported() else 0
-    configs = make_configs(args.ks, args.with_default_k, args.with_hf, adaptive_cap, args.overlap_ks,
-                           args.overlap_adaptive, args.overlap_branches)
+    configs = make_configs(
+        args.ks,
+        args.with_default_k,
+        args.with_hf,
+        adaptive_cap,
+        args.overlap_ks,
+        args.overlap_adaptive,
+        args.overlap_branches,
+    )
     prompts = load_prompts(args.prompts, args.prompts_per_set, Path(args.prompts_dir))
     hf, hf_settings, configs = _load_hf(args, prompts, configs, phases)
     records, rss, stats_error = _measure_stack(args, hf, prompts, configs, phases)
@@ -62,24 +79,35 @@ def run(args: BenchArgs) -> dict[str, Any]:
     identity = identity_report(records, prompts, configs, hf, probe.top2_gap if probe is not None else None)
     settings = _settings(args, prompts, configs, hf, adaptive_cap, layout)
     settings["engine"], settings["engine_option"] = ("llamacpp" if probe is not None else "torch"), args.engine
-    if probe is not None:   # the target's weights as served (HF's own anchors keep hf_dtype)
+    if probe is not None:  # the target's weights as served (HF's own anchors keep hf_dtype)
         settings["dtype"], settings["hf_dtype"] = probe.runner.file_type, hf.dtype
     settings["generations"] = {"measured": len(records), "planned": args.repeats * len(prompts) * len(configs)}
-    result = report.build(records, configs, prompts, settings=settings, machine=machine,
-                          hf_settings=hf_settings.record(), verify=verify, draft_step_cost=c,
-                          identity=identity, rss=rss,
-                          kv_per_token_model={"target": kv_bytes_per_token(hf.model.config, 4)},
-                          default_k=DEFAULTS["k"], stats_error=stats_error)
+    result = report.build(
+        records,
+        configs,
+        prompts,
+        settings=settings,
+        machine=machine,
+        hf_settings=hf_settings.record(),
+        verify=verify,
+        draft_step_cost=c,
+        identity=identity,
+        rss=rss,
+        kv_per_token_model={"target": kv_bytes_per_token(hf.model.config, 4)},
+        default_k=DEFAULTS["k"],
+        stats_error=stats_error,
+    )
     if verify is not verify_hf:
         result["verify_cost_hf_layout"] = {k: v for k, v in verify_hf.items() if k != "kv_bytes_per_token_measured"}
     if hasattr(os, "getloadavg"):
         result["machine"]["load_avg_at_end"] = list(os.getloadavg())
-    if args.with_llamacpp:   # after the stack stopped: nothing else competes for the cores
+    if args.with_llamacpp:  # after the stack stopped: nothing else competes for the cores
         from specdec.bench.llamacpp import llamacpp_anchor
 
         t0 = time.perf_counter()
-        result["llamacpp"] = llamacpp_anchor(args.target_model, prompts, args.max_new_tokens, args.repeats,
-                                             args.threads)
+        result["llamacpp"] = llamacpp_anchor(
+            args.target_model, prompts, args.max_new_tokens, args.repeats, args.threads
+        )
         phases["llamacpp_s"] = time.perf_counter() - t0
     if args.with_llama_server:
         t0 = time.perf_counter()
@@ -87,8 +115,9 @@ def run(args: BenchArgs) -> dict[str, Any]:
         phases["llama_server_s"] = time.perf_counter() - t0
         from specdec.bench.llama_server import server_identity
 
-        result["identity_vs_llama_server"] = server_identity(records, prompts, result["llama_server"],
-                                                             probe.top2_gap if probe is not None else None)
+        result["identity_vs_llama_server"] = server_identity(
+            records, prompts, result["llama_server"], probe.top2_gap if probe is not None else None
+        )
     if probe is not None:
         probe.close()
     phases["total_s"] = time.perf_counter() - t_start
@@ -96,14 +125,19 @@ def run(args: BenchArgs) -> dict[str, Any]:
     return result
 
 
-def _load_hf(args: BenchArgs, prompts: list[Prompt], configs: list[Config],
-             phases: dict[str, float]) -> tuple[Any, Any, list[Config]]:
+def _load_hf(
+    args: BenchArgs, prompts: list[Prompt], configs: list[Config], phases: dict[str, float]
+) -> tuple[Any, Any, list[Config]]:
     """The in-process HF model (anchors, chat template, v(n)); the prompts get their ids from its
     template. Returns (hf, its settings, the configurations HF can run)."""
     from specdec.bench.hf_baselines import HFBaselines, HFSettings
 
-    hf_settings = HFSettings(draft_kind=args.draft_kind, prompt_lookup_num_tokens=args.hf_lookup_tokens,
-                             max_matching_ngram_size=args.hf_ngram_size, assistant_model=args.draft_model)
+    hf_settings = HFSettings(
+        draft_kind=args.draft_kind,
+        prompt_lookup_num_tokens=args.hf_lookup_tokens,
+        max_matching_ngram_size=args.hf_ngram_size,
+        assistant_model=args.draft_model,
+    )
     t0 = time.perf_counter()
     hf = HFBaselines(args.target_model, args.threads, hf_settings, "float32" if args.dtype == "auto" else args.dtype)
     if not hf.can_assist:  # HF has no assisted generation with a feature (EAGLE-style) draft
@@ -114,8 +148,9 @@ def _load_hf(args: BenchArgs, prompts: list[Prompt], configs: list[Config],
     return hf, hf_settings, configs
 
 
-def _measure_stack(args: BenchArgs, hf: Any, prompts: list[Prompt], configs: list[Config],
-                   phases: dict[str, float]) -> tuple[list[RunRecord], dict[str, dict[str, Any]], str]:
+def _measure_stack(
+    args: BenchArgs, hf: Any, prompts: list[Prompt], configs: list[Config], phases: dict[str, float]
+) -> tuple[list[RunRecord], dict[str, dict[str, Any]], str]:
     """Every (repeat, prompt, configuration) once, interleaved, on one local stack.
     Returns (records, peak RSS per process, the stats error if the services' stats failed)."""
     from tqdm import tqdm
@@ -123,10 +158,17 @@ def _measure_stack(args: BenchArgs, hf: Any, prompts: list[Prompt], configs: lis
     from specdec.launcher import LocalStack, StackConfig
 
     hop_env = {"SPECDEC_HOP_DELAY_MS": str(args.hop_delay_ms)} if args.hop_delay_ms > 0 else {}
-    stack = LocalStack(StackConfig(target_model=args.target_model, draft_kind=args.draft_kind,
-                                   draft_model=args.draft_model, threads=args.threads,
-                                   dtype=args.dtype, engine=args.engine,
-                                   extra_env=hop_env))
+    stack = LocalStack(
+        StackConfig(
+            target_model=args.target_model,
+            draft_kind=args.draft_kind,
+            draft_model=args.draft_model,
+            threads=args.threads,
+            dtype=args.dtype,
+            engine=args.engine,
+            extra_env=hop_env,
+        )
+    )
     records: list[RunRecord] = []
     t0 = time.perf_counter()
     try:
@@ -140,11 +182,13 @@ def _measure_stack(args: BenchArgs, hf: Any, prompts: list[Prompt], configs: lis
             t0 = time.perf_counter()
             total = args.repeats * len(prompts) * len(configs)
             with tqdm(total=total, desc="bench", unit="gen", disable=not args.progress, file=sys.stderr) as bar:
+
                 def one(p: Prompt, cfg: Config, rep: int) -> RunRecord:
                     bar.set_postfix_str(f"rep {rep + 1} {p.set}/{p.id} {cfg.name}", refresh=False)
                     record = _one(client, hf, p, cfg, rep, args.max_new_tokens)
                     bar.update()
                     return record
+
                 records = measure_loop(one, prompts, configs, args.repeats, args.time_budget_s)
             phases["measure_s"] = time.perf_counter() - t0
             rss = {proc.role: peak_rss_bytes(proc.popen.pid) for proc in stack.procs}
@@ -159,9 +203,14 @@ def _measure_stack(args: BenchArgs, hf: Any, prompts: list[Prompt], configs: lis
     return records, rss, stats_error
 
 
-def measure_loop(one: Callable[[Prompt, Config, int], RunRecord], prompts: list[Prompt], configs: list[Config],
-                 repeats: int, budget_s: float = 0.0,
-                 clock: Callable[[], float] = time.perf_counter) -> list[RunRecord]:
+def measure_loop(
+    one: Callable[[Prompt, Config, int], RunRecord],
+    prompts: list[Prompt],
+    configs: list[Config],
+    repeats: int,
+    budget_s: float = 0.0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[RunRecord]:
     """Every (repeat, prompt, configuration) once through `one`: for each repeat, the prompt sets taken
     in turn (one prompt of each, then the next), every configuration on each prompt (A B C .. A B C ..).
     With a budget (seconds, > 0), no prompt is started once it is spent; the prompts measured so far
@@ -207,12 +256,12 @@ def _llama_server(args: BenchArgs, prompts: list[Prompt]) -> dict[str, Any]:
     gguf = target_gguf(args.target_model)
     if gguf is None:
         return {"skipped": f"the target {args.target_model!r} is not a GGUF file"}
-    return llama_server_anchor(str(gguf), prompts, args.max_new_tokens, args.repeats, args.threads,
-                               args.llama_server)
+    return llama_server_anchor(str(gguf), prompts, args.max_new_tokens, args.repeats, args.threads, args.llama_server)
 
 
-def _measure_verify_costs(args: BenchArgs, hf: Any, phases: dict[str, float],
-                          probe: Any = None) -> tuple[dict, dict, str, float]:
+def _measure_verify_costs(
+    args: BenchArgs, hf: Any, phases: dict[str, float], probe: Any = None
+) -> tuple[dict, dict, str, float]:
     """v(n) in process after the stack stopped: HF's layout, the services' layout (or engine: `probe`, the
     llama.cpp runner), and the draft's step cost c relative to the target as served.
     Returns (verify_hf, verify, layout, c)."""
@@ -235,26 +284,39 @@ def _measure_verify_costs(args: BenchArgs, hf: Any, phases: dict[str, float],
     return verify_hf, verify, layout, c
 
 
-def _settings(args: BenchArgs, prompts: list[Prompt], configs: list[Config], hf: Any, adaptive_cap: int,
-              layout: str) -> dict[str, Any]:
+def _settings(
+    args: BenchArgs, prompts: list[Prompt], configs: list[Config], hf: Any, adaptive_cap: int, layout: str
+) -> dict[str, Any]:
     """What the run was: prompts, lengths, configurations, threads, order and timing rules."""
     from specdec.params import DEFAULTS
 
     model_draft = args.draft_kind in MODEL_DRAFT_KINDS
     return {
-        "prompt_sets": args.prompts, "prompts_per_set": args.prompts_per_set,
+        "prompt_sets": args.prompts,
+        "prompts_per_set": args.prompts_per_set,
         "prompts": {s: [p.id for p in prompts if p.set == s] for s in args.prompts},
         "prompt_tokens": {s: [len(p.ids) for p in prompts if p.set == s] for s in args.prompts},
-        "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "k_sweep": args.ks,
-        "server_default_k": DEFAULTS["k"], "adaptive_k_cap": adaptive_cap or None, "greedy": True,
-        "ignore_eos": True, "quick": args.quick,
-        "target_model": args.target_model, "target_model_id": hf.model_id, "dtype": hf.dtype,
-        "draft_kind": args.draft_kind, "draft_model": args.draft_model or None,
-        "threads": {"target_service": args.threads,
-                    "draft_service": args.threads if model_draft else "n/a (n-gram draft, no torch work)",
-                    "orchestrator": "n/a (no torch work)", "hf_in_process": args.threads},
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+        "k_sweep": args.ks,
+        "server_default_k": DEFAULTS["k"],
+        "adaptive_k_cap": adaptive_cap or None,
+        "greedy": True,
+        "ignore_eos": True,
+        "quick": args.quick,
+        "target_model": args.target_model,
+        "target_model_id": hf.model_id,
+        "dtype": hf.dtype,
+        "draft_kind": args.draft_kind,
+        "draft_model": args.draft_model or None,
+        "threads": {
+            "target_service": args.threads,
+            "draft_service": args.threads if model_draft else "n/a (n-gram draft, no torch work)",
+            "orchestrator": "n/a (no torch work)",
+            "hf_in_process": args.threads,
+        },
         "order": "interleaved: for each repeat, the sets' prompts in turn, every configuration once on each "
-                 "(A B C .. A B C ..)",
+        "(A B C .. A B C ..)",
         "time_budget_s": args.time_budget_s or None,
         "timing": "wall clock at the client from sending the request to the last token (prefill included)",
         "configs": {cfg.name: cfg.label(DEFAULTS["k"]) for cfg in configs},
@@ -282,8 +344,9 @@ def _one(client: StackClient, hf: Any, p: Prompt, cfg: Config, rep: int, max_new
     tokens, wall, arrivals, final, rounds = client.generate(p, cfg.k, max_new, cfg.adaptive, cfg.overlap, cfg.branches)
     if final is None:
         raise RuntimeError(f"{p.id} {cfg.name}: the stream ended without a final chunk")
-    rec = RunRecord(p.set, p.id, cfg.name, rep, tokens, wall, arrivals, stats_dict(final.stats),
-                    [round_dict(r) for r in rounds])
+    rec = RunRecord(
+        p.set, p.id, cfg.name, rep, tokens, wall, arrivals, stats_dict(final.stats), [round_dict(r) for r in rounds]
+    )
     rec.memory = client.memory_after(final.session_id)
     return rec
 
@@ -326,40 +389,75 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target-model", default="embedded")
     p.add_argument("--draft-kind", choices=["ngram", "model", "combined"], default="ngram")
     p.add_argument("--draft-model", default="")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8", "int4"],
-                   help="weights of the target (and a model draft), in the services and in HF alike (auto: the "
-                        "services' default: the GGUF's own on llama.cpp, HF in float32; int8: torch's int8 linears, "
-                        "specdec/models/int8.py; int4: its weight-only int4 GEMM with bf16 activations)")
-    p.add_argument("--engine", default="auto", choices=["auto", "torch", "llamacpp"],
-                   help="the model services' runner (auto: llama.cpp for a GGUF on CPU with --dtype auto)")
-    p.add_argument("--llama-server", default="", metavar="PATH",
-                   help="llama.cpp's server binary for its anchor columns (default: the one `make llama-server` built)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "int8", "int4"],
+        help="weights of the target (and a model draft), in the services and in HF alike (auto: the "
+        "services' default: the GGUF's own on llama.cpp, HF in float32; int8: torch's int8 linears, "
+        "specdec/models/int8.py; int4: its weight-only int4 GEMM with bf16 activations)",
+    )
+    p.add_argument(
+        "--engine",
+        default="auto",
+        choices=["auto", "torch", "llamacpp"],
+        help="the model services' runner (auto: llama.cpp for a GGUF on CPU with --dtype auto)",
+    )
+    p.add_argument(
+        "--llama-server",
+        default="",
+        metavar="PATH",
+        help="llama.cpp's server binary for its anchor columns (default: the one `make llama-server` built)",
+    )
     p.add_argument("--no-llama-server", action="store_true", help="skip the llama-server anchor columns")
     p.add_argument("--hf-lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
     p.add_argument("--hf-ngram-size", type=int, default=2, help="HF max_matching_ngram_size")
-    p.add_argument("--no-llamacpp", action="store_true",
-                   help="skip the llama.cpp anchor (llama-cpp-python, optional; skipped with a note when absent)")
+    p.add_argument(
+        "--no-llamacpp",
+        action="store_true",
+        help="skip the llama.cpp anchor (llama-cpp-python, optional; skipped with a note when absent)",
+    )
     p.add_argument("--no-hf", action="store_true", help="skip the in-process HF anchors (c), (d)")
     p.add_argument("--no-adaptive", action="store_true", help="skip our adaptive-k configuration")
     p.add_argument("--adaptive-cap", type=int, default=0, help="k cap of adaptive k (default: largest k of --k)")
-    p.add_argument("--overlap", default="", help="overlapped-round twins (docs/overlap.md): k values and/or "
-                   "'adaptive', e.g. 4,adaptive -> configurations overlap_k4, overlap_adaptive")
-    p.add_argument("--overlap-branches", type=int, default=None, metavar="N",
-                   help="each overlapped configuration gets a twin drafting ahead behind at most N runner-up tokens "
-                        "(GenerateRequest.overlap_branches; e.g. 0: behind all drafts only), named overlap_adaptive_bN")
-    p.add_argument("--hop-delay-ms", type=float, default=0.0,
-                   help="TEST/BENCH ONLY: delay added to each hop of the orchestrator's draft/target calls "
-                        "(SPECDEC_HOP_DELAY_MS), to measure a distant draft")
-    p.add_argument("--time-budget", type=float, default=0.0, metavar="SECONDS",
-                   help="start no prompt after this many seconds of measuring (every configuration of the prompts "
-                        "measured so far is kept; the table says how many generations ran); 0: no limit")
+    p.add_argument(
+        "--overlap",
+        default="",
+        help="overlapped-round twins (docs/overlap.md): k values and/or "
+        "'adaptive', e.g. 4,adaptive -> configurations overlap_k4, overlap_adaptive",
+    )
+    p.add_argument(
+        "--overlap-branches",
+        type=int,
+        default=None,
+        metavar="N",
+        help="each overlapped configuration gets a twin drafting ahead behind at most N runner-up tokens "
+        "(GenerateRequest.overlap_branches; e.g. 0: behind all drafts only), named overlap_adaptive_bN",
+    )
+    p.add_argument(
+        "--hop-delay-ms",
+        type=float,
+        default=0.0,
+        help="TEST/BENCH ONLY: delay added to each hop of the orchestrator's draft/target calls "
+        "(SPECDEC_HOP_DELAY_MS), to measure a distant draft",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="start no prompt after this many seconds of measuring (every configuration of the prompts "
+        "measured so far is kept; the table says how many generations ran); 0: no limit",
+    )
     p.add_argument("--no-progress", action="store_true")
 
 
 def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
     quick = ns.quick
+
     def pick(value: Any, quick_value: Any, default: Any) -> Any:
         return value if value is not None else (quick_value if quick else default)
+
     try:
         ks = sorted({int(x) for x in ns.k.split(",") if x.strip()})
     except ValueError:
@@ -373,19 +471,37 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
     if ns.draft_kind in MODEL_DRAFT_KINDS and not ns.draft_model:
         raise SystemExit(f"specdec bench: --draft-kind {ns.draft_kind} needs --draft-model SPEC")
     return BenchArgs(
-        prompts=[s.strip() for s in ns.prompts.split(",") if s.strip()], ks=ks,
+        prompts=[s.strip() for s in ns.prompts.split(",") if s.strip()],
+        ks=ks,
         max_new_tokens=pick(ns.max_new_tokens, QUICK["max_new_tokens"], DEFAULT_MAX_NEW_TOKENS),
         repeats=pick(ns.repeats, QUICK["repeats"], DEFAULT_REPEATS),
         prompts_per_set=pick(ns.prompts_per_set, QUICK["prompts_per_set"], DEFAULT_PROMPTS_PER_SET),
         threads=ns.threads if ns.threads is not None else min(2, os.cpu_count() or 1),
-        out=ns.out, plot=ns.plot, target_model=ns.target_model, draft_kind=ns.draft_kind,
-        draft_model=ns.draft_model, hf_lookup_tokens=ns.hf_lookup_tokens, hf_ngram_size=ns.hf_ngram_size,
-        with_hf=not ns.no_hf, with_llamacpp=not ns.no_llamacpp, verify_reps=QUICK["verify_reps"] if quick else 7, quick=quick,
-        progress=not ns.no_progress, prompts_dir=ns.prompts_dir, with_adaptive=not ns.no_adaptive,
-        adaptive_cap=ns.adaptive_cap, dtype=ns.dtype, engine=ns.engine, with_llama_server=not ns.no_llama_server,
-        llama_server=ns.llama_server, overlap_ks=overlap_ks,
-        overlap_adaptive=overlap_adaptive, overlap_branches=ns.overlap_branches, hop_delay_ms=ns.hop_delay_ms,
-        time_budget_s=ns.time_budget)
+        out=ns.out,
+        plot=ns.plot,
+        target_model=ns.target_model,
+        draft_kind=ns.draft_kind,
+        draft_model=ns.draft_model,
+        hf_lookup_tokens=ns.hf_lookup_tokens,
+        hf_ngram_size=ns.hf_ngram_size,
+        with_hf=not ns.no_hf,
+        with_llamacpp=not ns.no_llamacpp,
+        verify_reps=QUICK["verify_reps"] if quick else 7,
+        quick=quick,
+        progress=not ns.no_progress,
+        prompts_dir=ns.prompts_dir,
+        with_adaptive=not ns.no_adaptive,
+        adaptive_cap=ns.adaptive_cap,
+        dtype=ns.dtype,
+        engine=ns.engine,
+        with_llama_server=not ns.no_llama_server,
+        llama_server=ns.llama_server,
+        overlap_ks=overlap_ks,
+        overlap_adaptive=overlap_adaptive,
+        overlap_branches=ns.overlap_branches,
+        hop_delay_ms=ns.hop_delay_ms,
+        time_budget_s=ns.time_budget,
+    )
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:
@@ -393,11 +509,11 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     from specdec.bench import report
 
     args = args_from_cli(ns)
-    logging.getLogger().setLevel(logging.WARNING)       # progress bars, not INFO lines
+    logging.getLogger().setLevel(logging.WARNING)  # progress bars, not INFO lines
     result = run(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")        # files first: the table may go to a closed pipe
+    out.write_text(json.dumps(result, indent=1) + "\n")  # files first: the table may go to a closed pipe
     if args.plot:
         report.plot(result, Path(args.plot))
     print(report.table(result))

@@ -46,13 +46,20 @@ class StackClient:
             self._redis = open_redis(stack.redis.url)
             self._store = SessionStore(self._redis)
 
-    def generate(self, prompt: Prompt, k: int | None, max_new_tokens: int,
-                 adaptive: bool = False, overlap: bool = False,
-                 branches: int | None = None) -> tuple[list[int], float, list, Any, list]:
+    def generate(
+        self,
+        prompt: Prompt,
+        k: int | None,
+        max_new_tokens: int,
+        adaptive: bool = False,
+        overlap: bool = False,
+        branches: int | None = None,
+    ) -> tuple[list[int], float, list, Any, list]:
         from specdec.v1 import orchestrator_pb2 as pb
 
-        req = pb.GenerateRequest(max_new_tokens=max_new_tokens, ignore_eos=True, trace=True,
-                                 request_id=uuid.uuid4().hex)
+        req = pb.GenerateRequest(
+            max_new_tokens=max_new_tokens, ignore_eos=True, trace=True, request_id=uuid.uuid4().hex
+        )
         req.messages.messages.add(role="user", content=prompt.user)
         req.sampling.temperature = 0.0
         if k is not None:
@@ -81,10 +88,10 @@ class StackClient:
 
     def memory_after(self, session_id: str) -> dict[str, Any]:
         """KV bytes held for the session on draft and target, its Redis bytes; then drop all three."""
+        import grpc
+
         from specdec.v1 import common_pb2
         from specdec.v1 import orchestrator_pb2 as pb
-
-        import grpc
 
         out: dict[str, Any] = {}
         for role, stubs in (("target", self.targets), ("draft", self.drafts)):
@@ -96,10 +103,11 @@ class StackClient:
                     s = stub.Stats(common_pb2.InfoRequest(), timeout=10)
                     used += s.cache_used_bytes
                     sessions += s.cached_sessions
-            except grpc.RpcError as exc:      # a service without the Stats RPC: KV bytes from the config
+            except grpc.RpcError as exc:  # a service without the Stats RPC: KV bytes from the config
                 self.stats_error = f"{exc.code().name}: {exc.details()}"
-                log.warning("Stats RPC failed (%s); KV bytes per session are computed from the model config",
-                            self.stats_error)
+                log.warning(
+                    "Stats RPC failed (%s); KV bytes per session are computed from the model config", self.stats_error
+                )
                 break
             out[f"{role}_kv_bytes"] = used
             out[f"{role}_cached_sessions"] = sessions
@@ -122,12 +130,22 @@ class StackClient:
 
 
 def round_dict(r: Any) -> dict[str, Any]:
-    return {"k": r.k, "drafted": len(r.draft_ids), "accepted": r.num_accepted, "draft_ms": r.draft_ms,
-            "target_ms": r.target_ms, "overhead_ms": r.overhead_ms, "wire_bytes": r.wire_bytes,
-            "context_tokens": r.context_tokens, "predrafted": r.predrafted, "draft_hidden_ms": r.draft_hidden_ms,
-            "predraft_runner_up_at": r.predraft_runner_up_at,
-            "target_service_ms": r.target_service_ms, "draft_service_ms": r.draft_service_ms,
-            "in_target_ms": in_target_ms(r)}
+    return {
+        "k": r.k,
+        "drafted": len(r.draft_ids),
+        "accepted": r.num_accepted,
+        "draft_ms": r.draft_ms,
+        "target_ms": r.target_ms,
+        "overhead_ms": r.overhead_ms,
+        "wire_bytes": r.wire_bytes,
+        "context_tokens": r.context_tokens,
+        "predrafted": r.predrafted,
+        "draft_hidden_ms": r.draft_hidden_ms,
+        "predraft_runner_up_at": r.predraft_runner_up_at,
+        "target_service_ms": r.target_service_ms,
+        "draft_service_ms": r.draft_service_ms,
+        "in_target_ms": in_target_ms(r),
+    }
 
 
 def stats_dict(stats: Any) -> dict[str, Any]:

@@ -21,8 +21,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_verify_costs(model: Any, threads: int | None, n_max: int, context_tokens: int, reps: int,
-                         vocab: int) -> dict[str, Any]:
+def measure_verify_costs(
+    model: Any, threads: int | None, n_max: int, context_tokens: int, reps: int, vocab: int
+) -> dict[str, Any]:
     """Median ms of a forward over n new tokens on a warm cache of context_tokens, n = 1..n_max.
 
     The cache is cropped back to context_tokens after each forward (what a rejected draft costs),
@@ -57,19 +58,25 @@ def measure_verify_costs(model: Any, threads: int | None, n_max: int, context_to
                 model(input_ids=new, position_ids=pos, use_cache=True, **cache_kw)
                 _sync(device)
                 elapsed = (time.perf_counter() - start) * MS_PER_S
-                cache.crop(-n)   # negative: drop the n new positions (every transformers release)
+                cache.crop(-n)  # negative: drop the n new positions (every transformers release)
                 if cache.get_seq_length() != context_tokens:
-                    raise RuntimeError(f"the cache holds {cache.get_seq_length()} positions after a rollback "
-                                       f"to {context_tokens}")
+                    raise RuntimeError(
+                        f"the cache holds {cache.get_seq_length()} positions after a rollback to {context_tokens}"
+                    )
                 if rep:
                     samples[n].append(elapsed)
     ms = {str(n): statistics.median(v) for n, v in samples.items()}
     one = ms["1"]
     kv_bytes = sum(t.numel() * t.element_size() for t in _cache_tensors(cache))
-    return {"context_tokens": context_tokens, "reps": reps, "threads": threads,
-            "ms": ms, "ratio": {n: v / one for n, v in ms.items()},
-            "spread_ms": {str(n): [min(v), max(v)] for n, v in samples.items()},
-            "kv_bytes_per_token_measured": kv_bytes / context_tokens}
+    return {
+        "context_tokens": context_tokens,
+        "reps": reps,
+        "threads": threads,
+        "ms": ms,
+        "ratio": {n: v / one for n, v in ms.items()},
+        "spread_ms": {str(n): [min(v), max(v)] for n, v in samples.items()},
+        "kv_bytes_per_token_measured": kv_bytes / context_tokens,
+    }
 
 
 def _cache_tensors(cache: Any) -> list[torch.Tensor]:

@@ -29,8 +29,8 @@ for the accept test of d_(i+1) from ``(i, "accept")``, the recovered token at ro
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence, Union
 
 import torch
 
@@ -41,7 +41,7 @@ BONUS = "bonus"
 PADDING_ID = -1
 UNIFORM_DTYPE = torch.float64
 
-Generators = Union[Callable[[int, str], torch.Generator], torch.Generator, None]
+Generators = Callable[[int, str], torch.Generator] | torch.Generator | None
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,10 @@ def _first_rejection(draft, target_probs, draft_probs, generators) -> int:
         p_d = _prob_at(target_probs[i], token)
         q_d = 1.0 if draft_probs is None else _prob_at(draft_probs[i], token)
         if q_d <= 0.0:
-            raise ValueError(f"draft token {token} at position {i} has draft probability 0; "
-                             "draft_probs must be the distribution the draft sampled from")
+            raise ValueError(
+                f"draft token {token} at position {i} has draft probability 0; "
+                "draft_probs must be the distribution the draft sampled from"
+            )
         u = torch.rand((), generator=_generator(generators, i, "accept"), dtype=UNIFORM_DTYPE)
         if not float(u) * q_d < p_d:  # accept with probability min(1, p_d / q_d)
             return i
@@ -111,7 +113,7 @@ def _first_rejection(draft, target_probs, draft_probs, generators) -> int:
 def accept(
     draft_ids: torch.Tensor | Sequence[int],  # [k] int64, or the k ids as a list
     target_probs: torch.Tensor,  # [k+1, Vp] float32, p processed by logits_to_probs (greedy: any scores
-                                 # with p's row argmax, e.g. sampling.penalised_scores)
+    # with p's row argmax, e.g. sampling.penalised_scores)
     draft_probs: torch.Tensor | None = None,  # [k, Vq] float32 dense q, None = point mass
     generators: Generators = None,  # (row index, purpose) -> Generator, or one Generator
     greedy: bool = False,
@@ -124,8 +126,11 @@ def accept(
     it may be None only when ``greedy``. ``all_rows=False`` returns the verdict only (see
     AcceptResult): the same m and next token, without the argmax of rows the rule did not read.
     """
-    draft = ([int(t) for t in draft_ids.reshape(-1).tolist()] if isinstance(draft_ids, torch.Tensor)
-             else [int(t) for t in draft_ids])
+    draft = (
+        [int(t) for t in draft_ids.reshape(-1).tolist()]
+        if isinstance(draft_ids, torch.Tensor)
+        else [int(t) for t in draft_ids]
+    )
     k = len(draft)
     if target_probs.dim() != 2 or target_probs.shape[0] != k + 1:
         raise ValueError(f"target_probs must be [k+1={k + 1}, V], got {tuple(target_probs.shape)}")
@@ -140,7 +145,7 @@ def accept(
         next_token = target_ids[m]
     else:
         m, next_token = _sampled_verdict(draft, target_probs, draft_probs, generators)
-    matches = [True] * m + [False] * (m < k) + greedy_matches[m + 1:]
+    matches = [True] * m + [False] * (m < k) + greedy_matches[m + 1 :]
     return AcceptResult(m, next_token, BONUS if m == k else RECOVERED, target_ids, matches)
 
 

@@ -13,7 +13,7 @@ the **target** distribution p is preserved exactly as with a model draft.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -29,7 +29,7 @@ def _match(context: np.ndarray, n: int, prefer: str) -> int | None:  # context: 
     length = context.shape[0]
     if n >= length:
         return None
-    suffix = context[length - n:]
+    suffix = context[length - n :]
     # windows start at 0 .. length-n-1: every earlier occurrence, never the suffix itself
     windows = sliding_window_view(context[: length - 1], n)  # [length-n, n]
     hits = np.flatnonzero((windows == suffix).all(axis=1))
@@ -66,7 +66,7 @@ def propose_ngram(
         start = _match(context, n, prefer)
         if start is not None:
             follow = start + n
-            return context[follow: follow + k].tolist()
+            return context[follow : follow + k].tolist()
     return []
 
 
@@ -85,20 +85,20 @@ class NgramIndex:
     def __init__(self, min_n: int = DEFAULT_MIN_N, max_n: int = DEFAULT_MAX_N, prefer: str = DEFAULT_PREFER) -> None:
         self.min_n, self.max_n, self.prefer = min_n, max_n, prefer
         self._starts: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
-        self._ends = 0          # windows ending before context[_ends - 1] are indexed
-        self._last = -1         # the context's token at _ends - 1 when last indexed
+        self._ends = 0  # windows ending before context[_ends - 1] are indexed
+        self._last = -1  # the context's token at _ends - 1 when last indexed
 
     def _sync(self, context: Sequence[int]) -> None:
         length = len(context)
         if length < self._ends or (self._ends and context[self._ends - 1] != self._last):
             self._starts = {n: {} for n in self._starts}
             self._ends = 0
-        first = max(self._ends, 1)                  # new windows end (exclusive) at first .. length - 1
+        first = max(self._ends, 1)  # new windows end (exclusive) at first .. length - 1
         for n, starts in self._starts.items():
-            lo, hi = max(first - n, 0), length - 1 - n    # their starts (a window never ends at the last token)
+            lo, hi = max(first - n, 0), length - 1 - n  # their starts (a window never ends at the last token)
             if hi < lo:
                 continue
-            windows = zip(*(context[lo + i: hi + 1 + i] for i in range(n)))
+            windows = zip(*(context[lo + i : hi + 1 + i] for i in range(n)))
             if self.prefer == RECENT:
                 starts.update(zip(windows, range(lo, hi + 1)))
                 continue
@@ -118,9 +118,9 @@ class NgramIndex:
         for n in range(self.max_n, self.min_n - 1, -1):
             if n >= length:
                 continue
-            start = self._starts[n].get(tuple(context_ids[length - n:]))
+            start = self._starts[n].get(tuple(context_ids[length - n :]))
             if start is not None:
-                return list(context_ids[start + n: start + n + k])
+                return list(context_ids[start + n : start + n + k])
         return []
 
 
@@ -147,8 +147,8 @@ class NgramProposer:
         """An incremental index with these settings, for one generation's growing context."""
         return NgramIndex(self.min_n, self.max_n, self.prefer)
 
-    def propose(self, context_ids: Sequence[int], k: int, min_n: int | None = None,
-                max_n: int | None = None) -> list[int]:
+    def propose(
+        self, context_ids: Sequence[int], k: int, min_n: int | None = None, max_n: int | None = None
+    ) -> list[int]:
         """Up to k draft tokens (possibly none); min_n / max_n override the configured sizes for one call."""
-        return propose_ngram(context_ids, k, min_n=min_n or self.min_n, max_n=max_n or self.max_n,
-                             prefer=self.prefer)
+        return propose_ngram(context_ids, k, min_n=min_n or self.min_n, max_n=max_n or self.max_n, prefer=self.prefer)

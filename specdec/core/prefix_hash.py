@@ -14,10 +14,10 @@ authenticate one (the session id and the service token do that).
 from __future__ import annotations
 
 from array import array
-from typing import Iterable
+from collections.abc import Iterable
 
 MASK64 = (1 << 64) - 1
-EMPTY_HASH = 0x6A09E667F3BCC908      # hash of the empty prefix (sqrt(2) fraction bits, as SHA-512's IV)
+EMPTY_HASH = 0x6A09E667F3BCC908  # hash of the empty prefix (sqrt(2) fraction bits, as SHA-512's IV)
 TOKEN_MULTIPLIER = 0x9E3779B97F4A7C15  # 2^64 / golden ratio, odd
 MIX_1 = 0xBF58476D1CE4E5B9
 MIX_2 = 0x94D049BB133111EB
@@ -46,7 +46,7 @@ class PrefixHashes:
     """
 
     def __init__(self, ids: Iterable[int] = ()) -> None:
-        self._hashes = array("Q", [EMPTY_HASH])   # _hashes[n] = hash(ids[:n])
+        self._hashes = array("Q", [EMPTY_HASH])  # _hashes[n] = hash(ids[:n])
         self.extend(ids)
 
     def __len__(self) -> int:
@@ -65,17 +65,17 @@ class PrefixHashes:
 
     def truncate(self, n: int) -> None:
         """Keep the hashes of the first n tokens' prefixes."""
-        del self._hashes[n + 1:]
+        del self._hashes[n + 1 :]
 
-    def copy(self) -> "PrefixHashes":
+    def copy(self) -> PrefixHashes:
         """An independent copy (one memcpy of 8 bytes a token)."""
         out = PrefixHashes()
         out._hashes = array("Q", self._hashes)
         return out
 
-    def extend_from(self, other: "PrefixHashes", n: int) -> None:
+    def extend_from(self, other: PrefixHashes, n: int) -> None:
         """Cover the first n tokens of `other`'s sequence, which continues this one's (no hashing)."""
-        self._hashes.extend(other._hashes[len(self._hashes):n + 1])
+        self._hashes.extend(other._hashes[len(self._hashes) : n + 1])
 
 
 def shared_prefix(a: PrefixHashes, b: PrefixHashes, limit: int) -> int:

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Callable, Sequence, Union
 
 import numpy as np
 import torch
@@ -50,7 +50,7 @@ PROBS_DTYPE = torch.float32
 COUNTS_DTYPE = torch.float32
 
 # Per-row token histories: a [n, V] count tensor, or one list of token ids per row.
-History = Union[torch.Tensor, Sequence[Sequence[int]]]
+History = torch.Tensor | Sequence[Sequence[int]]
 GeneratorFactory = Callable[[int, str], torch.Generator]
 
 
@@ -87,7 +87,7 @@ class SamplingConfig:
             or self.presence_penalty != ADDITIVE_PENALTY_OFF
         )
 
-    def validate(self) -> "SamplingConfig":
+    def validate(self) -> SamplingConfig:
         """Raise ``ValueError`` with a human-readable message if a field is invalid; return self."""
         for f in fields(self):
             value = getattr(self, f.name)
@@ -161,9 +161,7 @@ def _history_counts(history: History, n_rows: int, vocab_size: int) -> torch.Ten
             raise ValueError(f"got {len(history)} histories for {n_rows} logit rows")
         counts = torch.stack([token_counts(h, vocab_size) for h in history])
     if tuple(counts.shape) != (n_rows, vocab_size):
-        raise ValueError(
-            f"counts shape {tuple(counts.shape)} != logits shape {(n_rows, vocab_size)}"
-        )
+        raise ValueError(f"counts shape {tuple(counts.shape)} != logits shape {(n_rows, vocab_size)}")
     return counts
 
 
@@ -242,10 +240,10 @@ def argmax_until_mismatch(scores: torch.Tensor, draft: Sequence[int]) -> list[in
     the tensor (device, dtype, requires_grad) costs several microseconds cold."""
     try:
         rows = scores.numpy()
-    except (TypeError, RuntimeError):          # not viewable by NumPy: CUDA, bfloat16, or requires grad
+    except (TypeError, RuntimeError):  # not viewable by NumPy: CUDA, bfloat16, or requires grad
         ids = argmax_ids(scores)
         mismatch = next((i for i, (d, t) in enumerate(zip(draft, ids)) if d != t), len(draft))
-        return ids[:mismatch + 1]
+        return ids[: mismatch + 1]
     ids = [int(np.argmax(rows[0]))]
     while len(ids) <= len(draft) and ids[-1] == draft[len(ids) - 1]:
         ids.append(int(np.argmax(rows[len(ids)])))
@@ -301,7 +299,8 @@ def logits_to_probs(
 
 
 def truncate_top_n(
-    probs: torch.Tensor, n_keep: int  # [n, V]
+    probs: torch.Tensor,
+    n_keep: int,  # [n, V]
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([n, N] int64, [n, N] float32)
     """The sparse draft distribution q': the top-N support of each row, renormalised.
 
@@ -316,13 +315,14 @@ def truncate_top_n(
 
 
 def sparse_to_dense(
-    ids: torch.Tensor, probs: torch.Tensor, width: int  # [n, N] int64, [n, N] float32
+    ids: torch.Tensor,
+    probs: torch.Tensor,
+    width: int,  # [n, N] int64, [n, N] float32
 ) -> torch.Tensor:  # [n, width] float32
     """Scatter a sparse distribution back into a dense ``[n, width]`` float32 tensor."""
     ids = torch.as_tensor(ids, dtype=torch.int64)
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= width):
-        raise ValueError(f"sparse ids must lie in [0, {width}), got range "
-                         f"[{int(ids.min())}, {int(ids.max())}]")
+        raise ValueError(f"sparse ids must lie in [0, {width}), got range [{int(ids.min())}, {int(ids.max())}]")
     dense = torch.zeros(ids.shape[0], width, dtype=PROBS_DTYPE)
     return dense.scatter_(-1, ids, torch.as_tensor(probs, dtype=PROBS_DTYPE))
 

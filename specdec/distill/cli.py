@@ -25,32 +25,63 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output directory (the draft; data/ and checkpoints inside)")
     p.add_argument("--prompts", help="prompt file (.jsonl with {'prompt': ...} or one per line); default: shipped")
     p.add_argument("--docstrings", type=int, default=1000, help="extra prompts from stdlib docstrings (0 = none)")
-    p.add_argument("--variants", type=int, default=4,
-                   help="continuations per chat prompt: 1 greedy + (variants-1) sampled (other prompts: greedy)")
-    p.add_argument("--self-prompts", type=int, default=4000,
-                   help="extra chat prompts the target writes itself from its bare chat template (Magpie); "
-                        "answered greedily like the others (0 = none)")
-    p.add_argument("--self-variants", type=int, default=2,
-                   help="continuations per self-written prompt: 1 greedy + (self-variants-1) sampled, generated "
-                        "after every other item, so raising it extends an earlier run's data")
-    p.add_argument("--data-dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                   help="dtype of the target copy that generates the data (bfloat16: ~2x faster on CPUs with "
-                        "AVX512-BF16; training and the report use the target as loaded)")
-    p.add_argument("--train-dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                   help="autocast dtype of the draft's training forward/backward (fp32 master weights and "
-                        "optimizer either way; bfloat16: ~2.2x faster steps on CPUs with AVX512-BF16)")
+    p.add_argument(
+        "--variants",
+        type=int,
+        default=4,
+        help="continuations per chat prompt: 1 greedy + (variants-1) sampled (other prompts: greedy)",
+    )
+    p.add_argument(
+        "--self-prompts",
+        type=int,
+        default=4000,
+        help="extra chat prompts the target writes itself from its bare chat template (Magpie); "
+        "answered greedily like the others (0 = none)",
+    )
+    p.add_argument(
+        "--self-variants",
+        type=int,
+        default=2,
+        help="continuations per self-written prompt: 1 greedy + (self-variants-1) sampled, generated "
+        "after every other item, so raising it extends an earlier run's data",
+    )
+    p.add_argument(
+        "--data-dtype",
+        choices=["bfloat16", "float32"],
+        default="bfloat16",
+        help="dtype of the target copy that generates the data (bfloat16: ~2x faster on CPUs with "
+        "AVX512-BF16; training and the report use the target as loaded)",
+    )
+    p.add_argument(
+        "--train-dtype",
+        choices=["bfloat16", "float32"],
+        default="bfloat16",
+        help="autocast dtype of the draft's training forward/backward (fp32 master weights and "
+        "optimizer either way; bfloat16: ~2.2x faster steps on CPUs with AVX512-BF16)",
+    )
     p.add_argument("--data-batch", type=int, default=64, help="sequences per generate call in the data stage")
-    p.add_argument("--arch", choices=["eagle", "layers"], default="layers",
-                   help="layers: a small standalone LM of --layers target-shaped layers; eagle: one layer fed the "
-                        "target's hidden states (a feature draft; the target keeps them by default)")
+    p.add_argument(
+        "--arch",
+        choices=["eagle", "layers"],
+        default="layers",
+        help="layers: a small standalone LM of --layers target-shaped layers; eagle: one layer fed the "
+        "target's hidden states (a feature draft; the target keeps them by default)",
+    )
     p.add_argument("--layers", type=int, default=2, choices=[1, 2, 3, 4], help="decoder layers of the draft")
     p.add_argument("--depth", type=int, default=3, help="--arch eagle: draft steps unrolled in training")
-    p.add_argument("--text-tokens", type=int,
-                   help="extra teacher-forced tokens of reference text (standard-library docstrings, package "
-                        "descriptions), one target prefill each, far cheaper than generating (default: 500000 "
-                        "for eagle; 0 for layers, where it lowered held-out acceptance: 1.42 vs 1.52)")
-    p.add_argument("--feature-weight", type=float, default=0.2,
-                   help="--arch eagle: weight of the smooth-L1 loss on the predicted target features")
+    p.add_argument(
+        "--text-tokens",
+        type=int,
+        help="extra teacher-forced tokens of reference text (standard-library docstrings, package "
+        "descriptions), one target prefill each, far cheaper than generating (default: 500000 "
+        "for eagle; 0 for layers, where it lowered held-out acceptance: 1.42 vs 1.52)",
+    )
+    p.add_argument(
+        "--feature-weight",
+        type=float,
+        default=0.2,
+        help="--arch eagle: weight of the smooth-L1 loss on the predicted target features",
+    )
     p.add_argument("--head-tokens", type=int, default=8192, help="FR-Spec head size (0 = full vocabulary)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--steps", type=int, help="training steps (default: 1500 for eagle, 4800 for layers)")
@@ -95,8 +126,11 @@ def run(args: argparse.Namespace) -> int:
 
     corpus = corpus_mod.build_corpus(Path(args.prompts) if args.prompts else None, args.docstrings, args.seed)
     chat = set(corpus_mod.read_prompts(Path(args.prompts) if args.prompts else corpus_mod.SHIPPED_PROMPTS))
-    print(f"corpus: {len(corpus.train)} training prompts ({len([p for p in corpus.train if p in chat])} chat), "
-          f"{len(corpus.held_out)} held out", flush=True)
+    print(
+        f"corpus: {len(corpus.train)} training prompts ({len([p for p in corpus.train if p in chat])} chat), "
+        f"{len(corpus.held_out)} held out",
+        flush=True,
+    )
     try:
         target = load_causal_lm(args.target)
     except ModelLoadError as exc:
@@ -127,12 +161,17 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.time()
     held = corpus.held_out[: args.eval_prompts] if args.eval_prompts else corpus.held_out
-    report = eval_mod.evaluate(str(out), args.target, held, max_new=args.eval_max_new_tokens, k=4,
-                               threads=args.threads, progress=progress)
+    report = eval_mod.evaluate(
+        str(out), args.target, held, max_new=args.eval_max_new_tokens, k=4, threads=args.threads, progress=progress
+    )
     state["seconds"]["eval"] = time.time() - t0
-    report["training"] = {"seconds": state["seconds"], "args": state["args"],
-                          "train_prompts": len(corpus.train), "held_out_prompts": len(corpus.held_out),
-                          "self_prompts": state.get("self_prompts", 0)}
+    report["training"] = {
+        "seconds": state["seconds"],
+        "args": state["args"],
+        "train_prompts": len(corpus.train),
+        "held_out_prompts": len(corpus.held_out),
+        "self_prompts": state.get("self_prompts", 0),
+    }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     _save_state(state_path, state)
     eval_mod.update_card(out, report)
@@ -141,8 +180,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _make_data(args: argparse.Namespace, model: Any, tokenizer: Any, train: list[str], chat: set[str],
-               eos: list[int], data_dir: Path, state: dict, progress: bool) -> None:
+def _make_data(
+    args: argparse.Namespace,
+    model: Any,
+    tokenizer: Any,
+    train: list[str],
+    chat: set[str],
+    eos: list[int],
+    data_dir: Path,
+    state: dict,
+    progress: bool,
+) -> None:
     """Stage 2: self-written prompts (once), then the target's continuations of every training prompt."""
     import torch
 
@@ -151,15 +199,33 @@ def _make_data(args: argparse.Namespace, model: Any, tokenizer: Any, train: list
 
     gen_model = data_mod.generation_model(model, getattr(torch, args.data_dtype))
     t0 = time.time()
-    own = generate_self_prompts(gen_model, tokenizer, args.self_prompts, data_dir / SELF_PROMPTS_FILE, eos=eos,
-                                seed=args.seed, batch=args.data_batch, progress=progress)
+    own = generate_self_prompts(
+        gen_model,
+        tokenizer,
+        args.self_prompts,
+        data_dir / SELF_PROMPTS_FILE,
+        eos=eos,
+        seed=args.seed,
+        batch=args.data_batch,
+        progress=progress,
+    )
     state["seconds"]["self_prompts"] = state["seconds"].get("self_prompts", 0) + time.time() - t0
     state["self_prompts"] = len(own)
     print(f"self-written prompts: {len(own)}", flush=True)
-    data_mod.generate_data(gen_model, tokenizer, train + own, data_dir, variants=args.variants,
-                           max_new=args.max_new_tokens, eos=eos, seed=args.seed,
-                           sampled_prompts=[p for p in train if p in chat], extra_sampled=(own, args.self_variants),
-                           batch=args.data_batch, progress=progress)
+    data_mod.generate_data(
+        gen_model,
+        tokenizer,
+        train + own,
+        data_dir,
+        variants=args.variants,
+        max_new=args.max_new_tokens,
+        eos=eos,
+        seed=args.seed,
+        sampled_prompts=[p for p in train if p in chat],
+        extra_sampled=(own, args.self_variants),
+        batch=args.data_batch,
+        progress=progress,
+    )
 
 
 def _save_state(path: Path, state: dict) -> None:

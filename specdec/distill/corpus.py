@@ -17,15 +17,57 @@ from pathlib import Path
 
 SHIPPED_PROMPTS = Path(__file__).with_name("prompts.jsonl")
 HELD_OUT_MOD = 10
-DOC_MODULES = ("json", "os", "os.path", "re", "collections", "itertools", "functools", "pathlib", "string",
-               "textwrap", "datetime", "random", "statistics", "math", "heapq", "bisect", "csv", "shutil",
-               "argparse", "logging", "typing", "dataclasses", "enum", "fractions", "decimal", "difflib",
-               "urllib.parse", "html", "base64", "hashlib", "contextlib", "copy", "pprint", "calendar",
-               "zipfile", "tarfile", "glob", "fnmatch", "tempfile", "uuid", "secrets", "sqlite3", "unittest")
-DOC_TEMPLATES = ("Explain what this Python documentation means, with an example:\n\n{doc}",
-                 "Summarize the following text in simple words:\n\n{doc}",
-                 "Write a short Python example that uses {name}. Here is its documentation:\n\n{doc}",
-                 "What does {name} do? Documentation:\n\n{doc}")
+DOC_MODULES = (
+    "json",
+    "os",
+    "os.path",
+    "re",
+    "collections",
+    "itertools",
+    "functools",
+    "pathlib",
+    "string",
+    "textwrap",
+    "datetime",
+    "random",
+    "statistics",
+    "math",
+    "heapq",
+    "bisect",
+    "csv",
+    "shutil",
+    "argparse",
+    "logging",
+    "typing",
+    "dataclasses",
+    "enum",
+    "fractions",
+    "decimal",
+    "difflib",
+    "urllib.parse",
+    "html",
+    "base64",
+    "hashlib",
+    "contextlib",
+    "copy",
+    "pprint",
+    "calendar",
+    "zipfile",
+    "tarfile",
+    "glob",
+    "fnmatch",
+    "tempfile",
+    "uuid",
+    "secrets",
+    "sqlite3",
+    "unittest",
+)
+DOC_TEMPLATES = (
+    "Explain what this Python documentation means, with an example:\n\n{doc}",
+    "Summarize the following text in simple words:\n\n{doc}",
+    "Write a short Python example that uses {name}. Here is its documentation:\n\n{doc}",
+    "What does {name} do? Documentation:\n\n{doc}",
+)
 MIN_DOC_CHARS, MAX_DOC_CHARS = 80, 600
 
 
@@ -63,7 +105,7 @@ def stdlib_docstrings(limit: int, seed: int) -> list[str]:
             if name.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj)):
                 continue
             doc = inspect.getdoc(obj) or ""
-            if MIN_DOC_CHARS <= len(doc):
+            if len(doc) >= MIN_DOC_CHARS:
                 docs.append((f"{mod_name}.{name}", doc[:MAX_DOC_CHARS].strip()))
     rng = random.Random(seed)
     rng.shuffle(docs)
@@ -87,8 +129,8 @@ def build_corpus(prompts_file: Path | None = None, docstrings: int = 0, seed: in
     return Corpus(train=chat_train + extra, held_out=held_out)
 
 
-MIN_TEXT_CHARS = 300          # docstrings longer than this
-MIN_PARAGRAPH_CHARS = 400     # package-description sections longer than this
+MIN_TEXT_CHARS = 300  # docstrings longer than this
+MIN_PARAGRAPH_CHARS = 400  # package-description sections longer than this
 MAX_PARAGRAPH_CHARS = 3000
 TEXT_QUESTION = "Explain {name} in Python."
 PACKAGE_QUESTION = "Describe this Python package."
@@ -120,7 +162,10 @@ def reference_texts(seed: int) -> list[tuple[str, str]]:
     for packages in site.getsitepackages():
         for meta in sorted(Path(packages).glob("*.dist-info/METADATA")):
             body = meta.read_text(encoding="utf-8", errors="ignore").split("\n\n", 1)[-1]
-            out += [(PACKAGE_QUESTION, section[:MAX_PARAGRAPH_CHARS]) for section in body.split("\n\n\n")
-                    if len(section) > MIN_PARAGRAPH_CHARS]
+            out += [
+                (PACKAGE_QUESTION, section[:MAX_PARAGRAPH_CHARS])
+                for section in body.split("\n\n\n")
+                if len(section) > MIN_PARAGRAPH_CHARS
+            ]
     random.Random(seed).shuffle(out)
     return out

@@ -29,19 +29,27 @@ from specdec.models.feature_draft import ARCHITECTURE as FEATURE_ARCHITECTURE
 
 GREEDY = SamplingConfig()
 CACHE_BYTES = 1 << 30
-COMBINED_KEYS = ("mean_accepted_length", "acceptance_rate", "speedup_vs_target_alone", "all_outputs_identical",
-                 "identical_outputs", "rounds", "generated_tokens")
+COMBINED_KEYS = (
+    "mean_accepted_length",
+    "acceptance_rate",
+    "speedup_vs_target_alone",
+    "all_outputs_identical",
+    "identical_outputs",
+    "rounds",
+    "generated_tokens",
+)
 
 
-def decode(target: Any, draft: Any, prompt_ids: list[int], k: int, max_new: int, eos: set[int], session: str
-           ) -> dict[str, Any]:
+def decode(
+    target: Any, draft: Any, prompt_ids: list[int], k: int, max_new: int, eos: set[int], session: str
+) -> dict[str, Any]:
     """One greedy generation; k = 0 is the target alone."""
     ids = list(prompt_ids)
     out: list[int] = []
     rounds = proposed = accepted = 0
     feature = getattr(draft, "needs_target_hidden", False)
-    rows, hidden_from = None, -1   # a feature draft's relay (orchestrator/features.py, without the wire)
-    draft_ms: list[float] = []   # per proposed token, after the first round (no prefill)
+    rows, hidden_from = None, -1  # a feature draft's relay (orchestrator/features.py, without the wire)
+    draft_ms: list[float] = []  # per proposed token, after the first round (no prefill)
     target_ms: list[float] = []  # per verify forward, after the first round
     started = time.perf_counter()
     while len(out) < max_new:
@@ -61,8 +69,8 @@ def decode(target: Any, draft: Any, prompt_ids: list[int], k: int, max_new: int,
         rounds += 1
         stop = next((i for i, t in enumerate(new) if t in eos), None)
         if stop is not None:
-            new = new[:stop + 1]
-        new = new[:max_new - len(out)]
+            new = new[: stop + 1]
+        new = new[: max_new - len(out)]
         # count only what was emitted, as the orchestrator's stats do (orchestrator/stats.py: count_emitted)
         proposed += len(draft_ids) if len(new) > m else len(new)
         accepted += min(m, len(new))
@@ -75,21 +83,41 @@ def decode(target: Any, draft: Any, prompt_ids: list[int], k: int, max_new: int,
     runner = getattr(getattr(draft, "model", draft), "runner", None)  # a combined draft's model part holds the cache
     if runner is not None:
         runner.pool.release(session)
-    return dict(tokens=out, rounds=rounds, proposed=proposed, accepted=accepted, wall_s=wall,
-                draft_ms=draft_ms, target_ms=target_ms)
+    return dict(
+        tokens=out,
+        rounds=rounds,
+        proposed=proposed,
+        accepted=accepted,
+        wall_s=wall,
+        draft_ms=draft_ms,
+        target_ms=target_ms,
+    )
 
 
-def evaluate(draft_model: str, target_model: str, prompts: list[str], *, max_new: int = 128, k: int = 4,
-             threads: int = 1, progress: bool = True, combined: bool = True) -> dict[str, Any]:
+def evaluate(
+    draft_model: str,
+    target_model: str,
+    prompts: list[str],
+    *,
+    max_new: int = 128,
+    k: int = 4,
+    threads: int = 1,
+    progress: bool = True,
+    combined: bool = True,
+) -> dict[str, Any]:
     """Run the held-out comparison; returns the report dict (the model draft's), with the same measures for
     the combined draft (prompt lookup on a hit, the model otherwise) under "combined" when asked and the
     draft offers it (token-only drafts)."""
     from tqdm import tqdm
 
-    tb = load_target(ModelServiceConfig(role="target", model=target_model, threads=threads,
-                                        cache_budget_bytes=CACHE_BYTES))
-    db = load_draft(ModelServiceConfig(role="draft", model=draft_model, draft_kind="model", threads=threads,
-                                       cache_budget_bytes=CACHE_BYTES))
+    tb = load_target(
+        ModelServiceConfig(role="target", model=target_model, threads=threads, cache_budget_bytes=CACHE_BYTES)
+    )
+    db = load_draft(
+        ModelServiceConfig(
+            role="draft", model=draft_model, draft_kind="model", threads=threads, cache_budget_bytes=CACHE_BYTES
+        )
+    )
     target = tb.engines["target"]
     kinds = [MODEL] + ([COMBINED] if combined and COMBINED in db.engines else [])
     tokenizer_ok = tb.info["tokenizer_fingerprint"] == db.info["tokenizer_fingerprint"]
@@ -103,12 +131,22 @@ def evaluate(draft_model: str, target_model: str, prompts: list[str], *, max_new
         base = decode(target, None, pids, 0, max_new, eos, f"base-{i}")
         for kind in kinds:
             spec = decode(target, db.engines[kind], pids, k, max_new, eos, f"{kind}-{i}")
-            rows[kind].append(dict(
-                prompt=prompt, identical=spec["tokens"] == base["tokens"], tokens=len(spec["tokens"]),
-                rounds=spec["rounds"], proposed=spec["proposed"], accepted=spec["accepted"],
-                mean_accepted_length=round(len(spec["tokens"]) / spec["rounds"], 3), spec_s=round(spec["wall_s"], 3),
-                base_s=round(base["wall_s"], 3), draft_ms=spec["draft_ms"], verify_ms=spec["target_ms"],
-                target_step_ms=base["target_ms"]))
+            rows[kind].append(
+                dict(
+                    prompt=prompt,
+                    identical=spec["tokens"] == base["tokens"],
+                    tokens=len(spec["tokens"]),
+                    rounds=spec["rounds"],
+                    proposed=spec["proposed"],
+                    accepted=spec["accepted"],
+                    mean_accepted_length=round(len(spec["tokens"]) / spec["rounds"], 3),
+                    spec_s=round(spec["wall_s"], 3),
+                    base_s=round(base["wall_s"], 3),
+                    draft_ms=spec["draft_ms"],
+                    verify_ms=spec["target_ms"],
+                    target_step_ms=base["target_ms"],
+                )
+            )
     report = summarize(rows[MODEL], draft_model, target_model, k, max_new, tokenizer_ok)
     if COMBINED in rows:
         both = summarize(rows[COMBINED], draft_model, target_model, k, max_new, tokenizer_ok)
@@ -120,8 +158,9 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
-def summarize(rows: list[dict[str, Any]], draft_model: str, target_model: str, k: int, max_new: int,
-              tokenizer_ok: bool) -> dict[str, Any]:
+def summarize(
+    rows: list[dict[str, Any]], draft_model: str, target_model: str, k: int, max_new: int, tokenizer_ok: bool
+) -> dict[str, Any]:
     tokens = sum(r["tokens"] for r in rows)
     rounds = sum(r["rounds"] for r in rows)
     proposed = sum(r["proposed"] for r in rows)
@@ -132,11 +171,18 @@ def summarize(rows: list[dict[str, Any]], draft_model: str, target_model: str, k
     spec_s, base_s = sum(r["spec_s"] for r in rows), sum(r["base_s"] for r in rows)
     per_prompt = [{key: (round(_mean(v), 3) if isinstance(v, list) else v) for key, v in r.items()} for r in rows]
     return {
-        "draft": draft_model, "target": target_model, "k": k, "max_new_tokens": max_new, "greedy": True,
-        "held_out_prompts": len(rows), "generated_tokens": tokens, "rounds": rounds,
+        "draft": draft_model,
+        "target": target_model,
+        "k": k,
+        "max_new_tokens": max_new,
+        "greedy": True,
+        "held_out_prompts": len(rows),
+        "generated_tokens": tokens,
+        "rounds": rounds,
         "mean_accepted_length": round(tokens / max(1, rounds), 3),
         "acceptance_rate": round(accepted / max(1, proposed), 4),
-        "draft_step_ms": round(draft_ms, 3), "target_step_ms": round(step_ms, 3),
+        "draft_step_ms": round(draft_ms, 3),
+        "target_step_ms": round(step_ms, 3),
         "target_verify_ms": round(verify_ms, 3),
         "draft_to_target_step_ratio": round(draft_ms / step_ms, 4) if step_ms == step_ms else None,
         "speedup_vs_target_alone": round(base_s / spec_s, 3) if spec_s else None,
@@ -242,8 +288,10 @@ def _verdict(report: dict[str, Any]) -> str:
     if alone:
         return f"It reaches the issue's floor of {FLOOR} tokens per round at k = {report['k']}."
     if combined:
-        return (f"Alone it does NOT reach the issue's floor of {FLOOR} tokens per round at k = {report['k']}; combined "
-                f"with prompt lookup (draft kind `combined`) it does.")
+        return (
+            f"Alone it does NOT reach the issue's floor of {FLOOR} tokens per round at k = {report['k']}; combined "
+            f"with prompt lookup (draft kind `combined`) it does."
+        )
     return f"It does NOT reach the issue's floor of {FLOOR} tokens per round at k = {report['k']}, alone or combined."
 
 
@@ -261,32 +309,70 @@ def update_card(out: Path, report: dict[str, Any]) -> None:
     a = t.get("args", {})
     sec = t.get("seconds", {})
     feature = cfg.get("architecture") == FEATURE_ARCHITECTURE
-    arch = (f"--arch eagle --depth {a.get('depth')} --feature-weight {a.get('feature_weight')} --text-tokens "
-            f"{a.get('text_tokens')}" if feature else f"--arch layers --layers {a.get('layers')}")
-    cmd = (f"specdec distill --target {a.get('target')} --out DIR {arch} --head-tokens "
-           f"{a.get('head_tokens')} --steps {a.get('steps')} --max-new-tokens {a.get('max_new_tokens')} "
-           f"--variants {a.get('variants')} --self-prompts {a.get('self_prompts', 0)} --self-variants "
-           f"{a.get('self_variants', 1)} --train-dtype {a.get('train_dtype', 'float32')} --data-dtype "
-           f"{a.get('data_dtype', 'float32')} --docstrings {a.get('docstrings')} --kl-weight {a.get('kl_weight')} "
-           f"--lr {a.get('lr')} --batch-tokens {a.get('batch_tokens')} --seed {a.get('seed')}")
-    top1 = tr.get("final_top1_agreement_ema_per_depth") if feature else round(tr.get("final_top1_agreement_ema") or 0, 3)
+    arch = (
+        f"--arch eagle --depth {a.get('depth')} --feature-weight {a.get('feature_weight')} --text-tokens "
+        f"{a.get('text_tokens')}"
+        if feature
+        else f"--arch layers --layers {a.get('layers')}"
+    )
+    cmd = (
+        f"specdec distill --target {a.get('target')} --out DIR {arch} --head-tokens "
+        f"{a.get('head_tokens')} --steps {a.get('steps')} --max-new-tokens {a.get('max_new_tokens')} "
+        f"--variants {a.get('variants')} --self-prompts {a.get('self_prompts', 0)} --self-variants "
+        f"{a.get('self_variants', 1)} --train-dtype {a.get('train_dtype', 'float32')} --data-dtype "
+        f"{a.get('data_dtype', 'float32')} --docstrings {a.get('docstrings')} --kl-weight {a.get('kl_weight')} "
+        f"--lr {a.get('lr')} --batch-tokens {a.get('batch_tokens')} --seed {a.get('seed')}"
+    )
+    top1 = (
+        tr.get("final_top1_agreement_ema_per_depth") if feature else round(tr.get("final_top1_agreement_ema") or 0, 3)
+    )
     text = ((FEATURE_HEAD if feature else LAYERS_HEAD) + MEASURED).format(
-        name=out.name, target=cfg["target"], layers=cfg["layers"], hidden=cfg["hidden_size"], head=cfg["head_tokens"],
-        width=cfg["logits_width"], size_mb=(out / "model.safetensors").stat().st_size / 1e6,
-        command=cmd, max_new=a.get("max_new_tokens"), train_prompts=t.get("train_prompts"),
-        sampled=max(0, (a.get("variants") or 1) - 1), target_tokens=tr.get("target_tokens"),
-        text_tokens=tr.get("text_tokens"), depth=a.get("depth"), feature_weight=a.get("feature_weight"),
-        kl_weight=a.get("kl_weight"), init=tr.get("init_from_target_layers"), lr=a.get("lr"), steps=a.get("steps"),
-        batch_tokens=a.get("batch_tokens"), seed=a.get("seed"), data_s=sec.get("data", 0),
-        prompts_s=sec.get("self_prompts", 0), threads=a.get("threads", 1), data_dtype=a.get("data_dtype", "float32"),
-        self_prompts=t.get("self_prompts", 0), self_sampled=max(0, (a.get("self_variants") or 1) - 1),
-        train_mode=("fp32" if a.get("train_dtype", "float32") == "float32"
-                    else f"{a['train_dtype']} autocast (fp32 master weights)"),
-        train_s=sec.get("train", 0), eval_s=sec.get("eval", 0), held_out=report["held_out_prompts"], k=report["k"],
-        mal=report["mean_accepted_length"], acc=report["acceptance_rate"], ratio=report["draft_to_target_step_ratio"],
-        draft_ms=report["draft_step_ms"], step_ms=report["target_step_ms"], speedup=report["speedup_vs_target_alone"],
-        identical=report["identical_outputs"], train_top1=top1,
+        name=out.name,
+        target=cfg["target"],
+        layers=cfg["layers"],
+        hidden=cfg["hidden_size"],
+        head=cfg["head_tokens"],
+        width=cfg["logits_width"],
+        size_mb=(out / "model.safetensors").stat().st_size / 1e6,
+        command=cmd,
+        max_new=a.get("max_new_tokens"),
+        train_prompts=t.get("train_prompts"),
+        sampled=max(0, (a.get("variants") or 1) - 1),
+        target_tokens=tr.get("target_tokens"),
+        text_tokens=tr.get("text_tokens"),
+        depth=a.get("depth"),
+        feature_weight=a.get("feature_weight"),
+        kl_weight=a.get("kl_weight"),
+        init=tr.get("init_from_target_layers"),
+        lr=a.get("lr"),
+        steps=a.get("steps"),
+        batch_tokens=a.get("batch_tokens"),
+        seed=a.get("seed"),
+        data_s=sec.get("data", 0),
+        prompts_s=sec.get("self_prompts", 0),
+        threads=a.get("threads", 1),
+        data_dtype=a.get("data_dtype", "float32"),
+        self_prompts=t.get("self_prompts", 0),
+        self_sampled=max(0, (a.get("self_variants") or 1) - 1),
+        train_mode=(
+            "fp32"
+            if a.get("train_dtype", "float32") == "float32"
+            else f"{a['train_dtype']} autocast (fp32 master weights)"
+        ),
+        train_s=sec.get("train", 0),
+        eval_s=sec.get("eval", 0),
+        held_out=report["held_out_prompts"],
+        k=report["k"],
+        mal=report["mean_accepted_length"],
+        acc=report["acceptance_rate"],
+        ratio=report["draft_to_target_step_ratio"],
+        draft_ms=report["draft_step_ms"],
+        step_ms=report["target_step_ms"],
+        speedup=report["speedup_vs_target_alone"],
+        identical=report["identical_outputs"],
+        train_top1=top1,
         combined_mal=report.get(COMBINED, {}).get("mean_accepted_length", "n/a (feature draft)"),
         combined_speedup=_times(report.get(COMBINED, {}).get("speedup_vs_target_alone")),
-        verdict=_verdict(report))
+        verdict=_verdict(report),
+    )
     (out / "MODEL_CARD.md").write_text(text)

@@ -24,8 +24,8 @@ PROMPT_TEMPERATURE = 1.0
 PROMPT_TOP_P = 0.95
 PROMPT_MAX_TOKENS = 40
 MIN_WORDS = 4
-MAX_ROUNDS_PER_BATCH_NEEDED = 4   # give up after 4x the rounds that n prompts would need at 100 % yield
-BATCH_FACTOR = 2                  # messages are short: sample twice the answer stage's batch per round
+MAX_ROUNDS_PER_BATCH_NEEDED = 4  # give up after 4x the rounds that n prompts would need at 100 % yield
+BATCH_FACTOR = 2  # messages are short: sample twice the answer stage's batch per round
 _SENTINEL = "\x00specdec-user-message\x00"
 
 
@@ -33,8 +33,9 @@ def pre_query_ids(tokenizer: Any) -> list[int] | None:
     """The chat template rendered up to where the user's message begins (None: no usable template)."""
     if not getattr(tokenizer, "chat_template", None):
         return None
-    text = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False,
-                                         add_generation_prompt=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=False
+    )
     if _SENTINEL not in text:
         return None
     return list(tokenizer(text.split(_SENTINEL)[0], add_special_tokens=False)["input_ids"])
@@ -61,25 +62,35 @@ def keep(text: str, seen: set[str]) -> bool:
 
 
 @torch.inference_mode()
-def _sample_round(model: Any, tokenizer: Any, prefix: list[int], batch: int, eos: list[int], seed: int,
-                  round_index: int) -> list[str]:
+def _sample_round(
+    model: Any, tokenizer: Any, prefix: list[int], batch: int, eos: list[int], seed: int, round_index: int
+) -> list[str]:
     """One batch of user messages sampled after `prefix`; only those that ended with EOS."""
-    x = torch.tensor([prefix] * batch, dtype=torch.long, device=model.device)          # [B, T]
+    x = torch.tensor([prefix] * batch, dtype=torch.long, device=model.device)  # [B, T]
     with torch.random.fork_rng(devices=[]):  # generate() samples from the global RNG; keep it untouched
         torch.manual_seed(seed * 1_000_003 + round_index)
-        out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=True, temperature=PROMPT_TEMPERATURE,
-                             top_p=PROMPT_TOP_P, top_k=0, max_new_tokens=PROMPT_MAX_TOKENS, eos_token_id=eos,
-                             pad_token_id=eos[0])
+        out = model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            do_sample=True,
+            temperature=PROMPT_TEMPERATURE,
+            top_p=PROMPT_TOP_P,
+            top_k=0,
+            max_new_tokens=PROMPT_MAX_TOKENS,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+        )
     texts = []
-    for row in out[:, len(prefix):].tolist():
+    for row in out[:, len(prefix) :].tolist():
         end = next((j for j, t in enumerate(row) if t in eos), None)
         if end is not None:
             texts.append(tokenizer.decode(row[:end], skip_special_tokens=True).strip())
     return texts
 
 
-def generate_self_prompts(model: Any, tokenizer: Any, n: int, path: Path, *, eos: list[int], seed: int,
-                          batch: int, progress: bool = True) -> list[str]:
+def generate_self_prompts(
+    model: Any, tokenizer: Any, n: int, path: Path, *, eos: list[int], seed: int, batch: int, progress: bool = True
+) -> list[str]:
     """Up to `n` user prompts written by the target, BATCH_FACTOR x `batch` sampled per round (resumable;
     see the module docstring)."""
     from tqdm import tqdm
@@ -91,8 +102,9 @@ def generate_self_prompts(model: Any, tokenizer: Any, n: int, path: Path, *, eos
     prompts, rounds = read_self_prompts(path)
     seen = set(prompts)
     limit = MAX_ROUNDS_PER_BATCH_NEEDED * max(1, -(-n // batch))
-    bar = tqdm(total=n, initial=min(n, len(prompts)), desc="self-prompts", unit="prompt", disable=not progress,
-               mininterval=5)
+    bar = tqdm(
+        total=n, initial=min(n, len(prompts)), desc="self-prompts", unit="prompt", disable=not progress, mininterval=5
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     while len(prompts) < n and rounds < limit:
         new = []

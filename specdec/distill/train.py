@@ -39,9 +39,9 @@ def choose_head_ids(records: list[Record], n: int, width: int, eos: list[int]) -
     prompt: Counter[int] = Counter()
     for r in records:
         ids = r.ids.tolist()
-        gen.update(ids[r.n_prompt:])
+        gen.update(ids[r.n_prompt :])
         gen.update(r.top_ids[:, 0].tolist())
-        prompt.update(ids[:r.n_prompt])
+        prompt.update(ids[: r.n_prompt])
     chosen: list[int] = []
     seen: set[int] = set()
     for t in [*eos, *(t for t, _ in gen.most_common()), *(t for t, _ in prompt.most_common()), *range(width)]:
@@ -60,14 +60,26 @@ def text_records(target: Any, tokenizer: Any, out: Path, args: Any, progress: bo
     from specdec.distill.features import TEXT_FEATURES_FILE, extract_text_features
 
     tokens = getattr(args, "text_tokens", 0)
-    data = extract_text_features(target, tokenizer, reference_texts(args.seed) if tokens else [],
-                                 out / "data" / TEXT_FEATURES_FILE, tokens, progress=progress)
+    data = extract_text_features(
+        target,
+        tokenizer,
+        reference_texts(args.seed) if tokens else [],
+        out / "data" / TEXT_FEATURES_FILE,
+        tokens,
+        progress=progress,
+    )
     if data is None:
         return []
     out_records = []
     for start, n in zip(data.starts.tolist(), data.lengths.tolist()):
-        out_records.append(Record(data.ids[start:start + n], 1, data.top_ids[start:start + n - 1],
-                                  data.top_logits[start:start + n - 1]))
+        out_records.append(
+            Record(
+                data.ids[start : start + n],
+                1,
+                data.top_ids[start : start + n - 1],
+                data.top_logits[start : start + n - 1],
+            )
+        )
     return out_records
 
 
@@ -94,30 +106,37 @@ def make_batch(records: list[Record], idx: list[int], head_index: torch.Tensor, 
     """Right-padded inputs and, per loss position, the target's top-k over head indices."""
     seqs = [records[i].ids[:-1].long() for i in idx]  # the last token predicts nothing we store
     T = max(len(s) for s in seqs)
-    input_ids = torch.full((len(idx), T), pad, dtype=torch.long)          # [B, T]
-    mask = torch.zeros((len(idx), T), dtype=torch.long)                   # [B, T]
+    input_ids = torch.full((len(idx), T), pad, dtype=torch.long)  # [B, T]
+    mask = torch.zeros((len(idx), T), dtype=torch.long)  # [B, T]
     rows, cols, top_ids, top_logits = [], [], [], []
     for b, (i, s) in enumerate(zip(idx, seqs)):
         r = records[i]
-        input_ids[b, :len(s)] = s
-        mask[b, :len(s)] = 1
+        input_ids[b, : len(s)] = s
+        mask[b, : len(s)] = 1
         n_gen = r.top_ids.shape[0]
         rows.append(torch.full((n_gen,), b, dtype=torch.long))
         cols.append(torch.arange(r.n_prompt - 1, r.n_prompt - 1 + n_gen))
         top_ids.append(r.top_ids.long())
         top_logits.append(r.top_logits.float())
-    tid = torch.cat(top_ids)                                              # [P, K] vocabulary ids
-    return dict(input_ids=input_ids, attention_mask=mask, rows=torch.cat(rows), cols=torch.cat(cols),
-                head_top=head_index[tid], top_logits=torch.cat(top_logits))
+    tid = torch.cat(top_ids)  # [P, K] vocabulary ids
+    return dict(
+        input_ids=input_ids,
+        attention_mask=mask,
+        rows=torch.cat(rows),
+        cols=torch.cat(cols),
+        head_top=head_index[tid],
+        top_logits=torch.cat(top_logits),
+    )
 
 
-def loss_fn(logits: torch.Tensor, head_top: torch.Tensor, top_logits: torch.Tensor, kl_weight: float
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def loss_fn(
+    logits: torch.Tensor, head_top: torch.Tensor, top_logits: torch.Tensor, kl_weight: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [P, N]; head_top [P, K] head indices (-1 = outside the head); top_logits [P, K].
 
     Returns (loss, top-1 agreement with the target's argmax)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)                       # [P, N]
-    inside = head_top >= 0                                                 # [P, K]
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [P, N]
+    inside = head_top >= 0  # [P, K]
     hard = head_top[:, 0]
     ok = hard >= 0
     ce = -(logp[ok].gather(1, hard[ok, None]).squeeze(1)).mean() if ok.any() else logp.sum() * 0
@@ -155,14 +174,22 @@ def autocast_dtype(name: str) -> torch.dtype | None:
     return None if name == "float32" else getattr(torch, name)
 
 
-def train_step(draft: Any, opt: Any, own: list[torch.Tensor], batch: dict[str, torch.Tensor], lr: float,
-               kl_weight: float, dtype: torch.dtype | None) -> tuple[float, float]:
+def train_step(
+    draft: Any,
+    opt: Any,
+    own: list[torch.Tensor],
+    batch: dict[str, torch.Tensor],
+    lr: float,
+    kl_weight: float,
+    dtype: torch.dtype | None,
+) -> tuple[float, float]:
     """One optimizer step on one batch (see make_batch); returns (loss, top-1 agreement)."""
     with torch.autocast(batch["input_ids"].device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-        hidden = draft.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                             use_cache=False).last_hidden_state                 # [B, T, H]
-        picked = hidden[batch["rows"], batch["cols"]]                           # [P, H]
-        logits = draft.restricted_logits(picked)                                # [P, N]
+        hidden = draft.model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+        ).last_hidden_state  # [B, T, H]
+        picked = hidden[batch["rows"], batch["cols"]]  # [P, H]
+        logits = draft.restricted_logits(picked)  # [P, N]
     loss, agree = loss_fn(logits, batch["head_top"], batch["top_logits"], kl_weight)
     optimizer_step(opt, own, loss, lr)
     return loss.item(), agree.item()
@@ -213,9 +240,12 @@ def train(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool = Tr
     lengths = [len(r.ids) - 1 for r in records]
     gen_tokens = sum(r.top_ids.shape[0] for r in records)
     covered = sum(int((head_index[r.top_ids[:, 0].long()] >= 0).sum()) for r in records)
-    print(f"train: {len(records)} sequences, {gen_tokens} target tokens, head {len(head_ids)} ids covers "
-          f"{covered / gen_tokens:.1%} of the target's choices; {args.layers} layer(s) from target layers "
-          f"{init_layer_indices(cfg_layers(target.config), args.layers)}; step {step}/{args.steps}", flush=True)
+    print(
+        f"train: {len(records)} sequences, {gen_tokens} target tokens, head {len(head_ids)} ids covers "
+        f"{covered / gen_tokens:.1%} of the target's choices; {args.layers} layer(s) from target layers "
+        f"{init_layer_indices(cfg_layers(target.config), args.layers)}; step {step}/{args.steps}",
+        flush=True,
+    )
     pad = eos[0]
     bar = tqdm(total=args.steps, initial=step, desc="train", unit="step", disable=not progress, mininterval=10)
     draft.train()
@@ -226,8 +256,15 @@ def train(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool = Tr
         if step >= args.steps:
             break
         batch = {k: v.to(device) for k, v in make_batch(records, idx, head_index, pad).items()}
-        lv, av = train_step(draft, opt, own, batch, lr_at(step, args.steps, args.lr), args.kl_weight,
-                            autocast_dtype(getattr(args, "train_dtype", "float32")))
+        lv, av = train_step(
+            draft,
+            opt,
+            own,
+            batch,
+            lr_at(step, args.steps, args.lr),
+            args.kl_weight,
+            autocast_dtype(getattr(args, "train_dtype", "float32")),
+        )
         step += 1
         ema_loss = lv if ema_loss is None else 0.95 * ema_loss + 0.05 * lv
         ema_agree = av if ema_agree is None else 0.95 * ema_agree + 0.05 * av
@@ -239,22 +276,41 @@ def train(target: Any, tokenizer: Any, out: Path, args: Any, progress: bool = Tr
                 print(f"step {step}/{args.steps} loss {ema_loss:.3f} top1 {ema_agree:.3f}", flush=True)
     bar.close()
     draft.eval()
-    summary = {"steps": args.steps, "epochs_seen": epoch + 1, "sequences": len(records),
-               "target_tokens": gen_tokens - text_tokens, "text_tokens": text_tokens,
-               "head_coverage_train": round(covered / gen_tokens, 4), "final_loss_ema": ema_loss,
-               "final_top1_agreement_ema": ema_agree, "seed": args.seed, "lr": args.lr,
-               "batch_tokens": args.batch_tokens, "kl_weight": args.kl_weight,
-               "train_dtype": getattr(args, "train_dtype", "float32"),
-               "init_from_target_layers": init_layer_indices(cfg_layers(target.config), args.layers),
-               "train_seconds_this_run": round(time.time() - started, 1)}
+    summary = {
+        "steps": args.steps,
+        "epochs_seen": epoch + 1,
+        "sequences": len(records),
+        "target_tokens": gen_tokens - text_tokens,
+        "text_tokens": text_tokens,
+        "head_coverage_train": round(covered / gen_tokens, 4),
+        "final_loss_ema": ema_loss,
+        "final_top1_agreement_ema": ema_agree,
+        "seed": args.seed,
+        "lr": args.lr,
+        "batch_tokens": args.batch_tokens,
+        "kl_weight": args.kl_weight,
+        "train_dtype": getattr(args, "train_dtype", "float32"),
+        "init_from_target_layers": init_layer_indices(cfg_layers(target.config), args.layers),
+        "train_seconds_this_run": round(time.time() - started, 1),
+    }
     save_draft(out, draft, args.target, meta={"training": summary})
     return summary
 
 
-def _checkpoint(path: Path, draft: Any, opt: Any, step: int, head_ids: list[int], ema_loss: float | None,
-                ema_agree: float | None) -> None:
+def _checkpoint(
+    path: Path, draft: Any, opt: Any, step: int, head_ids: list[int], ema_loss: float | None, ema_agree: float | None
+) -> None:
     """Layers, optimizer, step and the running loss/agreement (a resumed run reports them, not None)."""
     tmp = path.with_suffix(".tmp")
-    torch.save({"layers": draft.model.layers.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                "head_ids": list(head_ids), "ema_loss": ema_loss, "ema_agree": ema_agree}, tmp)
+    torch.save(
+        {
+            "layers": draft.model.layers.state_dict(),
+            "optimizer": opt.state_dict(),
+            "step": step,
+            "head_ids": list(head_ids),
+            "ema_loss": ema_loss,
+            "ema_agree": ema_agree,
+        },
+        tmp,
+    )
     os.replace(tmp, path)

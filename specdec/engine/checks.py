@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from specdec.errors import InvalidArgument
 
@@ -21,4 +21,5 @@ def check_lengths(context_len: int, extra: int, max_context: int) -> None:
         raise InvalidArgument("context_ids is empty: at least one token (e.g. BOS) is needed")
     if context_len + extra > max_context:
         raise InvalidArgument(
-            f"context of {context_len} tokens + {extra} more exceeds the model's context of {max_context}")
+            f"context of {context_len} tokens + {extra} more exceeds the model's context of {max_context}"
+        )

@@ -23,8 +23,8 @@ Used from the event loop only (resolve, release, counters).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from specdec.core.prefix_hash import PrefixHashes
 from specdec.engine.kvcache import common_prefix_len
@@ -36,15 +36,15 @@ class HeldContext:
     """One session's context as last sent, and the hashes of all its prefixes."""
 
     tokens: list[int]
-    hashes: PrefixHashes = field(default_factory=PrefixHashes)   # len(hashes) == len(tokens)
-    ready: PrefixHashes | None = None    # a copy of `hashes` made ahead (hold_next), for the call that continues them
+    hashes: PrefixHashes = field(default_factory=PrefixHashes)  # len(hashes) == len(tokens)
+    ready: PrefixHashes | None = None  # a copy of `hashes` made ahead (hold_next), for the call that continues them
 
 
 @dataclass
 class ContextCounters:
-    hits: int = 0          # delta-form calls whose prefix was held
-    misses: int = 0        # delta-form calls answered with a ContextMiss
-    evictions: int = 0     # sessions dropped to stay within max_tokens
+    hits: int = 0  # delta-form calls whose prefix was held
+    misses: int = 0  # delta-form calls answered with a ContextMiss
+    evictions: int = 0  # sessions dropped to stay within max_tokens
 
 
 class ContextStore:
@@ -69,8 +69,9 @@ class ContextStore:
     def held_tokens(self) -> int:
         return self._total
 
-    def resolve(self, session_id: str, ids: Sequence[int], position_base: int, prefix_hash: int | None
-                ) -> tuple[list[int], PrefixHashes]:
+    def resolve(
+        self, session_id: str, ids: Sequence[int], position_base: int, prefix_hash: int | None
+    ) -> tuple[list[int], PrefixHashes]:
         """The whole context of a call (see the module docstring), with every new id checked, and the
         hashes of its prefixes (a copy the caller may extend).
 
@@ -83,13 +84,18 @@ class ContextStore:
         if held is None:
             return self._miss("unknown-session", f"no context held for session {session_id!r}")
         if position_base < 0 or len(held.tokens) < position_base:
-            return self._miss("shorter", f"session {session_id!r}: {len(held.tokens)} context tokens held, "
-                                         f"the request continues position {position_base}")
+            return self._miss(
+                "shorter",
+                f"session {session_id!r}: {len(held.tokens)} context tokens held, "
+                f"the request continues position {position_base}",
+            )
         if held.hashes.at(position_base) != prefix_hash:
-            return self._miss("hash-mismatch", f"session {session_id!r}: the {position_base} context tokens "
-                                               "held differ from the request's prefix")
+            return self._miss(
+                "hash-mismatch",
+                f"session {session_id!r}: the {position_base} context tokens held differ from the request's prefix",
+            )
         if len(held.tokens) == position_base + len(ids) and held.tokens[position_base:] == list(ids):
-            self.counters.hits += 1                 # held already (hold_next, or a call sent again): no copy
+            self.counters.hits += 1  # held already (hold_next, or a call sent again): no copy
             self._held.move_to_end(session_id)
             hashes, held.ready = held.ready or held.hashes.copy(), None
             return held.tokens, hashes
@@ -108,7 +114,7 @@ class ContextStore:
         held = self._held.get(session_id)
         same = common_prefix_len(held.tokens, context) if held is not None and position_base == 0 else 0
         self.check_ids(context[same:], same)
-        if position_base != 0:          # a window, not the whole context: nothing a delta can continue
+        if position_base != 0:  # a window, not the whole context: nothing a delta can continue
             self.release(session_id)
             return context, PrefixHashes(context)
         hashes = held.hashes if held is not None else PrefixHashes()
@@ -132,8 +138,10 @@ class ContextStore:
         """INVALID_ARGUMENT for an id outside [0, width) (first_position: the position of ids[0])."""
         for i, t in enumerate(ids):
             if t < 0 or (self.width and t >= self.width):
-                raise InvalidArgument(f"context_ids: the token at position {first_position + i} = {t} is outside "
-                                      f"the vocabulary [0, {self.width or 'any'})")
+                raise InvalidArgument(
+                    f"context_ids: the token at position {first_position + i} = {t} is outside "
+                    f"the vocabulary [0, {self.width or 'any'})"
+                )
 
     def _miss(self, reason: str, message: str) -> tuple[list[int], PrefixHashes]:
         self.counters.misses += 1
@@ -143,7 +151,7 @@ class ContextStore:
         """Hold `held` as the session's context (most recently used), evicting others to fit."""
         self.release(session_id)
         if len(held.tokens) > self.max_tokens:
-            return                        # larger than the whole store: its next delta misses
+            return  # larger than the whole store: its next delta misses
         while self._held and self._total + len(held.tokens) > self.max_tokens:
             _, victim = self._held.popitem(last=False)
             self._total -= len(victim.tokens)

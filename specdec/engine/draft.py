@@ -7,13 +7,19 @@ sampling from the truncated q' (top-N) it reports back; greedy proposes the argm
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from specdec.core.ngram import DEFAULT_PREFER, NgramProposer
 from specdec.core.sampling import (
-    argmax_ids, draw_generator, logits_to_probs, penalised_scores, sample, token_counts, truncate_top_n,
+    argmax_ids,
+    draw_generator,
+    logits_to_probs,
+    penalised_scores,
+    sample,
+    token_counts,
+    truncate_top_n,
 )
 from specdec.engine.checks import check_lengths, check_token_ids
 from specdec.engine.runner import Runner
@@ -102,7 +108,7 @@ class ModelDraft:
         dists: list[SparseDist] = []
         ids, stats, runner_ups = list(inp.context_ids), ComputeStatsData(), []
         hashes = inp.prefix_hashes.copy() if inp.prefix_hashes is not None else None  # covers ids
-        for i in range(inp.k):
+        for _i in range(inp.k):
             fwd = self.runner.extend(inp.session_id, ids, len(ids) - 1, hashes)  # logits: [1, V]
             stats.add(ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms))
             token = self.pick(fwd.logits, cfg, counts, inp.position_base + len(ids), dists)
@@ -115,9 +121,9 @@ class ModelDraft:
                 counts[token] += 1
             if token in self.eos_ids:
                 break
-        if inp.prefilled is not None:    # chunks run before this call (prefill_chunk)
+        if inp.prefilled is not None:  # chunks run before this call (prefill_chunk)
             stats.follow(inp.prefilled)
-        return ProposeOutput(ids[len(inp.context_ids):], dists, MODEL, stats, runner_up_ids=runner_ups)
+        return ProposeOutput(ids[len(inp.context_ids) :], dists, MODEL, stats, runner_up_ids=runner_ups)
 
     @staticmethod
     def runner_up(logits: torch.Tensor, cfg, counts: torch.Tensor | None, token: int) -> int:

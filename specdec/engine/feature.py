@@ -15,7 +15,8 @@ them (ProposeOutput.target_hidden_from); the next Verify returns them.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -58,14 +59,14 @@ class FeatureDraft:
         check_token_ids(ctx, self.width, "context_ids", inp.checked_ids)
         kv = self.pool.acquire(inp.session_id, L - 1 + max(inp.k, 1))
         try:
-            self._reuse(kv, ctx)                                                  # 1
-            self._take_rows(kv, inp.target_hidden, inp.position_base)            # 2
+            self._reuse(kv, ctx)  # 1
+            self._take_rows(kv, inp.target_hidden, inp.position_base)  # 2
             stats = ComputeStatsData(cached_tokens=len(kv.tokens))
-            ready = self._catch_up(kv, ctx, stats)                                # 3
+            ready = self._catch_up(kv, ctx, stats)  # 3
             if ready is None or inp.k == 0:
                 return ProposeOutput([], [], MODEL, stats, target_hidden_from=inp.position_base + kv.hidden.shape[0])
-            ids, dists = self._draft(kv, inp, ready, stats)                       # 4
-            kv.truncate(L - 1)                                                    # 5
+            ids, dists = self._draft(kv, inp, ready, stats)  # 4
+            kv.truncate(L - 1)  # 5
         except BaseException:
             self.pool.release(inp.session_id)
             raise
@@ -78,7 +79,7 @@ class FeatureDraft:
             kv.hidden = torch.empty((0, self.hidden_size), dtype=torch.float32)
         if kv.anchor == ctx[0]:
             same = common_prefix_len(kv.tokens, ctx[1:])
-            valid_rows = same + 1              # f_j depends on x_0..x_j: one row more than the pairs
+            valid_rows = same + 1  # f_j depends on x_0..x_j: one row more than the pairs
         else:
             same = valid_rows = 0
         rows = kv.hidden[: min(kv.hidden.shape[0], valid_rows, len(ctx) - 1)]
@@ -94,7 +95,7 @@ class FeatureDraft:
         first = rows.first_position - position_base
         held = kv.hidden.shape[0]
         if first <= held < first + rows.rows.shape[0]:
-            kv.append_hidden(rows.rows[held - first:])
+            kv.append_hidden(rows.rows[held - first :])
 
     def _catch_up(self, kv: SessionKV, ctx: list[int], stats: ComputeStatsData) -> torch.Tensor | None:
         """Run the positions not cached yet that have real rows; the predicted f^_{L-1} [1, 1, H], or None
@@ -105,15 +106,20 @@ class FeatureDraft:
             return None
         start = time.perf_counter()
         dtype = self.model.fc.weight.dtype
-        out = self.model(torch.tensor([ctx[c + 1:end + 1]]), kv.hidden[None, c:end].to(dtype),
-                         torch.arange(c, end).unsqueeze(0), cache=kv.cache)         # [1, end - c, H]
-        kv.tokens = list(ctx[1:end + 1])
+        out = self.model(
+            torch.tensor([ctx[c + 1 : end + 1]]),
+            kv.hidden[None, c:end].to(dtype),
+            torch.arange(c, end).unsqueeze(0),
+            cache=kv.cache,
+        )  # [1, end - c, H]
+        kv.tokens = list(ctx[1 : end + 1])
         stats.computed_tokens += end - c
         stats.forward_ms += (time.perf_counter() - start) * MS_PER_S
         return out[:, -1:] if end == L - 1 else None
 
-    def _draft(self, kv: SessionKV, inp: ProposeInput, feature: torch.Tensor, stats: ComputeStatsData
-               ) -> tuple[list[int], list]:
+    def _draft(
+        self, kv: SessionKV, inp: ProposeInput, feature: torch.Tensor, stats: ComputeStatsData
+    ) -> tuple[list[int], list]:
         """k steps from f^_{L-1}: pick d_i from its logits, feed (d_i, f^) for the next."""
         cfg, L = inp.sampling, len(inp.context_ids)
         counts = token_counts(inp.context_ids, self.width) if cfg.has_penalties else None  # [V]
@@ -121,8 +127,13 @@ class FeatureDraft:
         ids = list(inp.context_ids)
         start = time.perf_counter()
         for i in range(inp.k):
-            token = ModelDraft.pick(self.model.full_logits(feature[0]).float(), cfg, counts,  # logits [1, V]
-                                    inp.position_base + len(ids), dists)
+            token = ModelDraft.pick(
+                self.model.full_logits(feature[0]).float(),
+                cfg,
+                counts,  # logits [1, V]
+                inp.position_base + len(ids),
+                dists,
+            )
             ids.append(token)
             if counts is not None:
                 counts[token] += 1

@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-KV_MIN_SPARE = 256    # positions a GrowingLayer allocates beyond what it holds, at least ...
+KV_MIN_SPARE = 256  # positions a GrowingLayer allocates beyond what it holds, at least ...
 KV_SPARE_SHARE = 0.25  # ... or this share of what it holds, whichever is more (amortised O(1) appends)
 
 
@@ -46,7 +46,7 @@ class GrowingLayer(DynamicLayer):
     attention does. Memory: up to KV_SPARE_SHARE (or KV_MIN_SPARE positions) more than held.
     """
 
-    _stale = False   # truncate moved the length: the views are made when next read (_LengthView)
+    _stale = False  # truncate moved the length: the views are made when next read (_LengthView)
     keys = _LengthView()
     values = _LengthView()
 
@@ -63,8 +63,9 @@ class GrowingLayer(DynamicLayer):
         self.keys, self.values = self._keys, self._values
         self.is_initialized = True
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """key_states/value_states: [batch, kv_heads, new, head_dim]. Returns the layer's [.., length, ..] views."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -83,7 +84,7 @@ class GrowingLayer(DynamicLayer):
         for name in ("_keys", "_values"):
             old = getattr(self, name)
             new = old.new_empty(*old.shape[:-2], capacity, old.shape[-1])
-            new[..., :self.length, :] = old[..., :self.length, :]
+            new[..., : self.length, :] = old[..., : self.length, :]
             setattr(self, name, new)
 
     def truncate(self, n: int) -> None:

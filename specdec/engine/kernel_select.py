@@ -5,17 +5,30 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from specdec.config import KERNEL_BAND_ROWS, KernelConfig
 from specdec.models.cpu_info import cpu_model_and_flags, load_per_core
-from specdec.models.kernels import (AUTO, DEFAULT_KERNEL, KERNELS, INPUT_MAJOR, KernelPlan, PlanCache, apply_plan,
-                                    available_kernels, choose_plan, forced_plan, linear_shapes, run_kernel)
+from specdec.models.kernels import (
+    AUTO,
+    DEFAULT_KERNEL,
+    INPUT_MAJOR,
+    KERNELS,
+    KernelPlan,
+    PlanCache,
+    apply_plan,
+    available_kernels,
+    choose_plan,
+    forced_plan,
+    linear_shapes,
+    run_kernel,
+)
 
 log = logging.getLogger("specdec.kernels")
 CACHE_SUBDIR = "kernels"
@@ -29,9 +42,9 @@ class KernelMismatch(RuntimeError):
 class _Probe:
     """One shape's probe: up to N layers' weights in both layouts and the inputs per row count."""
 
-    weights: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]   # ([out, in], [in, out], bias)
-    count: int                                                              # layers of this shape
-    inputs: dict[int, torch.Tensor]                                         # rows -> [1, rows, in]
+    weights: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]  # ([out, in], [in, out], bias)
+    count: int  # layers of this shape
+    inputs: dict[int, torch.Tensor]  # rows -> [1, rows, in]
 
 
 def _probes(model: nn.Module, cfg: KernelConfig, dtype: torch.dtype) -> list[_Probe]:
@@ -40,7 +53,8 @@ def _probes(model: nn.Module, cfg: KernelConfig, dtype: torch.dtype) -> list[_Pr
     for (d_in, _, _), layers in linear_shapes(model).items():
         picked = layers[:: max(1, len(layers) // cfg.probe_instances)][: cfg.probe_instances]
         weights: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = [
-            (m.weight.detach(), m.weight.detach().t().contiguous(), m.bias) for m in picked]
+            (m.weight.detach(), m.weight.detach().t().contiguous(), m.bias) for m in picked
+        ]
         inputs = {rows: torch.randn(1, rows, d_in, generator=gen).to(dtype) for rows in cfg.band_rows}
         probes.append(_Probe(weights, len(layers), inputs))
     return probes
@@ -94,16 +108,23 @@ def cache_key_parts(model: nn.Module, dtype: torch.dtype, band_rows: tuple[int, 
     """What decides the choice: CPU model and flags, torch version, threads, dtype, bands, shapes."""
     cpu, flags = cpu_model_and_flags()
     shapes = sorted(f"{i}x{o}{'+b' if b else ''}*{len(ls)}" for (i, o, b), ls in linear_shapes(model).items())
-    return {"cpu": cpu, "flags": list(flags), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "dtype": str(dtype), "bands": list(band_rows), "shapes": shapes, "kernels": available_kernels()}
+    return {
+        "cpu": cpu,
+        "flags": list(flags),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "dtype": str(dtype),
+        "bands": list(band_rows),
+        "shapes": shapes,
+        "kernels": available_kernels(),
+    }
 
 
 def _measured(model: nn.Module, cfg: KernelConfig, dtype: torch.dtype) -> KernelPlan:
     probes = _probes(model, cfg, dtype)
     kernels = [k for k in available_kernels() if cfg.allow_input_major or KERNELS[k] != INPUT_MAJOR]
     kernels = usable_kernels(probes, kernels, cfg.band_rows, cfg.atol(dtype))
-    return choose_plan(cfg.band_rows, kernels, measure_fn(probes), cfg.reps, cfg.budget_s,
-                       cfg.layout_slack)
+    return choose_plan(cfg.band_rows, kernels, measure_fn(probes), cfg.reps, cfg.budget_s, cfg.layout_slack)
 
 
 def select_plan(model: nn.Module, cfg: KernelConfig, cache_root: Path | None) -> KernelPlan:
@@ -113,8 +134,11 @@ def select_plan(model: nn.Module, cfg: KernelConfig, cache_root: Path | None) ->
     dtype = next(model.parameters()).dtype
     if cfg.kernel != AUTO:
         return forced_plan(cfg.kernel, cfg.band_rows)
-    parts = {**cache_key_parts(model, dtype, cfg.band_rows), "allow_input_major": cfg.allow_input_major,
-             "layout_slack": cfg.layout_slack}
+    parts = {
+        **cache_key_parts(model, dtype, cfg.band_rows),
+        "allow_input_major": cfg.allow_input_major,
+        "layout_slack": cfg.layout_slack,
+    }
     cache = PlanCache(cache_root / CACHE_SUBDIR if cache_root is not None else None)
     key = PlanCache.key(parts)
     plan = cache.load(key)
@@ -133,7 +157,7 @@ def select_plan(model: nn.Module, cfg: KernelConfig, cache_root: Path | None) ->
 def logits_agree(before: torch.Tensor, after: torch.Tensor, atol: float) -> tuple[bool, float]:
     """Chosen-kernel logits vs nn.Linear's [..., V]: within atol (scaled by the largest logit beyond
     1) and the same argmax per row, unless the two argmax logits tie within atol. -> (ok, max diff)."""
-    finite = torch.isfinite(before)          # a restricted draft head leaves -inf outside its tokens
+    finite = torch.isfinite(before)  # a restricted draft head leaves -inf outside its tokens
     if not torch.equal(finite, torch.isfinite(after)):
         return False, float("inf")
     before, after = before.masked_fill(~finite, torch.finfo(before.dtype).min), after.masked_fill(~finite, 0.0)
@@ -145,8 +169,9 @@ def logits_agree(before: torch.Tensor, after: torch.Tensor, atol: float) -> tupl
     return bool(diff <= tol and bool((gap <= tol).all())), diff
 
 
-def plan_model(model: nn.Module, root: nn.Module, cfg: KernelConfig, cache_root: Path | None,
-               probe_ids: torch.Tensor | None) -> KernelPlan:
+def plan_model(
+    model: nn.Module, root: nn.Module, cfg: KernelConfig, cache_root: Path | None, probe_ids: torch.Tensor | None
+) -> KernelPlan:
     """Choose and apply the plan to `root`'s linears (the part of `model` it owns). With probe_ids
     [1, T] (a causal LM), check the model's logits before and after; if they disagree, fall back to
     nn.Linear everywhere."""
@@ -180,10 +205,12 @@ def restore_linears(root: nn.Module) -> None:
     for parent in list(root.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, PlannedLinear):
-                linear = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
-                                   device="meta")
-                linear.weight = child.weight_std if child.weight_std is not None else nn.Parameter(
-                    child.weight.contiguous(), requires_grad=False)
+                linear = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
+                linear.weight = (
+                    child.weight_std
+                    if child.weight_std is not None
+                    else nn.Parameter(child.weight.contiguous(), requires_grad=False)
+                )
                 linear.bias = child.bias
                 setattr(parent, name, linear)
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -54,7 +55,7 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     if list(a[:n]) == list(b[:n]):  # the usual case (one extends the other), compared at C speed
         return n
-    lo, hi = 0, n                   # a[:lo] == b[:lo], a[:hi] != b[:hi]: bisect with slice compares
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]: bisect with slice compares
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if list(a[lo:mid]) == list(b[lo:mid]):
@@ -66,7 +67,9 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 HIDDEN_MIN_ROWS = 64  # first allocation of a session's hidden-row buffer
 EVICTED_IDS_KEPT = 4096  # evicted session ids remembered, to count those that come back (re-prefills)
-SHARED_MEMO_MAX = 1024   # `uncached`'s sharer lookups remembered between changes of the pool's sessions
+SHARED_MEMO_MAX = 1024  # `uncached`'s sharer lookups remembered between changes of the pool's sessions
+
+
 @dataclass
 class SessionKV:
     """One session's KV cache and the tokens it covers (len(tokens) == cache length).
@@ -80,14 +83,14 @@ class SessionKV:
         outgrow the budget once they have all been extended.
     """
 
-    cache: Any                      # the runner's handle (CacheOps.new)
+    cache: Any  # the runner's handle (CacheOps.new)
     tokens: list[int] = field(default_factory=list)
     hidden: Any = None
     anchor: int = -1
     reserved: int = 0
-    hashes: PrefixHashes | None = None   # prefix hashes of `tokens` when kept in step (see `common_prefix`)
+    hashes: PrefixHashes | None = None  # prefix hashes of `tokens` when kept in step (see `common_prefix`)
     _hidden_store: Any = field(default=None, repr=False)  # the buffer `hidden` is a prefix view of
-    ops: CacheOps | None = field(default=None, repr=False)   # None: a torch DynamicCache
+    ops: CacheOps | None = field(default=None, repr=False)  # None: a torch DynamicCache
 
     def __post_init__(self) -> None:
         if self.ops is None:
@@ -128,7 +131,7 @@ class SessionKV:
             return common_prefix_len(self.tokens, ids)
         return shared_prefix(self.hashes, hashes, limit)
 
-    def adopt_prefix(self, donor: "SessionKV", n: int, hidden: bool) -> None:
+    def adopt_prefix(self, donor: SessionKV, n: int, hidden: bool) -> None:
         """Start this (empty) cache as a copy of `donor`'s first n positions: its K/V, tokens, prefix hashes and
         (with `hidden`) hidden rows. A copy, not shared storage: each session truncates and grows its own."""
         if len(self.tokens):
@@ -168,8 +171,9 @@ class SessionKV:
         aliased = store is not None and self.hidden is not None and self.hidden.data_ptr() == store.data_ptr()
         if not aliased or store.shape[0] < need or (held and store.dtype != self.hidden.dtype):
             like = rows if self.hidden is None else self.hidden
-            store = torch.empty((max(need, 2 * held, HIDDEN_MIN_ROWS), rows.shape[1]), dtype=like.dtype,
-                                device=like.device)
+            store = torch.empty(
+                (max(need, 2 * held, HIDDEN_MIN_ROWS), rows.shape[1]), dtype=like.dtype, device=like.device
+            )
             if held:
                 store[:held] = self.hidden
         store[held:need] = rows
@@ -180,9 +184,9 @@ class SessionKV:
 class CacheCounters:
     """What the pool did; exported as metrics and in responses."""
 
-    hits: int = 0            # calls that reused >= 1 cached token
-    misses: int = 0          # calls that found nothing to reuse
-    rollbacks: int = 0       # calls that dropped cached tokens
+    hits: int = 0  # calls that reused >= 1 cached token
+    misses: int = 0  # calls that found nothing to reuse
+    rollbacks: int = 0  # calls that dropped cached tokens
     rolled_back_tokens: int = 0
     evictions: int = 0
     evicted_tokens: int = 0  # positions those evictions dropped
@@ -191,7 +195,7 @@ class CacheCounters:
     reprefills: int = 0
     reprefill_tokens: int = 0  # positions those sessions held when they were evicted
     computed_tokens: int = 0
-    reused_tokens: int = 0      # tokens served from the cache (including those copied from another session)
+    reused_tokens: int = 0  # tokens served from the cache (including those copied from another session)
     # Prefix sharing: a session's first call starts from another session's cached prefix (the same system
     # prompt, the conversation an OpenAI client resends) instead of computing it (vLLM's prefix caching).
     prefix_hits: int = 0
@@ -208,16 +212,22 @@ class KVCachePool:
         ops: the runner's cache handles (default: torch DynamicCaches for `model_config`).
     """
 
-    def __init__(self, budget_bytes: int, bytes_per_token: int, model_config: Any = None,
-                 share_min_tokens: int = 0, ops: CacheOps | None = None) -> None:
+    def __init__(
+        self,
+        budget_bytes: int,
+        bytes_per_token: int,
+        model_config: Any = None,
+        share_min_tokens: int = 0,
+        ops: CacheOps | None = None,
+    ) -> None:
         self.ops: CacheOps = ops if ops is not None else torch_cache_ops(model_config)
         self.budget_bytes = budget_bytes
         self.bytes_per_token = max(1, bytes_per_token)
-        self.share_min_tokens = share_min_tokens   # prefix sharing (`share_prefix`): the shortest worth a copy; 0 = off
+        self.share_min_tokens = share_min_tokens  # prefix sharing (`share_prefix`): the shortest worth a copy; 0 = off
         self._sessions: OrderedDict[str, SessionKV] = OrderedDict()
         self._evicted: OrderedDict[str, int] = OrderedDict()  # evicted session -> positions it held
-        self._epoch = 0                          # bumped whenever a session enters or leaves the pool
-        self._shared_memo: dict[tuple[str, int, int], int] = {}   # `uncached`'s sharer lookups, this epoch
+        self._epoch = 0  # bumped whenever a session enters or leaves the pool
+        self._shared_memo: dict[tuple[str, int, int], int] = {}  # `uncached`'s sharer lookups, this epoch
         self._lock = threading.Lock()
         self.counters = CacheCounters()
 
@@ -235,8 +245,9 @@ class KVCachePool:
         with self._lock:
             return len(self._sessions)
 
-    def uncached(self, session_id: str, ids: Sequence[int], hashes: PrefixHashes | None = None,
-                 lent: bool = True) -> int:
+    def uncached(
+        self, session_id: str, ids: Sequence[int], hashes: PrefixHashes | None = None, lent: bool = True
+    ) -> int:
         """How many of `ids` lie past the longest common prefix with the session's cached tokens (`hashes`: see
         SessionKV.common_prefix), for a session without a cache past what another would lend it (share_prefix);
         `lent=False`: all of them, as its forward writes them all (what decides running a call inline: such a copy
@@ -256,8 +267,15 @@ class KVCachePool:
                 self._shared_memo[key] = self._donor(session_id, ids, len(ids) - 1, False, hashes)[1]
             return len(ids) - self._shared_memo[key]
 
-    def share_prefix(self, session_id: str, kv: SessionKV, ids: Sequence[int], limit: int, hidden: bool,
-                     hashes: PrefixHashes | None = None) -> int:
+    def share_prefix(
+        self,
+        session_id: str,
+        kv: SessionKV,
+        ids: Sequence[int],
+        limit: int,
+        hidden: bool,
+        hashes: PrefixHashes | None = None,
+    ) -> int:
         """Prefix sharing: start the session's empty cache `kv` from the longest prefix of `ids` (at most `limit`
         positions) that another session holds, copied; returns the positions it now holds (0: none, or fewer
         than share_min_tokens shared). `hidden`: the copy must carry hidden rows too (donors without skip).
@@ -274,8 +292,9 @@ class KVCachePool:
         self.counters.prefix_shared_tokens += shared
         return shared
 
-    def _donor(self, session_id: str, ids: Sequence[int], limit: int, hidden: bool,
-               hashes: PrefixHashes | None = None) -> tuple[SessionKV | None, int]:
+    def _donor(
+        self, session_id: str, ids: Sequence[int], limit: int, hidden: bool, hashes: PrefixHashes | None = None
+    ) -> tuple[SessionKV | None, int]:
         """(the session sharing the longest prefix of ids[:limit], that length), most recently used first among
         equals; (None, 0) below share_min_tokens. With `hashes` (prefix hashes of ids) O(log n) hash compares
         per session that keeps its own in step, else token lists compared at C speed; a session that shares not
@@ -303,7 +322,8 @@ class KVCachePool:
             raise ResourceExhausted(
                 f"session {session_id!r} needs {total_tokens} cached tokens "
                 f"({total_tokens * self.bytes_per_token} bytes), over the cache budget of "
-                f"{self.budget_bytes} bytes ({self.max_tokens} tokens)")
+                f"{self.budget_bytes} bytes ({self.max_tokens} tokens)"
+            )
         with self._lock:
             kv = self._sessions.pop(session_id, None)
             if kv is None:
@@ -322,8 +342,9 @@ class KVCachePool:
         `new_session`, until a handle is free where the runner holds at most `ops.capacity` sessions)."""
         held = sum(s.held() for s in self._sessions.values())  # the acquiring session is not among them
         capacity = self.ops.capacity
-        while self._sessions and ((held + needed_tokens) > self.max_tokens
-                                  or (new_session and capacity and len(self._sessions) >= capacity)):
+        while self._sessions and (
+            (held + needed_tokens) > self.max_tokens or (new_session and capacity and len(self._sessions) >= capacity)
+        ):
             victim_id, victim = self._sessions.popitem(last=False)
             self.ops.drop(victim.cache)
             self._new_epoch()

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-ALL = -1   # llama.cpp's "to the end" position
+ALL = -1  # llama.cpp's "to the end" position
 
 
 @dataclass(eq=False)
@@ -35,8 +36,9 @@ class LlamaCacheOps:
         seq_cp: llama_memory_seq_cp(src, dst, p0, p1) of the context's memory.
     """
 
-    def __init__(self, capacity: int, seq_rm: Callable[[int, int, int], Any],
-                 seq_cp: Callable[[int, int, int, int], Any]) -> None:
+    def __init__(
+        self, capacity: int, seq_rm: Callable[[int, int, int], Any], seq_cp: Callable[[int, int, int, int], Any]
+    ) -> None:
         self.capacity = capacity
         self._seq_rm, self._seq_cp = seq_rm, seq_cp
         self._free: deque[int] = deque(range(capacity))
@@ -45,7 +47,7 @@ class LlamaCacheOps:
 
     def new(self) -> SeqCache:
         with self._lock:
-            if not self._free:   # the pool evicts before it asks beyond capacity
+            if not self._free:  # the pool evicts before it asks beyond capacity
                 raise RuntimeError(f"all {self.capacity} llama.cpp sequences are in use")
             return SeqCache(self._free.popleft())
 
@@ -62,7 +64,7 @@ class LlamaCacheOps:
                 return
             cache.alive = False
             self._edits.append(("rm", (cache.seq_id, 0, ALL)))
-            self._free.append(cache.seq_id)   # handed out again only behind this removal in the queue
+            self._free.append(cache.seq_id)  # handed out again only behind this removal in the queue
 
     def _queue(self, cache: SeqCache, kind: str, args: tuple[int, ...]) -> None:
         with self._lock:

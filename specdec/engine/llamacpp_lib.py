@@ -25,7 +25,7 @@ DECODE_ERRORS = {
     2: "aborted",
     -1: "invalid input batch",
 }
-KV_DTYPE_BYTES = 2   # f16 K and V (llama.cpp's default cache type)
+KV_DTYPE_BYTES = 2  # f16 K and V (llama.cpp's default cache type)
 
 
 class LlamaCppUnavailable(RuntimeError):
@@ -38,7 +38,7 @@ class LlamaCppLib:
     def __init__(self, module: Any) -> None:
         self.c = module
         self.llama_batch = module.llama_batch
-        self._log_callback = module.llama_log_callback(_log_line)   # kept: llama.cpp calls it for the process
+        self._log_callback = module.llama_log_callback(_log_line)  # kept: llama.cpp calls it for the process
         module.llama_log_set(self._log_callback, ctypes.c_void_p(0))
         self.cpu_variant = load_backends(module)
         module.llama_backend_init()
@@ -60,12 +60,14 @@ class LlamaCppLib:
         params.n_threads = params.n_threads_batch = settings.threads
         params.kv_unified = True
         params.no_perf = True
-        params.flash_attn_type = (self.c.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attn
-                                  else self.c.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        params.flash_attn_type = (
+            self.c.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attn else self.c.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
         ctx = self.c.llama_init_from_model(model, params)
         if not ctx:
-            raise ValueError(f"llama.cpp could not make a context of {settings.kv_tokens} KV cells "
-                             f"for {settings.sessions} sessions")
+            raise ValueError(
+                f"llama.cpp could not make a context of {settings.kv_tokens} KV cells for {settings.sessions} sessions"
+            )
         return ctx
 
     def free_context(self, ctx: Any) -> None:
@@ -154,7 +156,7 @@ def _load_backends(ggml_path: str, lib_dir: Path) -> str:
         if ggml.ggml_backend_reg_count() == 0:
             raise LlamaCppUnavailable(f"ggml found no CPU backend in {lib_dir}")
     variant = Path(_mapped("libggml-cpu-")).name
-    return variant[len("libggml-cpu-"):].split(".so")[0] if variant else ""
+    return variant[len("libggml-cpu-") :].split(".so")[0] if variant else ""
 
 
 def _mapped(prefix: str) -> str:
@@ -183,10 +185,12 @@ def load_library() -> LlamaCppLib:
                 import llama_cpp
             except (ImportError, OSError) as exc:
                 raise LlamaCppUnavailable(
-                    f"the llama.cpp engine needs llama-cpp-python (make install builds it: {exc})") from exc
+                    f"the llama.cpp engine needs llama-cpp-python (make install builds it: {exc})"
+                ) from exc
             _LIB = LlamaCppLib(llama_cpp)
-            log.info("llama.cpp %s, CPU kernels: %s", getattr(llama_cpp, "__version__", "?"),
-                     _LIB.cpu_variant or "built in")
+            log.info(
+                "llama.cpp %s, CPU kernels: %s", getattr(llama_cpp, "__version__", "?"), _LIB.cpu_variant or "built in"
+            )
         return _LIB
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -26,21 +26,21 @@ from specdec.engine.runner import ExtendItem, ExtendPlan, ForwardResult, count_e
 from specdec.errors import InvalidArgument, ResourceExhausted
 
 MS_PER_S = 1000.0
-MIN_KV_TOKENS = 256    # the smallest context llama.cpp is asked for (its cells come in blocks of 256)
+MIN_KV_TOKENS = 256  # the smallest context llama.cpp is asked for (its cells come in blocks of 256)
 
 
 @dataclass(frozen=True)
 class LlamaCppSettings:
     """What a llama.cpp context is made with (SPECDEC_LLAMACPP_* settings, specdec/config.py)."""
 
-    threads: int = 2               # n_threads and n_threads_batch
-    kv_tokens: int = 8192          # KV cells shared by all sessions (n_ctx of the unified cache) ...
-    budget_bytes: int = 0          # ... at most this many bytes of them (0: no cap)
-    sessions: int = 64             # sequences held at once (n_seq_max; LRU-evicted beyond)
-    batch_tokens: int = 2048       # tokens one llama_decode takes (n_batch); larger passes are split
-    ubatch_tokens: int = 512       # tokens ggml computes at once (n_ubatch)
-    flash_attn: bool = True        # flash attention (its CPU kernel skips masked cells of other sessions)
-    share_min_tokens: int = 16     # prefix sharing's shortest shared prefix (0: off)
+    threads: int = 2  # n_threads and n_threads_batch
+    kv_tokens: int = 8192  # KV cells shared by all sessions (n_ctx of the unified cache) ...
+    budget_bytes: int = 0  # ... at most this many bytes of them (0: no cap)
+    sessions: int = 64  # sequences held at once (n_seq_max; LRU-evicted beyond)
+    batch_tokens: int = 2048  # tokens one llama_decode takes (n_batch); larger passes are split
+    ubatch_tokens: int = 512  # tokens ggml computes at once (n_ubatch)
+    flash_attn: bool = True  # flash attention (its CPU kernel skips masked cells of other sessions)
+    share_min_tokens: int = 16  # prefix sharing's shortest shared prefix (0: off)
 
 
 class _Batch:
@@ -52,7 +52,7 @@ class _Batch:
         self.pos = np.zeros(capacity, np.int32)
         self.n_seq_id = np.ones(capacity, np.int32)
         self.logits = np.zeros(capacity, np.int8)
-        self._seq_values = np.arange(sessions, dtype=np.int32)      # seq_id[i] points at one of these
+        self._seq_values = np.arange(sessions, dtype=np.int32)  # seq_id[i] points at one of these
         self._seq_table = np.zeros(capacity, np.uintp)
         self.struct = lib.llama_batch()
         self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
@@ -96,14 +96,21 @@ class LlamaCppRunner:
         self.max_context = self.lib.n_ctx_train(self.model)
         self.hidden_size = self.lib.n_embd(self.model)
         self.description = self.lib.describe(self.model)
-        self.file_type = self.description.rsplit(" ", 1)[-1]   # the GGUF's weight type: Q4_1, Q8_0, F16 ...
+        self.file_type = self.description.rsplit(" ", 1)[-1]  # the GGUF's weight type: Q4_1, Q8_0, F16 ...
         self.kv_tokens = self.lib.n_ctx(self.ctx)
         memory = self.lib.memory(self.ctx)
-        self.ops = LlamaCacheOps(settings.sessions, lambda s, p0, p1: self.lib.seq_rm(memory, s, p0, p1),
-                                 lambda a, b, p0, p1: self.lib.seq_cp(memory, a, b, p0, p1))
+        self.ops = LlamaCacheOps(
+            settings.sessions,
+            lambda s, p0, p1: self.lib.seq_rm(memory, s, p0, p1),
+            lambda a, b, p0, p1: self.lib.seq_cp(memory, a, b, p0, p1),
+        )
         # The pool counts a position per session; llama.cpp needs a cell per position (shared prefixes share cells).
-        self.pool = KVCachePool(self.kv_tokens * self.bytes_per_token, self.bytes_per_token,
-                                share_min_tokens=settings.share_min_tokens, ops=self.ops)
+        self.pool = KVCachePool(
+            self.kv_tokens * self.bytes_per_token,
+            self.bytes_per_token,
+            share_min_tokens=settings.share_min_tokens,
+            ops=self.ops,
+        )
         self._batch = _Batch(self.lib, settings.batch_tokens, settings.sessions)
 
     @property
@@ -117,8 +124,9 @@ class LlamaCppRunner:
             self.lib.free_model(self.model)
             self.ctx = self.model = None
 
-    def extend(self, session_id: str, ids: Sequence[int], first: int, hashes: PrefixHashes | None = None,
-               hidden: bool = True) -> ForwardResult:
+    def extend(
+        self, session_id: str, ids: Sequence[int], first: int, hashes: PrefixHashes | None = None, hidden: bool = True
+    ) -> ForwardResult:
         """Make the session's cache cover `ids`; return logits of positions first..len(ids)-1 ([n, V])."""
         return self.extend_batch([ExtendItem(session_id, ids, first, hashes, hidden)])[0]
 
@@ -137,8 +145,9 @@ class LlamaCppRunner:
                 plans.append(self._plan(item))
             evicted = [p.item.session_id for p in plans if not self.pool.holds(p.item.session_id, p.kv)]
             if evicted:
-                raise ResourceExhausted(f"the KV cache ({self.kv_tokens} cells) cannot hold this pass's "
-                                        f"{len(plans)} sessions at once")
+                raise ResourceExhausted(
+                    f"the KV cache ({self.kv_tokens} cells) cannot hold this pass's {len(plans)} sessions at once"
+                )
             start = time.perf_counter()
             rows = self._decode(plans)
             elapsed = (time.perf_counter() - start) * MS_PER_S
@@ -151,8 +160,9 @@ class LlamaCppRunner:
         for plan, logits in zip(plans, rows):
             plan.kv.extend_tokens(plan.item.ids, plan.item.hashes)
             count_extend(self.pool.counters, plan)
-            results.append(ForwardResult(logits, plan.reuse, len(plan.new_ids), plan.rolled_back, elapsed,
-                                         len(items), pass_tokens))
+            results.append(
+                ForwardResult(logits, plan.reuse, len(plan.new_ids), plan.rolled_back, elapsed, len(items), pass_tokens)
+            )
         return results
 
     def _plan(self, item: ExtendItem) -> ExtendPlan:
@@ -169,7 +179,7 @@ class LlamaCppRunner:
         end = 0
         for p in plans:
             end += len(p.new_ids)
-            outputs[end - p.keep:end] = 1
+            outputs[end - p.keep : end] = 1
         if (tokens < 0).any() or (tokens >= self.vocab_width).any():
             raise InvalidArgument(f"token ids must lie in [0, {self.vocab_width})")
         self.ops.flush()

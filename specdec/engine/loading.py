@@ -33,18 +33,18 @@ class ModelBundle:
 
     role: str
     model_id: str
-    engines: dict[str, Any]                 # kind -> engine ("target", "model", "ngram", "combined")
+    engines: dict[str, Any]  # kind -> engine ("target", "model", "ngram", "combined")
     default_kind: str
     info: dict[str, Any] = field(default_factory=dict)
     pool: KVCachePool | None = None
     load_seconds: float = 0.0
-    batch_wait_s: float = 0.0               # target: how long a batch waits for its group (BatchQueue)
-    inline_max_tokens: int = 0              # calls this small run on the event loop (ModelWorker.run_on_thread)
-    loop_forwards: bool = False             # every forward runs on the event loop (forwards_on_loop)
-    prefill_chunk_tokens: int = 0           # longer prefills run in chunks of this size (BatchQueue; model drafts)
-    prefill_turn_ms: float = 0.0            # target: a long prefill's turn while others decode (BatchQueue)
-    kernels: KernelPlan | None = None       # the CPU linear kernels chosen at load (Info metadata, metrics)
-    engine: str = "torch"                   # the runner's engine, and what it says of itself (Info metadata)
+    batch_wait_s: float = 0.0  # target: how long a batch waits for its group (BatchQueue)
+    inline_max_tokens: int = 0  # calls this small run on the event loop (ModelWorker.run_on_thread)
+    loop_forwards: bool = False  # every forward runs on the event loop (forwards_on_loop)
+    prefill_chunk_tokens: int = 0  # longer prefills run in chunks of this size (BatchQueue; model drafts)
+    prefill_turn_ms: float = 0.0  # target: a long prefill's turn while others decode (BatchQueue)
+    kernels: KernelPlan | None = None  # the CPU linear kernels chosen at load (Info metadata, metrics)
+    engine: str = "torch"  # the runner's engine, and what it says of itself (Info metadata)
     engine_detail: str = ""
 
 
@@ -85,27 +85,49 @@ def _load_llamacpp(cfg: ModelServiceConfig) -> tuple[Any, dict[str, Any], float]
     path, _ = resolve_gguf_file(spec, load_cfg)
     tok = describe_apart(cfg.model, cfg.cache_dir, load_cfg.offline)  # transformers' GGUF reader stays out
     eos = list(tok.eos_ids)
-    torch.set_num_threads(1)   # torch only runs the accept rule here: no OpenMP team beside ggml's
+    torch.set_num_threads(1)  # torch only runs the accept rule here: no OpenMP team beside ggml's
     ll = cfg.llamacpp
     settings = LlamaCppSettings(
-        threads=cfg.threads if cfg.threads > 0 else len(os.sched_getaffinity(0)), kv_tokens=ll.kv_tokens,
-        budget_bytes=cfg.cache_budget_bytes, sessions=ll.sessions, batch_tokens=ll.batch_tokens,
-        ubatch_tokens=ll.ubatch_tokens, flash_attn=ll.flash_attn, share_min_tokens=cfg.prefix_share_min_tokens)
+        threads=cfg.threads if cfg.threads > 0 else len(os.sched_getaffinity(0)),
+        kv_tokens=ll.kv_tokens,
+        budget_bytes=cfg.cache_budget_bytes,
+        sessions=ll.sessions,
+        batch_tokens=ll.batch_tokens,
+        ubatch_tokens=ll.ubatch_tokens,
+        flash_attn=ll.flash_attn,
+        share_min_tokens=cfg.prefix_share_min_tokens,
+    )
     runner = LlamaCppRunner(path, settings)
     info = dict(
-        model_id=cfg.model, vocab_size=tok.vocab_size, logits_width=runner.vocab_width,
-        tokenizer_fingerprint=tok.fingerprint, eos_token_ids=eos,
-        max_context=runner.max_context, special_tokens=tok.special_tokens, device="cpu", dtype=runner.file_type,
-        hidden_size=runner.hidden_size, cache_budget_bytes=runner.pool.budget_bytes, max_k=cfg.max_k,
+        model_id=cfg.model,
+        vocab_size=tok.vocab_size,
+        logits_width=runner.vocab_width,
+        tokenizer_fingerprint=tok.fingerprint,
+        eos_token_ids=eos,
+        max_context=runner.max_context,
+        special_tokens=tok.special_tokens,
+        device="cpu",
+        dtype=runner.file_type,
+        hidden_size=runner.hidden_size,
+        cache_budget_bytes=runner.pool.budget_bytes,
+        max_k=cfg.max_k,
     )
     seconds = time.perf_counter() - started
-    log.info("%s: llama.cpp (%s kernels, %d threads, %d KV cells, %d sessions) loaded in %.2fs", cfg.model,
-             runner.lib.cpu_variant or "built-in", settings.threads, runner.kv_tokens, settings.sessions, seconds)
+    log.info(
+        "%s: llama.cpp (%s kernels, %d threads, %d KV cells, %d sessions) loaded in %.2fs",
+        cfg.model,
+        runner.lib.cpu_variant or "built-in",
+        settings.threads,
+        runner.kv_tokens,
+        settings.sessions,
+        seconds,
+    )
     return runner, info, seconds
 
 
-def forwards_on_loop(configured: int, device: str = "cpu", bounded_passes: bool = True,
-                     threads: int | None = None) -> bool:
+def forwards_on_loop(
+    configured: int, device: str = "cpu", bounded_passes: bool = True, threads: int | None = None
+) -> bool:
     """SPECDEC_LOOP_FORWARDS as it applies (-1 auto: on CPU while torch runs more than one thread, in a service
     whose passes are bounded: chunked prefill in a target or a model draft). There a forward on any second
     thread gets an OpenMP team of its own (see ModelWorker.setup), so every forward runs on the event loop's
@@ -131,8 +153,9 @@ def inline_limit(configured: int, loop_forwards: bool = False, threads: int | No
     return configured
 
 
-def _load_runner(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = False
-                 ) -> tuple[Any, Runner, dict[str, Any], float, KernelPlan | None, int]:
+def _load_runner(
+    cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = False
+) -> tuple[Any, Runner, dict[str, Any], float, KernelPlan | None, int]:
     """The service's model on its engine: (model or None, runner, info, load seconds, kernel plan, threads).
     The torch path is imported only when it runs: a llama.cpp service never loads transformers' model code
     (about 130 MB of its resident memory)."""
@@ -147,18 +170,29 @@ def _load_runner(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: b
 
 def load_target(cfg: ModelServiceConfig) -> ModelBundle:
     """Load the target model and its verify engine."""
-    _, runner, info, seconds, plan, threads = _load_runner(cfg, batching=cfg.max_batch > 1,
-                                                           keep_hidden=cfg.keep_hidden)
+    _, runner, info, seconds, plan, threads = _load_runner(cfg, batching=cfg.max_batch > 1, keep_hidden=cfg.keep_hidden)
     max_hidden_rows = max(1, cfg.max_hidden_bytes // (2 * info["hidden_size"]))  # fp16 on the wire
     engine = TargetEngine(runner, info["max_context"], cfg.max_k, max_hidden_rows)
     info["max_batch"] = cfg.max_batch if runner.batching else 1
     info["keeps_hidden"] = runner.keep_hidden
     on_loop = forwards_on_loop(cfg.loop_forwards, info["device"], cfg.prefill_chunk_tokens > 0, threads)
-    return ModelBundle("target", cfg.model, {"target": engine}, "target", info, runner.pool, seconds,
-                       batch_wait_s=cfg.batch_wait_ms / 1000.0,
-                       inline_max_tokens=inline_limit(cfg.inline_max_tokens, on_loop, threads), loop_forwards=on_loop,
-                       prefill_chunk_tokens=cfg.prefill_chunk_tokens, prefill_turn_ms=cfg.prefill_turn_ms,
-                       kernels=plan, engine=runner.engine, engine_detail=runner.engine_detail)
+    return ModelBundle(
+        "target",
+        cfg.model,
+        {"target": engine},
+        "target",
+        info,
+        runner.pool,
+        seconds,
+        batch_wait_s=cfg.batch_wait_ms / 1000.0,
+        inline_max_tokens=inline_limit(cfg.inline_max_tokens, on_loop, threads),
+        loop_forwards=on_loop,
+        prefill_chunk_tokens=cfg.prefill_chunk_tokens,
+        prefill_turn_ms=cfg.prefill_turn_ms,
+        kernels=plan,
+        engine=runner.engine,
+        engine_detail=runner.engine_detail,
+    )
 
 
 def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
@@ -176,7 +210,9 @@ def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
         from specdec.engine.torch_loading import is_feature_draft
     if model is not None and is_feature_draft(model):  # fed the target's rows every round: no lookup rounds
         if cfg.draft_kind == COMBINED:
-            raise ValueError("a feature (EAGLE-style) draft cannot be combined with prompt lookup; use --draft-kind model")
+            raise ValueError(
+                "a feature (EAGLE-style) draft cannot be combined with prompt lookup; use --draft-kind model"
+            )
         engines[MODEL] = FeatureDraft(model, runner.pool, info["max_context"], info["eos_token_ids"])
         info["needs_target_hidden"] = True
     else:
@@ -185,7 +221,18 @@ def load_draft(cfg: ModelServiceConfig) -> ModelBundle:
     info["draft_kind"] = cfg.draft_kind
     chunked = cfg.prefill_chunk_tokens > 0 and MODEL in engines and hasattr(engines[MODEL], "prefill_chunk")
     on_loop = forwards_on_loop(cfg.loop_forwards, info["device"], chunked, threads)
-    return ModelBundle("draft", cfg.model, engines, cfg.draft_kind, info, runner.pool, seconds,
-                       inline_max_tokens=inline_limit(cfg.inline_max_tokens, on_loop, threads), loop_forwards=on_loop,
-                       prefill_chunk_tokens=cfg.prefill_chunk_tokens, kernels=plan, engine=runner.engine,
-                       engine_detail=runner.engine_detail)
+    return ModelBundle(
+        "draft",
+        cfg.model,
+        engines,
+        cfg.draft_kind,
+        info,
+        runner.pool,
+        seconds,
+        inline_max_tokens=inline_limit(cfg.inline_max_tokens, on_loop, threads),
+        loop_forwards=on_loop,
+        prefill_chunk_tokens=cfg.prefill_chunk_tokens,
+        kernels=plan,
+        engine=runner.engine,
+        engine_detail=runner.engine_detail,
+    )

@@ -38,7 +38,7 @@ class RaggedRows:
     """Per-session keys (or values) after the cache update: rows[i] is [1, kv_heads, L_i, head_dim]."""
 
     rows: list[torch.Tensor]
-    spans: list[tuple[int, int]]    # session i's new tokens are packed positions [start, end)
+    spans: list[tuple[int, int]]  # session i's new tokens are packed positions [start, end)
     alone: list[int] | None = None  # row-invariant attention: session i's last alone[i] rows attend one by one
 
 
@@ -58,8 +58,9 @@ class RaggedCache:
         ends = torch.tensor(new_lengths).cumsum(0).tolist()
         self.spans = [(end - n, end) for n, end in zip(new_lengths, ends)]
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               *args: Any, **kwargs: Any) -> tuple[RaggedRows, RaggedRows]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[RaggedRows, RaggedRows]:
         """key_states/value_states: [1, kv_heads, S, head_dim] for the packed new tokens."""
         keys, values = [], []
         for cache, (start, end) in zip(self.caches, self.spans):
@@ -72,9 +73,15 @@ class RaggedCache:
         return 0  # positions are always passed explicitly (position_ids)
 
 
-def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    attention_mask: torch.Tensor | None, scaling: float | None = None,
-                    **kwargs: Any) -> tuple[torch.Tensor, None]:
+def plain_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """One session's attention: transformers' SDPA path, except that on CPU grouped K/V heads are never
     copied to every query head (transformers' `repeat_kv` whenever a mask is passed, as in a verify pass of
     several rows over a cache: at 8,000 cached tokens that copy was most of a 5-row verify pass): decode
@@ -84,27 +91,41 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     transformers' path stays.
     query: [B, heads, q, head_dim]; key/value: [B, kv_heads, L, head_dim]. Returns ([B, q, heads, head_dim], None)."""
     grouped = key.shape[1] != query.shape[1]
-    if (not grouped or query.device.type != "cpu" or kwargs.get("position_bias") is not None
-            or kwargs.get("softcap") is not None or kwargs.get("output_attentions")):
+    if (
+        not grouped
+        or query.device.type != "cpu"
+        or kwargs.get("position_bias") is not None
+        or kwargs.get("softcap") is not None
+        or kwargs.get("output_attentions")
+    ):
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     q_length = query.shape[2]
     causal = kwargs.get("is_causal")
-    causal = q_length > 1 and attention_mask is None and (getattr(module, "is_causal", True) if causal is None
-                                                          else causal)
-    if causal and key.shape[2] > q_length:   # transformers' rule for an is_causal call (upper-left alignment)
+    causal = (
+        q_length > 1 and attention_mask is None and (getattr(module, "is_causal", True) if causal is None else causal)
+    )
+    if causal and key.shape[2] > q_length:  # transformers' rule for an is_causal call (upper-left alignment)
         key, value = key[:, :, :q_length], value[:, :, :q_length]
     shared_mask = attention_mask.shape[1] == 1 if attention_mask is not None else q_length == 1
-    if shared_mask and not kwargs.get("dropout"):   # a decode step, or a verify pass over a cache
+    if shared_mask and not kwargs.get("dropout"):  # a decode step, or a verify pass over a cache
         out = _grouped_rows_attention(query, key, value, attention_mask, scaling)
     else:
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                             dropout_p=kwargs.get("dropout", 0.0), scale=scaling, is_causal=causal,
-                                             enable_gqa=True)             # [B, heads, q, head_dim]
+        out = F.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            dropout_p=kwargs.get("dropout", 0.0),
+            scale=scaling,
+            is_causal=causal,
+            enable_gqa=True,
+        )  # [B, heads, q, head_dim]
     return out.transpose(1, 2).contiguous(), None
 
 
-def _grouped_rows_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
+def _grouped_rows_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scaling: float | None
+) -> torch.Tensor:
     """SDPA with each K/V head's query heads stacked as rows of one head (query head h reads K/V head
     h // group, as repeat_kv has it), so each K/V head is read once per pass instead of once per query
     head: the attention of a decode step or verify pass at a long context is bound by reading the cache
@@ -114,15 +135,21 @@ def _grouped_rows_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     batch, heads, q_length, head_dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
-    stacked = query.reshape(batch, kv_heads, group * q_length, head_dim)     # row r * q + j: head g*group + r, row j
+    stacked = query.reshape(batch, kv_heads, group * q_length, head_dim)  # row r * q + j: head g*group + r, row j
     stacked_mask = None if mask is None else mask.repeat(1, 1, group, 1)
     out = F.scaled_dot_product_attention(stacked, key, value, attn_mask=stacked_mask, scale=scaling)
     return out.reshape(batch, heads, q_length, head_dim)
 
 
-def ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: Any, value: Any,
-                     attention_mask: torch.Tensor | None, scaling: float | None = None,
-                     **kwargs: Any) -> tuple[torch.Tensor, None]:
+def ragged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: Any,
+    value: Any,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """query: [1, heads, S, head_dim] when packed. Returns ([1, S, heads, head_dim], None)."""
     if not isinstance(key, RaggedRows):
         return plain_attention(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
@@ -132,11 +159,12 @@ def ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: Any, val
         n, total = end - start, k.shape[2]
         mask = None if n == 1 else offset_causal_mask(n, total, query.device)
         rows = query[:, :, start:end]
-        if rows.device.type == "cpu":     # K/V heads read once (plain_attention)
+        if rows.device.type == "cpu":  # K/V heads read once (plain_attention)
             o = _grouped_rows_attention(rows, k, v, None if mask is None else mask[None, None], scaling)
         else:
-            o = F.scaled_dot_product_attention(rows, k, v, attn_mask=mask, scale=scaling,
-                                               enable_gqa=k.shape[1] != heads)   # [1, heads, n, head_dim]
+            o = F.scaled_dot_product_attention(
+                rows, k, v, attn_mask=mask, scale=scaling, enable_gqa=k.shape[1] != heads
+            )  # [1, heads, n, head_dim]
         out[0, start:end] = o[0].transpose(0, 1)
     return out, None
 
@@ -148,9 +176,15 @@ def offset_causal_mask(n: int, total: int, device: torch.device) -> torch.Tensor
     return keys.unsqueeze(0) <= last
 
 
-def row_invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: Any, value: Any,
-                            attention_mask: torch.Tensor | None, scaling: float | None = None,
-                            **kwargs: Any) -> tuple[torch.Tensor, None]:
+def row_invariant_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: Any,
+    value: Any,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """Attention in which a row whose logits are returned is computed exactly as a 1-row decode step
     computes it (one SDPA call for that row over the keys it sees, no mask), whatever the number of
     rows in the pass; see `_attend_alone`. A session's other new rows (a prefill's, whose logits
@@ -169,19 +203,23 @@ def row_invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: A
     for k, v, (start, end), n_alone in groups:
         n, total = end - start, k.shape[2]
         together = n - n_alone
-        if together > 0:   # prefill rows: keys 0 .. total - n_alone - 1, causal
+        if together > 0:  # prefill rows: keys 0 .. total - n_alone - 1, causal
             mask = None if together == 1 else offset_causal_mask(together, total - n_alone, query.device)
-            o = F.scaled_dot_product_attention(query[:, :, start:start + together], k[:, :, :total - n_alone],
-                                               v[:, :, :total - n_alone], attn_mask=mask, scale=scaling,
-                                               enable_gqa=k.shape[1] != heads)  # [1, heads, together, head_dim]
-            out[0, start:start + together] = o[0].transpose(0, 1)
+            o = F.scaled_dot_product_attention(
+                query[:, :, start : start + together],
+                k[:, :, : total - n_alone],
+                v[:, :, : total - n_alone],
+                attn_mask=mask,
+                scale=scaling,
+                enable_gqa=k.shape[1] != heads,
+            )  # [1, heads, together, head_dim]
+            out[0, start : start + together] = o[0].transpose(0, 1)
         for j in range(together, n):
-            out[0, start + j] = _attend_alone(query[:, :, start + j:start + j + 1], k, v, total - n + j + 1, scaling)
+            out[0, start + j] = _attend_alone(query[:, :, start + j : start + j + 1], k, v, total - n + j + 1, scaling)
     return out, None
 
 
-def _attend_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: int, scaling: float | None
-                  ) -> torch.Tensor:
+def _attend_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: int, scaling: float | None) -> torch.Tensor:
     """One query row [1, heads, 1, head_dim] over keys 0..seen-1 of k/v [1, kv_heads, L, head_dim], the
     call a 1-row decode step makes: SDPA over several query rows (blocks of rows in one GEMM, a
     causal mask) rounds differently in the last bits, which int8 activation rounding can amplify
@@ -207,8 +245,9 @@ def enable_ragged(model: Any, row_invariant: bool = False) -> bool:
     return getattr(model.config, "_attn_implementation", None) == name
 
 
-def packed_inputs(rows: list[list[int]], pasts: list[int], device: torch.device
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def packed_inputs(
+    rows: list[list[int]], pasts: list[int], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Packed ids [1, S], their positions [1, S], and the 4D placeholder mask the model passes through.
 
     rows[i] are session i's new tokens, which follow its `pasts[i]` cached positions.

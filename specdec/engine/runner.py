@@ -10,8 +10,9 @@ llama.cpp's kernels).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -33,9 +34,9 @@ class ForwardResult:
     computed_tokens: int
     rolled_back: int
     forward_ms: float
-    batch_size: int = 1             # sessions in the same forward pass
-    batch_tokens: int = 0           # tokens that pass computed over all its sessions
-    hidden: Any = None              # [len(ids), H] the session's final hidden states (keep_hidden only)
+    batch_size: int = 1  # sessions in the same forward pass
+    batch_tokens: int = 0  # tokens that pass computed over all its sessions
+    hidden: Any = None  # [len(ids), H] the session's final hidden states (keep_hidden only)
 
 
 @dataclass
@@ -45,7 +46,7 @@ class ExtendItem:
     session_id: str
     ids: Sequence[int]
     first: int
-    hashes: PrefixHashes | None = None   # prefix hashes covering at least `ids`: no whole-context compare
+    hashes: PrefixHashes | None = None  # prefix hashes covering at least `ids`: no whole-context compare
     # keep the session's hidden rows (a runner with keep_hidden): a session keeps them from the first call
     # that asks on (a feature draft's generation); the others skip the copy (~0.1 ms a round on CPU)
     hidden: bool = True
@@ -80,10 +81,10 @@ def plan_extend(pool: KVCachePool, item: ExtendItem, keep_hidden: bool = False) 
     if not 0 <= first < len(ids):
         raise ValueError(f"first={first} outside the {len(ids)} tokens")
     kv = pool.acquire(item.session_id, len(ids))
-    if not len(kv):                 # a new (or evicted) session: start from another's prefix where one shares it
+    if not len(kv):  # a new (or evicted) session: start from another's prefix where one shares it
         pool.share_prefix(item.session_id, kv, ids, first, keep_hidden and item.hidden, item.hashes)
     reuse = min(kv.common_prefix(ids, item.hashes), first)
-    if keep_hidden and keeps_hidden(item, kv):   # rows for the whole reused prefix, or recompute it
+    if keep_hidden and keeps_hidden(item, kv):  # rows for the whole reused prefix, or recompute it
         reuse = min(reuse, 0 if kv.hidden is None else kv.hidden.shape[0])
     try:
         rolled_back = kv.truncate(reuse)
@@ -122,8 +123,9 @@ class Runner(Protocol):
     batching: bool
     device: Any
 
-    def extend(self, session_id: str, ids: Sequence[int], first: int, hashes: PrefixHashes | None = None,
-               hidden: bool = True) -> ForwardResult:
+    def extend(
+        self, session_id: str, ids: Sequence[int], first: int, hashes: PrefixHashes | None = None, hidden: bool = True
+    ) -> ForwardResult:
         """Make the session's cache cover `ids`; return logits of positions first..len(ids)-1."""
         ...
 

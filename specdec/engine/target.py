@@ -9,13 +9,23 @@ import torch
 
 from specdec.core.accept import accept
 from specdec.core.sampling import (
-    logits_to_probs, penalised_scores, position_counts, round_generators, sparse_to_dense,
+    logits_to_probs,
+    penalised_scores,
+    position_counts,
+    round_generators,
+    sparse_to_dense,
     token_counts,
 )
 from specdec.engine.checks import check_lengths, check_token_ids
 from specdec.engine.runner import ExtendItem, ForwardResult, Runner
 from specdec.engine.types import (
-    ComputeStatsData, HiddenRows, SparseDist, TokenLogprobData, VerifyInput, VerifyOutput, prefilled_after,
+    ComputeStatsData,
+    HiddenRows,
+    SparseDist,
+    TokenLogprobData,
+    VerifyInput,
+    VerifyOutput,
+    prefilled_after,
 )
 from specdec.errors import FailedPrecondition, InvalidArgument, SpecDecError
 
@@ -58,8 +68,9 @@ class TargetEngine:
             return self.work_tokens(inp)
         return self._turn_done(inp, self.runner.extend_batch([item])[0])
 
-    def verify_batch_with_turn(self, inputs: list[VerifyInput], turn: VerifyInput, budget: int
-                               ) -> tuple[list[VerifyOutput | SpecDecError], int | SpecDecError]:
+    def verify_batch_with_turn(
+        self, inputs: list[VerifyInput], turn: VerifyInput, budget: int
+    ) -> tuple[list[VerifyOutput | SpecDecError], int | SpecDecError]:
         """`verify_batch(inputs)` and `prefill_chunk(turn, budget)` in ONE forward pass: a prefill's turn rides in
         the decode rounds' pass instead of a pass of its own (each pass streams the weights once). Returns (the
         verdicts, the tokens a verify of `turn` still computes, or its error: it fails alone)."""
@@ -104,8 +115,9 @@ class TargetEngine:
         """
         return self._verify_with(inputs, [])[0]
 
-    def _verify_with(self, inputs: list[VerifyInput], extra: list[ExtendItem]
-                     ) -> tuple[list[VerifyOutput | SpecDecError], list[ForwardResult | SpecDecError]]:
+    def _verify_with(
+        self, inputs: list[VerifyInput], extra: list[ExtendItem]
+    ) -> tuple[list[VerifyOutput | SpecDecError], list[ForwardResult | SpecDecError]]:
         """verify_batch, with `extra` extends (prefill turns) in the same pass: (verdicts, the extras' forwards)."""
         results: list[VerifyOutput | SpecDecError | None] = [None] * len(inputs)
         todo = []
@@ -115,17 +127,21 @@ class TargetEngine:
                 todo.append(i)
             except SpecDecError as exc:
                 results[i] = exc
-        items = [ExtendItem(inputs[i].session_id, inputs[i].ids,
-                            len(inputs[i].context_ids) - 1, inputs[i].prefix_hashes, inputs[i].hidden_from >= 0)
-                 for i in todo] + extra
+        items = [
+            ExtendItem(
+                inputs[i].session_id,
+                inputs[i].ids,
+                len(inputs[i].context_ids) - 1,
+                inputs[i].prefix_hashes,
+                inputs[i].hidden_from >= 0,
+            )
+            for i in todo
+        ] + extra
         forwards: Sequence[ForwardResult | SpecDecError]
         try:
             forwards = self.runner.extend_batch(items) if items else []
         except SpecDecError as exc:
-            if len(items) == 1:
-                forwards = [exc]
-            else:
-                forwards = [self._extend_alone(item) for item in items]
+            forwards = [exc] if len(items) == 1 else [self._extend_alone(item) for item in items]
         for i in todo:
             on_forward = inputs[i].on_forward
             if on_forward is not None:
@@ -134,7 +150,7 @@ class TargetEngine:
             results[i] = fwd if isinstance(fwd, SpecDecError) else self._judge(inputs[i], fwd)
         verdicts = [result for result in results if result is not None]
         assert len(verdicts) == len(inputs), "each input was refused or judged"
-        return verdicts, list(forwards[len(todo):])
+        return verdicts, list(forwards[len(todo) :])
 
     def _extend_alone(self, item: ExtendItem) -> ForwardResult | SpecDecError:
         try:
@@ -155,12 +171,19 @@ class TargetEngine:
         if not inp.sampling.greedy:
             assert inp.sampling.seed is not None, "resolve_sampling draws a seed"
             generators = round_generators(inp.sampling.seed, first_position=inp.position_base + len(inp.context_ids))
-        result = accept(inp.draft_ids, p, q, generators=generators, greedy=inp.sampling.greedy,
-                        all_rows=not inp.verdict_only)
+        result = accept(
+            inp.draft_ids, p, q, generators=generators, greedy=inp.sampling.greedy, all_rows=not inp.verdict_only
+        )
         emitted = result.emitted(inp.draft_ids)
         logprobs = token_logprobs(fwd.logits, emitted, inp.logprobs)
-        stats = ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms,
-                                 batch_size=fwd.batch_size, batch_tokens=fwd.batch_tokens)
+        stats = ComputeStatsData(
+            fwd.cached_tokens,
+            fwd.computed_tokens,
+            fwd.rolled_back,
+            fwd.forward_ms,
+            batch_size=fwd.batch_size,
+            batch_tokens=fwd.batch_tokens,
+        )
         if inp.prefilled is not None:  # chunks run before this pass
             stats.follow(inp.prefilled)
         hidden = self._hidden(inp, fwd, len(inp.context_ids) + result.num_accepted)
@@ -171,7 +194,7 @@ class TargetEngine:
         if inp.hidden_from < 0 or fwd.hidden is None:
             return None
         local = min(inp.hidden_from, end)
-        rows = fwd.hidden[local:min(end, local + self.max_hidden_rows)]  # [n, H], a view of the session's buffer
+        rows = fwd.hidden[local : min(end, local + self.max_hidden_rows)]  # [n, H], a view of the session's buffer
         return HiddenRows(inp.position_base + local, rows.clone())
 
     def _check(self, inp: VerifyInput, k: int) -> None:
@@ -183,8 +206,9 @@ class TargetEngine:
         if inp.draft_probs and len(inp.draft_probs) != k:
             raise InvalidArgument(f"draft_probs has {len(inp.draft_probs)} rows for {k} draft tokens")
         if inp.hidden_from >= 0 and not self.runner.keep_hidden:
-            raise FailedPrecondition("this target does not keep hidden states (SPECDEC_KEEP_HIDDEN=0): "
-                                     "it cannot serve a feature draft")
+            raise FailedPrecondition(
+                "this target does not keep hidden states (SPECDEC_KEEP_HIDDEN=0): it cannot serve a feature draft"
+            )
 
     def _history(self, inp: VerifyInput) -> torch.Tensor:  # [k+1, V]
         base = token_counts(inp.context_ids, self.width)

@@ -21,7 +21,7 @@ class TorchCacheOps:
     def __init__(self, model_config: Any = None) -> None:
         self._config = model_config
 
-    capacity = 0        # no limit on the number of sessions (only the token budget)
+    capacity = 0  # no limit on the number of sessions (only the token budget)
 
     def new(self) -> DynamicCache:
         return new_session_cache(self._config)
@@ -42,11 +42,14 @@ class TorchCacheOps:
     def copy_prefix(self, cache: DynamicCache, donor: DynamicCache, n: int) -> None:
         """Fill the empty `cache` with a copy of `donor`'s first n positions (its own storage)."""
         for index, layer in enumerate(donor.layers):
-            if (not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None
-                    or not getattr(layer, "is_initialized", True)):
+            if (
+                not isinstance(layer, CacheLayerMixin)
+                or layer.keys is None
+                or layer.values is None
+                or not getattr(layer, "is_initialized", True)
+            ):
                 raise UnsupportedCacheError(f"layer {index} of the donor holds nothing")
             cache.update(layer.keys[..., :n, :], layer.values[..., :n, :], index)
 
     def drop(self, cache: DynamicCache) -> None:
         """Nothing to free: the tensors go with the last reference."""
-

@@ -61,12 +61,12 @@ def _plan_kernels(cfg: ModelServiceConfig, model: Any, cache_root: Any) -> Kerne
         return default_plan()
     root = model.kernel_root() if hasattr(model, "kernel_root") else model
     probe = None
-    if not isinstance(model, FeatureDraftModel):   # a causal LM: check its logits too
+    if not isinstance(model, FeatureDraftModel):  # a causal LM: check its logits too
         width = model.get_output_embeddings().weight.shape[0]
         probe = (torch.arange(1, KERNEL_PROBE_TOKENS + 1) * 7 % width).unsqueeze(0)
     plan = plan_model(model, root, cfg.kernels, cache_root, probe)
     if root is not model and KERNELS[plan.kernel_for(1)] == INPUT_MAJOR:
-        input_major_head(model)       # the restricted head of a draft step (one row)
+        input_major_head(model)  # the restricted head of a draft step (one row)
     log.info("%s: linear kernels %s, chosen in %.2fs", cfg.model, plan.describe(), plan.seconds)
     return plan
 
@@ -76,7 +76,7 @@ QUANTIZED_KERNELS = {"int8": "int8_fbgemm", "int4": "int4_weight_only"}
 
 
 def weight_quantization(dtype: str) -> str | None:
-    """"int8" or "int4" where a service's dtype option asks for quantized weights, else None."""
+    """ "int8" or "int4" where a service's dtype option asks for quantized weights, else None."""
     return "int8" if wants_int8(dtype) else "int4" if wants_int4(dtype) else None
 
 
@@ -92,8 +92,10 @@ def quantize_weights(model: Any, quant: str, int4_max_rows: int | None = None) -
         root = model.kernel_root() if hasattr(model, "kernel_root") else model
         return (*quantize_linears(root), "float32")
     if hasattr(model, "kernel_root"):
-        raise ValueError("dtype int4 is for a whole causal LM (a target or a plain model draft), "
-                         "not a trained draft that shares the target's tensors")
+        raise ValueError(
+            "dtype int4 is for a whole causal LM (a target or a plain model draft), "
+            "not a trained draft that shares the target's tensors"
+        )
     max_rows = KernelConfig().int4_max_rows if int4_max_rows is None else int4_max_rows
     return (*quantize_linears_int4(model, max_rows, keep=(model.get_output_embeddings(),)), "bfloat16")
 
@@ -101,8 +103,14 @@ def quantize_weights(model: Any, quant: str, int4_max_rows: int | None = None) -
 def _quantized_plan(cfg: ModelServiceConfig, model: Any, quant: str) -> KernelPlan:
     """--dtype int8 / int4: the service's linears quantized (quantize_weights), as a fixed plan."""
     replaced, nbytes, activations = quantize_weights(model, quant, cfg.kernels.int4_max_rows)
-    log.info("%s: %d linear layers with %s weights (%d bytes; activations %s)", cfg.model, replaced, quant,
-             nbytes, activations)
+    log.info(
+        "%s: %d linear layers with %s weights (%d bytes; activations %s)",
+        cfg.model,
+        replaced,
+        quant,
+        nbytes,
+        activations,
+    )
     bands = default_plan().band_rows
     return KernelPlan(bands, (QUANTIZED_KERNELS[quant],) * len(bands), {}, "dtype")
 
@@ -118,8 +126,9 @@ def wants_row_invariant(setting: str, quantized: bool) -> bool:
     return quantized if value == "auto" else value == "on"
 
 
-def load_torch(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = False
-          ) -> tuple[Any, Any, CausalLMRunner, dict[str, Any], float, KernelPlan]:
+def load_torch(
+    cfg: ModelServiceConfig, batching: bool = False, keep_hidden: bool = False
+) -> tuple[Any, Any, CausalLMRunner, dict[str, Any], float, KernelPlan]:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     quant = weight_quantization(cfg.dtype)
@@ -139,20 +148,31 @@ def load_torch(cfg: ModelServiceConfig, batching: bool = False, keep_hidden: boo
     row_invariant = graphs is None and not feature and wants_row_invariant(cfg.row_invariant, quant is not None)
     if graphs is not None and keep_hidden:
         log.info("%s: CUDA graphs keep no hidden rows (feature drafts are refused by this target)", cfg.model)
-    runner = CausalLMRunner(model, pool, batching=batching and not feature and graphs is None,
-                            keep_hidden=keep_hidden and graphs is None, row_invariant=row_invariant)
+    runner = CausalLMRunner(
+        model,
+        pool,
+        batching=batching and not feature and graphs is None,
+        keep_hidden=keep_hidden and graphs is None,
+        row_invariant=row_invariant,
+    )
     if row_invariant:
         log.info("%s: row-invariant attention (returned rows attend one at a time)", cfg.model)
     if batching and not runner.batching:
-        log.warning("%s: attention cannot be switched to ragged batching; verifying one session per pass",
-                    cfg.model)
+        log.warning("%s: attention cannot be switched to ragged batching; verifying one session per pass", cfg.model)
     tok = describe_tokenizer(tokenizer)
     text_cfg = model.config.get_text_config()
     info = dict(
-        model_id=cfg.model, vocab_size=tok.vocab_size, logits_width=model.get_output_embeddings().weight.shape[0],
-        tokenizer_fingerprint=tok.fingerprint, eos_token_ids=eos_token_ids(model, tokenizer),
-        max_context=int(getattr(text_cfg, "max_position_embeddings", 0) or 0), special_tokens=tok.special_tokens,
-        device=str(runner.device), dtype=quant or str(model.dtype).replace("torch.", ""), hidden_size=text_cfg.hidden_size,
-        cache_budget_bytes=cfg.cache_budget_bytes, max_k=cfg.max_k,
+        model_id=cfg.model,
+        vocab_size=tok.vocab_size,
+        logits_width=model.get_output_embeddings().weight.shape[0],
+        tokenizer_fingerprint=tok.fingerprint,
+        eos_token_ids=eos_token_ids(model, tokenizer),
+        max_context=int(getattr(text_cfg, "max_position_embeddings", 0) or 0),
+        special_tokens=tok.special_tokens,
+        device=str(runner.device),
+        dtype=quant or str(model.dtype).replace("torch.", ""),
+        hidden_size=text_cfg.hidden_size,
+        cache_budget_bytes=cfg.cache_budget_bytes,
+        max_k=cfg.max_k,
     )
     return model, tokenizer, runner, info, loaded.load_seconds, plan

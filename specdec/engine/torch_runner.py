@@ -39,10 +39,16 @@ class CausalLMRunner:
     """
 
     engine = "torch"
-    engine_detail = ""          # Info metadata: the linear kernels are reported on their own (kernel_metadata)
+    engine_detail = ""  # Info metadata: the linear kernels are reported on their own (kernel_metadata)
 
-    def __init__(self, model: Any, pool: KVCachePool, batching: bool = False, keep_hidden: bool = False,
-                 row_invariant: bool = False) -> None:
+    def __init__(
+        self,
+        model: Any,
+        pool: KVCachePool,
+        batching: bool = False,
+        keep_hidden: bool = False,
+        row_invariant: bool = False,
+    ) -> None:
         self.model = model
         self.vocab_width = model.get_output_embeddings().weight.shape[0]
         self.pool = pool
@@ -64,8 +70,9 @@ class CausalLMRunner:
         self._cache_arg = cache_argument(model)
 
     @torch.inference_mode()
-    def extend(self, session_id: str, ids: Sequence[int], first: int, hashes: PrefixHashes | None = None,
-               hidden: bool = True) -> ForwardResult:
+    def extend(
+        self, session_id: str, ids: Sequence[int], first: int, hashes: PrefixHashes | None = None, hidden: bool = True
+    ) -> ForwardResult:
         """Make the session's cache cover `ids`; return logits of positions first..len(ids)-1.
 
         The longest common prefix with the cached tokens is reused, but never past
@@ -103,26 +110,36 @@ class CausalLMRunner:
         for plan, rows in zip(plans, logits):
             plan.kv.extend_tokens(plan.item.ids, plan.item.hashes)
             count_extend(self.pool.counters, plan)
-            results.append(ForwardResult(rows, plan.reuse, len(plan.new_ids), plan.rolled_back, elapsed, len(items),
-                                         pass_tokens, plan.kv.hidden))
+            results.append(
+                ForwardResult(
+                    rows,
+                    plan.reuse,
+                    len(plan.new_ids),
+                    plan.rolled_back,
+                    elapsed,
+                    len(items),
+                    pass_tokens,
+                    plan.kv.hidden,
+                )
+            )
         return results
 
     def _store_hidden(self, plans: list[ExtendPlan]) -> None:
         """Append each session's new hidden rows (captured at the final norm) to its SessionKV.hidden."""
         if not self.keep_hidden:
             return
-        rows = self._captured[-1][0]                                        # [sum of new tokens, H]
+        rows = self._captured[-1][0]  # [sum of new tokens, H]
         self._captured.clear()
         starts = itertools.accumulate((len(p.new_ids) for p in plans), initial=0)
         for plan, start in zip(plans, starts):
             if not keeps_hidden(plan.item, plan.kv):
                 continue
-            new = rows[start:start + len(plan.new_ids)]                     # [its new tokens, H]
+            new = rows[start : start + len(plan.new_ids)]  # [its new tokens, H]
             kv = plan.kv
             if kv.hidden is None or kv.hidden.shape[0] != plan.reuse:  # nothing (consistent) kept
                 kv.hidden = None
                 if plan.reuse:
-                    continue                     # rows of the reused prefix are missing: keep none
+                    continue  # rows of the reused prefix are missing: keep none
             kv.append_hidden(new)
 
     def _plan(self, item: ExtendItem) -> ExtendPlan:
@@ -135,22 +152,33 @@ class CausalLMRunner:
         return self._forward_packed(plans)
 
     def _forward(self, cache: Any, new_ids: list[int], past: int, keep: int) -> torch.Tensor:
-        if isinstance(cache, GraphSlot):   # CUDA graphs (specdec/engine/cuda_graphs.py): a static cache
+        if isinstance(cache, GraphSlot):  # CUDA graphs (specdec/engine/cuda_graphs.py): a static cache
             return cache.forward(new_ids, past, keep)
         input_ids = torch.tensor([new_ids], dtype=torch.long, device=self.device)  # [1, t]
         positions = torch.arange(past, past + len(new_ids), device=self.device).unsqueeze(0)  # [1, t]
-        out = self.model(input_ids=input_ids, position_ids=positions, use_cache=True, logits_to_keep=keep,
-                         **{self._cache_arg: cache})
+        out = self.model(
+            input_ids=input_ids, position_ids=positions, use_cache=True, logits_to_keep=keep, **{self._cache_arg: cache}
+        )
         return out.logits[0, -keep:].float().cpu()  # [keep, V]
 
     def _forward_packed(self, plans: list[ExtendPlan]) -> list[torch.Tensor]:
         ids, positions, mask = packed_inputs([p.new_ids for p in plans], [p.reuse for p in plans], self.device)
-        cache = RaggedCache([p.kv.cache for p in plans], [len(p.new_ids) for p in plans],
-                            [p.keep for p in plans] if self.row_invariant else None)
-        groups = RowGroups(tuple(s for s, _ in cache.spans), tuple(e for _, e in cache.spans),
-                           tuple(p.keep for p in plans))
+        cache = RaggedCache(
+            [p.kv.cache for p in plans],
+            [len(p.new_ids) for p in plans],
+            [p.keep for p in plans] if self.row_invariant else None,
+        )
+        groups = RowGroups(
+            tuple(s for s, _ in cache.spans), tuple(e for _, e in cache.spans), tuple(p.keep for p in plans)
+        )
         with row_groups(groups) if self.row_invariant else contextlib.nullcontext():
-            out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
-                             logits_to_keep=groups.returned.to(self.device), **{self._cache_arg: cache})
+            out = self.model(
+                input_ids=ids,
+                position_ids=positions,
+                attention_mask=mask,
+                use_cache=True,
+                logits_to_keep=groups.returned.to(self.device),
+                **{self._cache_arg: cache},
+            )
         rows = out.logits[0].float().cpu()  # [sum of keep, V]
         return list(torch.split(rows, [p.keep for p in plans]))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from specdec.core.accept import AcceptResult
 from specdec.core.prefix_hash import PrefixHashes
@@ -25,7 +25,7 @@ class HiddenRows:
     """The target's final (normed) hidden states of consecutive positions (feature drafts' input)."""
 
     first_position: int
-    rows: Any                       # torch.Tensor [n, H]
+    rows: Any  # torch.Tensor [n, H]
 
 
 @dataclass
@@ -35,17 +35,17 @@ class ComputeStatsData:
     rolled_back: int = 0
     forward_ms: float = 0.0
     queue_ms: float = 0.0
-    batch_size: int = 1             # sessions scored in the same forward pass
-    batch_tokens: int = 0           # tokens that pass computed over all its sessions (0 = not known)
+    batch_size: int = 1  # sessions scored in the same forward pass
+    batch_tokens: int = 0  # tokens that pass computed over all its sessions (0 = not known)
 
-    def add(self, other: "ComputeStatsData") -> None:
+    def add(self, other: ComputeStatsData) -> None:
         """Accumulate another call's stats into this one."""
         self.computed_tokens += other.computed_tokens
         self.rolled_back += other.rolled_back
         self.forward_ms += other.forward_ms
         self.cached_tokens = max(self.cached_tokens, other.cached_tokens)
 
-    def follow(self, earlier: "ComputeStatsData") -> "ComputeStatsData":
+    def follow(self, earlier: ComputeStatsData) -> ComputeStatsData:
         """This pass's stats after `earlier` passes of the same call (chunked prefill): their work added,
         what was cached before them kept. Returns self."""
         self.add(earlier)
@@ -66,25 +66,27 @@ class ProposeInput:
     context_ids: list[int]
     k: int
     sampling: SamplingConfig
-    draft_kind: str = ""            # "" = the service's configured kind
+    draft_kind: str = ""  # "" = the service's configured kind
     ngram_min_n: int | None = None
     ngram_max_n: int | None = None
     position_base: int = 0
-    target_hidden: HiddenRows | None = None   # feature drafts: the target's new hidden states
-    checked_ids: int = 0            # leading context ids already checked against the vocabulary (ContextStore)
+    target_hidden: HiddenRows | None = None  # feature drafts: the target's new hidden states
+    checked_ids: int = 0  # leading context ids already checked against the vocabulary (ContextStore)
     prefix_hashes: PrefixHashes | None = None  # covering context_ids (ContextStore): no whole-context compares
     prefilled: ComputeStatsData | None = None  # chunks already run for this call (ModelDraft.prefill_chunk)
-    runner_up: bool = False         # also report each position's runner-up token (ProposeOutput.runner_up_ids)
+    runner_up: bool = False  # also report each position's runner-up token (ProposeOutput.runner_up_ids)
 
 
 @dataclass
 class ProposeOutput:
     draft_ids: list[int]
-    draft_probs: list[SparseDist]   # empty = point mass (greedy or n-gram)
+    draft_probs: list[SparseDist]  # empty = point mass (greedy or n-gram)
     draft_kind: str
     stats: ComputeStatsData = field(default_factory=ComputeStatsData)
-    target_hidden_from: int = -1    # feature drafts: first position whose hidden state it needs next
-    runner_up_ids: list[int] = field(default_factory=list)  # with ProposeInput.runner_up: the likeliest other token per position
+    target_hidden_from: int = -1  # feature drafts: first position whose hidden state it needs next
+    runner_up_ids: list[int] = field(
+        default_factory=list
+    )  # with ProposeInput.runner_up: the likeliest other token per position
 
 
 @dataclass
@@ -94,20 +96,20 @@ class VerifyInput:
     draft_ids: list[int]
     sampling: SamplingConfig
     draft_probs: list[SparseDist] = field(default_factory=list)
-    logprobs: int = -1              # -1 none; 0 chosen token only; n top-n alternatives
+    logprobs: int = -1  # -1 none; 0 chosen token only; n top-n alternatives
     position_base: int = 0
-    hidden_from: int = -1           # >= 0: return hidden states from this position (feature drafts)
-    checked_ids: int = 0            # leading context ids already checked against the vocabulary (ContextStore)
+    hidden_from: int = -1  # >= 0: return hidden states from this position (feature drafts)
+    checked_ids: int = 0  # leading context ids already checked against the vocabulary (ContextStore)
     prefix_hashes: PrefixHashes | None = None  # covering context_ids + draft_ids (ContextStore)
     prefilled: ComputeStatsData | None = None  # chunks already run for this call (TargetEngine.prefill_chunk)
-    verdict_only: bool = False      # the accept rule's reads only (VerifyRequest.verdict_only; accept(all_rows=))
+    verdict_only: bool = False  # the accept rule's reads only (VerifyRequest.verdict_only; accept(all_rows=))
     # Called (on the thread that ran it) once this call's verify forward has finished, before the accept
     # rule: the round lane tells the caller, whose wake-up then overlaps the rest (specdec/server/lane.py).
     on_forward: Callable[[], None] | None = field(default=None, repr=False, compare=False)
-    _ids: "JoinedIds | None" = field(default=None, repr=False, compare=False)
+    _ids: JoinedIds | None = field(default=None, repr=False, compare=False)
 
     @property
-    def ids(self) -> "JoinedIds":
+    def ids(self) -> JoinedIds:
         """context_ids + draft_ids, never copied (sizing, chunking and the pass each read it)."""
         if self._ids is None:
             self._ids = JoinedIds(self.context_ids, self.draft_ids)
@@ -133,7 +135,7 @@ class JoinedIds(Sequence[int]):
             start, stop, step = index.indices(len(self))
             if step != 1:
                 return list(self)[index]
-            return self.head[start:min(stop, split)] + self.tail[max(start - split, 0):max(stop - split, 0)]
+            return self.head[start : min(stop, split)] + self.tail[max(start - split, 0) : max(stop - split, 0)]
         position = index + len(self) if index < 0 else index
         if not 0 <= position < len(self):
             raise IndexError("JoinedIds index out of range")

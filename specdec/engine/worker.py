@@ -19,9 +19,10 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, TypeVar
+from typing import TypeVar
 
 from specdec.errors import SpecDecError
 
@@ -40,22 +41,22 @@ class WorkerState:
     failures: int = 0
     last_error: str = ""
     last_ok: bool = True
-    busy_since: float = 0.0          # time.monotonic() when the running call started (0 = idle)
-    batches: int = 0                 # batched forward passes (BatchQueue)
-    inline_calls: int = 0            # calls run on the event loop (small with the model thread idle, or all)
-    forwards_on_loop: bool = False   # every call runs on the event loop, no model thread (ModelWorker.use_the_loop)
-    batched_calls: int = 0           # calls those carried
-    prefill_chunks: int = 0          # chunked-prefill passes (BatchQueue with chunk_tokens)
-    max_batch: int = 0               # the BatchQueue's max_batch (0: no batch queue)
-    batch_sizes: dict[int, int] = field(default_factory=dict)   # sessions per forward pass -> passes
-    recent_fill: float = 0.0         # sessions per pass / max_batch, exponentially weighted over recent passes
+    busy_since: float = 0.0  # time.monotonic() when the running call started (0 = idle)
+    batches: int = 0  # batched forward passes (BatchQueue)
+    inline_calls: int = 0  # calls run on the event loop (small with the model thread idle, or all)
+    forwards_on_loop: bool = False  # every call runs on the event loop, no model thread (ModelWorker.use_the_loop)
+    batched_calls: int = 0  # calls those carried
+    prefill_chunks: int = 0  # chunked-prefill passes (BatchQueue with chunk_tokens)
+    max_batch: int = 0  # the BatchQueue's max_batch (0: no batch queue)
+    batch_sizes: dict[int, int] = field(default_factory=dict)  # sessions per forward pass -> passes
+    recent_fill: float = 0.0  # sessions per pass / max_batch, exponentially weighted over recent passes
     # Where the model thread's time goes (bench-concurrency's split): model work of every call, the part of
     # it in passes that prefilled (a prompt or a chunk of one), and the time a BatchQueue held calls back
     # waiting for the previous batch's sessions (max_wait_s) while the model had nothing else to run.
     busy_ms: float = 0.0
     prefill_ms: float = 0.0
     batch_wait_ms: float = 0.0
-    shed_calls: int = 0              # prefills refused because the queued work would outlast their deadline
+    shed_calls: int = 0  # prefills refused because the queued work would outlast their deadline
 
     def observe_batch(self, size: int, weight: float) -> None:
         """Count one batched pass of `size` sessions; `weight` of it goes into recent_fill (0 < weight <= 1)."""
@@ -92,8 +93,9 @@ class ModelWorker:
         self._on_thread = 0  # calls submitted to the model thread and not yet back
         self.state = WorkerState()
 
-    async def run(self, session_id: str, fn: Callable[[], T], small: Callable[[], bool] | None = None
-                  ) -> tuple[T, float]:
+    async def run(
+        self, session_id: str, fn: Callable[[], T], small: Callable[[], bool] | None = None
+    ) -> tuple[T, float]:
         """Run fn on the model thread holding the session's lock (inline when `small()` says so, see
         run_on_thread; asked once the lock is held); returns (result, queue_ms)."""
         queued = time.perf_counter()

@@ -10,11 +10,34 @@ from typing import Any
 from specdec.models.spec import UnsupportedModelError
 
 #: Architectures whose state is not a plain per-token KV cache (cannot be rolled back by truncation).
-NON_TRUNCATABLE_MODEL_TYPES = frozenset({
-    "mamba", "mamba2", "falcon_mamba", "rwkv", "rwkv5", "rwkv6", "rwkv7", "recurrent_gemma",
-    "jamba", "zamba", "zamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "lfm2",
-    "lfm2_moe", "qwen3_next", "minimax", "xlstm", "plamo2", "xlnet", "reformer", "mllama",
-})
+NON_TRUNCATABLE_MODEL_TYPES = frozenset(
+    {
+        "mamba",
+        "mamba2",
+        "falcon_mamba",
+        "rwkv",
+        "rwkv5",
+        "rwkv6",
+        "rwkv7",
+        "recurrent_gemma",
+        "jamba",
+        "zamba",
+        "zamba2",
+        "bamba",
+        "falcon_h1",
+        "granitemoehybrid",
+        "nemotron_h",
+        "lfm2",
+        "lfm2_moe",
+        "qwen3_next",
+        "minimax",
+        "xlstm",
+        "plamo2",
+        "xlnet",
+        "reformer",
+        "mllama",
+    }
+)
 _NON_TRUNCATABLE_ARCH_WORDS = ("mamba", "rwkv", "recurrent", "jamba", "hybrid", "xlstm")
 FULL_ATTENTION_LAYER_TYPES = frozenset({"full_attention", "attention"})
 

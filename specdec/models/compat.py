@@ -21,7 +21,7 @@ def cache_argument(model: Any) -> str:
     return _cache_argument_of(getattr(forward, "__func__", forward))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cache_argument_of(forward: Any) -> str:
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 

@@ -14,8 +14,21 @@ from pathlib import Path
 CPUINFO = Path("/proc/cpuinfo")
 # Flags that change which linear kernel wins: vector width, fused multiply-add, int8 dot products,
 # bfloat16 dot products and Intel's matrix tiles (AMX), which oneDNN uses for bf16/int8 GEMMs.
-FLAGS_THAT_MATTER = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-                     "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni")
+FLAGS_THAT_MATTER = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "avx_vnni",
+)
 
 
 @functools.cache
@@ -63,6 +76,11 @@ def cpu_summary() -> dict[str, object]:
     import torch
 
     model, flags = cpu_model_and_flags()
-    return {"cpu_model": model, "cpu_flags": list(flags), "avx512": "avx512f" in flags,
-            "amx": "amx_tile" in flags, "bf16": "avx512_bf16" in flags or "amx_bf16" in flags,
-            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    return {
+        "cpu_model": model,
+        "cpu_flags": list(flags),
+        "avx512": "avx512f" in flags,
+        "amx": "amx_tile" in flags,
+        "bf16": "avx512_bf16" in flags or "amx_bf16" in flags,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }

@@ -59,9 +59,15 @@ def target_spec_of(directory: str | Path, config: dict[str, Any]) -> str:
     return spec
 
 
-def write_draft(directory: str | Path, own: dict[str, torch.Tensor], head_ids: torch.Tensor,
-                config: dict[str, Any], shared: list[str], meta: dict[str, Any] | None = None,
-                card: str | None = None) -> Path:
+def write_draft(
+    directory: str | Path,
+    own: dict[str, torch.Tensor],
+    head_ids: torch.Tensor,
+    config: dict[str, Any],
+    shared: list[str],
+    meta: dict[str, Any] | None = None,
+    card: str | None = None,
+) -> Path:
     """Write model.safetensors (``own`` weights in STORE_DTYPE, head ids [N] int32), then draft_config.json:
     kind, format version, ``config`` (target, architecture, sizes), head and dtype fields, the target
     modules it shares, then ``meta`` (e.g. the training summary) [+ MODEL_CARD.md]. Returns the directory."""
@@ -74,9 +80,16 @@ def write_draft(directory: str | Path, own: dict[str, torch.Tensor], head_ids: t
     tmp = out / (WEIGHTS + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt", "kind": KIND})
     tmp.replace(out / WEIGHTS)
-    full = {"kind": KIND, "format_version": FORMAT_VERSION, **config,
-            "head_tokens": int(head_ids.numel()), "head_token_ids_file": f"{WEIGHTS}:{HEAD_KEY}",
-            "dtype": str(STORE_DTYPE).replace("torch.", ""), "shared_from_target": shared, **(meta or {})}
+    full = {
+        "kind": KIND,
+        "format_version": FORMAT_VERSION,
+        **config,
+        "head_tokens": int(head_ids.numel()),
+        "head_token_ids_file": f"{WEIGHTS}:{HEAD_KEY}",
+        "dtype": str(STORE_DTYPE).replace("torch.", ""),
+        "shared_from_target": shared,
+        **(meta or {}),
+    }
     (out / DRAFT_CONFIG).write_text(json.dumps(full, indent=2) + "\n")
     if card is not None:
         (out / "MODEL_CARD.md").write_text(card)

@@ -16,8 +16,9 @@ included) and assembles the draft around its shared tensors (:func:`assemble`).
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,7 +27,12 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specdec.models.compat import cache_argument, causal_lm_output, returned_cache
 from specdec.models.draft_format import (
-    HEAD_KEY, WEIGHTS, cfg_layers, init_layer_indices, read_draft_config, write_draft,
+    HEAD_KEY,
+    WEIGHTS,
+    cfg_layers,
+    init_layer_indices,
+    read_draft_config,
+    write_draft,
 )
 from specdec.models.layout import head_logits, input_major_head, use_input_major_linears
 
@@ -42,7 +48,7 @@ class DraftForCausalLM(LlamaForCausalLM):
     exactly what ``CausalLMRunner`` expects of any causal LM.
     """
 
-    head_ids: torch.Tensor      # registered buffers
+    head_ids: torch.Tensor  # registered buffers
     head_weight: torch.Tensor
 
     def attach(self, target: Any, head_ids: Sequence[int] | torch.Tensor | None) -> None:
@@ -88,22 +94,37 @@ class DraftForCausalLM(LlamaForCausalLM):
         """[..., H] final hidden states -> [..., N] logits over the head set (training uses these)."""
         return head_logits(hidden, self.head_weight, getattr(self, "head_weight_t", None))
 
-    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, cache: Any = None, inputs_embeds: torch.Tensor | None = None,
-                labels: Any = None, use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
-                past_key_values: Any = None, **kwargs: Any) -> CausalLMOutputWithPast:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: Any = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        past_key_values: Any = None,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast:
         """Logits [B, n, V] of the last `logits_to_keep` positions (all when 0); the cache comes as `cache`
         (the engine, transformers >= 5.2x) or `past_key_values` (generate in earlier releases)."""
         cache = cache if cache is not None else past_key_values
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         inputs_embeds=inputs_embeds, use_cache=use_cache, **{cache_argument(self.model): cache},
-                         **kwargs)
-        hidden = out.last_hidden_state                                   # [B, T, H]
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **{cache_argument(self.model): cache},
+            **kwargs,
+        )
+        hidden = out.last_hidden_state  # [B, T, H]
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden = hidden[:, -logits_to_keep:]
         elif not isinstance(logits_to_keep, int):
             hidden = hidden[:, logits_to_keep]
-        sub = self.restricted_logits(hidden)                             # [B, n, N]
+        sub = self.restricted_logits(hidden)  # [B, n, N]
         logits = sub.new_full((*sub.shape[:-1], self.logits_width), float("-inf"))  # [B, n, V]
         logits[..., self.head_ids] = sub
         return causal_lm_output(logits, returned_cache(out))
@@ -122,8 +143,9 @@ def draft_config_for(target_config: Any, layers: int) -> LlamaConfig:
     return cfg
 
 
-def build_draft(target: Any, layers: int, head_ids: Sequence[int] | torch.Tensor | None,
-                init_from_target: bool = True) -> DraftForCausalLM:
+def build_draft(
+    target: Any, layers: int, head_ids: Sequence[int] | torch.Tensor | None, init_from_target: bool = True
+) -> DraftForCausalLM:
     """A draft around `target`'s shared modules; its layers copied from the target's (see init_layer_indices)."""
     cfg = draft_config_for(target.config, layers)
     with torch.random.fork_rng(devices=[]):  # default init draws from the global RNG; keep it untouched
@@ -143,13 +165,24 @@ def own_state_dict(draft: DraftForCausalLM) -> dict[str, torch.Tensor]:
     return {LAYER_PREFIX + k: v for k, v in draft.model.layers.state_dict().items()}
 
 
-def save_draft(directory: str | Path, draft: DraftForCausalLM, target_spec: str, meta: dict[str, Any] | None = None,
-               card: str | None = None) -> Path:
+def save_draft(
+    directory: str | Path,
+    draft: DraftForCausalLM,
+    target_spec: str,
+    meta: dict[str, Any] | None = None,
+    card: str | None = None,
+) -> Path:
     """Write draft_config.json + model.safetensors (own layers in fp16, head ids) [+ MODEL_CARD.md]."""
-    config = {"target": target_spec, "architecture": draft.config.model_type, "layers": draft.config.num_hidden_layers,
-              "hidden_size": draft.config.hidden_size, "logits_width": draft.logits_width}
-    return write_draft(directory, own_state_dict(draft), draft.head_ids, config,
-                       ["embed_tokens", "norm", "lm_head"], meta, card)
+    config = {
+        "target": target_spec,
+        "architecture": draft.config.model_type,
+        "layers": draft.config.num_hidden_layers,
+        "hidden_size": draft.config.hidden_size,
+        "logits_width": draft.logits_width,
+    }
+    return write_draft(
+        directory, own_state_dict(draft), draft.head_ids, config, ["embed_tokens", "norm", "lm_head"], meta, card
+    )
 
 
 def load_draft_weights(draft: DraftForCausalLM, directory: str | Path) -> None:
@@ -157,7 +190,7 @@ def load_draft_weights(draft: DraftForCausalLM, directory: str | Path) -> None:
 
     tensors = load_file(str(Path(directory) / WEIGHTS))
     tensors.pop(HEAD_KEY, None)
-    own = {k[len(LAYER_PREFIX):]: v for k, v in tensors.items() if k.startswith(LAYER_PREFIX)}
+    own = {k[len(LAYER_PREFIX) :]: v for k, v in tensors.items() if k.startswith(LAYER_PREFIX)}
     missing, unexpected = draft.model.layers.load_state_dict(own, strict=False)
     if missing or unexpected:
         raise ValueError(f"draft weights do not match: missing {missing[:3]}, unexpected {unexpected[:3]}")

@@ -24,19 +24,27 @@ fc, its decoder layer and its final norm (fp16) and the head token ids.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import GenerationConfig, LlamaConfig, LlamaModel
 
 from specdec.models.compat import cache_argument
-from specdec.models.draft_format import HEAD_KEY, WEIGHTS, cfg_layers, init_layer_indices, read_draft_config, write_draft
+from specdec.models.draft_format import (
+    HEAD_KEY,
+    WEIGHTS,
+    cfg_layers,
+    init_layer_indices,
+    read_draft_config,
+    write_draft,
+)
 from specdec.models.layout import head_logits, input_major_head, use_input_major_linears
 
 ARCHITECTURE = "eagle"
-FEATURE = "target_final_hidden_normed"   # what f_j is (the input of the target's LM head)
+FEATURE = "target_final_hidden_normed"  # what f_j is (the input of the target's LM head)
 
 
 def feature_config_for(target_config: Any, layers: int = 1) -> LlamaConfig:
@@ -48,7 +56,7 @@ def feature_config_for(target_config: Any, layers: int = 1) -> LlamaConfig:
     cfg.num_hidden_layers = layers
     if getattr(cfg, "layer_types", None):
         cfg.layer_types = list(cfg.layer_types[:layers])
-    cfg.vocab_size = 1           # inputs arrive as embeddings; the target's embedding is shared
+    cfg.vocab_size = 1  # inputs arrive as embeddings; the target's embedding is shared
     cfg.pad_token_id = None
     return cfg
 
@@ -70,20 +78,21 @@ class FeatureDraftModel(nn.Module):
         head_ids: FR-Spec head set (vocabulary ids; None = the whole vocabulary).
     """
 
-    head_ids: torch.Tensor                         # registered buffers
+    head_ids: torch.Tensor  # registered buffers
     head_weight: torch.Tensor
-    generation_config: GenerationConfig | None     # the target's, for callers that read it
+    generation_config: GenerationConfig | None  # the target's, for callers that read it
 
-    def __init__(self, config: LlamaConfig, embed: nn.Module, lm_head: nn.Module,
-                 head_ids: Sequence[int] | torch.Tensor | None) -> None:
+    def __init__(
+        self, config: LlamaConfig, embed: nn.Module, lm_head: nn.Module, head_ids: Sequence[int] | torch.Tensor | None
+    ) -> None:
         super().__init__()
         hidden = config.hidden_size
         self.config = config
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
         with torch.random.fork_rng(devices=[]):  # default init draws from the global RNG; keep it untouched
             self.model = LlamaModel(config)
-        self.model.register_module("embed_tokens", None)   # the target's embedding is shared
-        self._shared = {"embed": embed, "lm_head": lm_head}   # not submodules: never saved, never trained
+        self.model.register_module("embed_tokens", None)  # the target's embedding is shared
+        self._shared = {"embed": embed, "lm_head": lm_head}  # not submodules: never saved, never trained
         width = _weight(lm_head).shape[0]
         ids = torch.arange(width) if head_ids is None else torch.unique(torch.as_tensor(head_ids, dtype=torch.long))
         if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= width:
@@ -112,7 +121,7 @@ class FeatureDraftModel(nn.Module):
         """Store fc and its decoder layers and the restricted head input-major for the CPU forward
         (specdec/models/layout.py); the shared embedding and LM head stay as they are.
         Returns (layers replaced, extra bytes)."""
-        replaced, _ = use_input_major_linears(self)   # the shared modules are not submodules
+        replaced, _ = use_input_major_linears(self)  # the shared modules are not submodules
         return replaced + 1, input_major_head(self)
 
     def kernel_root(self) -> nn.Module:
@@ -153,11 +162,16 @@ class FeatureDraftModel(nn.Module):
         logits[..., self.head_ids] = sub
         return logits
 
-    def forward(self, next_ids: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor,
-                cache: Any = None) -> torch.Tensor:
+    def forward(
+        self, next_ids: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor, cache: Any = None
+    ) -> torch.Tensor:
         """One pass: next_ids [B, t], features [B, t, H], position_ids [B, t] -> predicted features [B, t, H]."""
-        out = self.model(inputs_embeds=self.inputs(next_ids, features), position_ids=position_ids,
-                         use_cache=cache is not None, **{cache_argument(self.model): cache})
+        out = self.model(
+            inputs_embeds=self.inputs(next_ids, features),
+            position_ids=position_ids,
+            use_cache=cache is not None,
+            **{cache_argument(self.model): cache},
+        )
         return out.last_hidden_state
 
     # -- what the services' loading code asks of any model --------------------------------
@@ -177,11 +191,16 @@ class FeatureDraftModel(nn.Module):
         return self._shared["embed"]
 
 
-def build_feature_draft(target: Any, head_ids: Sequence[int] | torch.Tensor | None, layers: int = 1
-                        ) -> FeatureDraftModel:
+def build_feature_draft(
+    target: Any, head_ids: Sequence[int] | torch.Tensor | None, layers: int = 1
+) -> FeatureDraftModel:
     """A feature draft around `target`'s shared embedding and LM head, in the target's dtype and device."""
-    draft = FeatureDraftModel(feature_config_for(target.config, layers), target.get_input_embeddings(),
-                              target.get_output_embeddings(), head_ids)
+    draft = FeatureDraftModel(
+        feature_config_for(target.config, layers),
+        target.get_input_embeddings(),
+        target.get_output_embeddings(),
+        head_ids,
+    )
     draft.to(dtype=target.dtype, device=target.device)
     draft.head_ids = draft.head_ids.to(target.device)
     draft.refresh_head()
@@ -189,14 +208,25 @@ def build_feature_draft(target: Any, head_ids: Sequence[int] | torch.Tensor | No
     return draft
 
 
-def save_feature_draft(directory: str | Path, draft: FeatureDraftModel, target_spec: str,
-                       meta: dict[str, Any] | None = None, card: str | None = None) -> Path:
+def save_feature_draft(
+    directory: str | Path,
+    draft: FeatureDraftModel,
+    target_spec: str,
+    meta: dict[str, Any] | None = None,
+    card: str | None = None,
+) -> Path:
     """Write draft_config.json (architecture "eagle") + model.safetensors (own weights fp16, head ids)."""
-    config = {"target": target_spec, "architecture": ARCHITECTURE, "feature": FEATURE,
-              "layers": draft.config.num_hidden_layers, "hidden_size": draft.config.hidden_size,
-              "logits_width": draft.logits_width}
-    return write_draft(directory, draft.own_state_dict(), draft.head_ids, config, ["embed_tokens", "lm_head"],
-                       meta, card)
+    config = {
+        "target": target_spec,
+        "architecture": ARCHITECTURE,
+        "feature": FEATURE,
+        "layers": draft.config.num_hidden_layers,
+        "hidden_size": draft.config.hidden_size,
+        "logits_width": draft.logits_width,
+    }
+    return write_draft(
+        directory, draft.own_state_dict(), draft.head_ids, config, ["embed_tokens", "lm_head"], meta, card
+    )
 
 
 def assemble_feature_draft(target: Any, directory: str | Path) -> FeatureDraftModel:

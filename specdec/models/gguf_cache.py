@@ -92,9 +92,7 @@ def gguf_sha256(path: Path, index_path: Path | None = None) -> str:
 
 def conversion_complete(path: Path) -> bool:
     """True when a converted directory has its marker, config and weights."""
-    return (path / CONVERSION_MARKER).is_file() and (path / "config.json").is_file() and has_any(
-        path, WEIGHT_GLOBS
-    )
+    return (path / CONVERSION_MARKER).is_file() and (path / "config.json").is_file() and has_any(path, WEIGHT_GLOBS)
 
 
 def _remove_stale_tmp(parent: Path) -> None:

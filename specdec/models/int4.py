@@ -53,7 +53,8 @@ def wants_int4(dtype: str) -> bool:
 def int4_available() -> bool:
     """torch's CPU weight-only int4 GEMM exists in this build."""
     return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(
-        torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
+        torch.ops.aten, "_convert_weight_to_int4pack_for_cpu"
+    )
 
 
 def int4_supported(linear: nn.Linear) -> bool:
@@ -83,37 +84,43 @@ def dequantize_groups(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tens
 class Int4Linear(nn.Module):
     """A drop-in for an inference-only nn.Linear with group-wise int4 weights and bf16 activations."""
 
-    packed: torch.Tensor       # registered buffers
+    packed: torch.Tensor  # registered buffers
     scale_zero: torch.Tensor
     dense: torch.Tensor
 
     def __init__(self, linear: nn.Linear, max_rows: int) -> None:
         super().__init__()
         if not int4_supported(linear):
-            raise ValueError(f"int4: a linear of {linear.in_features} -> {linear.out_features} does not fit "
-                             f"the kernel (inputs a multiple of {GROUP_SIZE}, outputs of {OUT_MULTIPLE})")
+            raise ValueError(
+                f"int4: a linear of {linear.in_features} -> {linear.out_features} does not fit "
+                f"the kernel (inputs a multiple of {GROUP_SIZE}, outputs of {OUT_MULTIPLE})"
+            )
         self.in_features, self.out_features, self.max_rows = linear.in_features, linear.out_features, max_rows
         codes, scale, zero = quantize_groups(linear.weight.detach())
         scale_zero = torch.stack([scale.t(), zero.t()], dim=-1).to(ACTIVATION_DTYPE).contiguous()  # [in/G, out, 2]
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES),
-                             persistent=False)
+        self.register_buffer(
+            "packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES), persistent=False
+        )
         self.register_buffer("scale_zero", scale_zero, persistent=False)
         # The same weights, dequantized with the bf16 scale and zero the kernel reads, for wide calls.
         dense = dequantize_groups(codes, scale_zero[..., 0].t(), scale_zero[..., 1].t())
         self.register_buffer("dense", dense.to(ACTIVATION_DTYPE), persistent=False)
-        self.bias = None if linear.bias is None else nn.Parameter(
-            linear.bias.detach().to(ACTIVATION_DTYPE), requires_grad=False)
+        self.bias = (
+            None
+            if linear.bias is None
+            else nn.Parameter(linear.bias.detach().to(ACTIVATION_DTYPE), requires_grad=False)
+        )
 
     @property
     def weight(self) -> torch.Tensor:  # [out, in] (readers of the shape)
         return self.dense
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        rows = x.reshape(-1, self.in_features).to(ACTIVATION_DTYPE)          # [n, in]
+        rows = x.reshape(-1, self.in_features).to(ACTIVATION_DTYPE)  # [n, in]
         groups = current_row_groups()
         if groups is not None and groups.total == rows.shape[0] and not groups.every_row_returned:
             y = rows.new_empty(rows.shape[0], self.out_features)
-            for start, end in groups.prefill_spans:                        # each session's prefill alone
+            for start, end in groups.prefill_spans:  # each session's prefill alone
                 y[start:end] = F.linear(rows[start:end], self.dense, self.bias)
             returned = groups.returned
             y[returned] = self._int4(rows[returned])
@@ -133,8 +140,10 @@ def quantize_linears_int4(root: nn.Module, max_rows: int, keep: tuple[nn.Module,
     takes by an Int4Linear, then cast the rest of `root`'s parameters to bfloat16 (buffers such as
     rotary frequencies keep their float32, as a bfloat16 load keeps them). Returns (layers, packed bytes)."""
     if not int4_available():
-        raise ValueError("dtype int4 needs torch's CPU int4 GEMM (aten._weight_int4pack_mm_for_cpu); "
-                         f"torch {torch.__version__} lacks it")
+        raise ValueError(
+            "dtype int4 needs torch's CPU int4 GEMM (aten._weight_int4pack_mm_for_cpu); "
+            f"torch {torch.__version__} lacks it"
+        )
     replaced, nbytes = 0, 0
     for parent, name, child in plain_linears(root):
         if int4_supported(child) and not any(child is k for k in keep):

@@ -47,12 +47,12 @@ def int8_available() -> bool:
 class Int8Linear(nn.Module):
     """A drop-in for an inference-only float32 nn.Linear with per-channel int8 weights."""
 
-    pin: torch.Tensor   # registered buffer
+    pin: torch.Tensor  # registered buffer
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        w = linear.weight.detach().float()                                      # [out, in]
+        w = linear.weight.detach().float()  # [out, in]
         scales = (w.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny).double()
         q = torch.quantize_per_channel(w, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
         self._packed = torch.ops.quantized.linear_prepack(q, None)
@@ -78,8 +78,10 @@ class Int8Linear(nn.Module):
 def quantize_linears(root: nn.Module) -> tuple[int, int]:
     """Replace every plain nn.Linear under `root` by an Int8Linear. Returns (layers, int8 weight bytes)."""
     if not int8_available():
-        raise ValueError("dtype int8 needs torch's fbgemm quantized engine (x86 CPUs); "
-                         f"this build has {torch.backends.quantized.supported_engines}")
+        raise ValueError(
+            "dtype int8 needs torch's fbgemm quantized engine (x86 CPUs); "
+            f"this build has {torch.backends.quantized.supported_engines}"
+        )
     torch.backends.quantized.engine = "fbgemm"
     replaced, nbytes = 0, 0
     for parent, name, child in plain_linears(root):

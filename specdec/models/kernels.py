@@ -51,8 +51,11 @@ def run_kernel(
     """x [..., in] -> [..., out] with `kernel`: w is the [out, in] weight, w_t the [in, out] copy."""
     if kernel == "linear" or kernel == "onednn":
         assert w is not None, "a standard kernel reads the [out, in] weight"
-        return F.linear(x, w, bias) if kernel == "linear" else torch.ops.mkldnn._linear_pointwise(
-            x, w, bias, "none", [], "")
+        return (
+            F.linear(x, w, bias)
+            if kernel == "linear"
+            else torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+        )
     assert w_t is not None, "an input-major kernel reads the [in, out] copy"
     if kernel == "im_onednn":
         return torch.ops.mkldnn._linear_pointwise(x, w_t.t(), bias, "none", [], "")
@@ -132,7 +135,7 @@ def pick_fastest(
     for layout in (STANDARD, INPUT_MAJOR):
         found = [min((k for k in t if KERNELS[k] == layout), key=t.__getitem__, default=None) for t in times]
         picks = [k for k in found if k is not None]
-        if len(picks) < len(found):    # a band without a timing of this layout
+        if len(picks) < len(found):  # a band without a timing of this layout
             continue
         cost = sum(t[k] / t[f] for t, k, f in zip(times, picks, fastest, strict=False)) / len(times)
         if cost < best_cost:

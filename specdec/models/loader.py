@@ -164,7 +164,9 @@ def load_causal_lm(spec: ModelSpec | str, cfg: LoadConfig | None = None) -> Load
     elapsed = time.perf_counter() - started
     logger.info(
         "loaded %s in %.1f s (%s, %.0fM parameters)",
-        spec, elapsed, "from cache" if from_cache else "fresh",
+        spec,
+        elapsed,
+        "from cache" if from_cache else "fresh",
         sum(p.numel() for p in model.parameters()) / _MILLION,
     )
     return LoadedModel(model, tokenizer, spec, str(spec), elapsed, from_cache)

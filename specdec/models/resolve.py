@@ -39,17 +39,38 @@ TOKENIZER_PATTERNS = ("*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja", "to
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _SOURCE_LABELS = {SOURCE_HF: "Hugging Face Hub", SOURCE_MODELSCOPE: "ModelScope"}
-_NOT_FOUND_ERRORS = frozenset({
-    "RepositoryNotFoundError", "RevisionNotFoundError", "GatedRepoError",
-    "RemoteEntryNotFoundError", "NotExistError", "NoValidRevisionError",
-})
+_NOT_FOUND_ERRORS = frozenset(
+    {
+        "RepositoryNotFoundError",
+        "RevisionNotFoundError",
+        "GatedRepoError",
+        "RemoteEntryNotFoundError",
+        "NotExistError",
+        "NoValidRevisionError",
+    }
+)
 _NOT_CACHED_ERRORS = frozenset({"LocalEntryNotFoundError", "CacheNotFound", "IncompleteSnapshotError"})
-_NETWORK_ERRORS = frozenset({
-    "ConnectionError", "ConnectError", "TimeoutError", "Timeout", "TimeoutException",
-    "HTTPError", "HfHubHTTPError", "NetworkError", "RequestException", "TransportError",
-    "OfflineModeIsEnabled", "HubError", "ProxyError", "SSLError", "MaxRetryError",
-    "NewConnectionError", "gaierror",
-})
+_NETWORK_ERRORS = frozenset(
+    {
+        "ConnectionError",
+        "ConnectError",
+        "TimeoutError",
+        "Timeout",
+        "TimeoutException",
+        "HTTPError",
+        "HfHubHTTPError",
+        "NetworkError",
+        "RequestException",
+        "TransportError",
+        "OfflineModeIsEnabled",
+        "HubError",
+        "ProxyError",
+        "SSLError",
+        "MaxRetryError",
+        "NewConnectionError",
+        "gaierror",
+    }
+)
 
 
 def _exception_names(exc: BaseException) -> set[str]:

@@ -12,10 +12,10 @@ each session's prefill rows on their own (the same call a k = 0 prefill of that 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterator
 
 import torch
 

@@ -233,8 +233,7 @@ def parse_model_spec(text: str) -> ModelSpec:
             return _parse_local(stripped, stripped)
         raise _fail(
             stripped,
-            "expected hf:ORG/NAME, modelscope:ORG/NAME, local:/dir, /dir, "
-            "gguf:/path/file.gguf or embedded:smollm2",
+            "expected hf:ORG/NAME, modelscope:ORG/NAME, local:/dir, /dir, gguf:/path/file.gguf or embedded:smollm2",
         )
     if source in HUB_SOURCES:
         return _parse_hub(stripped, source, rest)

@@ -51,8 +51,9 @@ def _as_tokenizer(tokenizer_dir_or_tokenizer: Any) -> Any:
     return tokenizer_dir_or_tokenizer
 
 
-def _tiny_config(arch: str, tokenizer: Any, hidden: int, layers: int, heads: int, kv_heads: int,
-                 eos_token_id: int | None) -> Any:
+def _tiny_config(
+    arch: str, tokenizer: Any, hidden: int, layers: int, heads: int, kv_heads: int, eos_token_id: int | None
+) -> Any:
     """Build a Llama/Qwen2 config sized by the arguments, with the tokenizer's vocabulary."""
     from transformers import LlamaConfig, Qwen2Config  # noqa: PLC0415
 

@@ -215,9 +215,7 @@ def _special_differences(a: TokenizerInfo, b: TokenizerInfo, a_name: str, b_name
     return diffs
 
 
-def compare_tokenizers(
-    a: TokenizerInfo, b: TokenizerInfo, a_name: str, b_name: str
-) -> str | None:
+def compare_tokenizers(a: TokenizerInfo, b: TokenizerInfo, a_name: str, b_name: str) -> str | None:
     """Return None when the tokenizers are interchangeable, else a one-line reason naming both.
 
     The reason says what differs: the vocabulary size, which special tokens (missing

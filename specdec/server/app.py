@@ -22,19 +22,20 @@ import inspect
 import logging
 import signal
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from google.protobuf.message import DecodeError
 from grpc_reflection.v1alpha import reflection
 
 from specdec.config import ServerConfig
 from specdec.errors import InvalidArgument
-from specdec.server.tls import server_credentials
 from specdec.server.interceptors import DrainGate, ErrorMappingInterceptor, TokenAuthInterceptor
+from specdec.server.tls import server_credentials
 
 # Health service name that answers SERVING while the process runs (Kubernetes liveness): readiness ("")
 # follows the model load and, in the orchestrator, its dependencies (replica pair, Redis); a
@@ -85,6 +86,7 @@ class StrictParseInterceptor(grpc.aio.ServerInterceptor):
             async def bidi(raw_requests: Any, context: grpc.aio.ServicerContext) -> Any:
                 async for item in bidi_behavior(_parse_each(parse, raw_requests, method), context):
                     yield item
+
             return handler._replace(request_deserializer=None, stream_stream=bidi)
         if handler.request_streaming:
             return handler
@@ -93,6 +95,7 @@ class StrictParseInterceptor(grpc.aio.ServerInterceptor):
 
             async def unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
                 return await behavior(_parse(parse, raw, method), context)
+
             return handler._replace(request_deserializer=None, unary_unary=unary)
         if handler.unary_stream is not None and inspect.isasyncgenfunction(handler.unary_stream):
             stream_behavior = handler.unary_stream
@@ -100,6 +103,7 @@ class StrictParseInterceptor(grpc.aio.ServerInterceptor):
             async def stream(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
                 async for item in stream_behavior(_parse(parse, raw, method), context):
                     yield item
+
             return handler._replace(request_deserializer=None, unary_stream=stream)
         return handler
 
@@ -174,8 +178,12 @@ class GrpcApp:
         try:
             await asyncio.wait_for(self.gate.wait_idle(), timeout=self.cfg.drain_seconds)
         except asyncio.TimeoutError:
-            log.warning("%s: %d calls still in flight after %.0fs; cancelling them",
-                        self.name, self.gate.in_flight, self.cfg.drain_seconds)
+            log.warning(
+                "%s: %d calls still in flight after %.0fs; cancelling them",
+                self.name,
+                self.gate.in_flight,
+                self.cfg.drain_seconds,
+            )
         left = max(0.0, self.cfg.drain_seconds - (time.monotonic() - started))
         await self.server.stop(grace=left)
         log.info("%s stopped", self.name)

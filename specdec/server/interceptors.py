@@ -6,7 +6,8 @@ import asyncio
 import hmac
 import inspect
 import logging
-from typing import Any, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import grpc
 
@@ -40,6 +41,7 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str) -> Callabl
             raise
         except Exception as exc:  # noqa: BLE001 - the one place that turns surprises into a status
             await _abort_for(exc, context, method)
+
     return handler
 
 
@@ -52,6 +54,7 @@ def _wrap_stream(behavior: Callable[..., Any], method: str) -> Callable[..., Any
             raise
         except Exception as exc:  # noqa: BLE001
             await _abort_for(exc, context, method)
+
     return handler
 
 
@@ -73,13 +76,15 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
 
 def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
     """A handler of the same shape as `handler` that aborts every call with `code` and `message`."""
+
     async def abort(request: Any, context: grpc.aio.ServicerContext) -> None:
         await context.abort(code, message)
 
     async def abort_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
         await context.abort(code, message)
         yield  # pragma: no cover - makes this an async generator
-    if handler.response_streaming:   # requests are left unparsed (raw bytes): a refusal never reads them
+
+    if handler.response_streaming:  # requests are left unparsed (raw bytes): a refusal never reads them
         if handler.request_streaming:
             return grpc.stream_stream_rpc_method_handler(abort_stream)
         return grpc.unary_stream_rpc_method_handler(abort_stream)
@@ -97,7 +102,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
     def _allowed(self, metadata: Iterable[tuple[str, Any]]) -> bool:
         for key, value in metadata or ():
             if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
-                presented = value[len("Bearer "):].encode()
+                presented = value[len("Bearer ") :].encode()
                 return any(hmac.compare_digest(presented, t.encode()) for t in self._tokens)
         return False
 
@@ -158,6 +163,7 @@ class DrainGate(grpc.aio.ServerInterceptor):
 
     def _counted(self, behavior: Callable[..., Any]) -> Callable[..., Any] | None:
         if inspect.isasyncgenfunction(behavior):
+
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 self.enter()
                 try:
@@ -165,14 +171,17 @@ class DrainGate(grpc.aio.ServerInterceptor):
                         yield item
                 finally:
                     self.leave()
+
             return stream
         if inspect.iscoroutinefunction(behavior):
+
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 self.enter()
                 try:
                     return await behavior(request, context)
                 finally:
                     self.leave()
+
             return unary
         return None
 

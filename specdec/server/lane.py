@@ -39,8 +39,9 @@ import ssl
 import struct
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -52,12 +53,12 @@ from specdec.v1 import common_pb2
 
 log = logging.getLogger("specdec.server")
 
-HEADER = struct.Struct("<IB")     # payload length in bytes, frame kind
-HELLO_TIMEOUT_S = 10.0            # a connection that has not said HELLO by then is closed
-NEXT_CALL_WITHIN_S = 0.002        # after an answer the loop polls this long for the next round (specdec.spin)
-RESULT_WITHIN_S = 0.002           # after a forward the loop polls this long for the model thread's result
+HEADER = struct.Struct("<IB")  # payload length in bytes, frame kind
+HELLO_TIMEOUT_S = 10.0  # a connection that has not said HELLO by then is closed
+NEXT_CALL_WITHIN_S = 0.002  # after an answer the loop polls this long for the next round (specdec.spin)
+RESULT_WITHIN_S = 0.002  # after a forward the loop polls this long for the model thread's result
 HELLO, PROPOSE, VERIFY, OK, ERROR, FORWARD_DONE = 1, 2, 3, 4, 5, 6
-NOTIFY = 0x80                     # request kind bit: send FORWARD_DONE when the call's forward has finished
+NOTIFY = 0x80  # request kind bit: send FORWARD_DONE when the call's forward has finished
 METHOD_KINDS = {"Propose": PROPOSE, "Verify": VERIFY}
 
 
@@ -105,7 +106,7 @@ class FrameBuffer:
             end = HEADER.size + size
             if len(self._data) < end:
                 break
-            frames.append((kind, bytes(self._data[HEADER.size:end])))
+            frames.append((kind, bytes(self._data[HEADER.size : end])))
             del self._data[:end]
         return frames
 
@@ -153,14 +154,21 @@ class RoundLaneServer:
         forward_done: honour the NOTIFY bit (the service's handlers call LaneCallContext.forward_done).
     """
 
-    def __init__(self, methods: dict[int, LaneMethod], gate: DrainGate, token: str, max_bytes: int,
-                 hello_timeout_s: float = HELLO_TIMEOUT_S, forward_done: bool = False) -> None:
+    def __init__(
+        self,
+        methods: dict[int, LaneMethod],
+        gate: DrainGate,
+        token: str,
+        max_bytes: int,
+        hello_timeout_s: float = HELLO_TIMEOUT_S,
+        forward_done: bool = False,
+    ) -> None:
         self.methods, self.gate, self.token, self.max_bytes = methods, gate, token, max_bytes
-        self.forward_done = forward_done    # honours NOTIFY (the service's engine calls forward_done)
+        self.forward_done = forward_done  # honours NOTIFY (the service's engine calls forward_done)
         self.hello_timeout_s = hello_timeout_s
         self.port = 0
-        self.calls = 0                      # calls answered (ServiceStats.lane_calls)
-        self.forward_done_frames = 0        # FORWARD_DONE frames sent (ServiceStats.lane_forward_done)
+        self.calls = 0  # calls answered (ServiceStats.lane_calls)
+        self.forward_done_frames = 0  # FORWARD_DONE frames sent (ServiceStats.lane_forward_done)
         self.connections: set[_LaneConnection] = set()
         self._server: asyncio.base_events.Server | None = None
 
@@ -168,8 +176,13 @@ class RoundLaneServer:
         """Listen on host:port (0: any free port), over TLS with `tls` (specdec.server.tls.lane_server_context);
         returns the port."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _LaneConnection(self), host, port, ssl=tls,
-                                                ssl_handshake_timeout=self.hello_timeout_s if tls else None)
+        self._server = await loop.create_server(
+            lambda: _LaneConnection(self),
+            host,
+            port,
+            ssl=tls,
+            ssl_handshake_timeout=self.hello_timeout_s if tls else None,
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -217,11 +230,11 @@ class _LaneConnection(asyncio.Protocol):
     def __init__(self, lane: RoundLaneServer) -> None:
         self.lane = lane
         self.frames = FrameBuffer(lane.max_bytes)
-        self.greeted = False               # said HELLO with an accepted token
-        self.call: asyncio.Task | None = None    # the call being answered, when it waits (see _frame)
-        self.answering = False             # a call was read and is not answered yet (at once or by self.call)
-        self.started = 0                   # calls started on this connection
-        self.polling: spin.Window | None = None   # the loop polls for this connection's next request / result
+        self.greeted = False  # said HELLO with an accepted token
+        self.call: asyncio.Task | None = None  # the call being answered, when it waits (see _frame)
+        self.answering = False  # a call was read and is not answered yet (at once or by self.call)
+        self.started = 0  # calls started on this connection
+        self.polling: spin.Window | None = None  # the loop polls for this connection's next request / result
         self.transport: asyncio.Transport
         self._hello_timer: asyncio.TimerHandle | None = None
 
@@ -233,14 +246,16 @@ class _LaneConnection(asyncio.Protocol):
 
     def _hello_overdue(self) -> None:
         if not self.greeted:
-            self._refuse(grpc.StatusCode.UNAUTHENTICATED,
-                         f"no HELLO frame within {self.lane.hello_timeout_s:.0f} s of connecting")
+            self._refuse(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"no HELLO frame within {self.lane.hello_timeout_s:.0f} s of connecting",
+            )
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._hello_timer is not None:
             self._hello_timer.cancel()
         self.lane.connections.discard(self)
-        if self.call is not None:          # the caller went away mid-call (deadline, cancel): stop the work
+        if self.call is not None:  # the caller went away mid-call (deadline, cancel): stop the work
             self.call.cancel()
 
     def data_received(self, data: bytes) -> None:
@@ -261,14 +276,15 @@ class _LaneConnection(asyncio.Protocol):
                 self.greeted = True
                 self.transport.write(frame(OK))
             else:
-                self._refuse(grpc.StatusCode.UNAUTHENTICATED,
-                             "missing or invalid bearer token (the round lane's HELLO frame)")
+                self._refuse(
+                    grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token (the round lane's HELLO frame)"
+                )
         elif not self.greeted:
             self._refuse(grpc.StatusCode.UNAUTHENTICATED, "a round-lane connection opens with a HELLO frame")
         elif self.answering:
             self._refuse(grpc.StatusCode.INVALID_ARGUMENT, "round lane: a second call before the first was answered")
         elif self.lane.gate.closed:
-            self._refuse(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)   # never run: the caller retries elsewhere
+            self._refuse(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)  # never run: the caller retries elsewhere
         else:
             if self.polling is not None:
                 self.polling.cancel()
@@ -276,7 +292,7 @@ class _LaneConnection(asyncio.Protocol):
             asks = kind & NOTIFY and self.lane.forward_done
             notify = functools.partial(self._forward_done, self.started) if asks else None
             self.answering = True
-            self.lane.gate.enter()         # in flight until answered, here or in the task below (no gap a drain sees)
+            self.lane.gate.enter()  # in flight until answered, here or in the task below (no gap a drain sees)
             answer: bytes | Awaitable[bytes] = b""
             try:
                 answer = self.lane.answer_now(kind & ~NOTIFY, payload, LaneCallContext(notify, received))
@@ -302,8 +318,8 @@ class _LaneConnection(asyncio.Protocol):
             if self.polling is not None:
                 self.polling.cancel()
             self.transport.write(answer)
-            self.polling = spin.expect_soon(NEXT_CALL_WITHIN_S)   # the caller's next round follows at once
-            if self.lane.gate.closed:      # draining: this connection has carried its last call
+            self.polling = spin.expect_soon(NEXT_CALL_WITHIN_S)  # the caller's next round follows at once
+            if self.lane.gate.closed:  # draining: this connection has carried its last call
                 self.transport.close()
 
     def _forward_done(self, call: int) -> None:

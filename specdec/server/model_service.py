@@ -20,7 +20,8 @@ import asyncio
 import contextlib
 import logging
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 import torch
@@ -45,14 +46,20 @@ log = logging.getLogger("specdec.server")
 WORKER_METADATA_PREFIX = "specdec-worker-"
 KERNEL_METADATA_KEY = "specdec-linear-kernels"
 KERNEL_SOURCE_KEY = "specdec-linear-kernels-source"
-ENGINE_METADATA_KEY = "specdec-engine"     # "torch" or "llamacpp;cpu=haswell,threads=2,kv=8192"
+ENGINE_METADATA_KEY = "specdec-engine"  # "torch" or "llamacpp;cpu=haswell,threads=2,kv=8192"
 
 
 def worker_metadata(state: WorkerState) -> tuple[tuple[str, str], ...]:
     """The worker's counters as gRPC metadata pairs."""
-    values = {"calls": state.calls, "failures": state.failures, "in-flight": state.in_flight,
-              "last-ok": int(state.last_ok), "batches": state.batches, "batched-calls": state.batched_calls,
-              "inline-calls": state.inline_calls}
+    values = {
+        "calls": state.calls,
+        "failures": state.failures,
+        "in-flight": state.in_flight,
+        "last-ok": int(state.last_ok),
+        "batches": state.batches,
+        "batched-calls": state.batched_calls,
+        "inline-calls": state.inline_calls,
+    }
     return tuple((WORKER_METADATA_PREFIX + name, str(value)) for name, value in values.items())
 
 
@@ -81,8 +88,8 @@ class ModelServiceBase:
         self.worker = ModelWorker(role)
         self.context_store_tokens = DEFAULT_CONTEXT_STORE_TOKENS
         self._contexts: ContextStore | None = None
-        self.draining = asyncio.Event()   # set on SIGTERM: round streams end (specdec/server/streams.py)
-        self.lane: RoundLaneServer | None = None   # the round lane, once it listens (specdec/server/lane.py)
+        self.draining = asyncio.Event()  # set on SIGTERM: round streams end (specdec/server/streams.py)
+        self.lane: RoundLaneServer | None = None  # the round lane, once it listens (specdec/server/lane.py)
 
     def context_store(self) -> ContextStore:
         """The sessions' contexts held for delta rounds (created once the model is loaded)."""
@@ -100,19 +107,25 @@ class ModelServiceBase:
     async def Info(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ModelInfo:
         bundle = self.loaded()
         engine = ";".join(filter(None, (bundle.engine, bundle.engine_detail)))
-        context.set_trailing_metadata(worker_metadata(self.worker.state) + kernel_metadata(bundle.kernels)
-                                      + ((ENGINE_METADATA_KEY, engine),))
-        return common_pb2.ModelInfo(protocol_version=PROTOCOL_VERSION, role=self.role, **bundle.info,
-                                    context_delta=self.context_store_tokens > 0,
-                                    context_store_tokens=self.context_store_tokens, round_streams=True,
-                                    round_lane_port=self.lane.port if self.lane is not None else 0,
-                                    round_lane_forward_done=self.lane is not None and self.lane.forward_done)
+        context.set_trailing_metadata(
+            worker_metadata(self.worker.state) + kernel_metadata(bundle.kernels) + ((ENGINE_METADATA_KEY, engine),)
+        )
+        return common_pb2.ModelInfo(
+            protocol_version=PROTOCOL_VERSION,
+            role=self.role,
+            **bundle.info,
+            context_delta=self.context_store_tokens > 0,
+            context_store_tokens=self.context_store_tokens,
+            round_streams=True,
+            round_lane_port=self.lane.port if self.lane is not None else 0,
+            round_lane_forward_done=self.lane is not None and self.lane.forward_done,
+        )
 
     def lane_methods(self) -> dict[int, LaneMethod]:
         """The calls this service answers on its round lane (frame kind -> method)."""
         raise NotImplementedError
 
-    lane_forward_done = False   # its lane handlers report the end of a call's forward (LaneCallContext)
+    lane_forward_done = False  # its lane handlers report the end of a call's forward (LaneCallContext)
 
     def round_stream(self, requests: Any, handle: Callable[[Any], Any]) -> Any:
         """A round stream's responses (ProposeStream / VerifyStream): `handle` answers each request."""
@@ -120,22 +133,38 @@ class ModelServiceBase:
 
     async def Stats(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ServiceStats:
         state, pool = self.worker.state, self.bundle.pool if self.bundle is not None else None
-        out = common_pb2.ServiceStats(calls=state.calls, failures=state.failures, in_flight=state.in_flight,
-                                      last_call_ok=state.last_ok, last_error=state.last_error,
-                                      batches=state.batches, batched_calls=state.batched_calls)
+        out = common_pb2.ServiceStats(
+            calls=state.calls,
+            failures=state.failures,
+            in_flight=state.in_flight,
+            last_call_ok=state.last_ok,
+            last_error=state.last_error,
+            batches=state.batches,
+            batched_calls=state.batched_calls,
+        )
         if pool is not None:
             c = pool.counters
-            out.MergeFrom(common_pb2.ServiceStats(
-                cached_sessions=pool.session_count(), cache_used_bytes=pool.used_bytes(),
-                cache_budget_bytes=pool.budget_bytes, cache_hits=c.hits, cache_misses=c.misses,
-                cache_rollbacks=c.rollbacks, rolled_back_tokens=c.rolled_back_tokens, cache_evictions=c.evictions,
-                computed_tokens=c.computed_tokens, reused_tokens=c.reused_tokens))
+            out.MergeFrom(
+                common_pb2.ServiceStats(
+                    cached_sessions=pool.session_count(),
+                    cache_used_bytes=pool.used_bytes(),
+                    cache_budget_bytes=pool.budget_bytes,
+                    cache_hits=c.hits,
+                    cache_misses=c.misses,
+                    cache_rollbacks=c.rollbacks,
+                    rolled_back_tokens=c.rolled_back_tokens,
+                    cache_evictions=c.evictions,
+                    computed_tokens=c.computed_tokens,
+                    reused_tokens=c.reused_tokens,
+                )
+            )
         if self.lane is not None:
             out.lane_calls, out.lane_forward_done = self.lane.calls, self.lane.forward_done_frames
         if self._contexts is not None:
             c = self._contexts.counters
-            out.MergeFrom(common_pb2.ServiceStats(context_hits=c.hits, context_misses=c.misses,
-                                                  context_evictions=c.evictions))
+            out.MergeFrom(
+                common_pb2.ServiceStats(context_hits=c.hits, context_misses=c.misses, context_evictions=c.evictions)
+            )
         return out
 
     async def Release(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ReleaseResponse:
@@ -152,16 +181,24 @@ async def watch_health(app: GrpcApp, worker: ModelWorker, cfg: HealthConfig, sto
         healthy = worker_healthy(worker.state, cfg)
         if healthy != serving:
             serving = healthy
-            log.warning("%s health -> %s%s", app.name, "SERVING" if healthy else "NOT_SERVING",
-                        "" if healthy else f" (last error: {worker.state.last_error or 'forward running too long'})")
+            log.warning(
+                "%s health -> %s%s",
+                app.name,
+                "SERVING" if healthy else "NOT_SERVING",
+                "" if healthy else f" (last error: {worker.state.last_error or 'forward running too long'})",
+            )
             await app.set_serving(healthy)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=cfg.poll_s)
 
 
-async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase, service_name: str,
-                            add_to_server: Callable[[Any, grpc.aio.Server], None],
-                            load: Callable[[ModelServiceConfig], ModelBundle]) -> None:
+async def run_model_service(
+    cfg: ModelServiceConfig,
+    servicer: ModelServiceBase,
+    service_name: str,
+    add_to_server: Callable[[Any, grpc.aio.Server], None],
+    load: Callable[[ModelServiceConfig], ModelBundle],
+) -> None:
     """Bind (NOT_SERVING), load the model off the loop, serve, drain on SIGTERM."""
     tokens = (cfg.server.service_token,) if cfg.server.service_token else ()
     app = GrpcApp(service_name, cfg.server, tokens)
@@ -179,9 +216,12 @@ async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase,
         raise
     log.info("%s model %s loaded in %.1fs", servicer.role, servicer.bundle.model_id, servicer.bundle.load_seconds)
     settle_threads(cfg, servicer, lane)
-    serve_metrics(cfg.server.metrics_port, model_service_registry(
-        servicer.role, lambda: servicer.worker.state, lambda: servicer.bundle.pool,
-        lambda: servicer.bundle.kernels))
+    serve_metrics(
+        cfg.server.metrics_port,
+        model_service_registry(
+            servicer.role, lambda: servicer.worker.state, lambda: servicer.bundle.pool, lambda: servicer.bundle.kernels
+        ),
+    )
     await app.set_serving(True)
     stop = asyncio.Event()
     watcher = asyncio.create_task(watch_health(app, servicer.worker, cfg.health, stop))
@@ -193,15 +233,16 @@ async def run_model_service(cfg: ModelServiceConfig, servicer: ModelServiceBase,
 def settle_threads(cfg: ModelServiceConfig, servicer: ModelServiceBase, lane: RoundLaneServer | None) -> None:
     """What the loaded model's torch threads decide: forwards on the event loop (the model thread exits),
     whether the loop polls in expected windows, and whether the lane offers FORWARD_DONE."""
-    if cfg.threads > 0:   # on this, the event loop's, thread too: the model was loaded on another, and a thread
-        torch.set_num_threads(cfg.threads)   # that ran torch before (a forked service's) keeps its own team size
+    if cfg.threads > 0:  # on this, the event loop's, thread too: the model was loaded on another, and a thread
+        torch.set_num_threads(cfg.threads)  # that ran torch before (a forked service's) keeps its own team size
     if servicer.bundle.loop_forwards:
         servicer.worker.use_the_loop()
     threads, cores = torch.get_num_threads(), cpu_budget_cores()
     spin.configure(spin.auto_spin_us(cfg.server.spin_us, servicer.role, threads, cores))
     if lane is not None:
-        lane.forward_done = lane.forward_done and spin.offers_forward_done(cfg.server.round_lane_forward_done,
-                                                                           threads, cores)
+        lane.forward_done = lane.forward_done and spin.offers_forward_done(
+            cfg.server.round_lane_forward_done, threads, cores
+        )
 
 
 async def start_round_lane(cfg: ModelServiceConfig, servicer: ModelServiceBase, app: GrpcApp) -> RoundLaneServer | None:
@@ -210,8 +251,13 @@ async def start_round_lane(cfg: ModelServiceConfig, servicer: ModelServiceBase, 
     server = cfg.server
     if server.round_lane_port < 0:
         return None
-    lane = RoundLaneServer(servicer.lane_methods(), app.gate, server.service_token, server.max_message_bytes,
-                           forward_done=servicer.lane_forward_done and server.round_lane_forward_done != 0)
+    lane = RoundLaneServer(
+        servicer.lane_methods(),
+        app.gate,
+        server.service_token,
+        server.max_message_bytes,
+        forward_done=servicer.lane_forward_done and server.round_lane_forward_done != 0,
+    )
     await lane.start(server.host, server.round_lane_port, lane_server_context(server.tls))
     servicer.lane = lane
     log.info("%s round lane on %s:%d%s", servicer.role, server.host, lane.port, " (TLS)" if server.tls.enabled else "")

@@ -17,7 +17,8 @@ for each of them (measured in docs/performance.md, "Where the per-round overhead
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 MS_PER_S = 1000.0
 
@@ -33,8 +34,9 @@ def call_timeout_s(request: Any, context: Any) -> float | None:
     return remaining
 
 
-async def serve_round_stream(requests: AsyncIterator[Any], handle: Callable[[Any], Awaitable[Any]],
-                             draining: asyncio.Event) -> AsyncIterator[Any]:
+async def serve_round_stream(
+    requests: AsyncIterator[Any], handle: Callable[[Any], Awaitable[Any]], draining: asyncio.Event
+) -> AsyncIterator[Any]:
     """Answer each request of the stream with `handle(request)`, in order, until the caller ends the
     stream or the service drains (see the module docstring)."""
     iterator = requests.__aiter__()
@@ -44,12 +46,12 @@ async def serve_round_stream(requests: AsyncIterator[Any], handle: Callable[[Any
         while not draining.is_set():
             read = asyncio.ensure_future(iterator.__anext__())
             await asyncio.wait((read, drained), return_when=asyncio.FIRST_COMPLETED)
-            if not read.done():            # draining while idle: end the stream (OK) without reading on
+            if not read.done():  # draining while idle: end the stream (OK) without reading on
                 read.cancel()
                 return
             try:
                 request = read.result()
-            except StopAsyncIteration:     # the caller closed its side
+            except StopAsyncIteration:  # the caller closed its side
                 return
             yield await handle(request)
     finally:

@@ -25,8 +25,9 @@ def server_credentials(tls: TLSConfig) -> grpc.ServerCredentials | None:
     if not tls.enabled:
         return None
     ca = _read(tls.ca)
-    return grpc.ssl_server_credentials([(_read(tls.key), _read(tls.cert))], root_certificates=ca,
-                                       require_client_auth=ca is not None)
+    return grpc.ssl_server_credentials(
+        [(_read(tls.key), _read(tls.cert))], root_certificates=ca, require_client_auth=ca is not None
+    )
 
 
 def channel_credentials(tls: TLSConfig | None) -> grpc.ChannelCredentials | None:

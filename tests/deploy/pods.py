@@ -103,8 +103,18 @@ class PodRunner:
         pod = workload["spec"]["template"]["spec"]
         c = pod["containers"][0]
         sc, psc = c["securityContext"], pod["securityContext"]
-        args = ["run", "-d", "--network", self.network, "--user", f"{psc['runAsUser']}:{psc['runAsGroup']}",
-                "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+        args = [
+            "run",
+            "-d",
+            "--network",
+            self.network,
+            "--user",
+            f"{psc['runAsUser']}:{psc['runAsGroup']}",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+        ]
         if sc.get("readOnlyRootFilesystem"):
             args.append("--read-only")
         for alias in aliases:
@@ -126,9 +136,17 @@ class PodRunner:
         if "grpc" in probe:
             service = probe["grpc"].get("service", "")
             return ["python", "-m", "specdec.healthcheck", "--port", str(probe["grpc"]["port"])] + (
-                ["--service", service] if service else [])
+                ["--service", service] if service else []
+            )
         if "httpGet" in probe:
-            return ["python", "-m", "specdec.healthcheck", "--http", "--port", str(port_number(c, probe["httpGet"]["port"]))]
+            return [
+                "python",
+                "-m",
+                "specdec.healthcheck",
+                "--http",
+                "--port",
+                str(port_number(c, probe["httpGet"]["port"])),
+            ]
         return probe["exec"]["command"]
 
     def probe_passes(self, cid: str, workload: dict, kind: str) -> bool:
@@ -154,7 +172,9 @@ class PodRunner:
             if docker("inspect", "-f", "{{.State.Running}}", cid).stdout.strip() != "true":
                 raise AssertionError(f"container exited:\n{docker('logs', '--tail', '40', cid).stderr}")
             time.sleep(POLL_S)
-        raise AssertionError(f"not ready in {deadline_s:.0f} s:\n{docker('logs', '--tail', '40', cid, check=False).stderr}")
+        raise AssertionError(
+            f"not ready in {deadline_s:.0f} s:\n{docker('logs', '--tail', '40', cid, check=False).stderr}"
+        )
 
     def close(self) -> None:
         """Remove every started container and the network (never raises)."""

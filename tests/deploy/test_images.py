@@ -22,15 +22,27 @@ from tests.deploy_support import render
 TAG = os.environ.get("SPECDEC_DEPLOY_TAG", "dev")
 CPU_IMAGE, REDIS_IMAGE = f"specdec-cpu:{TAG}", f"specdec-redis:{TAG}"
 START_DEADLINE_S = 300
-BUILD_INPUTS = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "TORCH_INDEX_URL", "PIP_CERT",
-                "PIP_FIND_LINKS", "build-extra", "ca.crt", "/opt/pypi", "/opt/wheels")
+BUILD_INPUTS = (
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_TRUSTED_HOST",
+    "TORCH_INDEX_URL",
+    "PIP_CERT",
+    "PIP_FIND_LINKS",
+    "build-extra",
+    "ca.crt",
+    "/opt/pypi",
+    "/opt/wheels",
+)
 
 
 def _images_present() -> str:
     if os.environ.get("SPECDEC_DEPLOY_TEST") != "1":
         return "image tests run in `make deploy-test` (SPECDEC_DEPLOY_TEST=1), after the images are built"
-    if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True,
-                                                        check=False).returncode != 0:
+    if (
+        shutil.which("docker") is None
+        or subprocess.run(["docker", "info"], capture_output=True, check=False).returncode != 0
+    ):
         return "no docker engine reachable"
     for image in (CPU_IMAGE, REDIS_IMAGE):
         if docker("image", "inspect", image, check=False).returncode != 0:
@@ -48,9 +60,11 @@ def test_build_inputs_never_reach_the_runtime_image(image):
     for needle in BUILD_INPUTS:
         assert needle not in history, f"{needle} in the history of {image}"
         assert needle not in config, f"{needle} in the config of {image}"
-    script = ("test ! -e /build-extra && test ! -e /etc/pip.conf && test ! -e /usr/local/bin/build-pip"
-              " && ! command -v gcc && ! command -v cc && ! command -v make"
-              " && ! grep -rl 'PIP_INDEX_URL\\|BEGIN CERTIFICATE' /etc/pip* /root 2>/dev/null; echo clean")
+    script = (
+        "test ! -e /build-extra && test ! -e /etc/pip.conf && test ! -e /usr/local/bin/build-pip"
+        " && ! command -v gcc && ! command -v cc && ! command -v make"
+        " && ! grep -rl 'PIP_INDEX_URL\\|BEGIN CERTIFICATE' /etc/pip* /root 2>/dev/null; echo clean"
+    )
     out = docker("run", "--rm", "--entrypoint", "sh", image, "-c", script, check=False).stdout
     assert out.strip().endswith("clean"), out
 
@@ -66,8 +80,11 @@ def record(name: str, seconds: float) -> None:
 def _aliases(objects: list[dict], workload: dict) -> list[str]:
     """Cluster DNS names of the Services that select this workload's pods."""
     labels = workload["spec"]["template"]["metadata"]["labels"]
-    names = [o["metadata"]["name"] for o in objects
-             if o["kind"] == "Service" and o["spec"]["selector"].items() <= labels.items()]
+    names = [
+        o["metadata"]["name"]
+        for o in objects
+        if o["kind"] == "Service" and o["spec"]["selector"].items() <= labels.items()
+    ]
     return [alias for n in names for alias in (n, f"{n}.{NAMESPACE}", f"{n}.{NAMESPACE}.svc.cluster.local")]
 
 
@@ -88,7 +105,7 @@ def test_cpu_dev_workload_reaches_serving(cpu_dev_pods, name):
     runner, workloads, ids = cpu_dev_pods
     # All five start together on shared cores: the deadline bounds the wait, the time is reported.
     record(f"cpu-dev {name} ready", runner.wait_ready(ids[name], workloads[name], START_DEADLINE_S))
-    assert runner.probe_passes(ids[name], workloads[name], "livenessProbe")   # the k8s liveness probe as rendered
+    assert runner.probe_passes(ids[name], workloads[name], "livenessProbe")  # the k8s liveness probe as rendered
     uid = docker("exec", ids[name], "id", "-u").stdout.strip()
     assert uid != "0"
     assert docker("exec", ids[name], "sh", "-c", "touch /probe", check=False).returncode != 0
@@ -96,13 +113,28 @@ def test_cpu_dev_workload_reaches_serving(cpu_dev_pods, name):
 
 def test_embedded_target_alone_serves_within_a_minute_read_only():
     """The image's defaults: embedded target, no writable model cache, SERVING within 60 s."""
-    cid = docker("run", "-d", "--read-only", "--tmpfs", "/tmp", "--user", "10001:10001", "--cap-drop", "ALL",
-                 "-e", "SPECDEC_OFFLINE=1", "-e", "SPECDEC_PORT=50052", "-e", "SPECDEC_THREADS=1",
-                 CPU_IMAGE, "target").stdout.strip()
+    cid = docker(
+        "run",
+        "-d",
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
+        "--user",
+        "10001:10001",
+        "--cap-drop",
+        "ALL",
+        "-e",
+        "SPECDEC_OFFLINE=1",
+        "-e",
+        "SPECDEC_PORT=50052",
+        "-e",
+        "SPECDEC_THREADS=1",
+        CPU_IMAGE,
+        "target",
+    ).stdout.strip()
     try:
         runner = PodRunner.__new__(PodRunner)  # only wait_ready's polling, no network
-        workload = {"spec": {"template": {"spec": {"containers": [
-            {"readinessProbe": {"grpc": {"port": 50052}}}]}}}}
+        workload = {"spec": {"template": {"spec": {"containers": [{"readinessProbe": {"grpc": {"port": 50052}}}]}}}}
         # Speed is reported, not asserted (deploy-test's table holds it against the 60 s goal).
         record("embedded target alone SERVING", PodRunner.wait_ready(runner, cid, workload, START_DEADLINE_S))
     finally:

@@ -22,15 +22,41 @@ SPECDEC_BIN = Path(sys.executable).with_name("specdec")
 TIMEOUT_S = 600
 SETS = ("grounded", "open")
 CONFIGS = ("k0", "k4", "kdefault", "adaptive", "hf_target", "hf_assisted")
-MEASURES = ("speedup", "vs_hf", "overhead_ms_p50", "tokens_per_s", "acceptance_rate", "mean_accepted_length",
-            "per_position_acceptance", "target_passes_per_token", "itl_ms_p50", "itl_ms_p95",
-            "draft_ms_per_round", "verify_ms_per_round", "bound", "memory", "identity")
+MEASURES = (
+    "speedup",
+    "vs_hf",
+    "overhead_ms_p50",
+    "tokens_per_s",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "per_position_acceptance",
+    "target_passes_per_token",
+    "itl_ms_p50",
+    "itl_ms_p95",
+    "draft_ms_per_round",
+    "verify_ms_per_round",
+    "bound",
+    "memory",
+    "identity",
+)
 
 
 def test_bench_quick_writes_json_and_plot(tmp_path: Path) -> None:
     out, png = tmp_path / "latest.json", tmp_path / "latest.png"
-    cmd = [str(SPECDEC_BIN), "bench", "--quick", "--k", "4", "--threads", "1", "--no-progress",
-           "--out", str(out), "--plot", str(png)]
+    cmd = [
+        str(SPECDEC_BIN),
+        "bench",
+        "--quick",
+        "--k",
+        "4",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--out",
+        str(out),
+        "--plot",
+        str(png),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "== grounded" in proc.stdout and "== open" in proc.stdout

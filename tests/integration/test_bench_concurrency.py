@@ -26,9 +26,26 @@ TIMEOUT_S = 600
 
 def test_bench_concurrency_small_run(tmp_path: Path) -> None:
     out = tmp_path / "concurrency.json"
-    cmd = [str(SPECDEC_BIN), "bench-concurrency", "--concurrency", "1,3", "--k", "3", "--max-new-tokens", "12",
-           "--repeats", "1", "--no-progress", "--compare-stream", "--compare-env", "SPECDEC_LOOP_FORWARDS=1",
-           "--dtype", "float32", "--out", str(out)]   # torch fp32, as before the llama.cpp engine (exact batched rows)
+    cmd = [
+        str(SPECDEC_BIN),
+        "bench-concurrency",
+        "--concurrency",
+        "1,3",
+        "--k",
+        "3",
+        "--max-new-tokens",
+        "12",
+        "--repeats",
+        "1",
+        "--no-progress",
+        "--compare-stream",
+        "--compare-env",
+        "SPECDEC_LOOP_FORWARDS=1",
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+    ]  # torch fp32, as before the llama.cpp engine (exact batched rows)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     print(proc.stdout)
@@ -50,8 +67,12 @@ def test_bench_concurrency_small_run(tmp_path: Path) -> None:
         assert set(result["ratios"][k_name]["batched_vs_env"]) == {"1", "3"}
         batched_means.append(result["throughput"][k_name]["batched_env"]["3"]["mean_batch"])
     assert result["settings"]["compare_env"] == {"SPECDEC_LOOP_FORWARDS": "1"}
-    assert result["settings"]["round_transport"] == {"batched": "lane", "batched_stream": "stream",
-                                                     "batched_env": "lane", "unbatched": "lane"}
+    assert result["settings"]["round_transport"] == {
+        "batched": "lane",
+        "batched_stream": "stream",
+        "batched_env": "lane",
+        "unbatched": "lane",
+    }
     assert max(batched_means) > 1.0, batched_means
-    server = result["llama_server"]   # llama.cpp's own server on the same waves, or why not
+    server = result["llama_server"]  # llama.cpp's own server on the same waves, or why not
     assert set(server.get("tokens_per_s", {})) == {"1", "3"} or "make llama-server" in server["skipped"], server

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 K = 4
 MAX_NEW = 40
-LONG_PROMPT = " ".join(IDENTITY_PROMPTS) * 3     # a few hundred tokens: the full form is much larger
+LONG_PROMPT = " ".join(IDENTITY_PROMPTS) * 3  # a few hundred tokens: the full form is much larger
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +46,9 @@ def stream(stack, prompt: str, between=None, sid: str = "") -> tuple[list[int], 
     """A greedy generation; `between(session_id)` runs on the stack's loop after the first chunk."""
     channel, stub = stack.stub()
     sid = sid or f"delta-{uuid.uuid4().hex[:8]}"
-    req = pb.GenerateRequest(prompt=prompt, k=K, max_new_tokens=MAX_NEW, ignore_eos=True, session_id=sid,
-                             create_session=True)
+    req = pb.GenerateRequest(
+        prompt=prompt, k=K, max_new_tokens=MAX_NEW, ignore_eos=True, session_id=sid, create_session=True
+    )
     tokens, stats, done = [], None, False
     for chunk in stub.GenerateStream(req, timeout=120):
         tokens += list(chunk.token_ids)
@@ -64,23 +65,27 @@ def evict(roles):
     async def run(sid):
         for servicer in roles:
             assert servicer.context_store().release(sid)
+
     return run
 
 
 def restart(roles):
     async def run(sid):
         for servicer in roles:
-            servicer._contexts = None          # what a restarted replica holds: nothing
+            servicer._contexts = None  # what a restarted replica holds: nothing
+
     return run
 
 
 def rewrite(roles):
     """Another client's call on the same session with a context of the same length (other tokens)."""
+
     async def run(sid):
         for servicer in roles:
             store = servicer.context_store()
             held = store._held[sid].tokens
             store.resolve(sid, [held[0]] + [(t + 1) % 100 for t in held[1:]], 0, None)
+
     return run
 
 
@@ -144,26 +149,49 @@ def test_old_clients_full_form_and_the_miss_status(stack):
     channel, stub = target_stub(stack)
     full = stub.Verify(target_pb2.VerifyRequest(session_id="old", context_ids=ids, draft_ids=[5, 6]), timeout=30)
     again = stub.Verify(target_pb2.VerifyRequest(session_id="old", context_ids=ids, draft_ids=[5, 6]), timeout=30)
-    delta = stub.Verify(target_pb2.VerifyRequest(session_id="old", context_ids=ids[-3:], draft_ids=[5, 6],
-                                                 position_base=len(ids) - 3, prefix_hash=prefix_hash(ids[:-3])),
-                        timeout=30)
+    delta = stub.Verify(
+        target_pb2.VerifyRequest(
+            session_id="old",
+            context_ids=ids[-3:],
+            draft_ids=[5, 6],
+            position_base=len(ids) - 3,
+            prefix_hash=prefix_hash(ids[:-3]),
+        ),
+        timeout=30,
+    )
     assert list(full.target_ids) == list(again.target_ids) == list(delta.target_ids)
     assert full.num_accepted == delta.num_accepted
     with pytest.raises(grpc.RpcError) as err:
-        stub.Verify(target_pb2.VerifyRequest(session_id="never-seen", context_ids=[5], draft_ids=[6],
-                                             position_base=4, prefix_hash=prefix_hash(ids[:4])), timeout=30)
+        stub.Verify(
+            target_pb2.VerifyRequest(
+                session_id="never-seen",
+                context_ids=[5],
+                draft_ids=[6],
+                position_base=4,
+                prefix_hash=prefix_hash(ids[:4]),
+            ),
+            timeout=30,
+        )
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert (CONTEXT_MISS_METADATA, "unknown-session") in tuple(err.value.trailing_metadata())
     channel.close()
     dchannel = grpc.insecure_channel(f"127.0.0.1:{stack.draft_app.port}")
     draft = draft_pb2_grpc.DraftStub(dchannel)
     one = draft.Propose(draft_pb2.ProposeRequest(session_id="old", context_ids=ids, k=3), timeout=30)
-    two = draft.Propose(draft_pb2.ProposeRequest(session_id="old", context_ids=ids[5:], k=3, position_base=5,
-                                                 prefix_hash=prefix_hash(ids[:5])), timeout=30)
+    two = draft.Propose(
+        draft_pb2.ProposeRequest(
+            session_id="old", context_ids=ids[5:], k=3, position_base=5, prefix_hash=prefix_hash(ids[:5])
+        ),
+        timeout=30,
+    )
     assert list(one.draft_ids) == list(two.draft_ids)
     with pytest.raises(grpc.RpcError) as err:
-        draft.Propose(draft_pb2.ProposeRequest(session_id="old", context_ids=[1], k=3, position_base=5,
-                                               prefix_hash=prefix_hash(ids[:4] + [0])), timeout=30)
+        draft.Propose(
+            draft_pb2.ProposeRequest(
+                session_id="old", context_ids=[1], k=3, position_base=5, prefix_hash=prefix_hash(ids[:4] + [0])
+            ),
+            timeout=30,
+        )
     assert (CONTEXT_MISS_METADATA, "hash-mismatch") in tuple(err.value.trailing_metadata())
     dchannel.close()
 
@@ -177,8 +205,9 @@ def test_release_drops_the_context(stack):
 
 
 @pytest.mark.parametrize("trace, rejected_rows, asked", [(False, True, True), (True, True, False), (True, False, True)])
-def test_the_target_is_asked_for_the_verdict_only_unless_a_trace_shows_rejected_rows(stack, reference, trace,
-                                                                                      rejected_rows, asked):
+def test_the_target_is_asked_for_the_verdict_only_unless_a_trace_shows_rejected_rows(
+    stack, reference, trace, rejected_rows, asked
+):
     """Untraced rounds (and traces with SPECDEC_TRACE_REJECTED_ROWS=0) ask for VerifyRequest.verdict_only, so the
     target skips the argmax of rows after the rejection; the tokens are the same either way."""
     engine, seen = stack.target_bundle.engines["target"], []
@@ -194,7 +223,7 @@ def test_the_target_is_asked_for_the_verdict_only_unless_a_trace_shows_rejected_
         del engine._judge
         stack.deps.cfg.trace_rejected_rows = True
     assert list(reply.token_ids) == reference[0]
-    assert {flag for k, flag in seen if k} == {asked}               # rounds with a draft (k = 0: nothing to cut)
+    assert {flag for k, flag in seen if k} == {asked}  # rounds with a draft (k = 0: nothing to cut)
     rejected = [r for r in reply.trace if r.num_accepted < len(r.draft_ids)]
     assert not trace or rejected
     cut = {len(r.matches) == r.num_accepted + 1 and len(r.target_ids) == r.num_accepted + 1 for r in rejected}
@@ -216,13 +245,18 @@ def test_a_round_is_answered_at_once_when_the_service_is_idle_and_through_its_qu
         draft, target = stack.draft_servicer, stack.target_servicer
         out = {}
         for name, servicer, call, request in (
-                ("draft", draft, draft.propose_now, draft_pb2.ProposeRequest(session_id="now", context_ids=ids, k=2)),
-                ("target", target, target.verify_now,
-                 target_pb2.VerifyRequest(session_id="now", context_ids=ids, draft_ids=[ids[1]]))):
+            ("draft", draft, draft.propose_now, draft_pb2.ProposeRequest(session_id="now", context_ids=ids, k=2)),
+            (
+                "target",
+                target,
+                target.verify_now,
+                target_pb2.VerifyRequest(session_id="now", context_ids=ids, draft_ids=[ids[1]]),
+            ),
+        ):
             first = call(request, LaneCallContext())
-            first = await first if inspect.isawaitable(first) else first      # the target: another session ran last
+            first = await first if inspect.isawaitable(first) else first  # the target: another session ran last
             at_once = call(request, LaneCallContext())
-            async with servicer.worker.session_slot("someone-else"):          # another call in flight
+            async with servicer.worker.session_slot("someone-else"):  # another call in flight
                 queued = call(request, LaneCallContext())
             out[name] = (first, at_once, inspect.isawaitable(at_once), inspect.isawaitable(queued), await queued)
         return out
@@ -255,33 +289,38 @@ def test_a_lone_sessions_next_round_is_prepared_once_its_round_is_answered(stack
     async def verify(request):
         answer = target.verify_now(request, LaneCallContext())
         answer = await answer if inspect.isawaitable(answer) else answer
-        await asyncio.sleep(0)                                     # the loop's next turn: prepare_next has run
+        await asyncio.sleep(0)  # the loop's next turn: prepare_next has run
         return answer
 
     async def body():
         full = target_pb2.VerifyRequest(session_id="prep", context_ids=ids, draft_ids=[ids[2], ids[3], ids[4]])
-        await verify(full)                                         # the first call of a session may queue
-        first = await verify(full)                                 # answered at once, then prepared
-        emitted = list(first.target_ids[:first.num_accepted]) + [first.next_token]
+        await verify(full)  # the first call of a session may queue
+        first = await verify(full)  # answered at once, then prepared
+        emitted = list(first.target_ids[: first.num_accepted]) + [first.next_token]
         held = store._held["prep"].tokens
         kv_len = len(pool._sessions["prep"])
         hits = store.counters.hits
         draft = [emitted[-1], ids[5]]
-        delta = target_pb2.VerifyRequest(session_id="prep", context_ids=emitted, position_base=len(ids),
-                                         prefix_hash=prefix_hash(ids), draft_ids=draft)
+        delta = target_pb2.VerifyRequest(
+            session_id="prep",
+            context_ids=emitted,
+            position_base=len(ids),
+            prefix_hash=prefix_hash(ids),
+            draft_ids=draft,
+        )
         fresh = target_pb2.VerifyRequest(session_id="prep-fresh", context_ids=ids + emitted, draft_ids=draft)
         out = (held, kv_len, first, await verify(delta), store.counters.hits - hits, await verify(fresh))
-        inp = VerifyInput("prep-fresh", ids[:4], [1, 2], SamplingConfig())     # the session of the last pass
+        inp = VerifyInput("prep-fresh", ids[:4], [1, 2], SamplingConfig())  # the session of the last pass
         result = AcceptResult(0, 3, "recovered", [], [])
         before = len(pool._sessions["prep-fresh"])
-        async with target.worker.session_slot("someone-else"):    # another call in flight: the cache stays
+        async with target.worker.session_slot("someone-else"):  # another call in flight: the cache stays
             target.prepare_next(inp, result)
         kept = len(pool._sessions["prep-fresh"])
-        target.prepare_next(inp, result)                           # nothing in flight: rolled back to 4
+        target.prepare_next(inp, result)  # nothing in flight: rolled back to 4
         return out + ((before, kept, len(pool._sessions["prep-fresh"])),)
 
     held, kv_len, first, nxt, hits, fresh, (before, kept, rolled) = stack.call(body())
-    assert held == ids + list(first.target_ids[:first.num_accepted]) + [first.next_token]
+    assert held == ids + list(first.target_ids[: first.num_accepted]) + [first.next_token]
     assert kv_len == len(ids) + first.num_accepted
     assert hits == 1 and nxt.stats.cached_tokens == len(held) - 1 and nxt.stats.rolled_back == 0
     for f in ("num_accepted", "next_token", "target_ids"):

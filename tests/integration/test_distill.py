@@ -33,9 +33,31 @@ def _prompts() -> list[str]:
 ARCH_ARGS = {"eagle": ["--arch", "eagle", "--depth", "2", "--text-tokens", "2000"], "layers": ["--arch", "layers"]}
 # Sized for the suite (each fixture well under a minute on 2 cores): the tiny target rarely ends a
 # self-written message, so self-prompt rounds run to their limit (4 rounds of 2 x --data-batch messages).
-COMMON_ARGS = ["--docstrings", "0", "--variants", "2", "--self-prompts", "2", "--data-batch", "4", "--layers", "1",
-               "--head-tokens", "3000", "--steps", "6", "--batch-tokens", "256", "--checkpoint-every", "3",
-               "--max-new-tokens", "8", "--eval-max-new-tokens", "8", "--quiet"]
+COMMON_ARGS = [
+    "--docstrings",
+    "0",
+    "--variants",
+    "2",
+    "--self-prompts",
+    "2",
+    "--data-batch",
+    "4",
+    "--layers",
+    "1",
+    "--head-tokens",
+    "3000",
+    "--steps",
+    "6",
+    "--batch-tokens",
+    "256",
+    "--checkpoint-every",
+    "3",
+    "--max-new-tokens",
+    "8",
+    "--eval-max-new-tokens",
+    "8",
+    "--quiet",
+]
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +68,23 @@ def data_stage(tmp_path_factory):
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in _prompts()))
     out = root / "data-run"
-    assert main(["distill", "--target", str(target_dir), "--out", str(out), "--prompts", str(prompts),
-                 *COMMON_ARGS, "--stop-after", "data"]) == 0
+    assert (
+        main(
+            [
+                "distill",
+                "--target",
+                str(target_dir),
+                "--out",
+                str(out),
+                "--prompts",
+                str(prompts),
+                *COMMON_ARGS,
+                "--stop-after",
+                "data",
+            ]
+        )
+        == 0
+    )
     return target_dir, prompts, out / "data"
 
 
@@ -58,8 +95,17 @@ def distilled(data_stage, tmp_path_factory, request):
     target_dir, prompts, data = data_stage
     out = tmp_path_factory.mktemp(f"distill-{request.param}") / "draft"
     shutil.copytree(data, out / "data")
-    argv = ["distill", "--target", str(target_dir), "--out", str(out), "--prompts", str(prompts), *COMMON_ARGS,
-            *ARCH_ARGS[request.param]]
+    argv = [
+        "distill",
+        "--target",
+        str(target_dir),
+        "--out",
+        str(out),
+        "--prompts",
+        str(prompts),
+        *COMMON_ARGS,
+        *ARCH_ARGS[request.param],
+    ]
     chunks = {p.name: p.stat().st_mtime_ns for p in (out / "data").glob("chunk-*.pt")}
     assert main(argv + ["--resume"]) == 0
     assert {p.name: p.stat().st_mtime_ns for p in (out / "data").glob("chunk-*.pt")} == chunks  # reused as is
@@ -97,8 +143,7 @@ def test_distilled_draft_loads_and_greedy_output_equals_target(distilled, redis_
     assert bundle.info["logits_width"] == 49152
     assert bool(bundle.info.get("needs_target_hidden")) == (arch == "eagle")
     model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
-    stack = InProcessStack(target_model=str(target_dir), draft_model=f"local:{out}",
-                           redis_url=redis_server.url).start()
+    stack = InProcessStack(target_model=str(target_dir), draft_model=f"local:{out}", redis_url=redis_server.url).start()
     try:
         channel, stub = stack.stub()
         eos = sorted(stack.deps.eos_ids)

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from specdec.models import gguf_cache
-from specdec.models.resolve import embedded_gguf_path
 from specdec.models.loader import LoadConfig, LoadedModel, load_causal_lm, load_tokenizer
+from specdec.models.resolve import embedded_gguf_path
 from specdec.models.tiny import build_tiny_causal_lm, save_tiny_pair
 from specdec.models.tokenizer_info import (
     compare_tokenizers,
@@ -91,10 +91,12 @@ def test_model_is_ready(loads: tuple[LoadedModel, LoadedModel]) -> None:
     assert getattr(model.config, "quantization_config", None) is None
     inputs = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is 2+2?"}],
-        add_generation_prompt=True, return_tensors="pt", return_dict=True,
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
     )
     out = model.generate(**inputs, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
-    answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:])
+    answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :])
     assert "4" in answer
 
 
@@ -132,8 +134,9 @@ def test_tiny_pair_with_real_tokenizer(tmp_path: Path, loads: tuple[LoadedModel,
     assert compare_tokenizers(a, b, "target", "draft") is None
     assert compare_tokenizers(a, describe_tokenizer(tokenizer), "tiny", "smollm2") is None
     ids = tokenizer("The quick brown fox jumps over", return_tensors="pt").input_ids
-    out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=TINY_NEW_TOKENS,
-                                do_sample=False)
+    out = target.model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=TINY_NEW_TOKENS, do_sample=False
+    )
     with torch.no_grad():
         agree = (target.model(out).logits.argmax(-1) == draft.model(out).logits.argmax(-1)).float().mean()
     print(f"\ntiny pair greedy agreement: {agree.item():.2f}")

@@ -41,7 +41,9 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stub(models):
     _, target_dir, draft_dir, _ = models
-    stack = LocalStack(StackConfig(target_model=str(target_dir), draft_model=str(draft_dir), draft_kind="model")).start()
+    stack = LocalStack(
+        StackConfig(target_model=str(target_dir), draft_model=str(draft_dir), draft_kind="model")
+    ).start()
     channel = grpc.insecure_channel(stack.orchestrator_address)
     yield orchestrator_pb2_grpc.OrchestratorStub(channel)
     channel.close()
@@ -59,7 +61,7 @@ def test_greedy_output_equals_the_target_and_the_draft_drafts_from_round_two(stu
         ids = tok.encode(prompt)
         assert divergence(target, ids, list(resp.token_ids), target_greedy(target, ids, MAX_NEW, [-1])) in ("", "tie")
         rounds = list(resp.trace)
-        assert len(rounds[0].draft_ids) == 0          # round 1: the target's rows are not there yet
+        assert len(rounds[0].draft_ids) == 0  # round 1: the target's rows are not there yet
         assert all(len(r.draft_ids) == r.k for r in rounds[1:] if r.k)
         assert sum(len(r.draft_ids) for r in rounds) > 0
 
@@ -77,9 +79,17 @@ def test_a_second_turn_continues_with_the_rows_the_draft_kept(stub, models):
 
 def test_a_target_without_hidden_states_is_refused_with_a_clear_message(models, redis_server):
     _, target_dir, draft_dir, _ = models
-    err = refused_generate(StackConfig(target_model=str(target_dir), draft_model=str(draft_dir), draft_kind="model",
-                                       redis_url=redis_server.url, extra_env={"SPECDEC_KEEP_HIDDEN": "0"}),
-                           request("Once upon a time"), RPC_TIMEOUT_S)
+    err = refused_generate(
+        StackConfig(
+            target_model=str(target_dir),
+            draft_model=str(draft_dir),
+            draft_kind="model",
+            redis_url=redis_server.url,
+            extra_env={"SPECDEC_KEEP_HIDDEN": "0"},
+        ),
+        request("Once upon a time"),
+        RPC_TIMEOUT_S,
+    )
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "hidden states" in err.details() and "SPECDEC_KEEP_HIDDEN" in err.details()
 

@@ -25,8 +25,8 @@ pytestmark = [pytest.mark.integration]
 
 RPC_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
-MAX_BATCH = "3"                 # the services' default is 8: this value can only come from the environment
-EXIT_LOAD_ERROR = 2             # specdec.cli's exit code for a model that cannot be loaded
+MAX_BATCH = "3"  # the services' default is 8: this value can only come from the environment
+EXIT_LOAD_ERROR = 2  # specdec.cli's exit code for a model that cannot be loaded
 
 
 def _parent(pid: int) -> int:
@@ -40,8 +40,13 @@ def forking(monkeypatch):
 
 
 def test_forked_services_are_processes_of_their_own(forking, redis_server, tmp_path):
-    cfg = StackConfig(target_model="embedded", draft_kind="ngram", redis_url=redis_server.url, log_dir=str(tmp_path),
-                      extra_env={"SPECDEC_MAX_BATCH": MAX_BATCH})
+    cfg = StackConfig(
+        target_model="embedded",
+        draft_kind="ngram",
+        redis_url=redis_server.url,
+        log_dir=str(tmp_path),
+        extra_env={"SPECDEC_MAX_BATCH": MAX_BATCH},
+    )
     with LocalStack(cfg) as stack:
         server_pid = forkserver._server.popen.pid
         for proc in stack.procs:
@@ -57,10 +62,11 @@ def test_forked_services_are_processes_of_their_own(forking, redis_server, tmp_p
         with grpc.insecure_channel(stack.orchestrator_address) as channel:
             reply = orchestrator_pb2_grpc.OrchestratorStub(channel).Generate(
                 orchestrator_pb2.GenerateRequest(prompt="The capital of France is", k=3, max_new_tokens=8),
-                timeout=RPC_TIMEOUT_S)
+                timeout=RPC_TIMEOUT_S,
+            )
         assert len(reply.token_ids) > 0
 
-        other = stack.start_target(env={"OMP_NUM_THREADS": "1"})   # read when torch loads: not forkable
+        other = stack.start_target(env={"OMP_NUM_THREADS": "1"})  # read when torch loads: not forkable
         assert isinstance(other.popen, subprocess.Popen)
         stack.wait_ready(other)
         os.kill(target.popen.pid, signal.SIGKILL)

@@ -49,7 +49,7 @@ def always_worth_it(monkeypatch):
     monkeypatch.setattr("orchestrator.overlap.worth_overlapping", lambda hit, k_ahead, costs: k_ahead > 0)
 
 
-BRANCHES = 2     # overlapped requests draft ahead behind runner-ups too (GenerateRequest.overlap_branches; off by default)
+BRANCHES = 2  # overlapped requests draft ahead behind runner-ups too (GenerateRequest.overlap_branches; off by default)
 
 
 def generate(stub, prompt, k, max_new, **extra):
@@ -66,10 +66,10 @@ def check_trace(resp) -> None:
     assert resp.stats.predrafts_used_runner_up == sum(r.predraft_runner_up_at > 0 for r in used)
     assert all(r.predraft_runner_up_at <= prev.k for prev, r in zip(resp.trace, resp.trace[1:]) if r.predrafted)
     assert all(r.draft_kind == "model" and r.draft_ids for r in used)
-    assert all(r.draft_hidden_ms >= 0 for r in used)   # 0: a branch queued behind others started after the verify
+    assert all(r.draft_hidden_ms >= 0 for r in used)  # 0: a branch queued behind others started after the verify
     assert resp.stats.draft_hidden_ms == pytest.approx(sum(r.draft_hidden_ms for r in used))
     assert resp.stats.context_resends == 0
-    for r in resp.trace:    # the services report how long they held each call (ComputeStats.service_ms)
+    for r in resp.trace:  # the services report how long they held each call (ComputeStats.service_ms)
         assert r.target_service_ms >= r.target_ms > 0
         if r.draft_ids and not r.predrafted:
             assert r.draft_service_ms >= r.draft_ms > 0
@@ -100,9 +100,9 @@ def test_greedy_overlap_is_the_target_alone_and_the_sequential_rounds(stack, tin
     finally:
         channel.close()
     print(f"\npre-drafts: {totals}")
-    assert 0 < totals["used"] < totals["predrafts"], totals   # some used, some discarded
-    assert 0 < totals["runner_up"] < totals["used"], totals   # blocks behind a runner-up and behind all drafts
-    assert totals["hid"] > totals["used"] / 2, totals         # most used blocks were drafted during the verify
+    assert 0 < totals["used"] < totals["predrafts"], totals  # some used, some discarded
+    assert 0 < totals["runner_up"] < totals["used"], totals  # blocks behind a runner-up and behind all drafts
+    assert totals["hid"] > totals["used"] / 2, totals  # most used blocks were drafted during the verify
 
 
 def test_sampled_overlap_equals_sequential_rounds_at_fixed_k_and_seed(stack):
@@ -135,7 +135,7 @@ def test_adaptive_k_with_overlap_keeps_the_output(stack):
         channel.close()
     assert list(a.token_ids) == list(b.token_ids) == list(post_only.token_ids)
     check_trace(a)
-    check_trace(post_only)       # no branches: one block per pre-draft, none behind a runner-up
+    check_trace(post_only)  # no branches: one block per pre-draft, none behind a runner-up
     assert post_only.stats.predraft_branches == post_only.stats.predrafts > 0
     assert post_only.stats.predrafts_used_runner_up == 0
 
@@ -175,5 +175,5 @@ def test_the_server_default_and_the_hop_delay(stack):
         channel.close()
     assert on.stats.predrafts > 0 and delayed.stats.predrafts == 0
     assert list(on.token_ids) == list(delayed.token_ids)
-    calls = sum(1 + bool(r.draft_ids) for r in delayed.trace)     # a Verify per round, a Propose per draft
+    calls = sum(1 + bool(r.draft_ids) for r in delayed.trace)  # a Verify per round, a Propose per draft
     assert delayed.stats.overhead_ms >= calls * 2 * 20.0 * 0.99

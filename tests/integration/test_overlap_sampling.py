@@ -21,7 +21,7 @@ catches both.)
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -30,8 +30,8 @@ import torch
 from orchestrator.overlap import BlockBase, usable_block
 from specdec.core.sampling import SamplingConfig, logits_to_probs
 from specdec.engine.types import ProposeInput, SparseDist, VerifyInput
-from tests.worker_pool import pool_map
 from tests.integration.test_sampling_engines import ALPHA, CFG, CONTEXT, DRAFT_NOISE, VOCAB, built_engines, pvalue
+from tests.worker_pool import pool_map
 
 pytestmark = pytest.mark.integration
 
@@ -49,12 +49,12 @@ Slicer = Callable[[Sequence, int, int], list]
 def aligned(rows: Sequence, skip: int, n: int) -> list:
     """The block's q' rows: e2..e(n+1) after a post-verify guess (skip 1: row 0 is the draft's guess of the
     bonus), the first n of a branch's block (skip 0)."""
-    return list(rows[skip:skip + n])
+    return list(rows[skip : skip + n])
 
 
 def lying(rows: Sequence, skip: int, n: int) -> list:
     """A broken variant: the block's q' rows reported uniform over their support."""
-    return [SparseDist(list(r.token_ids), [1.0 / len(r.token_ids)] * len(r.token_ids)) for r in rows[skip:skip + n]]
+    return [SparseDist(list(r.token_ids), [1.0 / len(r.token_ids)] * len(r.token_ids)) for r in rows[skip : skip + n]]
 
 
 def drafted_ahead(draft, context: list[int], ids: list[int], runner_ups: list[int], cfg: SamplingConfig) -> list:
@@ -76,7 +76,7 @@ def take_block(ahead: list, context: list[int], q_rows: Slicer, stats: dict | No
             if stats is not None:
                 stats["used"] += 1
                 stats["runner_up"] += guess is not None
-            return list(pre.draft_ids[skip:skip + n]), q_rows(pre.draft_probs, skip, n)
+            return list(pre.draft_ids[skip : skip + n]), q_rows(pre.draft_probs, skip, n)
     return [], []
 
 
@@ -85,8 +85,9 @@ def engines():
     return built_engines(NOISE)
 
 
-def generate(target, draft, cfg: SamplingConfig, overlap: bool, q_rows: Slicer = aligned,
-             stats: dict | None = None) -> list[int]:
+def generate(
+    target, draft, cfg: SamplingConfig, overlap: bool, q_rows: Slicer = aligned, stats: dict | None = None
+) -> list[int]:
     """TOKENS tokens by k = K rounds, sequential or overlapped (see the module docstring)."""
     context, out, ahead = list(CONTEXT), [], []
     while len(out) < TOKENS:
@@ -144,7 +145,7 @@ def test_overlapped_rounds_preserve_the_target_distribution(engines):
     counts = sample_counts(aligned, stats)
     pv = [pvalue(counts.sum((0, 1)), joint.sum((0, 1))), pvalue(counts.sum(0), joint.sum(0))]
     print(f"\npre-drafted blocks used: {stats} in {SAMPLES} generations; p-values third/second+third: {pv}")
-    assert stats["used"] > SAMPLES // 10      # the path under test ran often
+    assert stats["used"] > SAMPLES // 10  # the path under test ran often
     # ... and the branch behind the runner-up (measured 57 of 827: with this close draft a recovery drawn from
     # max(0, p - q) is seldom q's runner-up; the fixed-seed identity test below checks that path token for token)
     assert stats["runner_up"] > SAMPLES // 100

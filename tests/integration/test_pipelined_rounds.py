@@ -45,14 +45,14 @@ class Recorder:
     async def _append(self, *args, **kwargs):
         self.events.append(("append", time.monotonic()))
         if sum(1 for e in self.events if e[0] == "append") == self.fail_append:
-            assert self.events[-2][0] == "run"       # fail while the next round is on the wire
+            assert self.events[-2][0] == "run"  # fail while the next round is on the wire
             raise StoreUnavailable("injected: Redis went away")
         await asyncio.sleep(APPEND_DELAY_S)
         written = await self.append(*args, **kwargs)
         self.events.append(("stored", time.monotonic()))
         return written
 
-    def __enter__(self) -> "Recorder":
+    def __enter__(self) -> Recorder:
         self.deps.runner.run, self.deps.store.append = self._run, self._append
         return self
 
@@ -62,8 +62,15 @@ class Recorder:
 
 def generate(stack, session_id: str, stream: bool = False, stop: str = ""):
     channel, stub = stack.stub()
-    req = pb.GenerateRequest(prompt=IDENTITY_PROMPTS[0], max_new_tokens=MAX_NEW, ignore_eos=True, k=2,
-                             session_id=session_id, create_session=True, stop=[stop] if stop else [])
+    req = pb.GenerateRequest(
+        prompt=IDENTITY_PROMPTS[0],
+        max_new_tokens=MAX_NEW,
+        ignore_eos=True,
+        k=2,
+        session_id=session_id,
+        create_session=True,
+        stop=[stop] if stop else [],
+    )
     try:
         if stream:
             return list(stub.GenerateStream(req, timeout=60))
@@ -81,14 +88,23 @@ def test_the_next_round_runs_while_the_previous_tokens_are_stored(stack):
     # last round has no successor
     rounds = piped.stats.rounds
     assert rounds > 3
-    assert [kind for kind, _ in rec.events] == ["run"] + ["run", "append", "stored"] * (rounds - 1) + ["append", "stored"]
+    assert [kind for kind, _ in rec.events] == ["run"] + ["run", "append", "stored"] * (rounds - 1) + [
+        "append",
+        "stored",
+    ]
 
 
 def test_a_failed_store_cancels_the_round_in_flight_and_streams_nothing_unstored(stack):
     with Recorder(stack, fail_append=3) as rec:
         channel, stub = stack.stub()
-        req = pb.GenerateRequest(prompt=IDENTITY_PROMPTS[0], max_new_tokens=MAX_NEW, ignore_eos=True, k=2,
-                                 session_id="fails", create_session=True)
+        req = pb.GenerateRequest(
+            prompt=IDENTITY_PROMPTS[0],
+            max_new_tokens=MAX_NEW,
+            ignore_eos=True,
+            k=2,
+            session_id="fails",
+            create_session=True,
+        )
         received = []
         with pytest.raises(grpc.RpcError) as err:
             for chunk in stub.GenerateStream(req, timeout=60):
@@ -98,7 +114,7 @@ def test_a_failed_store_cancels_the_round_in_flight_and_streams_nothing_unstored
     kinds = [kind for kind, _ in rec.events]
     assert kinds == ["run", "run", "append", "stored", "run", "append", "stored", "run", "append", "cancelled"]
     stored = stack.call(stack.deps.store.get("fails"))
-    assert received == stored.completion_ids and len(received) > 0   # the client holds only what Redis holds
+    assert received == stored.completion_ids and len(received) > 0  # the client holds only what Redis holds
 
 
 def test_a_stop_string_cancels_the_round_started_after_it(stack):
@@ -106,14 +122,14 @@ def test_a_stop_string_cancels_the_round_started_after_it(stack):
     the generation, so the round started after it is cancelled and nothing past the stop is stored."""
     plain = generate(stack, "plain-for-stop")
     text = plain.text
-    cut = next(i for i in range(len(text) // 2, len(text) - 3) if text[i:i + 3].strip() == text[i:i + 3])
-    stop = text[cut:cut + 3]
+    cut = next(i for i in range(len(text) // 2, len(text) - 3) if text[i : i + 3].strip() == text[i : i + 3])
+    stop = text[cut : cut + 3]
     with Recorder(stack) as rec:
         stopped = generate(stack, "stopped", stop=stop)
-    assert stopped.finish_reason == pb.FINISH_REASON_STOP and stopped.text == text[:text.index(stop)]
+    assert stopped.finish_reason == pb.FINISH_REASON_STOP and stopped.text == text[: text.index(stop)]
     kinds = [kind for kind, _ in rec.events]
     last_run = len(kinds) - 1 - kinds[::-1].index("run")
     assert kinds.count("run") == stopped.stats.rounds + 1 and kinds.index("cancelled") > last_run
-    assert list(stopped.token_ids) == list(plain.token_ids[:len(stopped.token_ids)])
+    assert list(stopped.token_ids) == list(plain.token_ids[: len(stopped.token_ids)])
     stored = stack.call(stack.deps.store.get("stopped"))
     assert stored.completion_ids == list(stopped.token_ids)

@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM
 from specdec.engine.kvcache import common_prefix_len
 from specdec.launcher import LocalStack, StackConfig
 from specdec.models.loader import load_tokenizer
-from specdec.v1 import orchestrator_pb2 as pb, orchestrator_pb2_grpc
+from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import orchestrator_pb2_grpc
 from tests.prompts import IDENTITY_PROMPTS
 from tests.support import make_tiny_pair, target_greedy
 
@@ -26,8 +27,9 @@ NO_EOS = [49151]  # ignore_eos: the reference must not stop either (an id the ti
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, redis_server):
     target_dir, draft_dir = make_tiny_pair(tmp_path_factory.mktemp("tiny"), IDENTITY_PROMPTS)
-    cfg = StackConfig(target_model=str(target_dir), draft_model=str(draft_dir), draft_kind="model",
-                      redis_url=redis_server.url)
+    cfg = StackConfig(
+        target_model=str(target_dir), draft_model=str(draft_dir), draft_kind="model", redis_url=redis_server.url
+    )
     with LocalStack(cfg) as s:
         s.target_dir = target_dir
         yield s
@@ -49,9 +51,9 @@ def test_a_resent_conversation_is_served_from_the_cache_with_the_same_output(sta
         second = generate(stub, turn2)
     first_ids, turn2_ids = tok.encode(IDENTITY_PROMPTS[0]), tok.encode(turn2)
     shared = common_prefix_len(first_ids + list(first.token_ids), turn2_ids)
-    assert shared > len(first_ids)                          # the conversation, not only the first prompt
+    assert shared > len(first_ids)  # the conversation, not only the first prompt
     cached = second.trace[0].target_cached_tokens
     assert shared - 2 <= cached <= shared, (cached, shared)  # the donor may not hold its last token(s)
     assert second.usage.cached_prompt_tokens == cached
-    assert second.trace[0].draft_computed_tokens < len(turn2_ids) - len(first_ids)   # the draft shared too
+    assert second.trace[0].draft_computed_tokens < len(turn2_ids) - len(first_ids)  # the draft shared too
     assert list(second.token_ids) == target_greedy(model, turn2_ids, MAX_NEW, NO_EOS)

@@ -29,9 +29,8 @@ import pytest
 from specdec import forkserver
 from specdec.launcher import LocalStack, StackConfig
 from specdec.models.loader import load_tokenizer
-from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
+from specdec.v1 import common_pb2, orchestrator_pb2_grpc, target_pb2, target_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
-from specdec.v1 import orchestrator_pb2_grpc
 from tests.grounded_prompts import CLI_PROMPT, GROUNDED_PROMPTS
 from tests.llamacpp_support import LlamaCppReference
 
@@ -40,7 +39,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 K = 4
 MAX_NEW = 64
 RPC_TIMEOUT_S = 120.0
-MAX_TIES = 3   # near-ties where a 5-row verify and a 1-row step round apart: 2 of the 12 prompts (measured)
+MAX_TIES = 3  # near-ties where a 5-row verify and a 1-row step round apart: 2 of the 12 prompts (measured)
 FLOAT_SLACK_MS = 1e-6  # two durations measured on one clock in two processes, rounded as doubles
 # Measured on this machine (2 CPU cores, k=4, 12 grounded prompts): 1.96 tokens per round with the
 # default n-gram min_n = 2 (2.27 with min_n = 1, which drafts in more rounds and wastes more verify
@@ -51,8 +50,10 @@ REPLACEMENT_CHAR = "\ufffd"
 # (prompt, max_new_tokens). The Chinese one makes SmolLM2 answer in Chinese (it answers
 # "用中文写一句关于春天的话" in English); its greedy output at 60 tokens ends on a whole character,
 # and the n-gram draft's rounds end inside characters (the detokenizer must hold those bytes back).
-STREAM_CASES = [("Write one sentence about the spring.", MAX_NEW, 0),
-                ("把下面这句话重复一遍：春天来了，花开了，小鸟在树上唱歌。", 60, 1)]
+STREAM_CASES = [
+    ("Write one sentence about the spring.", MAX_NEW, 0),
+    ("把下面这句话重复一遍：春天来了，花开了，小鸟在树上唱歌。", 60, 1),
+]
 MIN_STOP_OFFSET = 10  # the stop must start this many characters into the completion
 CLI_K = 3
 CLI_MAX_NEW = 48
@@ -68,7 +69,7 @@ def stack():
     started = time.perf_counter()
     s = LocalStack(StackConfig(target_model="embedded", draft_kind="ngram", threads=1))
     try:
-        with pytest.MonkeyPatch.context() as env:   # `python -m specdec.cli serve`, as deployed (no fork server)
+        with pytest.MonkeyPatch.context() as env:  # `python -m specdec.cli serve`, as deployed (no fork server)
             env.setenv(forkserver.START_METHOD_ENV, forkserver.EXEC)
             s.start()
     except BaseException:
@@ -127,8 +128,9 @@ def chat_request(content: str, k: int = K, max_new: int = MAX_NEW, **extra) -> p
 
 def chat_prompt_ids(tokenizer, content: str) -> list[int]:
     """What orchestrator.prompting.Prompter.first_turn produces for one user message."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
@@ -151,7 +153,7 @@ def test_grounded_prompts_identity_and_acceptance(grounded_runs, reference, eos)
     rounds = accepted = drafted = delivered = 0
     overhead_ms = target_ms = draft_ms = 0.0
     prompt_ids = [chat_prompt_ids(tok, prompt) for prompt, _ in grounded_runs]
-    wants = [llama.greedy(ids, MAX_NEW, eos) for ids in prompt_ids]   # llama.cpp's decoding alone
+    wants = [llama.greedy(ids, MAX_NEW, eos) for ids in prompt_ids]  # llama.cpp's decoding alone
     for (prompt, resp), ids, want in zip(grounded_runs, prompt_ids, wants):
         assert resp.usage.prompt_tokens == len(ids), f"prompt ids differ for {prompt[:40]!r}"
         verdict = llama.divergence(ids, list(resp.token_ids), want)
@@ -175,11 +177,13 @@ def test_grounded_prompts_identity_and_acceptance(grounded_runs, reference, eos)
         target_ms += s.target_ms
         draft_ms += s.draft_ms
     mean_accepted = (accepted + rounds) / rounds
-    print(f"\n[grounded] {len(grounded_runs)} prompts, k={K}: mean accepted length {mean_accepted:.2f} "
-          f"(floor {MEAN_ACCEPTED_FLOOR}), acceptance rate {accepted / max(drafted, 1):.2f}, "
-          f"delivered tokens/round {delivered / rounds:.2f}, rounds {rounds}; per round: "
-          f"overhead {overhead_ms / rounds:.1f} ms, target {target_ms / rounds:.1f} ms, "
-          f"draft {draft_ms / rounds:.1f} ms; near-tie divergences {ties}")
+    print(
+        f"\n[grounded] {len(grounded_runs)} prompts, k={K}: mean accepted length {mean_accepted:.2f} "
+        f"(floor {MEAN_ACCEPTED_FLOOR}), acceptance rate {accepted / max(drafted, 1):.2f}, "
+        f"delivered tokens/round {delivered / rounds:.2f}, rounds {rounds}; per round: "
+        f"overhead {overhead_ms / rounds:.1f} ms, target {target_ms / rounds:.1f} ms, "
+        f"draft {draft_ms / rounds:.1f} ms; near-tie divergences {ties}"
+    )
     assert not failures, "\n".join(failures)
     assert ties <= MAX_TIES
     assert mean_accepted >= MEAN_ACCEPTED_FLOOR
@@ -208,8 +212,10 @@ def test_stream_matches_unary(stub, reference, content, max_new, min_split):
         delivered += list(chunk.token_ids)
         split_chars += REPLACEMENT_CHAR in reference.tokenizer.decode(list(chunk.token_ids))
     text = "".join(c.text_delta for c in chunks)
-    print(f"\n[stream] {content!r}: {len(chunks)} chunks, {len(delivered)} tokens, "
-          f"{split_chars} chunks whose tokens alone split a character; text {text[:60]!r}")
+    print(
+        f"\n[stream] {content!r}: {len(chunks)} chunks, {len(delivered)} tokens, "
+        f"{split_chars} chunks whose tokens alone split a character; text {text[:60]!r}"
+    )
     assert text == unary.text
     assert delivered == list(unary.token_ids)
     assert final.usage.completion_tokens == len(delivered)
@@ -233,7 +239,7 @@ def find_round_spanning_stop(grounded_runs, tok) -> tuple[str, str, pb.GenerateR
         pos = 0
         for i in range(len(texts) - 2):  # the last round may decode tokens past EOS
             pos += len(texts[i])
-            if resp.text[:pos + len(texts[i + 1])] != "".join(texts[: i + 2]):
+            if resp.text[: pos + len(texts[i + 1])] != "".join(texts[: i + 2]):
                 break  # round texts stopped adding up to the completion text
             last_token_text = tok.decode([resp.trace[i].next_token])
             for n in (4, 6, 8):
@@ -254,8 +260,10 @@ def test_stop_string_spanning_rounds(stub, grounded_runs, reference):
     chunks = collect_stream(stub, chat_request(prompt, stop=[stop], trace=True))
     final = chunks[-1]
     unary = stub.Generate(chat_request(prompt, stop=[stop]), timeout=RPC_TIMEOUT_S)
-    print(f"\n[stop] prompt {prompt[:40]!r}: stop {stop!r} spans rounds; kept text {expected[-30:]!r}, "
-          f"{unary.usage.completion_tokens} of {len(plain.token_ids)} tokens kept")
+    print(
+        f"\n[stop] prompt {prompt[:40]!r}: stop {stop!r} spans rounds; kept text {expected[-30:]!r}, "
+        f"{unary.usage.completion_tokens} of {len(plain.token_ids)} tokens kept"
+    )
 
     streamed = ""
     for chunk in chunks:
@@ -276,8 +284,10 @@ def test_stop_string_spanning_rounds(stub, grounded_runs, reference):
     assert delivered[: final.offset] == kept
     # The round that completed the stop started after tokens that lie past the stop's start.
     assert chunks[-2].rounds and chunks[-2].offset > len(kept)
-    print(f"[stop] stream delivered {len(delivered)} token ids; the final chunk's offset {final.offset} "
-          f"cuts them back to the kept tokens")
+    print(
+        f"[stop] stream delivered {len(delivered)} token ids; the final chunk's offset {final.offset} "
+        f"cuts them back to the kept tokens"
+    )
 
     # Tokens after the stop were not stored in the session (neither for the stream nor unary).
     for resp_usage, session_id in ((final.usage, final.session_id), (unary.usage, unary.session_id)):
@@ -290,8 +300,19 @@ def test_stop_string_spanning_rounds(stub, grounded_runs, reference):
 
 
 def test_cli_generate_json(stack, reference, eos):
-    cmd = [str(SPECDEC_BIN), "generate", "--address", stack.orchestrator_address, "--json", "--chat",
-           "--k", str(CLI_K), "--max-new-tokens", str(CLI_MAX_NEW), CLI_PROMPT]
+    cmd = [
+        str(SPECDEC_BIN),
+        "generate",
+        "--address",
+        stack.orchestrator_address,
+        "--json",
+        "--chat",
+        "--k",
+        str(CLI_K),
+        "--max-new-tokens",
+        str(CLI_MAX_NEW),
+        CLI_PROMPT,
+    ]
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RPC_TIMEOUT_S)
     print(f"\n[cli] exit {proc.returncode} in {time.perf_counter() - started:.1f} s")
@@ -304,7 +325,7 @@ def test_cli_generate_json(stack, reference, eos):
     assert reference.llama.divergence(ids, got, want) in ("", "tie")
     assert out["text"] == reference.tokenizer.decode(got, skip_special_tokens=True)
     assert (out["finish_reason"], out["finish_detail"]) in (("stop", "eos"), ("length", "length"))
-    for counter in ("wire_bytes", "target_computed_tokens", "rounds"):   # numbers, as the HTTP API prints them
+    for counter in ("wire_bytes", "target_computed_tokens", "rounds"):  # numbers, as the HTTP API prints them
         assert isinstance(out["stats"][counter], int), (counter, out["stats"][counter])
 
 
@@ -313,24 +334,39 @@ def test_cli_generate_json(stack, reference, eos):
 
 def test_invalid_requests_status_codes(stub, target_info, reference):
     cases = [
-        ("empty prompt", pb.GenerateRequest(prompt="", max_new_tokens=4), grpc.StatusCode.INVALID_ARGUMENT,
-         "empty"),
-        ("k above max", pb.GenerateRequest(prompt="Hello", k=17, max_new_tokens=4),
-         grpc.StatusCode.INVALID_ARGUMENT, "k must be"),
-        ("negative temperature",
-         pb.GenerateRequest(prompt="Hello", max_new_tokens=4, sampling=common_pb2.SamplingParams(temperature=-1.0)),
-         grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
-        ("unknown session", pb.GenerateRequest(prompt="Hello", max_new_tokens=4, session_id="no-such-session-42"),
-         grpc.StatusCode.NOT_FOUND, "no-such-session-42"),
+        ("empty prompt", pb.GenerateRequest(prompt="", max_new_tokens=4), grpc.StatusCode.INVALID_ARGUMENT, "empty"),
+        (
+            "k above max",
+            pb.GenerateRequest(prompt="Hello", k=17, max_new_tokens=4),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "k must be",
+        ),
+        (
+            "negative temperature",
+            pb.GenerateRequest(prompt="Hello", max_new_tokens=4, sampling=common_pb2.SamplingParams(temperature=-1.0)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "temperature",
+        ),
+        (
+            "unknown session",
+            pb.GenerateRequest(prompt="Hello", max_new_tokens=4, session_id="no-such-session-42"),
+            grpc.StatusCode.NOT_FOUND,
+            "no-such-session-42",
+        ),
     ]
     # A prompt that fits the context alone but not with max_new_tokens=4096 on top.
     max_context = target_info.max_context
     long_prompt = "hello " * 6000
     n_long = len(reference.tokenizer.encode(long_prompt))
     assert n_long < max_context < n_long + 4096, (n_long, max_context)
-    cases.append(("prompt + max_new_tokens over the context",
-                  pb.GenerateRequest(prompt=long_prompt, max_new_tokens=4096),
-                  grpc.StatusCode.INVALID_ARGUMENT, "context"))
+    cases.append(
+        (
+            "prompt + max_new_tokens over the context",
+            pb.GenerateRequest(prompt=long_prompt, max_new_tokens=4096),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "context",
+        )
+    )
     for name, req, code, keyword in cases:
         for call in (stub.Generate, lambda r, timeout: list(stub.GenerateStream(r, timeout=timeout))):
             err = rpc_error(call, req)
@@ -339,19 +375,23 @@ def test_invalid_requests_status_codes(stub, target_info, reference):
     print(f"\n[errors] max_context {max_context}; long prompt {n_long} tokens rejected: {err.details()!r}")
 
 
-SESSION_BUG = ("BUG orchestrator/generation.py Generation._begin: store.begin_request() appends the turn and "
-               "marks the session 'generating' before _check_lengths() rejects the request, so an "
-               "INVALID_ARGUMENT (prompt + max_new_tokens over the context) leaves the session busy "
-               "(next request: ABORTED) with the rejected prompt stored, and creates a session that "
-               "should not exist")
+SESSION_BUG = (
+    "BUG orchestrator/generation.py Generation._begin: store.begin_request() appends the turn and "
+    "marks the session 'generating' before _check_lengths() rejects the request, so an "
+    "INVALID_ARGUMENT (prompt + max_new_tokens over the context) leaves the session busy "
+    "(next request: ABORTED) with the rejected prompt stored, and creates a session that "
+    "should not exist"
+)
 
 
 def test_rejected_request_leaves_session_untouched(stub, reference):
     """A request rejected for its length must not change (or create) the session it names."""
     sid = f"test-processes-{uuid.uuid4().hex[:8]}"
     new_sid = f"{sid}-new"
-    stub.Generate(pb.GenerateRequest(prompt="Hi there", max_new_tokens=4, session_id=sid, create_session=True),
-                  timeout=RPC_TIMEOUT_S)
+    stub.Generate(
+        pb.GenerateRequest(prompt="Hi there", max_new_tokens=4, session_id=sid, create_session=True),
+        timeout=RPC_TIMEOUT_S,
+    )
     before = stub.GetSession(pb.SessionRequest(session_id=sid), timeout=RPC_TIMEOUT_S)
     too_long = "hello " * 6000
     for session_req in (dict(session_id=sid), dict(session_id=new_sid, create_session=True)):
@@ -366,8 +406,10 @@ def test_rejected_request_leaves_session_untouched(stub, reference):
         created = False
     unchanged = (after.status, after.total_tokens, after.turns) == (before.status, before.total_tokens, before.turns)
     if not unchanged or created:
-        pytest.xfail(f"{SESSION_BUG} (before: {before.status}/{before.total_tokens} tokens, "
-                     f"after: {after.status}/{after.total_tokens} tokens; rejected new session created: {created})")
+        pytest.xfail(
+            f"{SESSION_BUG} (before: {before.status}/{before.total_tokens} tokens, "
+            f"after: {after.status}/{after.total_tokens} tokens; rejected new session created: {created})"
+        )
     nxt = stub.Generate(pb.GenerateRequest(prompt=" ok", max_new_tokens=4, session_id=sid), timeout=RPC_TIMEOUT_S)
     turn = reference.tokenizer.encode(" ok", add_special_tokens=False)
     assert nxt.usage.prompt_tokens == before.total_tokens + len(turn)
@@ -394,12 +436,16 @@ def test_a_verdict_only_verify_cuts_its_lists_where_the_accept_rule_stopped(stac
     with grpc.insecure_channel(stack.targets[0].address) as channel:
         target = target_pb2_grpc.TargetStub(channel)
         first = target.Verify(target_pb2.VerifyRequest(session_id="verdict", context_ids=ids), timeout=RPC_TIMEOUT_S)
-        draft = [first.next_token] * K            # the greedy token, then (most likely) a rejected repeat of it
-        full, verdict = (target.Verify(target_pb2.VerifyRequest(session_id="verdict", context_ids=ids, draft_ids=draft,
-                                                                verdict_only=only), timeout=RPC_TIMEOUT_S)
-                         for only in (False, True))
+        draft = [first.next_token] * K  # the greedy token, then (most likely) a rejected repeat of it
+        full, verdict = (
+            target.Verify(
+                target_pb2.VerifyRequest(session_id="verdict", context_ids=ids, draft_ids=draft, verdict_only=only),
+                timeout=RPC_TIMEOUT_S,
+            )
+            for only in (False, True)
+        )
     m = full.num_accepted
     assert 1 <= m < K and len(full.target_ids) == K + 1 and len(full.matches) == K
     assert (verdict.num_accepted, verdict.next_token, verdict.next_kind) == (m, full.next_token, full.next_kind)
-    assert list(verdict.target_ids) == list(full.target_ids)[:m + 1]
+    assert list(verdict.target_ids) == list(full.target_ids)[: m + 1]
     assert list(verdict.matches) == [True] * m + [False]

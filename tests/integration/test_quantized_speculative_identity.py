@@ -25,7 +25,7 @@ from tests.support import InProcessStack
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "prompts"
-MAX_NEW_TOKENS = 64                             # the bench's length (the divergence was at token 61)
+MAX_NEW_TOKENS = 64  # the bench's length (the divergence was at token 61)
 CONFIGS = {"k4": {"k": 4}, "k8": {"k": 8}, "adaptive": {"k": 8, "adaptive_k": True}}
 # g1 (the prompt int8 once diverged on) and o1 at every config: ~20 s CPU for int8, ~12 s for int4.
 PER_SET = {"grounded": 1, "open": 1}
@@ -45,8 +45,9 @@ def stack(request, redis_server):
     per_set, available = CASES[request.param]
     if not available:
         pytest.skip(f"torch's {request.param} CPU kernels are not in this build")
-    s = InProcessStack(target_model="embedded", draft_kind="ngram", redis_url=redis_server.url,
-                       target_dtype=request.param).start()
+    s = InProcessStack(
+        target_model="embedded", draft_kind="ngram", redis_url=redis_server.url, target_dtype=request.param
+    ).start()
     s.case = (request.param, per_set)
     yield s
     s.stop()
@@ -75,6 +76,8 @@ def test_quantized_speculation_is_token_identical_to_its_k0_on_bench_prompts(sta
                 accepted += kept
                 if got != want:
                     j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-                    failures.append(f"{prompt_id} {name}: differs at token {j}: {got[j:j + 4]} vs k=0 {want[j:j + 4]}")
+                    failures.append(
+                        f"{prompt_id} {name}: differs at token {j}: {got[j : j + 4]} vs k=0 {want[j : j + 4]}"
+                    )
     assert not failures, failures
-    assert accepted >= MAX_NEW_TOKENS // 2    # the drafts were really used (g1 accepts 16+ a config)
+    assert accepted >= MAX_NEW_TOKENS // 2  # the drafts were really used (g1 accepts 16+ a config)

@@ -54,8 +54,12 @@ CASES = [(c, n) for b in RUN for n, c in enumerate(_commands(b), 1)]
 
 def _local(code: str, orch_port: int, http_port: int) -> str:
     """The block with the README's fixed ports replaced by this test's free ones."""
-    return (code.replace(ORCH_ADDRESS, f"127.0.0.1:{orch_port}").replace(HTTP_ADDRESS, f"127.0.0.1:{http_port}")
-            .replace("--port 50050", f"--port {orch_port}").replace("--http-port 8000", f"--http-port {http_port}"))
+    return (
+        code.replace(ORCH_ADDRESS, f"127.0.0.1:{orch_port}")
+        .replace(HTTP_ADDRESS, f"127.0.0.1:{http_port}")
+        .replace("--port 50050", f"--port {orch_port}")
+        .replace("--http-port 8000", f"--http-port {http_port}")
+    )
 
 
 def _wait_ready(proc: subprocess.Popen, timeout: float) -> str:
@@ -82,14 +86,21 @@ def stack():
     orch_port, http_port = free_port(), free_port()
     cmd = _local(UP.code.strip(), orch_port, http_port)
     assert str(orch_port) in cmd and str(http_port) in cmd, cmd
-    env = {**os.environ, forkserver.START_METHOD_ENV: forkserver.EXEC}   # as a user runs it (tests/conftest.py)
-    proc = subprocess.Popen(["bash", "-c", f"exec {cmd}"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
+    env = {**os.environ, forkserver.START_METHOD_ENV: forkserver.EXEC}  # as a user runs it (tests/conftest.py)
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec {cmd}"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
     try:
         _wait_ready(proc, STACK_READY_S)
         yield orch_port, http_port
     finally:
-        os.killpg(proc.pid, signal.SIGINT)        # `specdec up` stops every process it started on Ctrl-C
+        os.killpg(proc.pid, signal.SIGINT)  # `specdec up` stops every process it started on Ctrl-C
         try:
             proc.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -99,7 +110,7 @@ def stack():
 
 def _run(block, orch_port: int, http_port: int) -> subprocess.CompletedProcess:
     code = _local(block.code, orch_port, http_port)
-    argv = (["bash", "-e", "-o", "pipefail", "-c", code] if block.lang == "bash" else [sys.executable, "-c", code])
+    argv = ["bash", "-e", "-o", "pipefail", "-c", code] if block.lang == "bash" else [sys.executable, "-c", code]
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
 
 

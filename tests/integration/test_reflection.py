@@ -55,8 +55,9 @@ def test_every_service_lists_itself_health_and_reflection(hs):
 
 
 def run_tool(*args: str) -> str:
-    out = subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=TIMEOUT_S,
-                         cwd="/")  # not the repo root: nothing of specdec is importable by accident
+    out = subprocess.run(
+        [sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=TIMEOUT_S, cwd="/"
+    )  # not the repo root: nothing of specdec is importable by accident
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -70,8 +71,9 @@ def test_generate_from_reflected_descriptors_only(hs):
     assert run_tool(orch, "list").split() == sorted([EXPECTED["orchestrator"], HEALTH, REFLECTION])
     reply = json.loads(run_tool(orch, "call", "specdec.v1.Orchestrator/Generate", json.dumps(REQUEST)))
     with grpc.insecure_channel(orch) as channel:
-        want = orchestrator_pb2_grpc.OrchestratorStub(channel).Generate(pb.GenerateRequest(**REQUEST),
-                                                                        timeout=TIMEOUT_S)
+        want = orchestrator_pb2_grpc.OrchestratorStub(channel).Generate(
+            pb.GenerateRequest(**REQUEST), timeout=TIMEOUT_S
+        )
     assert reply["token_ids"] == list(want.token_ids) and reply["text"] == want.text
     assert reply["finish_reason"] == pb.FinishReason.Name(want.finish_reason)
 
@@ -97,9 +99,14 @@ def test_reflected_classes_in_process(hs):
 
 @pytest.mark.skipif(shutil.which("grpcurl") is None, reason="grpcurl is not installed")
 def test_grpcurl(hs):
-    out = subprocess.run(["grpcurl", "-plaintext", hs.orchestrator, "list"], capture_output=True, text=True,
-                         timeout=TIMEOUT_S)
+    out = subprocess.run(
+        ["grpcurl", "-plaintext", hs.orchestrator, "list"], capture_output=True, text=True, timeout=TIMEOUT_S
+    )
     assert EXPECTED["orchestrator"] in out.stdout.split()
-    out = subprocess.run(["grpcurl", "-plaintext", "-d", json.dumps(REQUEST), hs.orchestrator,
-                          "specdec.v1.Orchestrator/Generate"], capture_output=True, text=True, timeout=TIMEOUT_S)
+    out = subprocess.run(
+        ["grpcurl", "-plaintext", "-d", json.dumps(REQUEST), hs.orchestrator, "specdec.v1.Orchestrator/Generate"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert out.returncode == 0 and json.loads(out.stdout)["tokenIds"]

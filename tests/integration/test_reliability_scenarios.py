@@ -28,23 +28,22 @@ from pathlib import Path
 
 import grpc
 import pytest
+import redis as redis_lib
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-import redis as redis_lib
 from transformers import AutoModelForCausalLM
 
 from http_gateway.process import GatewayProcess, get_health
 from specdec.config import OrchestratorConfig
 from specdec.healthcheck import check as health_check
-from specdec.models.compat import cache_argument, returned_cache
-from specdec.server.app import LIVENESS_SERVICE
 from specdec.launcher import LocalStack, Proc, StackConfig
+from specdec.models.compat import cache_argument, returned_cache
 from specdec.redis_server import EmbeddedRedis
 from specdec.routing import rendezvous_rank
-from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+from specdec.server.app import LIVENESS_SERVICE
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, orchestrator_pb2_grpc, target_pb2, target_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
-from specdec.v1 import orchestrator_pb2_grpc
 from tests.prompts import IDENTITY_PROMPTS
 from tests.support import make_tiny_pair
 
@@ -55,16 +54,22 @@ CAP = 2
 MAX_MESSAGE_BYTES = 256 * 1024
 DRAIN_S = 15.0
 K = 4
-LONG = 400                 # tokens of a generation that is killed in the middle (ignore_eos)
-KILL_AFTER = 16            # streamed tokens before the kill
+LONG = 400  # tokens of a generation that is killed in the middle (ignore_eos)
+KILL_AFTER = 16  # streamed tokens before the kill
 RPC_TIMEOUT_S = 60.0
 WAIT_S = 30.0
 POLL_S = 0.05
 TIE_EPSILON = 1e-4
 PROMPT = "Once upon a time"
-OK_CODES = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED,
-            grpc.StatusCode.ALREADY_EXISTS}
+OK_CODES = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.ALREADY_EXISTS,
+}
 REPORT: dict[str, str] = {}
 # one health pass (pause + PING deadline), plus scheduling slack on a loaded 2-core machine
 HEALTH_BOUND_S = OrchestratorConfig().health_refresh_s + OrchestratorConfig().redis_ping_timeout_s + 3.0
@@ -114,21 +119,36 @@ def env(tmp_path_factory):
     target_dir, draft_dir = make_tiny_pair(root / "tiny", IDENTITY_PROMPTS)
     redis = EmbeddedRedis(data_dir=root / "redis").start()
     fault = root / "target.fault"
-    cfg = StackConfig(target_model=str(target_dir), draft_model=str(draft_dir), draft_kind="model",
-                      target_replicas=0, draft_replicas=0, redis_url=redis.url, log_dir=str(root / "logs"),
-                      extra_env={"SPECDEC_LEASE_SECONDS": str(LEASE_S), "SPECDEC_DRAIN_SECONDS": str(DRAIN_S),
-                                 "SPECDEC_MAX_MESSAGE_BYTES": str(MAX_MESSAGE_BYTES), "OMP_NUM_THREADS": "1"})
+    cfg = StackConfig(
+        target_model=str(target_dir),
+        draft_model=str(draft_dir),
+        draft_kind="model",
+        target_replicas=0,
+        draft_replicas=0,
+        redis_url=redis.url,
+        log_dir=str(root / "logs"),
+        extra_env={
+            "SPECDEC_LEASE_SECONDS": str(LEASE_S),
+            "SPECDEC_DRAIN_SECONDS": str(DRAIN_S),
+            "SPECDEC_MAX_MESSAGE_BYTES": str(MAX_MESSAGE_BYTES),
+            "OMP_NUM_THREADS": "1",
+        },
+    )
     stack = LocalStack(cfg)
     stack.redis_url = redis.url
     try:
         stack.targets = [stack.start_target(), stack.start_target(env={"SPECDEC_FAULT_FILE": str(fault)})]
         stack.drafts = [stack.start_draft(), stack.start_draft()]
-        orch = {"A": stack.start_orchestrator(), "B": stack.start_orchestrator(),
-                "S": stack.start_orchestrator(stack.targets[:1], stack.drafts[:1], ["--max-concurrent", str(CAP)])}
+        orch = {
+            "A": stack.start_orchestrator(),
+            "B": stack.start_orchestrator(),
+            "S": stack.start_orchestrator(stack.targets[:1], stack.drafts[:1], ["--max-concurrent", str(CAP)]),
+        }
         for proc in stack.procs:
             stack.wait_ready(proc)
         model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
         from specdec.models.loader import load_tokenizer
+
         yield Env(stack, redis, model, load_tokenizer(str(target_dir)), fault, orch)
     finally:
         stack.stop()
@@ -144,15 +164,25 @@ def session_for(prefix: str, target: Proc, draft: Proc, stack: LocalStack) -> st
     """A session id whose first-choice replicas are `target` and `draft`."""
     for i in range(10_000):
         sid = f"{prefix}-{i}-{uuid.uuid4().hex[:6]}"
-        if (rendezvous_rank(sid, [p.address for p in stack.targets])[0] == target.address
-                and rendezvous_rank(sid, [p.address for p in stack.drafts])[0] == draft.address):
+        if (
+            rendezvous_rank(sid, [p.address for p in stack.targets])[0] == target.address
+            and rendezvous_rank(sid, [p.address for p in stack.drafts])[0] == draft.address
+        ):
             return sid
     raise AssertionError("no session id found")
 
 
 def long_request(session_id: str, request_id: str, n: int = LONG, **extra) -> pb.GenerateRequest:
-    return pb.GenerateRequest(prompt=PROMPT, session_id=session_id, create_session=True, request_id=request_id,
-                              k=K, max_new_tokens=n, ignore_eos=True, **extra)
+    return pb.GenerateRequest(
+        prompt=PROMPT,
+        session_id=session_id,
+        create_session=True,
+        request_id=request_id,
+        k=K,
+        max_new_tokens=n,
+        ignore_eos=True,
+        **extra,
+    )
 
 
 class Stream(threading.Thread):
@@ -188,7 +218,7 @@ class Stream(threading.Thread):
             time.sleep(0.005)
         assert len(self.tokens) >= n, f"stream stalled at {len(self.tokens)} tokens: {self.error}"
 
-    def finish(self) -> "Stream":
+    def finish(self) -> Stream:
         self.join(RPC_TIMEOUT_S)
         assert not self.is_alive(), "the stream hung"
         return self
@@ -201,8 +231,9 @@ def check_tokens(env: Env, got: list[int], n: int = LONG) -> str:
         return ""
     j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
     assert j < len(want) and len(got) == len(want) and gaps[j] < TIE_EPSILON, (
-        f"diverged at {j} (gap {gaps[j] if j < len(gaps) else None}): got {got[j:j + 5]} want {want[j:j + 5]}, "
-        f"lengths {len(got)} vs {len(want)}")
+        f"diverged at {j} (gap {gaps[j] if j < len(gaps) else None}): got {got[j : j + 5]} want {want[j : j + 5]}, "
+        f"lengths {len(got)} vs {len(want)}"
+    )
     return f"tie@{j}"
 
 
@@ -218,6 +249,7 @@ def stored_completion(env: Env, session_id: str) -> list[int]:
             return await SessionStore(client).get(session_id)
         finally:
             await client.aclose()
+
     session = asyncio.run(read())
     return session.completion_ids
 
@@ -227,8 +259,11 @@ def worker_counters(proc: Proc) -> dict[str, int]:
     stub_class = target_pb2_grpc.TargetStub if proc.role == "target" else draft_pb2_grpc.DraftStub
     with grpc.insecure_channel(proc.address) as channel:
         _, call = stub_class(channel).Info.with_call(common_pb2.InfoRequest(), timeout=5)
-        return {k.removeprefix("specdec-worker-"): int(v) for k, v in call.trailing_metadata()
-                if k.startswith("specdec-worker-")}
+        return {
+            k.removeprefix("specdec-worker-"): int(v)
+            for k, v in call.trailing_metadata()
+            if k.startswith("specdec-worker-")
+        }
 
 
 def model_calls(env: Env, procs: list[Proc] | None = None) -> int:
@@ -244,8 +279,11 @@ def session_passes(env: Env, procs: list[Proc]) -> int:
 
 def admission(env: Env, name: str) -> dict[str, int]:
     _, call = env.stub(name).Status.with_call(pb.StatusRequest(), timeout=5)
-    return {k.removeprefix("specdec-admission-"): int(v) for k, v in call.trailing_metadata()
-            if k.startswith("specdec-admission-")}
+    return {
+        k.removeprefix("specdec-admission-"): int(v)
+        for k, v in call.trailing_metadata()
+        if k.startswith("specdec-admission-")
+    }
 
 
 def wait_for(predicate, what: str, timeout: float = WAIT_S) -> float:
@@ -260,13 +298,17 @@ def wait_for(predicate, what: str, timeout: float = WAIT_S) -> float:
 
 def restart_observing(env: Env, proc: Proc) -> tuple[Proc, list[str]]:
     """Restart a killed process on its port; return it and the health statuses seen until SERVING."""
-    new = env.stack.restart(proc, env={"SPECDEC_FAULT_FILE": str(env.fault_file)} if proc is env.stack.targets[1] else None)
+    new = env.stack.restart(
+        proc, env={"SPECDEC_FAULT_FILE": str(env.fault_file)} if proc is env.stack.targets[1] else None
+    )
     seen: list[str] = []
+
     def serving() -> bool:
         ok, status = health_check(new.address, timeout=1.0)
         if not seen or seen[-1] != status:
             seen.append(status)
         return ok
+
     wait_for(serving, f"{proc.role} back", timeout=120)
     return new, seen
 
@@ -284,9 +326,14 @@ BAD_REQUESTS = {
     "max_new_tokens 0": (pb.GenerateRequest(prompt=PROMPT, max_new_tokens=0), grpc.StatusCode.INVALID_ARGUMENT),
     "k = -1": (pb.GenerateRequest(prompt=PROMPT, k=-1), grpc.StatusCode.INVALID_ARGUMENT),
     "k = 17": (pb.GenerateRequest(prompt=PROMPT, k=17), grpc.StatusCode.INVALID_ARGUMENT),
-    "temperature -1": (pb.GenerateRequest(prompt=PROMPT, sampling={"temperature": -1}), grpc.StatusCode.INVALID_ARGUMENT),
-    "temperature nan": (pb.GenerateRequest(prompt=PROMPT, sampling={"temperature": math.nan}),
-                        grpc.StatusCode.INVALID_ARGUMENT),
+    "temperature -1": (
+        pb.GenerateRequest(prompt=PROMPT, sampling={"temperature": -1}),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    "temperature nan": (
+        pb.GenerateRequest(prompt=PROMPT, sampling={"temperature": math.nan}),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
     "top_p 1.5": (pb.GenerateRequest(prompt=PROMPT, sampling={"top_p": 1.5}), grpc.StatusCode.INVALID_ARGUMENT),
     "top_k -3": (pb.GenerateRequest(prompt=PROMPT, sampling={"top_k": -3}), grpc.StatusCode.INVALID_ARGUMENT),
     "draft kind": (pb.GenerateRequest(prompt=PROMPT, draft_kind="bogus"), grpc.StatusCode.INVALID_ARGUMENT),
@@ -310,8 +357,7 @@ def test_bad_input_is_refused_before_any_model_work(env):
 
 def test_non_utf8_text_is_invalid_argument(env):
     channel = grpc.insecure_channel(env.orch["A"].address)
-    raw = channel.unary_unary("/specdec.v1.Orchestrator/Generate", request_serializer=None,
-                              response_deserializer=None)
+    raw = channel.unary_unary("/specdec.v1.Orchestrator/Generate", request_serializer=None, response_deserializer=None)
     bad = b"\x0a\x03\xff\xfe\xfd"  # field 1 (prompt), 3 bytes that are not UTF-8
     with pytest.raises(grpc.RpcError) as err:
         raw(bad, timeout=10)
@@ -324,31 +370,53 @@ def test_out_of_vocabulary_ids_sent_to_a_model_service(env, role):
     proc = env.stack.targets[0] if role == "target" else env.stack.drafts[0]
     channel = grpc.insecure_channel(proc.address)
     for ids in ([1, 2, 10**9], [1, -5]):
-        if role == "target":
-            call = lambda: target_pb2_grpc.TargetStub(channel).Verify(  # noqa: E731
-                target_pb2.VerifyRequest(session_id="oov", context_ids=ids, draft_ids=[3]), timeout=10)
-        else:
-            call = lambda: draft_pb2_grpc.DraftStub(channel).Propose(  # noqa: E731
-                draft_pb2.ProposeRequest(session_id="oov", context_ids=ids, k=2), timeout=10)
         with pytest.raises(grpc.RpcError) as err:
-            call()
+            if role == "target":
+                target_pb2_grpc.TargetStub(channel).Verify(
+                    target_pb2.VerifyRequest(session_id="oov", context_ids=ids, draft_ids=[3]), timeout=10
+                )
+            else:
+                draft_pb2_grpc.DraftStub(channel).Propose(
+                    draft_pb2.ProposeRequest(session_id="oov", context_ids=ids, k=2), timeout=10
+                )
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
     assert worker_counters(proc)["last-ok"] == 1, "a bad request must not mark the worker failed"
 
 
-sampling_st = st.fixed_dictionaries({}, optional={
-    "temperature": st.floats(allow_nan=True, allow_infinity=True, width=32),
-    "top_k": st.integers(-5, 100), "top_p": st.floats(-1, 2, width=32), "seed": st.integers(0, 2**64 - 1),
-    "repetition_penalty": st.floats(-1, 3, width=32), "frequency_penalty": st.floats(-3, 3, width=32),
-    "presence_penalty": st.floats(-3, 3, width=32), "draft_top_n": st.integers(-3, 100)})
-request_st = st.fixed_dictionaries({}, optional={
-    "prompt": st.text(max_size=30), "session_id": st.text(max_size=6), "create_session": st.booleans(),
-    "request_id": st.text(max_size=6), "resume_offset": st.integers(0, 2**32 - 1),
-    "max_new_tokens": st.one_of(st.integers(-3, 12), st.sampled_from([2048, 5000, 2**31 - 1])),
-    "k": st.integers(-3, 20), "draft_kind": st.sampled_from(["", "model", "ngram", "bogus"]),
-    "sampling": sampling_st, "stop": st.lists(st.text(max_size=4), max_size=10), "trace": st.booleans(),
-    "ignore_eos": st.booleans(), "min_tokens": st.integers(-3, 20), "logprobs": st.integers(-3, 25),
-    "add_generation_prompt": st.booleans(), "max_rounds": st.integers(-3, 50)})
+sampling_st = st.fixed_dictionaries(
+    {},
+    optional={
+        "temperature": st.floats(allow_nan=True, allow_infinity=True, width=32),
+        "top_k": st.integers(-5, 100),
+        "top_p": st.floats(-1, 2, width=32),
+        "seed": st.integers(0, 2**64 - 1),
+        "repetition_penalty": st.floats(-1, 3, width=32),
+        "frequency_penalty": st.floats(-3, 3, width=32),
+        "presence_penalty": st.floats(-3, 3, width=32),
+        "draft_top_n": st.integers(-3, 100),
+    },
+)
+request_st = st.fixed_dictionaries(
+    {},
+    optional={
+        "prompt": st.text(max_size=30),
+        "session_id": st.text(max_size=6),
+        "create_session": st.booleans(),
+        "request_id": st.text(max_size=6),
+        "resume_offset": st.integers(0, 2**32 - 1),
+        "max_new_tokens": st.one_of(st.integers(-3, 12), st.sampled_from([2048, 5000, 2**31 - 1])),
+        "k": st.integers(-3, 20),
+        "draft_kind": st.sampled_from(["", "model", "ngram", "bogus"]),
+        "sampling": sampling_st,
+        "stop": st.lists(st.text(max_size=4), max_size=10),
+        "trace": st.booleans(),
+        "ignore_eos": st.booleans(),
+        "min_tokens": st.integers(-3, 20),
+        "logprobs": st.integers(-3, 25),
+        "add_generation_prompt": st.booleans(),
+        "max_rounds": st.integers(-3, 50),
+    },
+)
 
 
 def test_fuzz_generate_request(env):
@@ -380,7 +448,7 @@ def test_fuzz_generate_request(env):
 
 def test_overload_excess_is_refused_at_admission(env):
     stub, n = env.stub("S"), 3 * CAP
-    t1, d1 = env.stack.targets[0], env.stack.drafts[0]
+    t1, _d1 = env.stack.targets[0], env.stack.drafts[0]
     before, adm0 = session_passes(env, [t1]), admission(env, "S")
     results: list = [None] * n
     barrier = threading.Barrier(n)
@@ -388,10 +456,12 @@ def test_overload_excess_is_refused_at_admission(env):
     def one(i: int) -> None:
         barrier.wait()
         try:
-            results[i] = stub.Generate(pb.GenerateRequest(prompt=PROMPT, k=K, max_new_tokens=150, ignore_eos=True),
-                                       timeout=RPC_TIMEOUT_S)
+            results[i] = stub.Generate(
+                pb.GenerateRequest(prompt=PROMPT, k=K, max_new_tokens=150, ignore_eos=True), timeout=RPC_TIMEOUT_S
+            )
         except grpc.RpcError as exc:
             results[i] = exc
+
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
@@ -424,8 +494,9 @@ def test_client_cancel_stops_model_calls_and_releases(env):
     stream.finish()
     assert stream.error is not None and stream.error.code() == grpc.StatusCode.CANCELLED
     released = wait_for(lambda: admission(env, "A")["active"] == 0, "admission released")
-    wait_for(lambda: env.stub("A").GetSession(pb.SessionRequest(session_id=sid), timeout=5).status == "idle",
-             "session idle")
+    wait_for(
+        lambda: env.stub("A").GetSession(pb.SessionRequest(session_id=sid), timeout=5).status == "idle", "session idle"
+    )
     settled = model_calls(env)
     time.sleep(1.0)
     assert model_calls(env) == settled, "model calls continued after the cancel"
@@ -434,10 +505,12 @@ def test_client_cancel_stops_model_calls_and_releases(env):
     assert rounds <= settled - before <= 2 * rounds + 2
     statuses = env.stub("A").Status(pb.StatusRequest(), timeout=5).replicas
     assert all(r.in_flight == 0 for r in statuses)
-    REPORT["4 cancel"] = (f"admission back to 0 after {released * 1000:.0f} ms, {rounds} rounds stored, "
-                          f"{settled - before} model calls, none after the cancel; "
-                          f"{len(stream.tokens)} tokens received before cancel, cancel->settled "
-                          f"{(time.monotonic() - cancelled_at):.1f}s (incl. 1 s quiet check)")
+    REPORT["4 cancel"] = (
+        f"admission back to 0 after {released * 1000:.0f} ms, {rounds} rounds stored, "
+        f"{settled - before} model calls, none after the cancel; "
+        f"{len(stream.tokens)} tokens received before cancel, cancel->settled "
+        f"{(time.monotonic() - cancelled_at):.1f}s (incl. 1 s quiet check)"
+    )
 
 
 def stored_rounds(env: Env, session_id: str) -> int:
@@ -451,6 +524,7 @@ def stored_rounds(env: Env, session_id: str) -> int:
             return (await SessionStore(client).get(session_id)).rounds
         finally:
             await client.aclose()
+
     return asyncio.run(read())
 
 
@@ -471,16 +545,18 @@ def test_health_not_serving_while_last_forward_failed(env):
         env.fault_file.unlink()
     stub.Verify(verify, timeout=10)
     back = wait_for(lambda: health_check(t2.address)[0], "SERVING after a good forward")
-    REPORT["8 health (failed forward)"] = f"NOT_SERVING {took * 1000:.0f} ms after the failure, SERVING {back * 1000:.0f} ms after the next success"
+    REPORT["8 health (failed forward)"] = (
+        f"NOT_SERVING {took * 1000:.0f} ms after the failure, SERVING {back * 1000:.0f} ms after the next success"
+    )
 
 
 # -- 1. target replica killed ------------------------------------------------------------------------
 
 
 def test_target_killed_mid_stream(env):
-    t1, t2, d1 = env.stack.targets[0], env.stack.targets[1], env.stack.drafts[0]
+    t1, _t2, d1 = env.stack.targets[0], env.stack.targets[1], env.stack.drafts[0]
     sid_a, sid_s = session_for("tkill-a", t1, d1, env.stack), session_for("tkill-s", t1, d1, env.stack)
-    two = Stream(env.stub("A"), long_request(sid_a, "r1", trace=True))      # 2 target replicas
+    two = Stream(env.stub("A"), long_request(sid_a, "r1", trace=True))  # 2 target replicas
     one = Stream(env.stub("S"), long_request(sid_s, "r1"), timeout=WAIT_S)  # 1 target replica
     two.wait_tokens(KILL_AFTER)
     one.wait_tokens(KILL_AFTER)
@@ -497,21 +573,25 @@ def test_target_killed_mid_stream(env):
     assert two.final.stats.retries >= 1
     # the single-replica client retries elsewhere with the same request id and its offset
     retry_start = time.monotonic()
-    resumed = Stream(env.stub("A"), long_request(sid_s, "r1", resume_offset=len(one.tokens)),
-                     offset=len(one.tokens)).finish()
+    resumed = Stream(
+        env.stub("A"), long_request(sid_s, "r1", resume_offset=len(one.tokens)), offset=len(one.tokens)
+    ).finish()
     assert resumed.error is None and not resumed.gaps and not one.gaps
     tie_one = check_tokens(env, one.tokens + resumed.tokens)
     assert stored_completion(env, sid_s) == one.tokens + resumed.tokens
     resume_ms = (resumed.times[0] - retry_start) * 1000
     new, seen = restart_observing(env, t1)
-    assert seen[0] != "SERVING" and "SERVING" == seen[-1], seen  # NOT_SERVING (or unreachable) while loading
-    wait_for(lambda: all(r.healthy for r in env.stub("S").Status(pb.StatusRequest(), timeout=5).replicas),
-             "orchestrator S sees T1 again")
+    assert seen[0] != "SERVING" and seen[-1] == "SERVING", seen  # NOT_SERVING (or unreachable) while loading
+    wait_for(
+        lambda: all(r.healthy for r in env.stub("S").Status(pb.StatusRequest(), timeout=5).replicas),
+        "orchestrator S sees T1 again",
+    )
     REPORT["1 target killed"] = (
         f"2 replicas: completed, {len(two.tokens)} tokens, 0 lost/dup, max chunk gap around the kill "
         f"{max_gap_ms(two.times):.0f} ms {tie_two}; 1 replica: UNAVAILABLE {unavailable_after * 1000:.0f} ms after "
         f"the kill ({one.error.details()[:80]}...), resumed elsewhere with offset {len(one.tokens)}: first chunk "
-        f"after {resume_ms:.0f} ms, 0 lost/dup {tie_one}; restart health seen: {seen}")
+        f"after {resume_ms:.0f} ms, 0 lost/dup {tie_one}; restart health seen: {seen}"
+    )
 
 
 # -- 2. draft killed ------------------------------------------------------------------------------
@@ -528,21 +608,24 @@ def test_draft_killed(env):
     before.finish(), solo.finish()
     assert before.error is None and not before.gaps and solo.error is None and not solo.gaps
     check_tokens(env, before.tokens), check_tokens(env, solo.tokens)
-    assert solo.final.stats.degraded_rounds > 0       # S has no other draft: k = 0 rounds
+    assert solo.final.stats.degraded_rounds > 0  # S has no other draft: k = 0 rounds
     assert before.final.stats.degraded_rounds == 0 or before.final.stats.retries > 0
     new, _ = restart_observing(env, d1)
     back_at = time.monotonic()
 
     def not_degraded() -> bool:
-        r = env.stub("S").Generate(pb.GenerateRequest(prompt=PROMPT, k=K, max_new_tokens=8, ignore_eos=True),
-                                   timeout=RPC_TIMEOUT_S)
+        r = env.stub("S").Generate(
+            pb.GenerateRequest(prompt=PROMPT, k=K, max_new_tokens=8, ignore_eos=True), timeout=RPC_TIMEOUT_S
+        )
         return r.stats.degraded_rounds == 0 and r.stats.draft_tokens > 0
+
     recovered = wait_for(not_degraded, "the draft pool to use the restarted draft")
     REPORT["2 draft killed"] = (
         f"2 drafts: completed, retries {before.final.stats.retries}, degraded {before.final.stats.degraded_rounds}; "
         f"1 draft: completed with {solo.final.stats.degraded_rounds}/{solo.final.stats.rounds} degraded rounds; "
         f"0 lost/dup; draft used again {recovered * 1000:.0f} ms after it was SERVING "
-        f"({(time.monotonic() - back_at) * 1000:.0f} ms)")
+        f"({(time.monotonic() - back_at) * 1000:.0f} ms)"
+    )
 
 
 # -- 3. orchestrator killed; zombie -----------------------------------------------------------------
@@ -564,8 +647,10 @@ def test_orchestrator_killed_client_resumes_elsewhere(env):
     recover_ms = (second.times[0] - killed_at) * 1000
     env.orch["A"] = env.stack.restart(env.orch["A"])
     env.stack.wait_ready(env.orch["A"])
-    REPORT["3 orchestrator killed"] = (f"{held} tokens before the kill, {len(second.tokens)} after, 0 lost/dup {tie}; "
-                                       f"first resumed chunk {recover_ms:.0f} ms after the kill (lease {LEASE_S} s)")
+    REPORT["3 orchestrator killed"] = (
+        f"{held} tokens before the kill, {len(second.tokens)} after, 0 lost/dup {tie}; "
+        f"first resumed chunk {recover_ms:.0f} ms after the kill (lease {LEASE_S} s)"
+    )
 
 
 def test_zombie_orchestrator_cannot_append(env):
@@ -589,8 +674,10 @@ def test_zombie_orchestrator_cannot_append(env):
     total = zombie.tokens[:held] + taker.tokens
     tie = check_tokens(env, total)
     assert stored_completion(env, sid) == total, "the zombie appended"
-    REPORT["3 zombie"] = (f"zombie got ABORTED ({zombie.error.details()[:70]}...), nothing appended; takeover "
-                          f"{takeover_ms:.0f} ms after the freeze, 0 lost/dup {tie}")
+    REPORT["3 zombie"] = (
+        f"zombie got ABORTED ({zombie.error.details()[:70]}...), nothing appended; takeover "
+        f"{takeover_ms:.0f} ms after the freeze, 0 lost/dup {tie}"
+    )
 
 
 # -- 7. Redis unavailable ------------------------------------------------------------------------------
@@ -599,8 +686,10 @@ def test_zombie_orchestrator_cannot_append(env):
 def test_redis_unavailable_then_back_with_persistence(env):
     stub = env.stub("A")
     sid = f"redis-{uuid.uuid4().hex[:8]}"
-    first = stub.Generate(pb.GenerateRequest(prompt=PROMPT, session_id=sid, create_session=True, max_new_tokens=8,
-                                             ignore_eos=True), timeout=RPC_TIMEOUT_S)
+    first = stub.Generate(
+        pb.GenerateRequest(prompt=PROMPT, session_id=sid, create_session=True, max_new_tokens=8, ignore_eos=True),
+        timeout=RPC_TIMEOUT_S,
+    )
     env.redis.stop()
     try:
         start = time.monotonic()
@@ -622,13 +711,16 @@ def test_redis_unavailable_then_back_with_persistence(env):
             return True
         except grpc.RpcError:
             return False
+
     wait_for(works, "generation after Redis is back")
     recover_ms = (time.monotonic() - restarted) * 1000
     info = stub.GetSession(pb.SessionRequest(session_id=sid), timeout=10)
     assert info.total_tokens == first.usage.total_tokens and info.status == "idle"
     stub.Generate(pb.GenerateRequest(prompt=" more", session_id=sid, max_new_tokens=4), timeout=RPC_TIMEOUT_S)
-    REPORT["7 redis"] = (f"UNAVAILABLE after {error_ms:.0f} ms ({err.value.details()[:90]}); generating again "
-                         f"{recover_ms:.0f} ms after Redis restarted; session survived the restart (AOF)")
+    REPORT["7 redis"] = (
+        f"UNAVAILABLE after {error_ms:.0f} ms ({err.value.details()[:90]}); generating again "
+        f"{recover_ms:.0f} ms after Redis restarted; session survived the restart (AOF)"
+    )
 
 
 # -- 7b. health follows Redis ------------------------------------------------------------------------------
@@ -671,8 +763,10 @@ def test_health_and_gateway_health_follow_redis(env, tmp_path):
         gateway.stop()
     for proc in env.orch.values():
         wait_health(proc.address, serving=True)
-    REPORT["7b health/redis"] = (f"NOT_SERVING {down_s * 1000:.0f} ms after Redis stopped, request refused in "
-                                 f"{refused_ms:.0f} ms, SERVING {up_s * 1000:.0f} ms after it was back")
+    REPORT["7b health/redis"] = (
+        f"NOT_SERVING {down_s * 1000:.0f} ms after Redis stopped, request refused in "
+        f"{refused_ms:.0f} ms, SERVING {up_s * 1000:.0f} ms after it was back"
+    )
 
 
 def test_wrong_redis_password_is_not_serving_until_it_is_accepted(env):
@@ -693,15 +787,18 @@ def test_wrong_redis_password_is_not_serving_until_it_is_accepted(env):
                 admin.config_set("requirepass", "wrong-password")
             up_s = wait_health(proc.address, serving=True)
             assert up_s <= HEALTH_BOUND_S, up_s
-            reply = stub.Generate(pb.GenerateRequest(prompt=PROMPT, max_new_tokens=4, ignore_eos=True),
-                                  timeout=RPC_TIMEOUT_S)
+            reply = stub.Generate(
+                pb.GenerateRequest(prompt=PROMPT, max_new_tokens=4, ignore_eos=True), timeout=RPC_TIMEOUT_S
+            )
             assert reply.usage.completion_tokens == 4
         finally:
             proc.popen.terminate()
             proc.popen.wait(timeout=DRAIN_S + 5)
             env.stack.procs.remove(proc)
             env.stack.orchestrators.remove(proc)
-    REPORT["7c wrong password"] = f"NOT_SERVING with UNAVAILABLE ({err.value.details()[:80]}); SERVING {up_s * 1000:.0f} ms after Redis accepted the password"
+    REPORT["7c wrong password"] = (
+        f"NOT_SERVING with UNAVAILABLE ({err.value.details()[:80]}); SERVING {up_s * 1000:.0f} ms after Redis accepted the password"
+    )
 
 
 # -- 8. drain --------------------------------------------------------------------------------------------
@@ -743,7 +840,11 @@ def test_draining_target_ends_its_round_streams_and_loses_no_token(env):
     assert stored_completion(env, sid) == stream.tokens
     assert exited_after < DRAIN_S, f"the drained target waited {exited_after:.1f} s: its streams held the drain"
     new, _ = restart_observing(env, t1)
-    wait_for(lambda: all(r.healthy for r in env.stub("A").Status(pb.StatusRequest(), timeout=5).replicas),
-             "orchestrator A sees T1 again")
-    REPORT["8 drain (target)"] = (f"target exited 0 {exited_after:.1f} s after SIGTERM (grace {DRAIN_S:.0f} s), "
-                                  f"generation finished elsewhere: {len(stream.tokens)} tokens, 0 lost/dup {tie}")
+    wait_for(
+        lambda: all(r.healthy for r in env.stub("A").Status(pb.StatusRequest(), timeout=5).replicas),
+        "orchestrator A sees T1 again",
+    )
+    REPORT["8 drain (target)"] = (
+        f"target exited 0 {exited_after:.1f} s after SIGTERM (grace {DRAIN_S:.0f} s), "
+        f"generation finished elsewhere: {len(stream.tokens)} tokens, 0 lost/dup {tie}"
+    )

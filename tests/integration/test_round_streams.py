@@ -19,13 +19,13 @@ import uuid
 import grpc
 import pytest
 
+from orchestrator.streams import RoundStreams
 from specdec.config import ServerConfig
 from specdec.errors import ContextMiss
 from specdec.server.app import GrpcApp
 from specdec.server.streams import call_timeout_s, serve_round_stream
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import target_pb2, target_pb2_grpc
-from orchestrator.streams import RoundStreams
 from tests.prompts import IDENTITY_PROMPTS
 from tests.support import InProcessStack, make_tiny_pair
 
@@ -54,8 +54,14 @@ def opened(stack) -> int:
 
 def generate(stack, between=None) -> tuple[list[int], pb.Stats]:
     channel, stub = stack.stub()
-    req = pb.GenerateRequest(prompt=PROMPT, k=K, max_new_tokens=MAX_NEW, ignore_eos=True,
-                             session_id=f"streams-{uuid.uuid4().hex[:8]}", create_session=True)
+    req = pb.GenerateRequest(
+        prompt=PROMPT,
+        k=K,
+        max_new_tokens=MAX_NEW,
+        ignore_eos=True,
+        session_id=f"streams-{uuid.uuid4().hex[:8]}",
+        create_session=True,
+    )
     tokens, stats = [], None
     for chunk in stub.GenerateStream(req, timeout=120):
         if between is not None and tokens == [] and chunk.token_ids:
@@ -73,7 +79,7 @@ def test_rounds_ride_one_stream_per_pool_and_match_the_unary_path(stack):
     try:
         before = opened(stack)
         unary, _ = generate(stack)
-        assert opened(stack) == before                     # the old path opens no stream
+        assert opened(stack) == before  # the old path opens no stream
     finally:
         retry.round_streams = True
     first, stats = generate(stack)
@@ -81,8 +87,8 @@ def test_rounds_ride_one_stream_per_pool_and_match_the_unary_path(stack):
     second, _ = generate(stack)
     assert first == second == unary and len(first) == MAX_NEW
     assert stats.rounds > 3
-    assert opened(stack) == after_first                    # the next generation reuses the idle streams
-    assert after_first <= 2                                # one per pool, however many rounds
+    assert opened(stack) == after_first  # the next generation reuses the idle streams
+    assert after_first <= 2  # one per pool, however many rounds
 
 
 def test_a_context_miss_on_a_stream_is_resent_whole_and_counted(stack):
@@ -94,11 +100,14 @@ def test_a_context_miss_on_a_stream_is_resent_whole_and_counted(stack):
     async def evict(sid):
         for servicer in (stack.target_servicer, stack.draft_servicer):
             assert servicer.context_store().release(sid)
-    before = {role: metrics.registry.get_sample_value("specdec_context_resends_total", {"role": role}) or 0.0
-              for role in ("draft", "target")}
+
+    before = {
+        role: metrics.registry.get_sample_value("specdec_context_resends_total", {"role": role}) or 0.0
+        for role in ("draft", "target")
+    }
     tokens, stats = generate(stack, between=evict)
     assert tokens == reference
-    assert stats.context_resends == 2                       # draft and target, once each, same round
+    assert stats.context_resends == 2  # draft and target, once each, same round
     for role in ("draft", "target"):
         assert metrics.registry.get_sample_value("specdec_context_resends_total", {"role": role}) == before[role] + 1
 
@@ -112,7 +121,7 @@ class Scripted(target_pb2_grpc.TargetServicer):
     def __init__(self) -> None:
         self.draining = asyncio.Event()
         self.started = self.finished = self.cancelled = 0
-        self.timeouts: list[float | None] = []        # call_timeout_s as each call saw it
+        self.timeouts: list[float | None] = []  # call_timeout_s as each call saw it
 
     async def Verify(self, request, context):
         self.started += 1
@@ -140,6 +149,7 @@ def scripted(stack):
     async def start():
         app = GrpcApp("specdec.v1.Target", ServerConfig(host="127.0.0.1", port=0, drain_seconds=30.0))
         return app, await app.start(lambda s: target_pb2_grpc.add_TargetServicer_to_server(servicer, s))
+
     app, port = stack.call(start())
     yield stack, servicer, app, port
     stack.call(app.server.stop(grace=None))
@@ -152,6 +162,7 @@ def run(stack, port, body):
             return await body(RoundStreams(target_pb2_grpc.TargetStub(channel), lambda: (), idle_max=4))
         finally:
             await channel.close()
+
     return stack.call(main())
 
 
@@ -170,7 +181,8 @@ def test_calls_share_a_stream_and_errors_end_it_with_their_status(scripted):
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert ("specdec-context-miss", "unknown-session") in tuple(err.value.trailing_metadata())
         assert (await streams.call("Verify", verify(n=7), 5.0)).next_token == 7
-        assert streams.opened == 2                          # the failed call's stream was not reused
+        assert streams.opened == 2  # the failed call's stream was not reused
+
     run(stack, port, body)
 
 
@@ -181,12 +193,13 @@ def test_each_stream_call_carries_what_is_left_of_its_deadline(scripted):
 
     async def body(streams):
         await streams.call("Verify", verify(), 5.0)
-        await streams.call("Verify", verify(), 0.8)           # same stream, a shorter call
+        await streams.call("Verify", verify(), 0.8)  # same stream, a shorter call
         return streams.opened
+
     opened_streams = run(stack, port, body)
     assert opened_streams == 1
     first, second = servicer.timeouts
-    assert 4.0 < first <= 5.01 and 0.3 < second <= 0.81     # ceil'd to the millisecond
+    assert 4.0 < first <= 5.01 and 0.3 < second <= 0.81  # ceil'd to the millisecond
 
     async def unary():
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -196,8 +209,9 @@ def test_each_stream_call_carries_what_is_left_of_its_deadline(scripted):
             return request.HasField("timeout_ms")
         finally:
             await channel.close()
-    assert stack.call(unary()) is False                       # unary: the gRPC deadline alone
-    assert 2.0 < servicer.timeouts[-1] <= 3.1                # gRPC's own deadline (its rounding)
+
+    assert stack.call(unary()) is False  # unary: the gRPC deadline alone
+    assert 2.0 < servicer.timeouts[-1] <= 3.1  # gRPC's own deadline (its rounding)
 
 
 def test_a_deadline_cancels_the_stream_and_the_work_behind_it(scripted):
@@ -213,6 +227,7 @@ def test_a_deadline_cancels_the_stream_and_the_work_behind_it(scripted):
             await asyncio.sleep(0.02)
         assert servicer.cancelled == 1 and servicer.finished == 0
         assert (await streams.call("Verify", verify(n=5), 5.0)).next_token == 5
+
     run(stack, port, body)
 
 
@@ -230,6 +245,7 @@ def test_a_cancelled_caller_cancels_the_services_handler(scripted):
                 break
             await asyncio.sleep(0.02)
         assert servicer.cancelled == 1 and servicer.finished == 0
+
     run(stack, port, body)
 
 
@@ -239,19 +255,20 @@ def test_draining_finishes_the_call_in_flight_and_ends_idle_streams(scripted):
     async def body(streams):
         two = await asyncio.gather(*(streams.call("Verify", verify(ms=50, n=1), 5.0) for _ in range(2)))
         assert [r.next_token for r in two] == [1, 1] and streams.opened == 2
-        idle = streams._idle["Verify"][0]                   # stays idle: the next call takes the other one
+        idle = streams._idle["Verify"][0]  # stays idle: the next call takes the other one
         busy = asyncio.ensure_future(streams.call("Verify", verify(ms=300, n=2), 5.0))
-        await asyncio.sleep(0.1)                            # busy's call is being answered
+        await asyncio.sleep(0.1)  # busy's call is being answered
         assert not idle.done()
         servicer.draining.set()
         stopping = asyncio.ensure_future(app.server.stop(grace=30.0))
-        assert (await busy).next_token == 2                 # the call in flight is finished, not lost
-        assert await asyncio.wait_for(idle.code(), 5.0) == grpc.StatusCode.OK   # the idle one ended at once
-        await asyncio.wait_for(stopping, 5.0)               # nothing holds the drain for its 30 s grace
-        with pytest.raises(grpc.aio.AioRpcError) as err:     # the next call: its stream ended, a new one refused
+        assert (await busy).next_token == 2  # the call in flight is finished, not lost
+        assert await asyncio.wait_for(idle.code(), 5.0) == grpc.StatusCode.OK  # the idle one ended at once
+        await asyncio.wait_for(stopping, 5.0)  # nothing holds the drain for its 30 s grace
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # the next call: its stream ended, a new one refused
             await streams.call("Verify", verify(n=3), 5.0)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         assert servicer.finished == 3
+
     run(stack, port, body)
 
 
@@ -279,6 +296,7 @@ def test_a_stream_without_the_token_is_unauthenticated_and_a_malformed_message_i
         finally:
             await channel.close()
             await app.server.stop(grace=None)
+
     stack.call(body())
 
 
@@ -296,6 +314,7 @@ def test_a_draining_service_refuses_new_calls_unavailable_until_the_one_in_fligh
     answers NOT_SERVING, the call in flight finishes, and the server stops right after it, not after the
     grace period."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
+
     servicer = Scripted()
 
     async def body():
@@ -322,9 +341,10 @@ def test_a_draining_service_refuses_new_calls_unavailable_until_the_one_in_fligh
         finally:
             await channel.close()
             await app.server.stop(grace=None)
+
     unary, streamed, health, stop_s = stack.call(body())
     for err in (unary, streamed):
         assert err.code() == grpc.StatusCode.UNAVAILABLE and "draining" in err.details(), err
     assert health == health_pb2.HealthCheckResponse.NOT_SERVING
     assert servicer.finished == 1 and servicer.cancelled == 0
-    assert stop_s < 5.0, stop_s                              # not the 30 s grace
+    assert stop_s < 5.0, stop_s  # not the 30 s grace

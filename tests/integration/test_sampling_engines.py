@@ -23,26 +23,33 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specdec.core.sampling import SamplingConfig, logits_to_probs
 from specdec.engine.draft import ModelDraft, NgramDraft
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
-from specdec.engine.torch_runner import CausalLMRunner
 from specdec.engine.target import TargetEngine
+from specdec.engine.torch_runner import CausalLMRunner
 from specdec.engine.types import ProposeInput, SparseDist, VerifyInput
-from specdec.params import resolve_sampling
 from specdec.errors import InvalidArgument
+from specdec.params import resolve_sampling
 from specdec.v1 import common_pb2
 from tests.worker_pool import pool_map
 
 # 10,000 rounds per test (~30 s on 2 cores): the lying draft below is still rejected with p < 1e-300
 # (measured), far past ALPHA; 20,000 took 66 s, over the suite's 60 s budget for one test.
 VOCAB, K, SAMPLES, ALPHA, MIN_EXPECTED = 32, 2, 10_000, 1e-3, 5.0
-LIE_SAMPLES = 4_000   # a lie this size is rejected far below ALPHA with fewer samples (p printed by the test)
+LIE_SAMPLES = 4_000  # a lie this size is rejected far below ALPHA with fewer samples (p printed by the test)
 WEIGHT_SCALE, DRAFT_NOISE = 5.0, 0.015
 CONTEXT = [3, 7, 1, 9]
 CFG = dict(temperature=0.9, top_k=0, top_p=0.95, draft_top_n=8)
 
 
 def tiny(seed: int, noise: float = 0.0):
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(cfg).eval()
@@ -181,15 +188,21 @@ def test_ngram_point_mass_through_the_target_engine(engines):
         p1 = logits_to_probs(model(torch.tensor([NGRAM_CONTEXT])).logits[0, -1:], cfg0)[0].numpy().astype(np.float64)
     counts = np.zeros(VOCAB, dtype=np.int64)
     for proposed, token in pool_map(ngram_first, range(SAMPLES)):
-        assert proposed == [1, 3, 0]   # the n-gram's block, with no q' rows
+        assert proposed == [1, 3, 0]  # the n-gram's block, with no q' rows
         counts[token] += 1
     assert pvalue(counts, p1) > ALPHA
 
 
-@pytest.mark.parametrize("field,value,word", [
-    ("temperature", -0.5, "temperature"), ("top_p", 0.0, "top_p"), ("top_p", 1.5, "top_p"),
-    ("top_k", -1, "top_k"), ("draft_top_n", 0, "draft_top_n"),
-])
+@pytest.mark.parametrize(
+    "field,value,word",
+    [
+        ("temperature", -0.5, "temperature"),
+        ("top_p", 0.0, "top_p"),
+        ("top_p", 1.5, "top_p"),
+        ("top_k", -1, "top_k"),
+        ("draft_top_n", 0, "draft_top_n"),
+    ],
+)
 def test_bad_sampling_values_are_invalid_argument(field, value, word):
     msg = common_pb2.SamplingParams(**{field: value})
     with pytest.raises(InvalidArgument, match=word):

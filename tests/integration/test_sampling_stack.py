@@ -25,8 +25,13 @@ def stack(tmp_path_factory, redis_server):
 def gen(stack, prompt="Once upon a time", **sampling):
     channel, stub = stack.stub()
     extra = {k: sampling.pop(k) for k in list(sampling) if k in ("k", "logprobs")}
-    req = pb.GenerateRequest(prompt=prompt, max_new_tokens=MAX_NEW, ignore_eos=True,
-                             sampling=common_pb2.SamplingParams(**sampling), **{"k": 3, **extra})
+    req = pb.GenerateRequest(
+        prompt=prompt,
+        max_new_tokens=MAX_NEW,
+        ignore_eos=True,
+        sampling=common_pb2.SamplingParams(**sampling),
+        **{"k": 3, **extra},
+    )
     try:
         return stub.Generate(req, timeout=60)
     finally:
@@ -79,8 +84,12 @@ def test_bad_values_are_invalid_argument_over_grpc(stack, field, value):
 
 def test_max_rounds_caps_target_passes(stack):
     channel, stub = stack.stub()
-    resp = stub.Generate(pb.GenerateRequest(prompt="Once upon a time", max_new_tokens=40, ignore_eos=True, k=2,
-                                            max_rounds=3, trace=True), timeout=60)
+    resp = stub.Generate(
+        pb.GenerateRequest(
+            prompt="Once upon a time", max_new_tokens=40, ignore_eos=True, k=2, max_rounds=3, trace=True
+        ),
+        timeout=60,
+    )
     channel.close()
     assert resp.stats.rounds == 3 and resp.finish_reason == pb.FINISH_REASON_LENGTH
     assert "".join(r.text for r in resp.trace) == stack.tokenizer.decode(list(resp.token_ids))
@@ -106,9 +115,16 @@ def test_a_resumed_request_keeps_its_server_chosen_seed(stack):
     deadline and retried with the same request_id continues with that seed, so the result equals
     an uninterrupted run with the stored seed given explicitly."""
     channel, stub = stack.stub()
-    req = pb.GenerateRequest(prompt="Once upon a time", max_new_tokens=300, ignore_eos=True, k=3,
-                             sampling=common_pb2.SamplingParams(temperature=0.9), request_id="seedless-1",
-                             session_id="seedless-s", create_session=True)
+    req = pb.GenerateRequest(
+        prompt="Once upon a time",
+        max_new_tokens=300,
+        ignore_eos=True,
+        k=3,
+        sampling=common_pb2.SamplingParams(temperature=0.9),
+        request_id="seedless-1",
+        session_id="seedless-s",
+        create_session=True,
+    )
     try:
         stub.Generate(req, timeout=0.3)
         pytest.skip("the first attempt finished before its deadline: nothing to resume")
@@ -117,9 +133,16 @@ def test_a_resumed_request_keeps_its_server_chosen_seed(stack):
     resumed = stub.Generate(req, timeout=120)
     session = stack.call(stack.deps.store.get("seedless-s"))
     seed = int(session.params["seed"])
-    explicit = stub.Generate(pb.GenerateRequest(prompt="Once upon a time", max_new_tokens=300, ignore_eos=True, k=3,
-                                                sampling=common_pb2.SamplingParams(temperature=0.9, seed=seed)),
-                             timeout=120)
+    explicit = stub.Generate(
+        pb.GenerateRequest(
+            prompt="Once upon a time",
+            max_new_tokens=300,
+            ignore_eos=True,
+            k=3,
+            sampling=common_pb2.SamplingParams(temperature=0.9, seed=seed),
+        ),
+        timeout=120,
+    )
     channel.close()
     assert list(resumed.token_ids) == list(explicit.token_ids)
 
@@ -133,9 +156,11 @@ def test_concurrent_adaptive_sessions_under_the_latency_cap_keep_greedy_identity
     from orchestrator import adaptive, generation
 
     seen: list[tuple[float, float]] = []
+
     def spy(costs, k_cap, slack, sessions=0.0, drafters=0.0, proposer=None):
         seen.append((sessions, drafters))
         return adaptive.latency_cap(costs, k_cap, slack, sessions, drafters, proposer)
+
     monkeypatch.setattr(generation, "latency_cap", spy)
     monkeypatch.setattr(stack.deps.cfg, "latency_slack", 0.05)
     # Whether a session wants drafts follows the costs measured on this CPU: on an Intel Xeon the tiny
@@ -146,13 +171,13 @@ def test_concurrent_adaptive_sessions_under_the_latency_cap_keep_greedy_identity
     monkeypatch.setattr(generation, "best_k", lambda *a: max(real_best_k(*a), 1))
     prompts = IDENTITY_PROMPTS[:4]
     plain = [list(gen(stack, prompt=p, k=0).token_ids) for p in prompts]
-    assert not seen                                                   # fixed k: no cap
+    assert not seen  # fixed k: no cap
     with ThreadPoolExecutor(len(prompts)) as pool:
         adaptive_out = list(pool.map(lambda p: gen_adaptive(stack, p), prompts))
     assert [list(r.token_ids) for r in adaptive_out] == plain
     assert len(seen) >= len(prompts) and max(s for s, _ in seen) >= 2  # rounds that counted the other sessions
     assert all(0 <= d <= s for s, d in seen) and max(d for _, d in seen) >= 1
-    assert stack.deps.demand.wants == {}                               # every finished generation dropped out
+    assert stack.deps.demand.wants == {}  # every finished generation dropped out
 
 
 def gen_adaptive(stack, prompt: str):

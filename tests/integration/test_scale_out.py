@@ -16,7 +16,8 @@ from transformers import AutoModelForCausalLM
 
 from deploy_tools.checks import service_stats
 from specdec.launcher import LocalStack, StackConfig
-from specdec.v1 import orchestrator_pb2 as pb, orchestrator_pb2_grpc
+from specdec.v1 import orchestrator_pb2 as pb
+from specdec.v1 import orchestrator_pb2_grpc
 from tests.prompts import IDENTITY_PROMPTS
 from tests.support import make_tiny_pair, target_greedy
 
@@ -29,8 +30,14 @@ NO_EOS = [49151]  # ignore_eos: the reference must not stop either (an id the ti
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, redis_server):
     target_dir, draft_dir = make_tiny_pair(tmp_path_factory.mktemp("tiny"), IDENTITY_PROMPTS)
-    cfg = StackConfig(target_model=str(target_dir), draft_model=str(draft_dir), draft_kind="model",
-                      draft_replicas=2, target_replicas=2, redis_url=redis_server.url)
+    cfg = StackConfig(
+        target_model=str(target_dir),
+        draft_model=str(draft_dir),
+        draft_kind="model",
+        draft_replicas=2,
+        target_replicas=2,
+        redis_url=redis_server.url,
+    )
     with LocalStack(cfg) as s:
         s.target_dir = target_dir
         yield s
@@ -39,8 +46,15 @@ def stack(tmp_path_factory, redis_server):
 def run_session(address: str, i: int) -> pb.GenerateResponse:
     with grpc.insecure_channel(address) as channel:
         stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
-        req = pb.GenerateRequest(prompt=IDENTITY_PROMPTS[i], k=K, max_new_tokens=MAX_NEW, trace=True,
-                                 ignore_eos=True, session_id=f"scale-{i}", create_session=True)
+        req = pb.GenerateRequest(
+            prompt=IDENTITY_PROMPTS[i],
+            k=K,
+            max_new_tokens=MAX_NEW,
+            trace=True,
+            ignore_eos=True,
+            session_id=f"scale-{i}",
+            create_session=True,
+        )
         return stub.Generate(req, timeout=120)
 
 
@@ -48,7 +62,10 @@ def test_sessions_spread_stick_and_match_the_target(stack):
     with ThreadPoolExecutor(max_workers=4) as pool:
         responses = list(pool.map(lambda i: run_session(stack.orchestrator_address, i), range(SESSIONS)))
     model = AutoModelForCausalLM.from_pretrained(str(stack.target_dir), dtype=torch.float32).eval()
-    tok_ids = lambda text: __import__("specdec.models.loader", fromlist=["x"]).load_tokenizer(str(stack.target_dir)).encode(text)  # noqa: E731
+
+    def tok_ids(text):
+        return __import__("specdec.models.loader", fromlist=["x"]).load_tokenizer(str(stack.target_dir)).encode(text)  # noqa: E731
+
     used_targets, used_drafts = set(), set()
     for i, resp in enumerate(responses):
         targets = {r.target_replica for r in resp.trace}
@@ -61,8 +78,10 @@ def test_sessions_spread_stick_and_match_the_target(stack):
     for proc in stack.procs:
         if proc.role in ("target", "draft"):
             st = service_stats(proc.address, proc.role)
-            print(f"{proc.role} {proc.address}: calls={st.calls} hits={st.cache_hits} misses={st.cache_misses} "
-                  f"rollbacks={st.cache_rollbacks} computed={st.computed_tokens} reused={st.reused_tokens}")
+            print(
+                f"{proc.role} {proc.address}: calls={st.calls} hits={st.cache_hits} misses={st.cache_misses} "
+                f"rollbacks={st.cache_rollbacks} computed={st.computed_tokens} reused={st.reused_tokens}"
+            )
             assert st.cache_hits > st.cache_misses > 0
 
 
@@ -101,7 +120,7 @@ def test_identical_openings_arriving_together_take_the_keys_next_routes(stack):
     stack.wait_ready(proc)
     stack.wait_connected(proc, stack.targets)
     request = chat_turn([("user", IDENTITY_PROMPTS[5])])
-    request.max_new_tokens = 96                       # long enough that the four are in flight together
+    request.max_new_tokens = 96  # long enough that the four are in flight together
     with grpc.insecure_channel(proc.address) as channel:
         stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
         with ThreadPoolExecutor(max_workers=4) as pool:

@@ -10,13 +10,14 @@ import sys
 import grpc
 import pytest
 
+from orchestrator.lane import LaneUnreachable, RoundLane
 from specdec.config import TLSConfig
 from specdec.healthcheck import channel_for
 from specdec.launcher import LocalStack, StackConfig
 from specdec.redis_server import EmbeddedRedis
 from specdec.server.tls import lane_client_context
-from specdec.v1 import common_pb2, orchestrator_pb2 as pb, orchestrator_pb2_grpc, target_pb2, target_pb2_grpc
-from orchestrator.lane import LaneUnreachable, RoundLane
+from specdec.v1 import common_pb2, orchestrator_pb2_grpc, target_pb2, target_pb2_grpc
+from specdec.v1 import orchestrator_pb2 as pb
 from tests.pki_support import make_pki
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -29,8 +30,13 @@ LANE_MAX_BYTES = 1 << 22
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
     pki = make_pki(tmp_path_factory.mktemp("pki"))
-    env = {"SPECDEC_TLS_CA": str(pki["ca"]), "SPECDEC_TLS_CERT": str(pki["cert"]), "SPECDEC_TLS_KEY": str(pki["key"]),
-           "SPECDEC_SERVICE_TOKEN": SERVICE_TOKEN, "SPECDEC_AUTH_TOKENS": f"other-token,{USER_TOKEN}"}
+    env = {
+        "SPECDEC_TLS_CA": str(pki["ca"]),
+        "SPECDEC_TLS_CERT": str(pki["cert"]),
+        "SPECDEC_TLS_KEY": str(pki["key"]),
+        "SPECDEC_SERVICE_TOKEN": SERVICE_TOKEN,
+        "SPECDEC_AUTH_TOKENS": f"other-token,{USER_TOKEN}",
+    }
     with EmbeddedRedis(password=REDIS_PASSWORD) as redis:
         stack = LocalStack(StackConfig(target_model="embedded", draft_kind="ngram", redis_url=redis.url, extra_env=env))
         with stack:
@@ -41,7 +47,8 @@ def generate(address: str, tls: TLSConfig | None, token: str | None) -> pb.Gener
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
     with channel_for(address, tls) as channel:
         return orchestrator_pb2_grpc.OrchestratorStub(channel).Generate(
-            pb.GenerateRequest(prompt="Hello", max_new_tokens=8, k=2), timeout=30, metadata=metadata)
+            pb.GenerateRequest(prompt="Hello", max_new_tokens=8, k=2), timeout=30, metadata=metadata
+        )
 
 
 def target_channel(stack: LocalStack, tls: TLSConfig):
@@ -57,7 +64,7 @@ def test_mtls_and_token_work_end_to_end(secured):
         resp = generate(stack.orchestrator_address, tls, USER_TOKEN)
         after = stub.Stats(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA).lane_calls
     assert resp.usage.completion_tokens > 0 and resp.stats.rounds > 0
-    assert after - before >= resp.stats.rounds      # every round's Verify rode the TLS round lane
+    assert after - before >= resp.stats.rounds  # every round's Verify rode the TLS round lane
 
 
 def test_missing_or_wrong_token_is_unauthenticated(secured):
@@ -88,7 +95,7 @@ def test_target_requires_the_service_token(secured):
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         info = stub.Info(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA)
         assert info.role == "target"
-        assert info.round_lane_port > 0         # the round lane is open, over TLS (next test)
+        assert info.round_lane_port > 0  # the round lane is open, over TLS (next test)
 
 
 def test_round_lane_speaks_mtls_only(secured, tmp_path):
@@ -97,21 +104,31 @@ def test_round_lane_speaks_mtls_only(secured, tmp_path):
     answer (LaneUnreachable: the orchestrator would take gRPC, which refuses them the same way)."""
     stack, tls = secured
     with target_channel(stack, tls) as channel:
-        port = target_pb2_grpc.TargetStub(channel).Info(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA).round_lane_port
+        port = (
+            target_pb2_grpc.TargetStub(channel)
+            .Info(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA)
+            .round_lane_port
+        )
 
     async def verify_on_lane(ctx):
-        lane = RoundLane("127.0.0.1", port, SERVICE_TOKEN, LANE_MAX_BYTES, idle_max=1, connect_timeout_s=5.0,
-                         retry_s=60.0, tls=ctx)
+        lane = RoundLane(
+            "127.0.0.1", port, SERVICE_TOKEN, LANE_MAX_BYTES, idle_max=1, connect_timeout_s=5.0, retry_s=60.0, tls=ctx
+        )
         try:
-            return await lane.call("Verify", target_pb2.VerifyRequest(session_id="tls-lane", context_ids=[1, 2, 3]), 30.0)
+            return await lane.call(
+                "Verify", target_pb2.VerifyRequest(session_id="tls-lane", context_ids=[1, 2, 3]), 30.0
+            )
         finally:
             lane.close_idle()
 
     answer = asyncio.run(verify_on_lane(lane_client_context(tls)))
     assert answer.next_kind == target_pb2.NEXT_KIND_BONUS and answer.num_accepted == 0
     other_ca = make_pki(tmp_path)
-    for refused in (None, lane_client_context(TLSConfig(ca=tls.ca)),
-                    lane_client_context(TLSConfig(cert=tls.cert, key=tls.key, ca=str(other_ca["ca"])))):
+    for refused in (
+        None,
+        lane_client_context(TLSConfig(ca=tls.ca)),
+        lane_client_context(TLSConfig(cert=tls.cert, key=tls.key, ca=str(other_ca["ca"]))),
+    ):
         with pytest.raises(LaneUnreachable):
             asyncio.run(verify_on_lane(refused))
 
@@ -119,8 +136,13 @@ def test_round_lane_speaks_mtls_only(secured, tmp_path):
 def test_healthcheck_speaks_tls_from_the_environment(secured):
     stack, tls = secured
     env = {"SPECDEC_TLS_CA": tls.ca, "SPECDEC_TLS_CERT": tls.cert, "SPECDEC_TLS_KEY": tls.key, "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "specdec.healthcheck", "--port", str(stack.orchestrator.port)],
-                         env=env, capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "specdec.healthcheck", "--port", str(stack.orchestrator.port)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "SERVING"
 
 

@@ -33,8 +33,8 @@ SHIPPED = SHIPPED_DRAFTS_DIR / EMBEDDED_DRAFTS["smollm2-draft"]
 MAX_SIZE_BYTES = 20 * 1024 * 1024
 IDENTITY_PROMPTS = 3
 IDENTITY_TOKENS = 48
-MEASURE_TOKENS = 128   # as the report: the few-prompt check reproduces its per-prompt rows
-FLOOR_PROMPTS = 4      # the first held-out prompts: 396 tokens, mean accepted length 1.82 alone as all 30 (1.818)
+MEASURE_TOKENS = 128  # as the report: the few-prompt check reproduces its per-prompt rows
+FLOOR_PROMPTS = 4  # the first held-out prompts: 396 tokens, mean accepted length 1.82 alone as all 30 (1.818)
 #: The issue's floor for the mean accepted length at k = 4 (greedy, all 30 held-out chat prompts) is 2.0. The
 #: shipped draft reaches it combined with prompt lookup (the `combined` kind: 2.037 in report.json) but not
 #: alone (1.818). Greedy acceptance is deterministic up to near-ties: on the few prompts the draft alone repeats
@@ -42,8 +42,8 @@ FLOOR_PROMPTS = 4      # the first held-out prompts: 396 tokens, mean accepted l
 #: value minus a margin.
 ISSUE_FLOOR = 2.0
 REPORT_MAL = 1.818
-FEW_MAL = 396 / 218            # report.json's rows of the first FLOOR_PROMPTS prompts
-COMBINED_FEW_MAL = 1.960      # measured: 396 tokens in 202 rounds, prompt lookup on a hit, the draft otherwise
+FEW_MAL = 396 / 218  # report.json's rows of the first FLOOR_PROMPTS prompts
+COMBINED_FEW_MAL = 1.960  # measured: 396 tokens in 202 rounds, prompt lookup on a hit, the draft otherwise
 MARGIN = 0.1
 
 
@@ -67,15 +67,18 @@ def test_shares_tokenizer_and_greedy_output_equals_target(stack):
     assert draft_info["tokenizer_fingerprint"] == target_info["tokenizer_fingerprint"]
     assert draft_info["logits_width"] == target_info["logits_width"]
     assert draft_info["draft_kind"] == "model"
-    assert stack.target_bundle.engine == "llamacpp"      # the default engine for the embedded GGUF
+    assert stack.target_bundle.engine == "llamacpp"  # the default engine for the embedded GGUF
     reference = LlamaCppReference("embedded", threads=1)  # llama.cpp's own decoding of it, alone
     tok = stack.tokenizer
     eos = sorted(stack.deps.eos_ids)
     channel, stub = stack.stub()
     drafted = 0
     for prompt in build_corpus().held_out[:IDENTITY_PROMPTS]:
-        req = pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=prompt)]), k=4,
-                                 max_new_tokens=IDENTITY_TOKENS)
+        req = pb.GenerateRequest(
+            messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=prompt)]),
+            k=4,
+            max_new_tokens=IDENTITY_TOKENS,
+        )
         resp = stub.Generate(req, timeout=300)
         ids = chat_ids(tok, prompt)
         want = reference.greedy(ids, IDENTITY_TOKENS, eos)
@@ -98,7 +101,7 @@ def test_the_report_measured_all_held_out_prompts_and_the_floor():
     assert report["combined"]["mean_accepted_length"] >= ISSUE_FLOOR
 
 
-SERVED = "shipped draft: served bundles"   # tests.worker_pool.per_process: the test lends its stack's
+SERVED = "shipped draft: served bundles"  # tests.worker_pool.per_process: the test lends its stack's
 
 
 def _load_served() -> tuple:
@@ -133,7 +136,9 @@ def test_held_out_mean_accepted_length_holds_on_a_few_prompts(stack):
     with lend(SERVED, (stack.target_bundle, stack.draft_bundle)):
         alone, rounds = _mean_accepted_length("model", prompt_ids, hint)
         both, _ = _mean_accepted_length("combined", prompt_ids, hint)
-    print(f"\nheld-out x{FLOOR_PROMPTS}: mean accepted length {alone:.3f} alone (report rows {FEW_MAL:.3f}), "
-          f"{both:.3f} combined; rounds per prompt {rounds}")
+    print(
+        f"\nheld-out x{FLOOR_PROMPTS}: mean accepted length {alone:.3f} alone (report rows {FEW_MAL:.3f}), "
+        f"{both:.3f} combined; rounds per prompt {rounds}"
+    )
     assert alone >= FEW_MAL - MARGIN
     assert both >= COMBINED_FEW_MAL - MARGIN and both > alone

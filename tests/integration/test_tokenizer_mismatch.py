@@ -29,8 +29,13 @@ def test_incompatible_draft_is_refused_with_a_clear_message(tmp_path, redis_serv
     target_dir, _ = make_tiny_pair(tmp_path / "pair", IDENTITY_PROMPTS)
     other = tmp_path / "other-draft"
     save_other_vocab_draft(other)
-    err = refused_generate(StackConfig(target_model=str(target_dir), draft_model=str(other), draft_kind="model",
-                                       redis_url=redis_server.url), pb.GenerateRequest(prompt="hello", max_new_tokens=4), 30)
+    err = refused_generate(
+        StackConfig(
+            target_model=str(target_dir), draft_model=str(other), draft_kind="model", redis_url=redis_server.url
+        ),
+        pb.GenerateRequest(prompt="hello", max_new_tokens=4),
+        30,
+    )
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
     message = err.details()
     print("\n" + message)

@@ -46,7 +46,7 @@ def test_greedy_perfect_match_gives_bonus():
     assert (res.num_accepted, res.next_token, res.next_kind) == (3, 6, BONUS)
     assert res.matches == [True, True, True]
     assert res.target_ids == [3, 4, 5, 6]
-    assert res.emitted([3, 4, 5]) == [3, 4, 5, 6]                               # every draft + the bonus
+    assert res.emitted([3, 4, 5]) == [3, 4, 5, 6]  # every draft + the bonus
 
 
 def test_draft_ids_as_a_list_or_a_tensor_give_the_same_round():
@@ -55,7 +55,9 @@ def test_draft_ids_as_a_list_or_a_tensor_give_the_same_round():
     draft = p[:3].argmax(dim=-1).tolist()[:2] + [0]
     for greedy in (True, False):
         make = (lambda: None) if greedy else (lambda: torch.Generator().manual_seed(5))
-        assert accept(draft, p, None, make(), greedy=greedy) == accept(torch.tensor(draft), p, None, make(), greedy=greedy)
+        assert accept(draft, p, None, make(), greedy=greedy) == accept(
+            torch.tensor(draft), p, None, make(), greedy=greedy
+        )
 
 
 def test_greedy_early_mismatch_gives_recovered():
@@ -63,7 +65,7 @@ def test_greedy_early_mismatch_gives_recovered():
     assert (res.num_accepted, res.next_token, res.next_kind) == (1, 4, RECOVERED)
     # position 3 was never tested: matches reports the greedy comparison (5 == 5)
     assert res.matches == [True, False, True]
-    assert res.emitted([3, 9, 5]) == [3, 4] and res.emitted((3, 9, 5)) == [3, 4]   # accepted drafts + recovered
+    assert res.emitted([3, 9, 5]) == [3, 4] and res.emitted((3, 9, 5)) == [3, 4]  # accepted drafts + recovered
 
 
 def test_greedy_all_rejected():
@@ -133,8 +135,7 @@ def test_same_generators_same_result_different_seed_can_differ():
     q = torch.softmax(torch.randn(3, VOCAB, generator=gen), -1)
     d = torch.tensor([0, 1, 2])
     assert accept(d, p, q, gens(SEED)) == accept(d, p, q, gens(SEED))
-    outcomes = {(r.num_accepted, r.next_token) for r in
-                (accept(d, p, q, gens(seed)) for seed in range(NUM_TRIALS))}
+    outcomes = {(r.num_accepted, r.next_token) for r in (accept(d, p, q, gens(seed)) for seed in range(NUM_TRIALS))}
     assert len(outcomes) > 1
 
 
@@ -178,8 +179,7 @@ def test_differing_widths_draft_wider_than_target():
     q[0, VOCAB - 1] = 1.0
     res = accept(torch.tensor([VOCAB - 1]), p, q, gens())
     assert (res.num_accepted, res.next_token) == (0, 1)
-    m, out = accept_batch(torch.tensor([[VOCAB - 1]]), p.unsqueeze(0), q.unsqueeze(0),
-                          torch.Generator().manual_seed(0))
+    m, out = accept_batch(torch.tensor([[VOCAB - 1]]), p.unsqueeze(0), q.unsqueeze(0), torch.Generator().manual_seed(0))
     assert m.tolist() == [0] and out.tolist() == [[1, PADDING_ID]]
 
 
@@ -232,7 +232,7 @@ def test_greedy_accept_over_the_penalised_scores_equals_it_over_the_one_hot_p():
     g = torch.Generator().manual_seed(9)
     for cfg in (SamplingConfig(), SamplingConfig(temperature=0.0, repetition_penalty=1.5, presence_penalty=0.7)):
         for _ in range(20):
-            logits = torch.randint(0, 4, (5, 12), generator=g).float()       # small integers: many ties
+            logits = torch.randint(0, 4, (5, 12), generator=g).float()  # small integers: many ties
             draft = torch.randint(0, 12, (4,), generator=g)
             history = None
             if cfg.has_penalties:
@@ -254,7 +254,7 @@ def _agreeing_prefix_round(gen: torch.Generator, greedy: bool):
     draft = p[:agree].argmax(dim=-1).tolist() + tail
     q = None if greedy or k == 0 else torch.softmax(torch.randn(k, VOCAB, generator=gen), dim=-1)
     if q is not None:
-        q[torch.arange(k), torch.tensor(draft)] += 0.1     # the draft sampled its own tokens: q(d) > 0
+        q[torch.arange(k), torch.tensor(draft)] += 0.1  # the draft sampled its own tokens: q(d) > 0
         q = q / q.sum(dim=-1, keepdim=True)
     return draft, p, q
 
@@ -268,8 +268,8 @@ def test_a_verdict_only_round_has_the_full_rounds_verdict_and_its_lists_stop_at_
         verdict = accept(draft, p, q, None if greedy else gens(SEED + case), greedy=greedy, all_rows=False)
         m, k = full.num_accepted, len(draft)
         assert (verdict.num_accepted, verdict.next_token, verdict.next_kind) == (m, full.next_token, full.next_kind)
-        assert verdict.matches == full.matches[:m + 1] == [True] * m + [False] * (m < k)
-        assert verdict.target_ids == (full.target_ids[:m + 1] if greedy else [])
+        assert verdict.matches == full.matches[: m + 1] == [True] * m + [False] * (m < k)
+        assert verdict.target_ids == (full.target_ids[: m + 1] if greedy else [])
 
 
 def test_a_greedy_verdict_reads_no_row_after_the_first_rejection():
@@ -282,14 +282,19 @@ def test_a_greedy_verdict_reads_no_row_after_the_first_rejection():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(np, "argmax", lambda a, *args, **kw: reads.append(np.shape(a)) or real(a, *args, **kw))
         verdict = accept([3, 4, 5], p, greedy=True, all_rows=False)
-        assert reads == [(VOCAB,), (VOCAB,)]                     # rows 0 and 1: d2 = 4 is rejected at row 1
+        assert reads == [(VOCAB,), (VOCAB,)]  # rows 0 and 1: d2 = 4 is rejected at row 1
         reads.clear()
         accept([3, 7, 5], p, greedy=True, all_rows=False)
-        assert reads == [(VOCAB,)] * 4                           # all accepted: the bonus row too
+        assert reads == [(VOCAB,)] * 4  # all accepted: the bonus row too
         reads.clear()
         full = accept([3, 4, 5], p, greedy=True)
         assert reads == [(4, VOCAB)]
-    assert (verdict.num_accepted, verdict.next_token, verdict.target_ids, verdict.matches) == (1, 7, [3, 7], [True, False])
+    assert (verdict.num_accepted, verdict.next_token, verdict.target_ids, verdict.matches) == (
+        1,
+        7,
+        [3, 7],
+        [True, False],
+    )
     assert full.target_ids == [3, 7, 5, 6] and full.matches == [True, False, True]
 
 

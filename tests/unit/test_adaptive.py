@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 from orchestrator.adaptive import (
-    ANY_DRAFT, NO_DRAFT, PROBE_EVERY, PROBE_EVERY_MAX, PROBE_K, AcceptanceTracker, CostModel, DraftDemand, best_k,
-    choose_k, draft_budget, draft_delay, latency_cap,
+    ANY_DRAFT,
+    NO_DRAFT,
+    PROBE_EVERY,
+    PROBE_EVERY_MAX,
+    PROBE_K,
+    AcceptanceTracker,
+    CostModel,
+    DraftDemand,
+    best_k,
+    choose_k,
+    draft_budget,
+    draft_delay,
+    latency_cap,
 )
 
 
@@ -52,8 +63,8 @@ def test_failed_probes_back_off_exponentially_and_a_hit_resets_the_interval():
     for _ in range(30):
         acc.observe(proposed=4, accepted=0)
     gaps = [rounds_until_probe(costs, acc, accepted_on_probe=0) for _ in range(6)]
-    assert gaps == [PROBE_EVERY * 2 ** i for i in range(5)] + [PROBE_EVERY_MAX]
-    acc.rounds_at_zero = acc.probe_every   # the next round probes, and this probe hits
+    assert gaps == [PROBE_EVERY * 2**i for i in range(5)] + [PROBE_EVERY_MAX]
+    acc.rounds_at_zero = acc.probe_every  # the next round probes, and this probe hits
     assert choose_k(costs, acc, 8) == PROBE_K
     acc.observe(proposed=PROBE_K, accepted=2)
     assert acc.probe_every == PROBE_EVERY
@@ -70,7 +81,7 @@ def test_expensive_draft_steps_shorten_the_draft():
 
 def test_expected_tokens_counts_the_bonus():
     acc = AcceptanceTracker(k_max=3)
-    acc.accepts, acc.tries = [1e9] * 3, [1e9] * 3      # certain acceptance at every position
+    acc.accepts, acc.tries = [1e9] * 3, [1e9] * 3  # certain acceptance at every position
     assert abs(acc.expected_tokens(3) - 4.0) < 1e-6 and acc.expected_tokens(0) == 1.0
 
 
@@ -84,8 +95,8 @@ def measured_fp32_costs() -> CostModel:
 
 def test_a_rejection_at_position_1_is_not_outweighed_by_the_prior_of_deeper_positions():
     costs, acc = measured_fp32_costs(), AcceptanceTracker(k_max=8)
-    assert choose_k(costs, acc, 8) > 0                   # a fresh session tries speculation
-    acc.observe(proposed=8, accepted=0)                  # one long draft, rejected at once
+    assert choose_k(costs, acc, 8) > 0  # a fresh session tries speculation
+    acc.observe(proposed=8, accepted=0)  # one long draft, rejected at once
     rates = acc.rates()
     assert all(abs(r - rates[0]) < 1e-9 for r in rates)  # positions 2..8 know only what position 1 knows
     assert choose_k(costs, acc, 8) == 0
@@ -94,10 +105,10 @@ def test_a_rejection_at_position_1_is_not_outweighed_by_the_prior_of_deeper_posi
 def test_deeper_positions_follow_their_own_data_once_they_have_it():
     acc = AcceptanceTracker(k_max=4)
     for _ in range(30):
-        acc.observe(proposed=4, accepted=4)              # copying: every position accepted
+        acc.observe(proposed=4, accepted=4)  # copying: every position accepted
     assert all(r > 0.9 for r in acc.rates())
     for _ in range(30):
-        acc.observe(proposed=4, accepted=1)              # the first token right, the second wrong
+        acc.observe(proposed=4, accepted=1)  # the first token right, the second wrong
     rates = acc.rates()
     assert rates[0] > 0.85 and rates[1] < 0.25
 
@@ -111,7 +122,7 @@ def test_costs_are_kept_per_proposer_and_pick_each_its_own_k():
     assert costs.draft_step_ms["ngram"] < 0.1 and abs(costs.draft_step_ms["model"] - 6.0) < 1e-6
     assert costs.overhead_ms["model"] > costs.overhead_ms["ngram"] and costs.overhead_ms[NO_DRAFT] == 2.5
     assert costs.round_ms(4, "model") - costs.round_ms(4, "ngram") > 4 * 5.9
-    assert costs.round_ms(0, "model") == costs.round_ms(0, "ngram")    # no draft: no draft cost either way
+    assert costs.round_ms(0, "model") == costs.round_ms(0, "ngram")  # no draft: no draft cost either way
     acc = AcceptanceTracker(k_max=8)
     for accepted in [0, 1, 2, 3, 5, 8] * 5:
         acc.observe(proposed=8, accepted=accepted)
@@ -143,27 +154,27 @@ def test_alone_a_round_waits_for_the_measured_verify_cost():
     costs = compute_bound_costs()
     assert costs.batch == 1.0
     assert [costs.pass_ms(n) for n in (1, 3, 5)] == [costs.verify(n) for n in (1, 3, 5)]
-    costs.observe_batch(0)                      # a round without a reported batch changes nothing
+    costs.observe_batch(0)  # a round without a reported batch changes nothing
     assert costs.batch == 1.0
 
 
 def test_full_batches_back_speculation_off_when_verify_work_is_per_token():
-    costs, acc = compute_bound_costs(), accepting(3, 5)     # ~60% of drafts fully accepted
-    assert choose_k(costs, acc, 4) >= 1                    # alone: speculation pays
+    costs, acc = compute_bound_costs(), accepting(3, 5)  # ~60% of drafts fully accepted
+    assert choose_k(costs, acc, 4) >= 1  # alone: speculation pays
     for _ in range(30):
         costs.observe_batch(8)
     assert 7.5 < costs.batch <= 8.0
     # a round waits for a pass of every session's tokens: t0 + B * n * m (t0 = 10, m = 8)
     assert abs(costs.pass_ms(1) - (10.0 + 8.0 * costs.batch)) < 1e-9
-    assert choose_k(costs, acc, 4) == 0                    # batches full: plain decoding
+    assert choose_k(costs, acc, 4) == 0  # batches full: plain decoding
     for _ in range(30):
         costs.observe_batch(1)
-    assert choose_k(costs, acc, 4) >= 1                    # load gone: speculation comes back
+    assert choose_k(costs, acc, 4) >= 1  # load gone: speculation comes back
 
 
 def test_full_batches_keep_speculating_when_scoring_more_tokens_is_nearly_free():
     costs, acc = CostModel(), accepting(3, 5)
-    for n in (1, 2, 3, 5):                                  # memory-bound: v(n) flat
+    for n in (1, 2, 3, 5):  # memory-bound: v(n) flat
         costs.observe(k=n - 1, pass_tokens=n, draft_ms=0.0, target_ms=30.0, overhead_ms=2.0)
     for _ in range(30):
         costs.observe_batch(16)
@@ -181,7 +192,7 @@ def test_under_load_a_weak_draft_backs_off_because_its_tokens_slow_every_session
     for i in range(60):
         weak.observe(proposed=4, accepted=1 if i % 10 < 3 else 0)
         strong.observe(proposed=4, accepted=4 if i % 20 < 17 else 1)
-    assert choose_k(costs, weak, 4) >= 1 and choose_k(costs, strong, 4) >= 1   # alone both pay
+    assert choose_k(costs, weak, 4) >= 1 and choose_k(costs, strong, 4) >= 1  # alone both pay
     for _ in range(40):
         costs.observe_batch(4)
     assert choose_k(costs, weak, 4) == 0
@@ -191,12 +202,25 @@ def test_under_load_a_weak_draft_backs_off_because_its_tokens_slow_every_session
 def test_a_round_learns_its_pass_and_leaves_queueing_out_of_its_overhead():
     from orchestrator.rounds import RoundOutcome
 
-    out = RoundOutcome(k=4, draft_ids=[1, 2, 3, 4], matches=[], target_ids=[], num_accepted=0, next_token=5,
-                       next_kind=0, emitted=[5], draft_ms=4.0, target_ms=60.0, wall_ms=130.0, target_computed=5,
-                       target_batch=4, target_queue_ms=50.0)
+    out = RoundOutcome(
+        k=4,
+        draft_ids=[1, 2, 3, 4],
+        matches=[],
+        target_ids=[],
+        num_accepted=0,
+        next_token=5,
+        next_kind=0,
+        emitted=[5],
+        draft_ms=4.0,
+        target_ms=60.0,
+        wall_ms=130.0,
+        target_computed=5,
+        target_batch=4,
+        target_queue_ms=50.0,
+    )
     assert out.overhead_ms == 66.0 and out.fixed_overhead_ms == 16.0
-    assert out.pass_tokens == 20                          # not reported: 4 sessions of 5 tokens
-    out.target_batch_tokens = 11                          # reported by the target: the others computed 6
+    assert out.pass_tokens == 20  # not reported: 4 sessions of 5 tokens
+    out.target_batch_tokens = 11  # reported by the target: the others computed 6
     assert out.pass_tokens == 11
 
 
@@ -213,18 +237,18 @@ def test_the_latency_cap_keeps_the_others_rounds_within_the_slack():
     """With B sessions a pass each drafting k, the others' drafts lengthen a session's pass by
     (B-1)/B · (v(B(k+1)) - v(B)) = (B-1) · 2k ms here; a round without drafts takes v(B) + 5 ms."""
     alone, pair, four = cpu_pass_costs(1.0), cpu_pass_costs(2.0), cpu_pass_costs(4.0)
-    assert latency_cap(alone, 8, 0.05) == 8                  # nobody else waits for the pass
-    assert latency_cap(pair, 8, 0.05) == 0                   # 2 ms a token > 5 % of 32 ms
-    assert latency_cap(pair, 8, 0.25) == 4                   # 2k <= 8 ms
-    assert latency_cap(four, 8, 0.25) == 1                   # 6k <= 9 ms
-    assert latency_cap(four, 8, -1.0) == 8                   # off: throughput first
+    assert latency_cap(alone, 8, 0.05) == 8  # nobody else waits for the pass
+    assert latency_cap(pair, 8, 0.05) == 0  # 2 ms a token > 5 % of 32 ms
+    assert latency_cap(pair, 8, 0.25) == 4  # 2k <= 8 ms
+    assert latency_cap(four, 8, 0.25) == 1  # 6k <= 9 ms
+    assert latency_cap(four, 8, -1.0) == 8  # off: throughput first
     for costs in (pair, four):
         for slack in (0.05, 0.1, 0.25, 0.5):
             k = latency_cap(costs, 8, slack)
             share = (costs.batch - 1) / costs.batch
             grow = share * (costs.pass_ms(k + 1) - costs.pass_ms(1))
             assert grow <= slack * costs.round_ms(0)
-            if k < 8:                                          # the largest such k
+            if k < 8:  # the largest such k
                 assert share * (costs.pass_ms(k + 2) - costs.pass_ms(1)) > slack * costs.round_ms(0)
 
 
@@ -249,8 +273,8 @@ def test_the_cap_follows_the_sessions_waiting_now_not_the_orchestrator_average()
     the passes it shared a moment ago: the sessions waiting for the target now decide."""
     lagging = cpu_pass_costs(4.0)
     assert latency_cap(lagging, 8, 0.25) == 1
-    assert latency_cap(lagging, 8, 0.25, sessions=1) == 8              # alone now
-    assert latency_cap(cpu_pass_costs(1.0), 8, 0.25, sessions=4) == 1   # shared now, the average lags
+    assert latency_cap(lagging, 8, 0.25, sessions=1) == 8  # alone now
+    assert latency_cap(cpu_pass_costs(1.0), 8, 0.25, sessions=4) == 1  # shared now, the average lags
     assert latency_cap(cpu_pass_costs(1.0), 8, 0.25, sessions=2) == 4
 
 
@@ -263,16 +287,18 @@ def test_the_sessions_that_want_drafts_share_the_passes_draft_budget():
     allowed = 0.25 * four.round_ms(0)
     assert draft_budget(four, allowed, 4.0, 32) == 4
     assert [latency_cap(four, 8, 0.25, drafters=d) for d in (1, 2, 3, 4)] == [4, 2, 1, 1]
-    assert latency_cap(four, 8, 0.25, drafters=4) == latency_cap(four, 8, 0.25)   # all draft: the alike rule
-    assert latency_cap(four, 8, 0.25, sessions=1, drafters=1) == 8                  # alone: nothing to delay
-    assert latency_cap(four, 8, -1.0, drafters=1) == 8                               # off
+    assert latency_cap(four, 8, 0.25, drafters=4) == latency_cap(four, 8, 0.25)  # all draft: the alike rule
+    assert latency_cap(four, 8, 0.25, sessions=1, drafters=1) == 8  # alone: nothing to delay
+    assert latency_cap(four, 8, -1.0, drafters=1) == 8  # off
     for slack in (0.05, 0.1, 0.25, 0.5):
         for sessions in (2.0, 4.0, 8.0):
             for d in range(1, int(sessions) + 1):
                 k = latency_cap(four, 8, slack, sessions=sessions, drafters=d)
-                seen = d * k if d <= sessions - 1 else (d - 1) * k      # the drafts a session waits for
-                assert four.verify(sessions + seen) - four.verify(sessions) <= slack * (
-                    four.round_ms(0) - four.pass_ms(1) + four.pass_ms(1, sessions)) + 1e-9
+                seen = d * k if d <= sessions - 1 else (d - 1) * k  # the drafts a session waits for
+                assert (
+                    four.verify(sessions + seen) - four.verify(sessions)
+                    <= slack * (four.round_ms(0) - four.pass_ms(1) + four.pass_ms(1, sessions)) + 1e-9
+                )
 
 
 def test_draft_demand_counts_the_generations_that_want_drafts_and_best_k_changes_nothing():
@@ -289,7 +315,7 @@ def test_draft_demand_counts_the_generations_that_want_drafts_and_best_k_changes
         acc.observe(proposed=8, accepted=0)
     before = (acc.rounds_at_zero, acc.probe_every, acc.probing)
     assert [best_k(costs, acc, 8) for _ in range(3 * PROBE_EVERY)] == [0] * (3 * PROBE_EVERY)
-    assert (acc.rounds_at_zero, acc.probe_every, acc.probing) == before       # no probing state moved
+    assert (acc.rounds_at_zero, acc.probe_every, acc.probing) == before  # no probing state moved
 
 
 def _verify_by_scan(points: dict[int, float], n: float) -> float:
@@ -320,7 +346,7 @@ def test_verify_by_bisection_equals_the_scan_as_points_are_added():
         costs.observe(0, rng.randrange(1, 80), 0.0, rng.uniform(20, 120), 1.0)
         for n in [0.5, 1, 2.5, 7, 33.3, 79, 80, 95, 200] + [rng.uniform(0, 100) for _ in range(5)]:
             assert costs.verify(n) == _verify_by_scan(costs.verify_ms, n), n
-    costs.verify_ms = {4: 30.0, 9: 45.0}                  # a replaced table is re-read, not the cached sizes
+    costs.verify_ms = {4: 30.0, 9: 45.0}  # a replaced table is re-read, not the cached sizes
     assert costs.verify(6.5) == _verify_by_scan(costs.verify_ms, 6.5) == 37.5
 
 
@@ -331,7 +357,7 @@ def test_expected_tokens_upto_lists_expected_tokens():
     listed = tracker.expected_tokens_upto(8)
     assert len(listed) == 9
     assert listed == [tracker.expected_tokens(k) for k in range(9)]
-    assert listed[5] == listed[8]          # positions beyond k_max add nothing
+    assert listed[5] == listed[8]  # positions beyond k_max add nothing
 
 
 def flat_pass_costs(batch: float) -> CostModel:
@@ -342,7 +368,7 @@ def flat_pass_costs(batch: float) -> CostModel:
         costs.observe(k=0, pass_tokens=n, draft_ms=0.0, target_ms=65.0, overhead_ms=2.0)
     costs.observe(k=4, pass_tokens=5, draft_ms=20.0, target_ms=65.0, overhead_ms=5.0, proposer="model")
     costs.observe(k=4, pass_tokens=5, draft_ms=0.08, target_ms=65.0, overhead_ms=2.0, proposer="ngram")
-    for _ in range(40):                  # the EMAs settle on these figures
+    for _ in range(40):  # the EMAs settle on these figures
         costs.observe(k=4, pass_tokens=5, draft_ms=20.0, target_ms=65.0, overhead_ms=5.0, proposer="model")
         costs.observe(k=4, pass_tokens=5, draft_ms=0.08, target_ms=65.0, overhead_ms=2.0, proposer="ngram")
     costs.batch = batch
@@ -360,8 +386,8 @@ def test_the_cap_counts_the_draft_time_the_others_wait_for():
     assert latency_cap(four, 8, 0.05, sessions=4, drafters=1, proposer="model") == 0
     assert latency_cap(four, 8, 0.05, sessions=4, drafters=1, proposer="ngram") == 8
     assert latency_cap(four, 8, 0.05, sessions=4, drafters=1, proposer=None) == 8
-    assert latency_cap(four, 8, 0.25, sessions=4, drafters=1, proposer="model") == 2    # 5k + 3 <= 16.75 ms
-    assert latency_cap(four, 8, 0.05, sessions=1, proposer="model") == 8                # alone: nobody waits
+    assert latency_cap(four, 8, 0.25, sessions=4, drafters=1, proposer="model") == 2  # 5k + 3 <= 16.75 ms
+    assert latency_cap(four, 8, 0.05, sessions=1, proposer="model") == 8  # alone: nobody waits
     for slack in (0.05, 0.1, 0.25, 0.5):
         for drafters in (0, 1, 4):
             k = latency_cap(four, 8, slack, sessions=4, drafters=drafters, proposer="model")

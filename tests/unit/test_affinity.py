@@ -29,16 +29,17 @@ def test_conversations_that_open_differently_have_different_keys():
     assert conversation_key(chat(("system", "Be long."), ("user", "Name a prime.")), CHARS) != base
     assert conversation_key(chat(("user", "Name a prime.")), CHARS) != base
     # where one message ends and the next begins is part of the key
-    assert (conversation_key(chat(("system", "ab"), ("user", "c")), CHARS)
-            != conversation_key(chat(("system", "a"), ("user", "bc")), CHARS))
+    assert conversation_key(chat(("system", "ab"), ("user", "c")), CHARS) != conversation_key(
+        chat(("system", "a"), ("user", "bc")), CHARS
+    )
 
 
 def test_a_plain_prompt_is_keyed_by_its_opening_only_when_it_has_one_that_long():
     document = "x" * CHARS
     long_a, long_b = pb.GenerateRequest(prompt=document + " question a"), pb.GenerateRequest(prompt=document + " b")
     assert conversation_key(long_a, CHARS) == conversation_key(long_b, CHARS) != ""
-    assert conversation_key(pb.GenerateRequest(prompt="short"), CHARS) == ""     # routed by its session id
-    assert conversation_key(chat(("user", "hi")), 0) == conversation_key(long_a, 0) == ""   # affinity off
+    assert conversation_key(pb.GenerateRequest(prompt="short"), CHARS) == ""  # routed by its session id
+    assert conversation_key(chat(("user", "hi")), 0) == conversation_key(long_a, 0) == ""  # affinity off
 
 
 def test_more_generations_of_one_key_than_max_live_take_the_keys_next_routes():
@@ -51,5 +52,5 @@ def test_more_generations_of_one_key_than_max_live_take_the_keys_next_routes():
     routes.release("conversation:ab")
     routes.release("conversation:ab#2")
     assert routes.live("conversation:ab") == 0
-    assert routes.claim("", 2) == "" and routes.live("") == 0          # no key: routed by the session id
+    assert routes.claim("", 2) == "" and routes.live("") == 0  # no key: routed by the session id
     assert [routed_by(r) for r in ("", taken[0], taken[2])] == ["session", "conversation", "conversation_spread"]

@@ -61,8 +61,9 @@ def test_one_session_is_never_twice_in_a_batch():
     async def scenario():
         rec = Recorder()
         queue = BatchQueue(ModelWorker("t"), rec, max_batch=8)
-        await asyncio.gather(*(queue.submit("same" if i % 2 else f"s{i}", ("same" if i % 2 else f"s{i}", i))
-                               for i in range(6)))
+        await asyncio.gather(
+            *(queue.submit("same" if i % 2 else f"s{i}", ("same" if i % 2 else f"s{i}", i)) for i in range(6))
+        )
         return rec
 
     rec = run(scenario())
@@ -75,8 +76,7 @@ def test_one_session_is_never_twice_in_a_batch():
 def test_an_item_error_fails_that_caller_only():
     async def scenario():
         queue = BatchQueue(ModelWorker("t"), Recorder(), max_batch=8)
-        return await asyncio.gather(queue.submit("a", ("a", 1)), queue.submit("b", ("b", -1)),
-                                    return_exceptions=True)
+        return await asyncio.gather(queue.submit("a", ("a", 1)), queue.submit("b", ("b", -1)), return_exceptions=True)
 
     ok, bad = run(scenario())
     assert ok[0] == 10 and isinstance(bad, InvalidArgument)
@@ -102,7 +102,7 @@ def test_a_cancelled_caller_is_skipped():
         rec = Recorder()
         queue = BatchQueue(ModelWorker("t"), rec, max_batch=8)
         first = asyncio.create_task(queue.submit("a", ("a", 1)))
-        await asyncio.sleep(0.01)               # "a" is running; the next ones queue behind it
+        await asyncio.sleep(0.01)  # "a" is running; the next ones queue behind it
         gone = asyncio.create_task(queue.submit("b", ("b", 2)))
         kept = asyncio.create_task(queue.submit("c", ("c", 3)))
         await asyncio.sleep(0.01)
@@ -121,7 +121,7 @@ def test_a_group_that_comes_back_staggered_stays_one_batch():
     async def session(queue: BatchQueue, sid: str, delay_s: float, rounds: int) -> None:
         for r in range(rounds):
             await queue.submit(sid, (sid, r))
-            await asyncio.sleep(delay_s)          # the orchestrator's round trip, different per session
+            await asyncio.sleep(delay_s)  # the orchestrator's round trip, different per session
 
     async def scenario(max_wait_s: float) -> list[int]:
         rec = Recorder()
@@ -131,7 +131,7 @@ def test_a_group_that_comes_back_staggered_stays_one_batch():
 
     assert run(scenario(0.03)) == [4] * 5
     without_wait = run(scenario(0.0))
-    assert without_wait[0] == 4 and without_wait[1] == 1   # the first one back went alone: the group split
+    assert without_wait[0] == 4 and without_wait[1] == 1  # the first one back went alone: the group split
 
 
 def test_a_lone_session_never_waits_for_company():
@@ -162,8 +162,10 @@ def test_small_calls_run_on_the_event_loop_large_ones_and_overlapping_ones_on_th
         await worker.run("a", lambda: note("large"), small=lambda: False)
         await worker.run("a", lambda: note("unsized"))
         # a small call while another call is on the model thread waits for the thread instead
-        await asyncio.gather(worker.run("b", lambda: note("on-thread")),
-                             worker.run("c", lambda: note("small-but-busy"), small=lambda: True))
+        await asyncio.gather(
+            worker.run("b", lambda: note("on-thread")),
+            worker.run("c", lambda: note("small-but-busy"), small=lambda: True),
+        )
         worker.shutdown()
         return dict(where), worker.state.inline_calls
 
@@ -182,16 +184,18 @@ def recording_batch_fn():
     def batch_fn(items):
         on_loop.append(threading.get_ident() == loop_thread)
         return [item[1] for item in items]
+
     return batch_fn, on_loop
 
 
 def test_batch_queue_runs_a_batch_inline_when_its_work_is_small():
     async def scenario():
         batch_fn, on_loop = recording_batch_fn()
-        queue = BatchQueue(ModelWorker("t"), batch_fn, max_batch=8, work_tokens=lambda item: item[1],
-                           inline_max_tokens=16)
-        await queue.submit("s", ("s", 16))   # 16 tokens: inline
-        await queue.submit("s", ("s", 17))   # 17: model thread
+        queue = BatchQueue(
+            ModelWorker("t"), batch_fn, max_batch=8, work_tokens=lambda item: item[1], inline_max_tokens=16
+        )
+        await queue.submit("s", ("s", 16))  # 16 tokens: inline
+        await queue.submit("s", ("s", 17))  # 17: model thread
         await asyncio.gather(*(queue.submit(f"s{i}", (f"s{i}", 5)) for i in range(3)))  # one batch, 15: inline
         await asyncio.gather(*(queue.submit(f"s{i}", (f"s{i}", 6)) for i in range(3)))  # one batch, 18: thread
         return on_loop
@@ -203,10 +207,16 @@ def test_what_a_batch_writes_to_its_caches_decides_inline_not_only_what_it_compu
     async def scenario():
         batch_fn, on_loop = recording_batch_fn()
         # item: (session, tokens computed, positions written: computed + copied from another session's prefix)
-        queue = BatchQueue(ModelWorker("t"), batch_fn, max_batch=8, work_tokens=lambda item: item[1],
-                           inline_max_tokens=16, inline_tokens=lambda item: item[2])
-        await queue.submit("s", ("s", 2, 2))        # a decode round: inline
-        await queue.submit("n", ("n", 2, 6702))     # a new session copying 6,700 positions first: model thread
+        queue = BatchQueue(
+            ModelWorker("t"),
+            batch_fn,
+            max_batch=8,
+            work_tokens=lambda item: item[1],
+            inline_max_tokens=16,
+            inline_tokens=lambda item: item[2],
+        )
+        await queue.submit("s", ("s", 2, 2))  # a decode round: inline
+        await queue.submit("n", ("n", 2, 6702))  # a new session copying 6,700 positions first: model thread
         return on_loop
 
     assert run(scenario()) == [True, False]
@@ -216,22 +226,24 @@ def test_a_lone_sessions_small_call_runs_at_once_and_any_other_call_is_left_to_s
     async def scenario():
         recorded, on_loop = recording_batch_fn()
 
-        def batch_fn(items):     # an item with a third field fails (its error in its place)
+        def batch_fn(items):  # an item with a third field fails (its error in its place)
             return [InvalidArgument(item[2]) if len(item) > 2 else r for item, r in zip(items, recorded(items))]
 
         worker = ModelWorker("t")
         queue = BatchQueue(worker, batch_fn, max_batch=8, work_tokens=lambda item: item[1], inline_max_tokens=16)
-        seen = {"first": queue.run_now("s", ("s", 5)),          # nothing ran yet: lone
-                "again": queue.run_now("s", ("s", 5)),          # its own last pass: still lone
-                "large": queue.run_now("s", ("s", 17)),         # not small: submit it (the model thread)
-                "bad": None}
+        seen = {
+            "first": queue.run_now("s", ("s", 5)),  # nothing ran yet: lone
+            "again": queue.run_now("s", ("s", 5)),  # its own last pass: still lone
+            "large": queue.run_now("s", ("s", 17)),  # not small: submit it (the model thread)
+            "bad": None,
+        }
         try:
             queue.run_now("s", ("s", 3, "bad 3"))
-        except InvalidArgument as exc:                          # an item's error is raised, as submit does
+        except InvalidArgument as exc:  # an item's error is raised, as submit does
             seen["bad"] = str(exc)
-        await queue.submit("t", ("t", 5))                       # another session's pass ...
-        seen["after another"] = queue.run_now("s", ("s", 5))    # ... so "s" may have company: submit
-        await queue.submit("s", ("s", 5))                       # alone again
+        await queue.submit("t", ("t", 5))  # another session's pass ...
+        seen["after another"] = queue.run_now("s", ("s", 5))  # ... so "s" may have company: submit
+        await queue.submit("s", ("s", 5))  # alone again
         held = asyncio.ensure_future(worker.run("u", lambda: time.sleep(STEP_S)))  # a call in flight (thread)
         await asyncio.sleep(STEP_S / 5)
         seen["call in flight"] = queue.run_now("s", ("s", 5))
@@ -240,8 +252,14 @@ def test_a_lone_sessions_small_call_runs_at_once_and_any_other_call_is_left_to_s
         return seen, on_loop, worker.state
 
     seen, on_loop, state = run(scenario())
-    assert seen == {"first": 5, "again": 5, "large": None, "bad": "bad 3", "after another": None,
-                    "call in flight": None}
+    assert seen == {
+        "first": 5,
+        "again": 5,
+        "large": None,
+        "bad": "bad 3",
+        "after another": None,
+        "call in flight": None,
+    }
     # at once: first, again, bad (the large one did not run); then t's and s's passes, inline through submit
     assert on_loop == [True, True, True, True, True]
     assert (state.batches, state.batched_calls) == (5, 5) and state.inline_calls == 5
@@ -289,8 +307,10 @@ def test_with_forwards_on_the_loop_every_call_runs_there_and_the_model_thread_is
         loaded_on = await worker.setup(threading.get_ident)
         worker.use_the_loop()
         threads_left = [t.name for t in threading.enumerate() if t.name.startswith("loopy-model")]
-        ran_on = [await worker.run_on_thread(threading.get_ident),
-                  (await worker.run("s", threading.get_ident, small=lambda: False))[0]]
+        ran_on = [
+            await worker.run_on_thread(threading.get_ident),
+            (await worker.run("s", threading.get_ident, small=lambda: False))[0],
+        ]
         return loaded_on, threads_left, ran_on, threading.get_ident(), worker.state.inline_calls
 
     loaded_on, threads_left, ran_on, loop_thread, inline_calls = run(scenario())
@@ -318,7 +338,7 @@ class ChunkedWork:
     def batch(self, sids: list[str]) -> list[object]:
         self.log.append(("batch", tuple(sids)))
         for sid in sids:
-            self.left[sid] = 1                   # the next decode round of that session
+            self.left[sid] = 1  # the next decode round of that session
         time.sleep(STEP_S / 5)
         return [f"{sid} done" for sid in sids]
 
@@ -340,8 +360,14 @@ def test_a_long_prefill_runs_in_chunks_with_the_other_sessions_rounds_in_between
 
     async def scenario():
         work = ChunkedWork({"a": 1, "b": 1, "long": 10})
-        queue = BatchQueue(worker_for(loop_forwards), work.batch, max_batch=8, work_tokens=work.work,
-                           prefill=work.prefill, chunk_tokens=4)
+        queue = BatchQueue(
+            worker_for(loop_forwards),
+            work.batch,
+            max_batch=8,
+            work_tokens=work.work,
+            prefill=work.prefill,
+            chunk_tokens=4,
+        )
         running = [asyncio.create_task(decode(queue, sid, 4)) for sid in ("a", "b")]
         await asyncio.sleep(0)
         long = await queue.submit("long", "long")
@@ -349,9 +375,9 @@ def test_a_long_prefill_runs_in_chunks_with_the_other_sessions_rounds_in_between
 
     log, (long, _), decoded, chunks = run(scenario())
     assert long == "long done" and decoded == [["a done"] * 4, ["b done"] * 4] and chunks == 2
-    assert [entry for entry in log if entry[0] == "chunk"] == [("chunk", "long")] * 2   # 10 -> 6 -> 2 tokens
+    assert [entry for entry in log if entry[0] == "chunk"] == [("chunk", "long")] * 2  # 10 -> 6 -> 2 tokens
     first, last = log.index(("chunk", "long")), len(log) - 1 - log[::-1].index(("chunk", "long"))
-    assert any(kind == "batch" for kind, _ in log[first:last]), log    # decode rounds ran between the chunks
+    assert any(kind == "batch" for kind, _ in log[first:last]), log  # decode rounds ran between the chunks
     assert any(kind == "batch" and "long" in sids for kind, sids in log[last:]), log  # its last 2 tokens: a batch
 
 
@@ -363,8 +389,14 @@ def test_chunks_interleave_with_other_sessions_even_without_batching(loop_forwar
 
     async def scenario():
         work = ChunkedWork({"a": 1, "long": 13})
-        queue = BatchQueue(worker_for(loop_forwards), work.batch, max_batch=1, work_tokens=work.work,
-                           prefill=work.prefill, chunk_tokens=4)
+        queue = BatchQueue(
+            worker_for(loop_forwards),
+            work.batch,
+            max_batch=1,
+            work_tokens=work.work,
+            prefill=work.prefill,
+            chunk_tokens=4,
+        )
         running = asyncio.create_task(decode(queue, "a", 6))
         await asyncio.sleep(0)
         await asyncio.gather(queue.submit("long", "long"), running)
@@ -372,17 +404,19 @@ def test_chunks_interleave_with_other_sessions_even_without_batching(loop_forwar
 
     log = run(scenario())
     chunks = [i for i, entry in enumerate(log) if entry == ("chunk", "long")]
-    assert len(chunks) == 3                                            # 13 -> 9 -> 5 -> 1 token
+    assert len(chunks) == 3  # 13 -> 9 -> 5 -> 1 token
     assert all(("batch", ("a",)) in log[i:j] for i, j in zip(chunks, chunks[1:])), log
 
 
 def test_a_failed_chunk_fails_that_call_alone_and_short_calls_never_chunk():
     async def scenario():
         work = ChunkedWork({"bad": 10, "short": 4})
-        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, work_tokens=work.work,
-                           prefill=work.prefill, chunk_tokens=4)
-        return work.log, await asyncio.gather(queue.submit("bad", "bad"), queue.submit("short", "short"),
-                                              return_exceptions=True)
+        queue = BatchQueue(
+            ModelWorker("t"), work.batch, max_batch=8, work_tokens=work.work, prefill=work.prefill, chunk_tokens=4
+        )
+        return work.log, await asyncio.gather(
+            queue.submit("bad", "bad"), queue.submit("short", "short"), return_exceptions=True
+        )
 
     log, (bad, short) = run(scenario())
     assert isinstance(bad, InvalidArgument) and short[0] == "short done"
@@ -400,17 +434,18 @@ def test_the_worker_accounts_busy_prefill_and_batch_wait_time():
             await asyncio.sleep(delay_s)
 
     async def scenario():
-        queue = BatchQueue(ModelWorker("t"), Recorder(), max_batch=8, max_wait_s=0.03,
-                           work_tokens=lambda item: work_of[item[0]])
-        await queue.submit("p", ("p", 0))                                    # one prefill pass
+        queue = BatchQueue(
+            ModelWorker("t"), Recorder(), max_batch=8, max_wait_s=0.03, work_tokens=lambda item: work_of[item[0]]
+        )
+        await queue.submit("p", ("p", 0))  # one prefill pass
         await asyncio.gather(staggered(queue, "d0", 0.0), staggered(queue, "d1", 0.01))
         return queue.worker.state
 
     state = run(scenario())
-    assert state.batches == 4                                             # the prefill, then 3 batches of 2
+    assert state.batches == 4  # the prefill, then 3 batches of 2
     assert state.busy_ms == pytest.approx(4 * STEP_S * 1000, rel=0.5)
     assert state.prefill_ms == pytest.approx(STEP_S * 1000, rel=0.5) and state.prefill_ms < state.busy_ms / 2
-    assert 5 <= state.batch_wait_ms <= 2 * 30 + 20                        # d1 came back ~10 ms after d0, twice
+    assert 5 <= state.batch_wait_ms <= 2 * 30 + 20  # d1 came back ~10 ms after d0, twice
 
 
 def test_a_prefill_that_would_outlast_its_deadline_is_refused_and_decode_rounds_never_are():
@@ -420,12 +455,12 @@ def test_a_prefill_that_would_outlast_its_deadline_is_refused_and_decode_rounds_
 
     async def scenario():
         queue = BatchQueue(ModelWorker("t"), Recorder(), max_batch=1, work_tokens=lambda item: work_of[item[0]])
-        await queue.submit("a", ("a", 1), deadline_s=10.0)               # learns ~STEP_S per 100 tokens
+        await queue.submit("a", ("a", 1), deadline_s=10.0)  # learns ~STEP_S per 100 tokens
         first = asyncio.create_task(queue.submit("a", ("a", 2)))
-        queued = asyncio.create_task(queue.submit("b", ("b", 3)))       # 200 tokens ahead of the next one
+        queued = asyncio.create_task(queue.submit("b", ("b", 3)))  # 200 tokens ahead of the next one
         await asyncio.sleep(0.01)
         with pytest.raises(ResourceExhausted, match="overloaded"):
-            await queue.submit("late", ("late", 4), deadline_s=0.1)     # ~0.15 s of work > half of 0.1 s
+            await queue.submit("late", ("late", 4), deadline_s=0.1)  # ~0.15 s of work > half of 0.1 s
         decode = await queue.submit("dec", ("dec", 5), deadline_s=0.001)  # a decode round is never shed
         roomy = await queue.submit("late", ("late", 6), deadline_s=30.0)
         await asyncio.gather(first, queued)
@@ -440,57 +475,72 @@ def test_with_chunked_prefill_a_short_prefill_waits_for_one_turn_of_the_long_one
     from specdec.errors import ResourceExhausted
 
     def queue_with(chunk_tokens: int) -> BatchQueue:
-        queue = BatchQueue(ModelWorker("t"), Recorder(), max_batch=4, work_tokens=lambda item: item[1],
-                           prefill=lambda item, budget: item[1] - budget, chunk_tokens=chunk_tokens,
-                           prefill_turn_ms=200)
-        queue.ms_per_token = 1.0                                   # batches: 1 ms per prefilled token
+        queue = BatchQueue(
+            ModelWorker("t"),
+            Recorder(),
+            max_batch=4,
+            work_tokens=lambda item: item[1],
+            prefill=lambda item, budget: item[1] - budget,
+            chunk_tokens=chunk_tokens,
+            prefill_turn_ms=200,
+        )
+        queue.ms_per_token = 1.0  # batches: 1 ms per prefilled token
         for sid, tokens in (("long-a", 10_000), ("long-b", 10_000), ("short", 300)):
             queue._pending.append((sid, (sid, tokens), None, 0.0))
         return queue
 
     chunked, whole = queue_with(512), queue_with(0)
-    assert chunked.wait_ms(300) == 300 + 300 + 512                  # the next batch, after one whole chunk
-    chunked.chunk_ms_per_token = 4.0                                # turns measured: 200 ms buy 50 tokens
-    assert chunked.wait_ms(300) == 300 + 300 + 50 * 4.0             # ... one turn, at the turns' own speed
-    assert chunked.wait_ms(2000) == 300 + (2000 + 20_000) * 4.0     # a long one: behind the long ones
-    assert whole.wait_ms(300) == 300 + 20_300                       # first come, first served
-    chunked._admit(("new", 300), deadline_s=5.0)                    # ~0.8 s: admitted
+    assert chunked.wait_ms(300) == 300 + 300 + 512  # the next batch, after one whole chunk
+    chunked.chunk_ms_per_token = 4.0  # turns measured: 200 ms buy 50 tokens
+    assert chunked.wait_ms(300) == 300 + 300 + 50 * 4.0  # ... one turn, at the turns' own speed
+    assert chunked.wait_ms(2000) == 300 + (2000 + 20_000) * 4.0  # a long one: behind the long ones
+    assert whole.wait_ms(300) == 300 + 20_300  # first come, first served
+    chunked._admit(("new", 300), deadline_s=5.0)  # ~0.8 s: admitted
     with pytest.raises(ResourceExhausted):
-        whole._admit(("new", 300), deadline_s=5.0)                  # ~20.6 s without chunking
+        whole._admit(("new", 300), deadline_s=5.0)  # ~20.6 s without chunking
     with pytest.raises(ResourceExhausted):
-        chunked._admit(("new", 300), deadline_s=0.5)                # ~0.8 s > 0.5 s: still refused
+        chunked._admit(("new", 300), deadline_s=0.5)  # ~0.8 s > 0.5 s: still refused
     with pytest.raises(ResourceExhausted):
-        chunked._admit(("new", 2000), deadline_s=30.0)              # ~88 s behind the long ones
+        chunked._admit(("new", 2000), deadline_s=30.0)  # ~88 s behind the long ones
 
 
 def test_the_speed_of_long_prefill_turns_does_not_price_short_prompts():
     """Turns at a long context cost several times a short prompt's token (attention over thousands of
     positions, small passes): each kind of pass keeps its own measured speed."""
-    queue = BatchQueue(ModelWorker("t"), Recorder(), max_batch=4, work_tokens=lambda item: item,
-                       prefill=lambda item, budget: item - budget, chunk_tokens=512, prefill_turn_ms=200)
-    queue._pass_ms_per_token(300, 0.3)                             # nothing learned: _run_batch / _prefill_one do
+    queue = BatchQueue(
+        ModelWorker("t"),
+        Recorder(),
+        max_batch=4,
+        work_tokens=lambda item: item,
+        prefill=lambda item, budget: item - budget,
+        chunk_tokens=512,
+        prefill_turn_ms=200,
+    )
+    queue._pass_ms_per_token(300, 0.3)  # nothing learned: _run_batch / _prefill_one do
     assert queue.ms_per_token == 0.0
     queue.ms_per_token, queue.chunk_ms_per_token = 1.0, 10.0
     queue._pending.extend([("long", 6000, None, 0.0), ("short", 300, None, 0.0)])
-    assert queue.wait_ms(300) == 600 + 32 * 10.0                   # a turn of 32 tokens (the floor), not 600 at 10 ms
+    assert queue.wait_ms(300) == 600 + 32 * 10.0  # a turn of 32 tokens (the floor), not 600 at 10 ms
 
 
 def test_the_oldest_long_prefill_takes_the_turns():
     async def scenario():
         work = ChunkedWork({"old": 12, "new": 12})
-        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, work_tokens=work.work,
-                           prefill=work.prefill, chunk_tokens=4)
+        queue = BatchQueue(
+            ModelWorker("t"), work.batch, max_batch=8, work_tokens=work.work, prefill=work.prefill, chunk_tokens=4
+        )
         old = asyncio.create_task(queue.submit("old", "old"))
-        await asyncio.sleep(0.001)                                          # old is queued (and running) first
+        await asyncio.sleep(0.001)  # old is queued (and running) first
         await asyncio.gather(old, queue.submit("new", "new"))
         return [sid for kind, sid in work.log if kind == "chunk"]
 
-    assert run(scenario()) == ["old", "old", "new", "new"]                  # 12 -> 8 -> 4 each, old first
+    assert run(scenario()) == ["old", "old", "new", "new"]  # 12 -> 8 -> 4 each, old first
 
 
 def test_a_long_prefill_takes_short_turns_while_others_decode_and_whole_chunks_alone():
     """Decode-first: between decode rounds a long prompt's turn is sized to prefill_turn_ms at the measured
     chunk speed (here ~1 ms a token: a 64 ms turn is ~64 tokens), alone it runs whole chunks."""
+
     class Timed(ChunkedWork):
         def prefill(self, sid: str, budget: int) -> int:
             self.log.append(("chunk", budget))
@@ -504,38 +554,52 @@ def test_a_long_prefill_takes_short_turns_while_others_decode_and_whole_chunks_a
 
     async def scenario():
         work = Timed({"a": 1, "long": 2000})
-        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, work_tokens=work.work,
-                           prefill=work.prefill, chunk_tokens=256, prefill_turn_ms=64)
-        assert queue.turn_tokens(others_decoding=True) == 256           # speed not measured yet: whole chunks
+        queue = BatchQueue(
+            ModelWorker("t"),
+            work.batch,
+            max_batch=8,
+            work_tokens=work.work,
+            prefill=work.prefill,
+            chunk_tokens=256,
+            prefill_turn_ms=64,
+        )
+        assert queue.turn_tokens(others_decoding=True) == 256  # speed not measured yet: whole chunks
         running = asyncio.create_task(decode(queue, 8))
         await asyncio.sleep(0)
         await asyncio.gather(queue.submit("long", "long"), running)
         return work.log, queue
 
     log, queue = run(scenario())
-    last_round = len(log) - 1 - [kind for kind, _ in log][::-1].index("batch")   # the long one's own last batch
+    last_round = len(log) - 1 - [kind for kind, _ in log][::-1].index("batch")  # the long one's own last batch
     a_done = max(i for i, (kind, sids) in enumerate(log) if kind == "batch" and sids == ("a",))
-    first = log.index(("chunk", 256))                                     # speed not measured yet
-    beside = [budget for kind, budget in log[first + 1:a_done] if kind == "chunk"]
-    alone = [budget for kind, budget in log[a_done + 1:last_round] if kind == "chunk"]
+    first = log.index(("chunk", 256))  # speed not measured yet
+    beside = [budget for kind, budget in log[first + 1 : a_done] if kind == "chunk"]
+    alone = [budget for kind, budget in log[a_done + 1 : last_round] if kind == "chunk"]
     assert first < a_done and beside and alone, log
-    assert all(32 <= budget <= 128 for budget in beside), log             # ~64 tokens: short turns
-    assert alone[-1] == 256, log                                          # alone again: whole chunks
+    assert all(32 <= budget <= 128 for budget in beside), log  # ~64 tokens: short turns
+    assert alone[-1] == 256, log  # alone again: whole chunks
     assert 0.5 < queue.chunk_ms_per_token < 3
 
 
 def test_turn_tokens_fit_the_turn_at_the_chunk_speed_within_bounds():
-    queue = BatchQueue(ModelWorker("t"), lambda items: items, max_batch=8, work_tokens=len,
-                       prefill=lambda item, budget: 0, chunk_tokens=512, prefill_turn_ms=200)
+    queue = BatchQueue(
+        ModelWorker("t"),
+        lambda items: items,
+        max_batch=8,
+        work_tokens=len,
+        prefill=lambda item, budget: 0,
+        chunk_tokens=512,
+        prefill_turn_ms=200,
+    )
     queue.chunk_ms_per_token = 4.0
     assert queue.turn_tokens(others_decoding=True) == 50 and queue.turn_tokens(others_decoding=False) == 512
-    queue.chunk_ms_per_token = 0.1                                        # a fast machine: whole chunks
+    queue.chunk_ms_per_token = 0.1  # a fast machine: whole chunks
     assert queue.turn_tokens(others_decoding=True) == 512
-    queue.chunk_ms_per_token = 50.0                                       # a slow one: never below the floor
+    queue.chunk_ms_per_token = 50.0  # a slow one: never below the floor
     assert queue.turn_tokens(others_decoding=True) == 32
     queue.prefill_turn_ms = 0
     assert queue.turn_tokens(others_decoding=True) == 512
-    queue.prefill_turn_ms, queue.chunk_tokens = 200, 8                    # chunks below the floor: whole chunks
+    queue.prefill_turn_ms, queue.chunk_tokens = 200, 8  # chunks below the floor: whole chunks
     assert queue.turn_tokens(others_decoding=True) == 8
 
 
@@ -579,9 +643,17 @@ def test_a_burst_of_prompts_spreads_over_passes_and_running_sessions_decode_in_e
 
     async def scenario():
         work = PricedWork({"a": 1, "b": 1, **prompts})
-        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, max_wait_s=0.02, work_tokens=work.work,
-                           prefill=work.prefill, chunk_tokens=512, prefill_turn_ms=10)
-        queue.ms_per_token = PricedWork.MS_PER_TOKEN                      # 10 ms buy 100 prompt tokens
+        queue = BatchQueue(
+            ModelWorker("t"),
+            work.batch,
+            max_batch=8,
+            max_wait_s=0.02,
+            work_tokens=work.work,
+            prefill=work.prefill,
+            chunk_tokens=512,
+            prefill_turn_ms=10,
+        )
+        queue.ms_per_token = PricedWork.MS_PER_TOKEN  # 10 ms buy 100 prompt tokens
         running = [asyncio.create_task(decode(queue, sid, 40)) for sid in ("a", "b")]
         await asyncio.sleep(0.005)
         await asyncio.gather(*(queue.submit(sid, sid) for sid in prompts))
@@ -590,16 +662,23 @@ def test_a_burst_of_prompts_spreads_over_passes_and_running_sessions_decode_in_e
 
     log = run(scenario())
     with_prompts = [sids for sids in log if any(sid in prompts for sid in sids)]
-    assert [sid for sids in with_prompts for sid in sids if sid in prompts] == list(prompts)   # first come
-    assert len(with_prompts) == 4, log                         # 60 + 60 > 100: one prompt a pass
-    assert all("a" in sids and "b" in sids for sids in with_prompts[1:]), log   # decode rounds in each
+    assert [sid for sids in with_prompts for sid in sids if sid in prompts] == list(prompts)  # first come
+    assert len(with_prompts) == 4, log  # 60 + 60 > 100: one prompt a pass
+    assert all("a" in sids and "b" in sids for sids in with_prompts[1:]), log  # decode rounds in each
 
 
 def test_alone_a_pass_prefills_at_most_a_chunk_of_prompts():
     async def scenario():
         work = PricedWork({f"p{i}": 60 for i in range(5)})
-        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, work_tokens=work.work,
-                           prefill=lambda sid, budget: 0, chunk_tokens=128, prefill_turn_ms=0)
+        queue = BatchQueue(
+            ModelWorker("t"),
+            work.batch,
+            max_batch=8,
+            work_tokens=work.work,
+            prefill=lambda sid, budget: 0,
+            chunk_tokens=128,
+            prefill_turn_ms=0,
+        )
         await asyncio.gather(*(queue.submit(f"p{i}", f"p{i}") for i in range(5)))
         return work.log
 
@@ -607,14 +686,21 @@ def test_alone_a_pass_prefills_at_most_a_chunk_of_prompts():
 
 
 def test_the_pass_prefill_budget_fits_the_turn_at_the_batch_speed_within_bounds():
-    queue = BatchQueue(ModelWorker("t"), lambda items: items, max_batch=8, work_tokens=len,
-                       prefill=lambda item, budget: 0, chunk_tokens=512, prefill_turn_ms=200)
-    assert queue.pass_prefill_tokens(others_decoding=True) == 512         # speed not measured yet
-    queue.ms_per_token, queue.chunk_ms_per_token = 2.0, 8.0               # batches' speed, not the turns'
+    queue = BatchQueue(
+        ModelWorker("t"),
+        lambda items: items,
+        max_batch=8,
+        work_tokens=len,
+        prefill=lambda item, budget: 0,
+        chunk_tokens=512,
+        prefill_turn_ms=200,
+    )
+    assert queue.pass_prefill_tokens(others_decoding=True) == 512  # speed not measured yet
+    queue.ms_per_token, queue.chunk_ms_per_token = 2.0, 8.0  # batches' speed, not the turns'
     assert queue.pass_prefill_tokens(others_decoding=True) == 100
     assert queue.pass_prefill_tokens(others_decoding=False) == 512
     queue.ms_per_token = 50.0
-    assert queue.pass_prefill_tokens(others_decoding=True) == 32          # the floor
+    assert queue.pass_prefill_tokens(others_decoding=True) == 32  # the floor
     queue.prefill_turn_ms = 0
     assert queue.pass_prefill_tokens(others_decoding=True) == 512
 
@@ -623,15 +709,24 @@ def test_while_others_decode_a_prompt_over_the_pass_budget_takes_turns_at_the_ba
     """A prompt shorter than a chunk but longer than what prefill_turn_ms buys is chunked too while other
     sessions decode (decode first); its turns are sized and timed as batches (short contexts), so the long
     prefills' turn speed is left alone."""
+
     async def decode(queue: BatchQueue, sid: str, rounds: int) -> None:
         for _ in range(rounds):
             await queue.submit(sid, sid)
 
     async def scenario():
         work = PricedWork({"a": 1, "mid": 300})
-        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, max_wait_s=0.2, work_tokens=work.work,
-                           prefill=work.prefill, chunk_tokens=512, prefill_turn_ms=10)
-        queue.ms_per_token = PricedWork.MS_PER_TOKEN                      # 10 ms buy 100 prompt tokens
+        queue = BatchQueue(
+            ModelWorker("t"),
+            work.batch,
+            max_batch=8,
+            max_wait_s=0.2,
+            work_tokens=work.work,
+            prefill=work.prefill,
+            chunk_tokens=512,
+            prefill_turn_ms=10,
+        )
+        queue.ms_per_token = PricedWork.MS_PER_TOKEN  # 10 ms buy 100 prompt tokens
         running = asyncio.create_task(decode(queue, "a", 30))
         await asyncio.sleep(0.005)
         await queue.submit("mid", "mid")
@@ -640,10 +735,10 @@ def test_while_others_decode_a_prompt_over_the_pass_budget_takes_turns_at_the_ba
 
     log, queue = run(scenario())
     chunks = [i for i, entry in enumerate(log) if entry[0] == "chunk"]
-    sizes = [log[i][1] for i in chunks]                   # ~100 each (the measured speed moves the budget a little)
+    sizes = [log[i][1] for i in chunks]  # ~100 each (the measured speed moves the budget a little)
     assert 2 <= len(sizes) <= 3 and all(80 <= size <= 100 for size in sizes) and sum(sizes) < 300, log
-    assert all(("a",) in log[i:j] for i, j in zip(chunks, chunks[1:])), log          # a decoded in between
-    assert any(entry == ("a", "mid") or entry == ("mid", "a") for entry in log[chunks[-1]:]), log
+    assert all(("a",) in log[i:j] for i, j in zip(chunks, chunks[1:])), log  # a decoded in between
+    assert any(entry == ("a", "mid") or entry == ("mid", "a") for entry in log[chunks[-1] :]), log
     assert queue.chunk_ms_per_token == 0.0 and queue.ms_per_token > 0
 
 
@@ -651,17 +746,26 @@ def test_a_prompt_arriving_during_a_lone_decoders_pass_waits_for_it_and_takes_tu
     """The queue takes the prompt when the decoder's pass ends, before the decoder has queued its next round;
     taken alone it would be prefilled whole (holding that session for all of it), so the queue waits for the
     lone decoder when a queued prompt would take turns, also without batch_turn (turns as passes of their own)."""
+
     class SlowFirstPass(PricedWork):
         def batch(self, sids: list[str]) -> list[str]:
             if len(self.log) == 0:
-                time.sleep(0.05)                  # the prompt arrives while this pass runs
+                time.sleep(0.05)  # the prompt arrives while this pass runs
             return super().batch(sids)
 
     async def scenario():
         work = SlowFirstPass({"a": 1, "mid": 300})
-        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, max_wait_s=0.5, work_tokens=work.work,
-                           prefill=work.prefill, chunk_tokens=512, prefill_turn_ms=10)
-        queue.ms_per_token = PricedWork.MS_PER_TOKEN                      # 10 ms buy 100 prompt tokens
+        queue = BatchQueue(
+            ModelWorker("t"),
+            work.batch,
+            max_batch=8,
+            max_wait_s=0.5,
+            work_tokens=work.work,
+            prefill=work.prefill,
+            chunk_tokens=512,
+            prefill_turn_ms=10,
+        )
+        queue.ms_per_token = PricedWork.MS_PER_TOKEN  # 10 ms buy 100 prompt tokens
         done = asyncio.Event()
 
         async def decode() -> None:
@@ -676,13 +780,14 @@ def test_a_prompt_arriving_during_a_lone_decoders_pass_waits_for_it_and_takes_tu
         return work.log
 
     log = run(scenario())
-    assert ("mid",) not in log, log                                   # never prefilled whole, alone
+    assert ("mid",) not in log, log  # never prefilled whole, alone
     assert [entry[0] for entry in log].count("chunk") >= 2, log
 
 
 def test_a_turn_rides_in_the_decode_rounds_pass_when_the_engine_can_batch_it():
     """With batch_turn, a prefill's turn and the decode rounds share ONE pass (the weights stream once); a
     failed turn fails its own call alone."""
+
     class TurnWork(PricedWork):
         def batch_turn(self, sids: list[str], turn: str, budget: int) -> tuple[list[str], object]:
             if turn == "bad":
@@ -697,9 +802,18 @@ def test_a_turn_rides_in_the_decode_rounds_pass_when_the_engine_can_batch_it():
 
     async def scenario():
         work = TurnWork({"a": 1, "mid": 300, "bad": 300})
-        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, max_wait_s=0.02, work_tokens=work.work,
-                           prefill=work.prefill, chunk_tokens=512, prefill_turn_ms=10, batch_turn=work.batch_turn)
-        queue.ms_per_token = PricedWork.MS_PER_TOKEN                      # 10 ms buy 100 prompt tokens
+        queue = BatchQueue(
+            ModelWorker("t"),
+            work.batch,
+            max_batch=8,
+            max_wait_s=0.02,
+            work_tokens=work.work,
+            prefill=work.prefill,
+            chunk_tokens=512,
+            prefill_turn_ms=10,
+            batch_turn=work.batch_turn,
+        )
+        queue.ms_per_token = PricedWork.MS_PER_TOKEN  # 10 ms buy 100 prompt tokens
         running = asyncio.create_task(decode(queue, "a", 30))
         await asyncio.sleep(0.005)
         results = await asyncio.gather(queue.submit("mid", "mid"), queue.submit("bad", "bad"), return_exceptions=True)
@@ -709,31 +823,40 @@ def test_a_turn_rides_in_the_decode_rounds_pass_when_the_engine_can_batch_it():
     log, (mid, bad), state = run(scenario())
     turns = [i for i, entry in enumerate(log) if entry[0] == "turn"]
     assert mid[0] == "mid done" and isinstance(bad, InvalidArgument)
-    assert turns and all(log[i + 1] == ("a",) for i in turns), log     # each turn's pass carried a's round
-    assert not any(entry[0] == "chunk" for entry in log), log          # no pass of its own (a is waited for)
-    assert state.prefill_chunks == len(turns) + 1                       # and the bad one's turn
+    assert turns and all(log[i + 1] == ("a",) for i in turns), log  # each turn's pass carried a's round
+    assert not any(entry[0] == "chunk" for entry in log), log  # no pass of its own (a is waited for)
+    assert state.prefill_chunks == len(turns) + 1  # and the bad one's turn
 
 
 def test_shorter_prompts_taking_turns_go_first_and_long_ones_still_get_turns():
     """A few-hundred-token prompt that takes turns beside decoding sessions is not held behind every turn of
     the long prompts queued before it, nor do shorter ones starve a long one."""
+
     async def decode(queue: BatchQueue, sid: str, rounds: int) -> None:
         for _ in range(rounds):
             await queue.submit(sid, sid)
 
     async def scenario():
         work = PricedWork({"a": 1, "long": 2000, "mid": 250, "mid2": 250})
-        queue = BatchQueue(ModelWorker("t"), work.batch, max_batch=8, max_wait_s=0.02, work_tokens=work.work,
-                           prefill=work.prefill, chunk_tokens=512, prefill_turn_ms=10)
-        queue.ms_per_token = queue.chunk_ms_per_token = PricedWork.MS_PER_TOKEN   # turns of ~100 tokens
+        queue = BatchQueue(
+            ModelWorker("t"),
+            work.batch,
+            max_batch=8,
+            max_wait_s=0.02,
+            work_tokens=work.work,
+            prefill=work.prefill,
+            chunk_tokens=512,
+            prefill_turn_ms=10,
+        )
+        queue.ms_per_token = queue.chunk_ms_per_token = PricedWork.MS_PER_TOKEN  # turns of ~100 tokens
         running = asyncio.create_task(decode(queue, "a", 80))
         await asyncio.sleep(0.005)
         long = asyncio.create_task(queue.submit("long", "long"))
-        await asyncio.sleep(0.02)                                         # long is taking turns
+        await asyncio.sleep(0.02)  # long is taking turns
         await asyncio.gather(queue.submit("mid", "mid"), queue.submit("mid2", "mid2"))
         mids_done = work.left["long"]
         await asyncio.gather(long, running)
         return mids_done
 
     left_when_mids_done = run(scenario())
-    assert 1000 < left_when_mids_done < 2000      # the mids finished while the long one had most of its turns left
+    assert 1000 < left_when_mids_done < 2000  # the mids finished while the long one had most of its turns left

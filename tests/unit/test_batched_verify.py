@@ -9,20 +9,27 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from specdec.core.sampling import SamplingConfig
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
 from specdec.engine.runner import ExtendItem
-from specdec.engine.torch_runner import CausalLMRunner
 from specdec.engine.target import TargetEngine
+from specdec.engine.torch_runner import CausalLMRunner
 from specdec.engine.types import VerifyInput
 from specdec.errors import InvalidArgument, ResourceExhausted
 
 VOCAB = 96
-ATOL = 1e-4   # batched matmuls round differently from single-session ones, nothing more
+ATOL = 1e-4  # batched matmuls round differently from single-session ones, nothing more
 ARCHS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
 
 
 def build(arch: str):
     config_cls, model_cls = ARCHS[arch]
-    cfg = config_cls(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    cfg = config_cls(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     model = model_cls(cfg).eval()
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
@@ -59,8 +66,11 @@ def test_packed_forward_gives_each_session_its_own_logits_over_rounds_with_rollb
         for item, res in zip(items, got):
             ref = alone.extend(item.session_id, item.ids, item.first)
             assert res.batch_size == len(items)
-            assert (res.cached_tokens, res.computed_tokens, res.rolled_back) == \
-                   (ref.cached_tokens, ref.computed_tokens, ref.rolled_back)
+            assert (res.cached_tokens, res.computed_tokens, res.rolled_back) == (
+                ref.cached_tokens,
+                ref.computed_tokens,
+                ref.rolled_back,
+            )
             torch.testing.assert_close(res.logits, ref.logits, atol=ATOL, rtol=0)
             keep = int(torch.randint(len(item.ids) - item.first, len(item.ids) + 1, (1,), generator=g))
             contexts[item.session_id] = list(item.ids[:keep]) + random_ids(g, 1)
@@ -82,9 +92,16 @@ SAMPLINGS = [
 
 
 def inputs_for_round(g: torch.Generator, contexts: dict[str, list[int]], round_index: int) -> list[VerifyInput]:
-    return [VerifyInput(session_id=sid, context_ids=list(ctx), draft_ids=random_ids(g, 1 + (i + round_index) % 4),
-                        sampling=SAMPLINGS[i % len(SAMPLINGS)], logprobs=2)
-            for i, (sid, ctx) in enumerate(contexts.items())]
+    return [
+        VerifyInput(
+            session_id=sid,
+            context_ids=list(ctx),
+            draft_ids=random_ids(g, 1 + (i + round_index) % 4),
+            sampling=SAMPLINGS[i % len(SAMPLINGS)],
+            logprobs=2,
+        )
+        for i, (sid, ctx) in enumerate(contexts.items())
+    ]
 
 
 def test_batched_verify_equals_verify_alone_for_greedy_sampled_and_penalised_sessions(model):
@@ -97,11 +114,14 @@ def test_batched_verify_equals_verify_alone_for_greedy_sampled_and_penalised_ses
         outs = batched.verify_batch(inputs)
         for inp, out in zip(inputs, outs):
             ref = alone.verify(inp)
-            assert (out.result.num_accepted, out.result.next_token, out.result.target_ids) == \
-                   (ref.result.num_accepted, ref.result.next_token, ref.result.target_ids)
+            assert (out.result.num_accepted, out.result.next_token, out.result.target_ids) == (
+                ref.result.num_accepted,
+                ref.result.next_token,
+                ref.result.target_ids,
+            )
             assert [lp.token_id for lp in out.logprobs] == [lp.token_id for lp in ref.logprobs]
             assert out.stats.batch_size == len(inputs)
-            emitted = inp.draft_ids[:out.result.num_accepted] + [out.result.next_token]
+            emitted = inp.draft_ids[: out.result.num_accepted] + [out.result.next_token]
             contexts[inp.session_id] = inp.context_ids + emitted
 
 
@@ -135,16 +155,19 @@ def test_a_prefill_in_chunks_gives_the_verdict_of_a_whole_prefill_and_counts_all
         inp = VerifyInput("s", context, draft, sampling, logprobs=2)
         assert chunked.work_tokens(inp) == 48
         left = [chunked.prefill_chunk(inp, 16), chunked.prefill_chunk(inp, 16), chunked.prefill_chunk(inp, 16)]
-        assert left == [32, 16, 16]                      # the verify itself computes the last 16
+        assert left == [32, 16, 16]  # the verify itself computes the last 16
         out, ref = chunked.verify(inp), whole.verify(VerifyInput("s", context, draft, sampling, logprobs=2))
-        assert (out.result.num_accepted, out.result.next_token, out.result.target_ids) == \
-               (ref.result.num_accepted, ref.result.next_token, ref.result.target_ids)
+        assert (out.result.num_accepted, out.result.next_token, out.result.target_ids) == (
+            ref.result.num_accepted,
+            ref.result.next_token,
+            ref.result.target_ids,
+        )
         for a, b in zip(out.logprobs, ref.logprobs):
             assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < ATOL
         assert (out.stats.cached_tokens, out.stats.computed_tokens) == (ref.stats.cached_tokens, 48)
         chunked.runner.pool.release("s")
         whole.runner.pool.release("s")
-    with pytest.raises(InvalidArgument):                 # a bad call fails at its first chunk already
+    with pytest.raises(InvalidArgument):  # a bad call fails at its first chunk already
         chunked.prefill_chunk(VerifyInput("bad", list(range(40)), [VOCAB + 1], SamplingConfig()), 16)
 
 
@@ -163,10 +186,15 @@ def test_a_prefill_turn_in_a_verify_batch_gives_what_separate_passes_give(model)
         lefts.append(left)
         assert left == ref_left
         for inp, out, ref in zip(inputs, outs, refs):
-            assert (out.result.num_accepted, out.result.next_token, out.result.target_ids) == \
-                   (ref.result.num_accepted, ref.result.next_token, ref.result.target_ids)
-            contexts[inp.session_id] = inp.context_ids + inp.draft_ids[:out.result.num_accepted] + [out.result.next_token]
-    assert lefts == [32, 16, 16]                       # the third turn found only the verify's own rows left
+            assert (out.result.num_accepted, out.result.next_token, out.result.target_ids) == (
+                ref.result.num_accepted,
+                ref.result.next_token,
+                ref.result.target_ids,
+            )
+            contexts[inp.session_id] = (
+                inp.context_ids + inp.draft_ids[: out.result.num_accepted] + [out.result.next_token]
+            )
+    assert lefts == [32, 16, 16]  # the third turn found only the verify's own rows left
     out, ref = together.verify(turn), apart.verify(turn_ref)
     assert (out.result.next_token, out.result.target_ids) == (ref.result.next_token, ref.result.target_ids)
     assert out.stats.computed_tokens == 48

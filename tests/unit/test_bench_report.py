@@ -10,19 +10,29 @@ from specdec.bench import report
 from specdec.bench.identity import first_divergence
 from specdec.bench.plan import Config, Prompt, RunRecord, make_configs
 
-VERIFY = {"context_tokens": 300, "reps": 1, "threads": 1, "ms": {"1": 40.0, "2": 50.0, "3": 60.0, "4": 64.0, "5": 68.0},
-          "ratio": {"1": 1.0, "2": 1.25, "3": 1.5, "4": 1.6, "5": 1.7}, "spread_ms": {},
-          "kv_bytes_per_token_measured": 46080.0}
+VERIFY = {
+    "context_tokens": 300,
+    "reps": 1,
+    "threads": 1,
+    "ms": {"1": 40.0, "2": 50.0, "3": 60.0, "4": 64.0, "5": 68.0},
+    "ratio": {"1": 1.0, "2": 1.25, "3": 1.5, "4": 1.6, "5": 1.7},
+    "spread_ms": {},
+    "kv_bytes_per_token_measured": 46080.0,
+}
 
 
 def _rounds(k: int, accepted: list[int]) -> list[dict]:
-    return [{"k": k, "drafted": k, "accepted": a, "draft_ms": 0.0, "target_ms": 40.0 * (1 + 0.1 * k),
-             "overhead_ms": 2.0} for a in accepted]
+    return [
+        {"k": k, "drafted": k, "accepted": a, "draft_ms": 0.0, "target_ms": 40.0 * (1 + 0.1 * k), "overhead_ms": 2.0}
+        for a in accepted
+    ]
 
 
 def _stats(k: int, accepted: list[int]) -> dict:
-    return {"accepted_per_position": [sum(a > i for a in accepted) for i in range(k)],
-            "drafted_per_position": [len(accepted)] * k}
+    return {
+        "accepted_per_position": [sum(a > i for a in accepted) for i in range(k)],
+        "drafted_per_position": [len(accepted)] * k,
+    }
 
 
 def _records() -> list[RunRecord]:
@@ -30,28 +40,70 @@ def _records() -> list[RunRecord]:
     for rep in range(3):
         jitter = 1.0 + 0.01 * rep
         # k = 0: 12 tokens, one per round, 50 ms each
-        recs.append(RunRecord("grounded", "p1", "k0", rep, list(range(12)), 0.6 * jitter,
-                              [(0.05 * (i + 1) * jitter, 1) for i in range(12)], _stats(0, []), _rounds(0, [0] * 12),
-                              {"session_tokens": 100, "redis_bytes": 900}))
+        recs.append(
+            RunRecord(
+                "grounded",
+                "p1",
+                "k0",
+                rep,
+                list(range(12)),
+                0.6 * jitter,
+                [(0.05 * (i + 1) * jitter, 1) for i in range(12)],
+                _stats(0, []),
+                _rounds(0, [0] * 12),
+                {"session_tokens": 100, "redis_bytes": 900},
+            )
+        )
         # k = 4: 3 rounds of 4 accepted (+1 bonus) = 15 tokens, cut to 12 by the length limit
-        recs.append(RunRecord("grounded", "p1", "k4", rep, list(range(12)), 0.2 * jitter,
-                              [(0.06, 5), (0.12, 5), (0.2, 2)], _stats(4, [4, 4, 4]), _rounds(4, [4, 4, 4]),
-                              {"session_tokens": 100, "redis_bytes": 900}))
-        recs.append(RunRecord("grounded", "p1", "hf_assisted", rep, list(range(12)), 0.3 * jitter, [(0.1, 1), (0.3, 11)]))
+        recs.append(
+            RunRecord(
+                "grounded",
+                "p1",
+                "k4",
+                rep,
+                list(range(12)),
+                0.2 * jitter,
+                [(0.06, 5), (0.12, 5), (0.2, 2)],
+                _stats(4, [4, 4, 4]),
+                _rounds(4, [4, 4, 4]),
+                {"session_tokens": 100, "redis_bytes": 900},
+            )
+        )
+        recs.append(
+            RunRecord("grounded", "p1", "hf_assisted", rep, list(range(12)), 0.3 * jitter, [(0.1, 1), (0.3, 11)])
+        )
     return recs
 
 
 def test_build_ratios_bound_and_memory(tmp_path: Path) -> None:
     configs = [Config("k0", "stack", 0), Config("k4", "stack", 4), Config("hf_assisted", "hf", assisted=True)]
     prompts = [Prompt("grounded", "p1", "text", [1, 2, 3])]
-    settings = {"draft_kind": "ngram", "configs": {c.name: c.label(4) for c in configs}, "server_default_k": 4,
-                "prompts": {"grounded": ["p1"]}, "target_model_id": "t", "dtype": "float32", "max_new_tokens": 12,
-                "repeats": 3, "threads": {"target_service": 1}}
+    settings = {
+        "draft_kind": "ngram",
+        "configs": {c.name: c.label(4) for c in configs},
+        "server_default_k": 4,
+        "prompts": {"grounded": ["p1"]},
+        "target_model_id": "t",
+        "dtype": "float32",
+        "max_new_tokens": 12,
+        "repeats": 3,
+        "threads": {"target_service": 1},
+    }
     machine = {"cpu_model": "cpu", "cores": 2, "usable_cores": 2, "torch": "x", "transformers": "y"}
-    result = report.build(_records(), configs, prompts, settings=settings, machine=machine,
-                          hf_settings={"draft_kind": "ngram"}, verify=VERIFY, draft_step_cost=None,
-                          identity={"grounded": {}}, rss={"target": {"bytes": 1, "source": "VmHWM"}},
-                          kv_per_token_model={"target": 46080}, default_k=4)
+    result = report.build(
+        _records(),
+        configs,
+        prompts,
+        settings=settings,
+        machine=machine,
+        hf_settings={"draft_kind": "ngram"},
+        verify=VERIFY,
+        draft_step_cost=None,
+        identity={"grounded": {}},
+        rss={"target": {"bytes": 1, "source": "VmHWM"}},
+        kv_per_token_model={"target": 46080},
+        default_k=4,
+    )
     g = result["grounded"]
     assert g["speedup"]["k4"]["median"] == pytest.approx(3.0)
     assert g["speedup"]["k4"]["n"] == 3
@@ -60,7 +112,7 @@ def test_build_ratios_bound_and_memory(tmp_path: Path) -> None:
     assert g["acceptance_rate"]["k4"] == pytest.approx(1.0)
     assert g["per_position_acceptance"]["k4"] == [1.0, 1.0, 1.0, 1.0]
     assert g["target_passes_per_token"]["k4"] == pytest.approx(3 / 12)
-    assert g["bound"]["k4"] == pytest.approx(5.0 / 1.7)          # c = 0 for the n-gram draft
+    assert g["bound"]["k4"] == pytest.approx(5.0 / 1.7)  # c = 0 for the n-gram draft
     assert g["overhead_ms_p50"]["k4"]["median"] == pytest.approx(2.0)
     # ITL: chunks of 5, 5, 2 tokens 60 and 80 ms apart -> gaps of 12 ms (x5) and 40 ms (x2)
     assert g["itl_ms_p50"]["k4"]["median"] == pytest.approx(12.0, abs=0.2)
@@ -112,12 +164,20 @@ def test_the_llamacpp_column_is_skipped_with_a_note_or_set_beside_ours(monkeypat
     from specdec.bench.llamacpp import anchor_lines, llamacpp_anchor
 
     real_import = builtins.__import__
-    monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (
-        (_ for _ in ()).throw(ImportError(name)) if name == "llama_cpp" else real_import(name, *a, **k)))
+    monkeypatch.setattr(
+        builtins,
+        "__import__",
+        lambda name, *a, **k: (
+            (_ for _ in ()).throw(ImportError(name)) if name == "llama_cpp" else real_import(name, *a, **k)
+        ),
+    )
     skipped = llamacpp_anchor("embedded", [], 8, 1, 2)
     assert "not installed" in skipped["skipped"] and "make install" in skipped["skipped"]
     assert "skipped" in anchor_lines({"llamacpp": skipped})[1]
-    result = {"llamacpp": {"version": "0.3", "gguf": "x.gguf", "threads": 2, "tok_s": {"grounded": 40.0}},
-              "grounded": {"tokens_per_s": {"k0": {"median": 30.0}, "adaptive": {"median": 50.0},
-                                            "hf_target": {"median": 99.0}}}}
+    result = {
+        "llamacpp": {"version": "0.3", "gguf": "x.gguf", "threads": 2, "tok_s": {"grounded": 40.0}},
+        "grounded": {
+            "tokens_per_s": {"k0": {"median": 30.0}, "adaptive": {"median": 50.0}, "hf_target": {"median": 99.0}}
+        },
+    }
     assert anchor_lines(result)[2] == "  grounded: 40.0 tok/s; ours k = 0 30.0 (0.75x), best adaptive 50.0 (1.25x)"

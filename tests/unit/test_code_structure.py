@@ -23,10 +23,18 @@ GENERATED = "specdec/v1/"
 
 def hand_written_sources() -> list[Path]:
     """Every tracked (or new, not ignored) .py outside tests/, minus the generated protobuf modules."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
-                            cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    return [ROOT / p for p in listed
-            if not p.startswith("tests/") and not (p.startswith(GENERATED) and "_pb2" in p) and (ROOT / p).is_file()]
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return [
+        ROOT / p
+        for p in listed
+        if not p.startswith("tests/") and not (p.startswith(GENERATED) and "_pb2" in p) and (ROOT / p).is_file()
+    ]
 
 
 def module_name(path: Path) -> str:
@@ -150,16 +158,22 @@ def test_the_first_party_import_graph_has_no_cycles() -> None:
 def test_the_orchestrator_does_not_import_the_model_engine() -> None:
     """The orchestrator runs no model: what it needs in-process (the n-gram proposer) is pure core."""
     graph = import_graph()
-    offenders = {m: sorted(t for t in targets if t.startswith("specdec.engine"))
-                 for m, targets in graph.items() if m.startswith("orchestrator")}
+    offenders = {
+        m: sorted(t for t in targets if t.startswith("specdec.engine"))
+        for m, targets in graph.items()
+        if m.startswith("orchestrator")
+    }
     assert not {m: t for m, t in offenders.items() if t}
 
 
 def test_no_hand_written_module_is_over_the_line_limit() -> None:
     sources = hand_written_sources()
     assert any(p.name == "generation.py" for p in sources) and not any("_pb2" in p.name for p in sources)
-    too_long = {str(p.relative_to(ROOT)): n for p in sources
-                if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    too_long = {
+        str(p.relative_to(ROOT)): n
+        for p in sources
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
     assert not too_long, f"over {MAX_LINES} lines (split by responsibility): {too_long}"
 
 

@@ -49,15 +49,15 @@ def test_request_ngram_sizes_apply_to_the_lookup_part():
 
 def test_the_orchestrator_knows_before_a_round_which_draft_will_propose():
     """RoundRunner.proposer: adaptive k keeps acceptance and costs per proposer, so it must know it up front."""
-    from specdec.config import RetryConfig
     from orchestrator.rounds import RoundRunner
+    from specdec.config import RetryConfig
 
     hit, miss = [1, 2, 3, 4, 5, 1, 2], [1, 2, 3, 4, 5, 6]
     local = RoundRunner(None, None, RetryConfig(), local_ngram=NgramProposer(2, 4))
     assert local.proposer("combined", hit) == NGRAM and local.proposer("combined", miss) == MODEL
     assert local.proposer("ngram", miss) == NGRAM and local.proposer("model", hit) == MODEL
     assert NgramProposer(2, 4).has_match(hit) and not NgramProposer(2, 4).has_match(miss)
-    remote = RoundRunner(None, None, RetryConfig())      # the draft service does the lookup: cannot tell
+    remote = RoundRunner(None, None, RetryConfig())  # the draft service does the lookup: cannot tell
     assert remote.proposer("combined", hit) == "combined"
 
 
@@ -66,9 +66,9 @@ def test_the_proposer_through_the_generations_index_agrees_with_the_full_lookup(
     tokens) a round, not O(context)); over a growing context, and one rewritten, it must answer as has_match."""
     import random
 
-    from specdec.config import RetryConfig
     from orchestrator.delta import ContextWire
     from orchestrator.rounds import RoundRunner
+    from specdec.config import RetryConfig
 
     lookup = NgramProposer(2, 4)
     runner = RoundRunner(None, None, RetryConfig(), local_ngram=lookup)
@@ -77,7 +77,7 @@ def test_the_proposer_through_the_generations_index_agrees_with_the_full_lookup(
     answers = set()
     for step in range(300):
         if step == 150:
-            context = context[:40]            # a rewritten context (shorter): indexed afresh
+            context = context[:40]  # a rewritten context (shorter): indexed afresh
         context.append(rng.randrange(6))
         expected = NGRAM if lookup.has_match(context) else MODEL
         assert runner.proposer("combined", context, wire) == expected, step
@@ -89,14 +89,15 @@ def test_a_combined_round_resolved_to_the_model_is_not_looked_up_twice():
     """RoundRunner.proposer looked the tail up before the round; _propose does not repeat a lookup that missed."""
     import asyncio
 
-    from specdec.config import RetryConfig
     from orchestrator.rounds import RoundRequest, RoundRunner
+    from specdec.config import RetryConfig
 
     class CountingLookup(NgramProposer):
         calls = 0
 
-        def propose(self, context_ids: list[int], k: int, min_n: int | None = None,
-                    max_n: int | None = None) -> list[int]:
+        def propose(
+            self, context_ids: list[int], k: int, min_n: int | None = None, max_n: int | None = None
+        ) -> list[int]:
             CountingLookup.calls += 1
             return super().propose(context_ids, k, min_n, max_n)
 
@@ -111,5 +112,5 @@ def test_a_combined_round_resolved_to_the_model_is_not_looked_up_twice():
     assert CountingLookup.calls == 0 and out.degraded and not response.draft_ids  # straight to the (absent) pool
     response, out = propose(hit, runner.proposer("combined", hit))
     assert CountingLookup.calls == 1 and list(response.draft_ids) == [3, 4, 5] and out.draft_kind == NGRAM
-    propose(miss, "")                                     # unresolved (no proposer given): looks up itself
+    propose(miss, "")  # unresolved (no proposer given): looks up itself
     assert CountingLookup.calls == 2

@@ -90,8 +90,9 @@ def test_same_ports_and_probe(defs, name):
     c = k8s_container(deployments, name)
     env = compose[name]["environment"]
     k8s_ports = {p["containerPort"] for p in c["ports"]}
-    compose_ports = {int(p) for p in compose[name].get("expose", [])} | \
-        {int(p["target"]) for p in compose[name].get("ports", [])}
+    compose_ports = {int(p) for p in compose[name].get("expose", [])} | {
+        int(p["target"]) for p in compose[name].get("ports", [])
+    }
     assert k8s_ports == compose_ports
     test = compose[name]["healthcheck"]["test"]
     assert test[:4] == ["CMD", "python", "-m", "specdec.healthcheck"]

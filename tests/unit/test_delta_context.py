@@ -6,12 +6,11 @@ import grpc
 import pytest
 from grpc import aio
 
+from orchestrator.delta import ContextWire, is_context_miss
 from specdec.core.prefix_hash import EMPTY_HASH, PrefixHashes, prefix_hash, step
 from specdec.engine.contexts import ContextStore
 from specdec.errors import CONTEXT_MISS_METADATA, ContextMiss, InvalidArgument
 from specdec.v1 import common_pb2, draft_pb2, target_pb2
-
-from orchestrator.delta import ContextSend, ContextWire, is_context_miss
 
 WIDTH = 1000
 
@@ -65,12 +64,14 @@ def test_store_full_then_delta_then_rollback():
 def test_shared_prefix_and_kv_common_prefix():
     from specdec.core.prefix_hash import shared_prefix
     from specdec.engine.kvcache import SessionKV
+
     a = list(range(100, 160))
     for cut in (0, 1, 17, 59, 60):
         b = a[:cut] + [7] * 5
         limit = min(len(a), len(b))
         assert shared_prefix(PrefixHashes(a), PrefixHashes(b), limit) == cut
     from transformers import DynamicCache
+
     kv = SessionKV(cache=DynamicCache(), tokens=list(a), hashes=PrefixHashes(a))
     assert kv.common_prefix(a[:30] + [1, 2], PrefixHashes(a[:30] + [1, 2])) == 30
     kv.truncate(20)
@@ -89,8 +90,10 @@ def test_store_hands_out_lists_it_never_mutates():
     assert first == [1, 2, 3] and second == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("position_base,hashed,reason", [
-    (3, [1, 2, 3], "unknown-session"), (9, [1] * 9, "shorter"), (2, [1, 3], "hash-mismatch")])
+@pytest.mark.parametrize(
+    "position_base,hashed,reason",
+    [(3, [1, 2, 3], "unknown-session"), (9, [1] * 9, "shorter"), (2, [1, 3], "hash-mismatch")],
+)
 def test_store_misses_with_a_reason(position_base, hashed, reason):
     store = ContextStore(max_tokens=100, width=WIDTH)
     if reason != "unknown-session":
@@ -118,12 +121,12 @@ def test_store_evicts_least_recently_used_within_its_budget():
     store = ContextStore(max_tokens=10, width=WIDTH)
     resolve(store, "a", [1] * 4, 0, None)
     resolve(store, "b", [2] * 4, 0, None)
-    resolve(store, "a", [1], 4, prefix_hash([1] * 4))     # a is now the most recent
-    resolve(store, "c", [3] * 4, 0, None)                  # 5 + 4 + 4 > 10: b goes
+    resolve(store, "a", [1], 4, prefix_hash([1] * 4))  # a is now the most recent
+    resolve(store, "c", [3] * 4, 0, None)  # 5 + 4 + 4 > 10: b goes
     assert store.counters.evictions == 1 and store.held_tokens() == 9
     with pytest.raises(ContextMiss):
         resolve(store, "b", [2], 4, prefix_hash([2] * 4))
-    resolve(store, "big", [4] * 11, 0, None)               # over the whole budget: served, not held
+    resolve(store, "big", [4] * 11, 0, None)  # over the whole budget: served, not held
     with pytest.raises(ContextMiss):
         resolve(store, "big", [4], 11, prefix_hash([4] * 11))
     assert store.release("a") and not store.release("a")
@@ -194,6 +197,7 @@ def test_wire_rehashes_a_rewritten_context():
 def test_is_context_miss():
     def error(code, metadata):
         return aio.AioRpcError(code, aio.Metadata(), aio.Metadata(*metadata), details="x")
+
     assert is_context_miss(error(grpc.StatusCode.FAILED_PRECONDITION, [(CONTEXT_MISS_METADATA, "shorter")]))
     assert not is_context_miss(error(grpc.StatusCode.FAILED_PRECONDITION, []))
     assert not is_context_miss(error(grpc.StatusCode.UNAVAILABLE, [(CONTEXT_MISS_METADATA, "shorter")]))
@@ -205,20 +209,20 @@ def test_a_next_round_held_ahead_is_found_held_and_any_other_request_is_served_a
     ahead, no id checks, a hit); a request that differs truncates and extends as before."""
     store = ContextStore(max_tokens=100, width=WIDTH)
     first = resolve(store, "s", [1, 2, 3, 4], 0, None)
-    assert not store.hold_next("s", 3, [7]) and not store.hold_next("other", 4, [7])   # not exactly n held
-    assert store.hold_next("s", 4, [5, 6]) and first == [1, 2, 3, 4]                    # never mutated
+    assert not store.hold_next("s", 3, [7]) and not store.hold_next("other", 4, [7])  # not exactly n held
+    assert store.hold_next("s", 4, [5, 6]) and first == [1, 2, 3, 4]  # never mutated
     assert store.held_tokens() == 6
     held = store._held["s"]
     context, hashes = store.resolve("s", [5, 6], 4, prefix_hash(first))
     assert context is held.tokens and context == [1, 2, 3, 4, 5, 6] and held.ready is None
     assert len(hashes) == 6 and hashes.at(6) == prefix_hash(context)
-    hashes.extend([8, 9])                                  # the caller's own copy: the store's are untouched
+    hashes.extend([8, 9])  # the caller's own copy: the store's are untouched
     assert store._held["s"].hashes.at(6) == prefix_hash(context) and len(store._held["s"].hashes) == 6
     assert store.counters.hits == 1 and store.counters.misses == 0
-    again, _ = store.resolve("s", [5, 6], 4, prefix_hash(first))                    # sent again: still held
+    again, _ = store.resolve("s", [5, 6], 4, prefix_hash(first))  # sent again: still held
     assert again == context and store.counters.hits == 2
     # A different continuation (another round's tokens) after a next round held ahead: truncated and extended.
     assert store.hold_next("s", 6, [10])
     assert resolve(store, "s", [11, 12], 6, prefix_hash(context)) == [1, 2, 3, 4, 5, 6, 11, 12]
-    with pytest.raises(InvalidArgument):                   # ids not held are checked as before
+    with pytest.raises(InvalidArgument):  # ids not held are checked as before
         store.resolve("s", [WIDTH], 8, prefix_hash([1, 2, 3, 4, 5, 6, 11, 12]))

@@ -33,8 +33,11 @@ def test_every_acceptance_has_a_reason():
 def failed_checks(report) -> list[tuple[str, str, str]]:
     """(check id, file, resource) of every failed check in a checkov JSON report."""
     reports = report if isinstance(report, list) else [report]
-    return [(f["check_id"], f["file_path"], f.get("resource", "")) for r in reports
-            for f in r.get("results", {}).get("failed_checks", [])]
+    return [
+        (f["check_id"], f["file_path"], f.get("resource", ""))
+        for r in reports
+        for f in r.get("results", {}).get("failed_checks", [])
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +46,33 @@ def checkov_report(tmp_path_factory) -> tuple[list, dict]:
     checkov = tool("checkov")
     scan = tmp_path_factory.mktemp("checkov")
     for name, path in OVERLAYS.items():
-        rendered = subprocess.run([kubectl, "kustomize", str(path)], check=True, capture_output=True,
-                                  text=True, timeout=60).stdout
+        rendered = subprocess.run(
+            [kubectl, "kustomize", str(path)], check=True, capture_output=True, text=True, timeout=60
+        ).stdout
         (scan / f"k8s-{name}.yaml").write_text(rendered, encoding="utf-8")
     for path in [*DOCKERFILES, *(REPO / name for name in COMPOSE_FILES)]:
         (scan / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
-    proc = subprocess.run([checkov, "-d", str(scan), "--skip-download", "--compact", "--quiet", "-o", "json",
-                           "--framework", "kubernetes", "dockerfile", "secrets"],
-                          capture_output=True, text=True, timeout=LINT_TIMEOUT_S, check=False,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(scan), "BC_SKIP_MAPPING": "TRUE"})
+    proc = subprocess.run(
+        [
+            checkov,
+            "-d",
+            str(scan),
+            "--skip-download",
+            "--compact",
+            "--quiet",
+            "-o",
+            "json",
+            "--framework",
+            "kubernetes",
+            "dockerfile",
+            "secrets",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=LINT_TIMEOUT_S,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(scan), "BC_SKIP_MAPPING": "TRUE"},
+    )
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     reports = report if isinstance(report, list) else [report]
@@ -68,15 +89,17 @@ def test_checkov_scanned_every_kind_of_file(checkov_report):
 def test_checkov_finds_nothing_but_accepted_findings(checkov_report):
     failed, _ = checkov_report
     unexpected = sorted({f for f in failed if f[0] not in ACCEPTED["checkov"]})
-    assert not unexpected, "new checkov findings (fix them or accept them with a reason):\n" + \
-        "\n".join(map(str, unexpected))
+    assert not unexpected, "new checkov findings (fix them or accept them with a reason):\n" + "\n".join(
+        map(str, unexpected)
+    )
     stale = set(ACCEPTED["checkov"]) - {f[0] for f in failed}
     assert not stale, f"accepted but no longer found (remove them): {stale}"
 
 
 def hadolint(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([tool("hadolint"), "--no-color", *args], capture_output=True, text=True,
-                          timeout=LINT_TIMEOUT_S, check=False)
+    return subprocess.run(
+        [tool("hadolint"), "--no-color", *args], capture_output=True, text=True, timeout=LINT_TIMEOUT_S, check=False
+    )
 
 
 def test_hadolint_finds_nothing_but_accepted_findings():

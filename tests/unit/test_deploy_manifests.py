@@ -17,16 +17,14 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
 import pytest
-
-from specdec.server.app import LIVENESS_SERVICE
 import yaml
 
 from specdec.routing import DnsTarget, parse_addresses
+from specdec.server.app import LIVENESS_SERVICE
 from tests.deploy_support import OVERLAYS, REPO, render
 
 K8S_VERSION = "1.30"
@@ -66,8 +64,11 @@ def container(overlay: str, name: str) -> dict:
 
 def pod_templates(overlay: str) -> list[tuple[str, dict]]:
     """(name, pod template) of every workload."""
-    return [(o["metadata"]["name"], o["spec"]["template"]) for o in render(overlay)
-            if o["kind"] in ("Deployment", "StatefulSet")]
+    return [
+        (o["metadata"]["name"], o["spec"]["template"])
+        for o in render(overlay)
+        if o["kind"] in ("Deployment", "StatefulSet")
+    ]
 
 
 def config(overlay: str) -> dict[str, str]:
@@ -136,8 +137,11 @@ def test_native_grpc_probes_on_all_three(overlay):
         # readiness: "" (model loaded; the orchestrator: replica pair and Redis reachable); liveness: the
         # process answers (a dependency outage takes a pod out of rotation, never restarts it); startup:
         # the model services are loaded, the orchestrator answers.
-        services = {"readinessProbe": "", "livenessProbe": LIVENESS_SERVICE,
-                    "startupProbe": LIVENESS_SERVICE if name == "orchestrator" else ""}
+        services = {
+            "readinessProbe": "",
+            "livenessProbe": LIVENESS_SERVICE,
+            "startupProbe": LIVENESS_SERVICE if name == "orchestrator" else "",
+        }
         for probe, service in services.items():
             assert c[probe]["grpc"] == {"port": grpc_port, "service": service}, (name, probe)
         env = {e["name"]: e for e in c["env"]}
@@ -196,8 +200,7 @@ def test_headless_services_feed_dns_discovery(overlay):
         labels = objects(overlay, "Deployment")[name]["spec"]["template"]["metadata"]["labels"]
         assert service["spec"]["selector"].items() <= labels.items()
         address = parse_addresses(data[f"SPECDEC_{name.upper()}_ADDRESSES"])
-        assert address == DnsTarget(f"{name}-headless.specdec.svc.cluster.local",
-                                    GRPC_PORTS[name])
+        assert address == DnsTarget(f"{name}-headless.specdec.svc.cluster.local", GRPC_PORTS[name])
     assert {p["port"] for p in services["orchestrator"]["spec"]["ports"]} == {50050}
     assert {p["port"] for p in services["gateway"]["spec"]["ports"]} == {8000}
 
@@ -282,8 +285,7 @@ def test_cpu_dev_runs_the_embedded_model_offline_and_small():
         assert objects("cpu-dev", "Deployment")[name]["spec"]["replicas"] == 1
     base = config("base")
     assert base["SPECDEC_DRAFT_MODEL"] == "modelscope:qwen/Qwen1.5-0.5B-Chat"
-    assert base["SPECDEC_TARGET_MODEL"] == base["SPECDEC_TOKENIZER"] \
-        == "modelscope:qwen/Qwen1.5-1.8B-Chat"
+    assert base["SPECDEC_TARGET_MODEL"] == base["SPECDEC_TOKENIZER"] == "modelscope:qwen/Qwen1.5-1.8B-Chat"
 
 
 # ---------------------------------------------------------------- network policy
@@ -304,14 +306,17 @@ def selects(policy: dict, labels: dict) -> bool:
 def ingress_rules(overlay: str, component: str) -> list[dict]:
     """Every ingress rule that applies to pods of a component."""
     labels = {"app.kubernetes.io/name": "specdec", COMPONENT: component}
-    return [rule for policy in objects(overlay, "NetworkPolicy").values()
-            if selects(policy, labels) for rule in policy["spec"].get("ingress", [])]
+    return [
+        rule
+        for policy in objects(overlay, "NetworkPolicy").values()
+        if selects(policy, labels)
+        for rule in policy["spec"].get("ingress", [])
+    ]
 
 
 def is_orchestrator_peer(peer: dict) -> bool:
     """A `from` peer that is exactly the orchestrator pods of this namespace."""
-    return set(peer) == {"podSelector"} and \
-        peer["podSelector"]["matchLabels"].get(COMPONENT) == "orchestrator"
+    return set(peer) == {"podSelector"} and peer["podSelector"]["matchLabels"].get(COMPONENT) == "orchestrator"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -335,8 +340,7 @@ def test_network_policies(overlay):
     public = [r for r in ingress_rules(overlay, "gateway") if "from" not in r]
     assert {p["port"] for r in public for p in r["ports"]} == {8000}
     for component in WORKLOADS:
-        assert any({p["port"] for p in r["ports"]} == {METRICS_PORT}
-                   for r in ingress_rules(overlay, component))
+        assert any({p["port"] for p in r["ports"]} == {METRICS_PORT} for r in ingress_rules(overlay, component))
 
 
 # ---------------------------------------------------------------- docker compose
@@ -347,9 +351,16 @@ class ComposeLoader(yaml.SafeLoader):
 
 
 for _tag in ("!reset", "!override"):
-    ComposeLoader.add_constructor(_tag, lambda loader, node: (
-        loader.construct_mapping(node, deep=True) if isinstance(node, yaml.MappingNode) else
-        loader.construct_sequence(node, deep=True) if isinstance(node, yaml.SequenceNode) else None))
+    ComposeLoader.add_constructor(
+        _tag,
+        lambda loader, node: (
+            loader.construct_mapping(node, deep=True)
+            if isinstance(node, yaml.MappingNode)
+            else loader.construct_sequence(node, deep=True)
+            if isinstance(node, yaml.SequenceNode)
+            else None
+        ),
+    )
 
 
 def load_compose(name: str) -> dict:
@@ -384,7 +395,7 @@ def compose():
 
 def test_compose_services_scale_and_wait_for_health(compose):
     assert set(compose) == {"redis", "draft", "target", "orchestrator", "gateway"}
-    for name, service in compose.items():
+    for service in compose.values():
         assert "container_name" not in service and service["healthcheck"]["test"][0] == "CMD"
         assert service["read_only"] is True and service["cap_drop"] == ["ALL"]
     for name in ("draft", "target", "redis"):
@@ -394,7 +405,8 @@ def test_compose_services_scale_and_wait_for_health(compose):
         assert published["host_ip"] == "127.0.0.1" and published["target"] == port
     deps = compose["orchestrator"]["depends_on"]
     assert {n: d["condition"] for n, d in deps.items()} == dict.fromkeys(
-        ("redis", "draft", "target"), "service_healthy")
+        ("redis", "draft", "target"), "service_healthy"
+    )
     assert compose["gateway"]["depends_on"]["orchestrator"]["condition"] == "service_healthy"
     env = compose["orchestrator"]["environment"]
     assert env["SPECDEC_DRAFT_ADDRESSES"] == "dns:///draft:50051"
@@ -437,14 +449,15 @@ def dockerfile(name: str) -> str:
     return (REPO / "docker" / name).read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("name,base_image", [("Dockerfile.cpu", "python:3.11-slim"),
-                                             ("Dockerfile.cuda", "nvidia/cuda:")])
+@pytest.mark.parametrize(
+    "name,base_image", [("Dockerfile.cpu", "python:3.11-slim"), ("Dockerfile.cuda", "nvidia/cuda:")]
+)
 def test_dockerfiles(name, base_image):
     text = dockerfile(name)
     assert base_image in text and "# syntax=" not in text
     assert len(re.findall(r"^FROM ", text, re.M)) >= 2 and "COPY --from=builder" in text
     assert re.search(rf"^USER {SPECDEC_UID}", text, re.M)
-    assert f'--uid "${{SPECDEC_UID}}"' in text and f"SPECDEC_UID={SPECDEC_UID}" in text
+    assert '--uid "${SPECDEC_UID}"' in text and f"SPECDEC_UID={SPECDEC_UID}" in text
     assert re.search(r'^HEALTHCHECK .*\n\s+CMD \["python", "-m", "specdec\.healthcheck"\]', text, re.M)
     assert 'ENTRYPOINT ["specdec", "serve"]' in text
     assert 'VOLUME ["/models"]' in text
@@ -469,11 +482,21 @@ def test_redis_image_from_the_same_base():
 
 
 def test_dockerignore_keeps_what_the_build_needs():
-    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert {".git", ".venv", "tests", "k8s", ".deploy-tools"} <= ignored
-    for needed in ("specdec", "pyproject.toml", "README.md", "requirements.txt",
-                   "constraints.txt", "docker", "http_gateway"):
+    for needed in (
+        "specdec",
+        "pyproject.toml",
+        "README.md",
+        "requirements.txt",
+        "constraints.txt",
+        "docker",
+        "http_gateway",
+    ):
         assert needed not in ignored
 
 
@@ -481,9 +504,12 @@ def test_dockerignore_keeps_what_the_build_needs():
 
 
 def test_capacity_note_quotes_the_simulation():
-    result = subprocess.run([sys.executable, str(REPO / "deploy_tools/capacity_sim.py"),
-                             "--check", str(REPO / "docs/capacity.md")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "deploy_tools/capacity_sim.py"), "--check", str(REPO / "docs/capacity.md")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     note = (REPO / "docs/capacity.md").read_text(encoding="utf-8")
     assert capacity.extract_blocks(note) == capacity.tables()
@@ -504,24 +530,25 @@ def test_capacity_sizes_match_real_protobuf_messages():
     model = capacity.WireModel()
     top_id = model.vocab_size - 1
     sampling = common.SamplingParams(temperature=0.7, top_p=0.9, draft_top_n=model.top_n)
-    stats = common.ComputeStats(cached_tokens=2048, computed_tokens=6, rolled_back=1,
-                                forward_ms=12.5, queue_ms=0.5)
-    q_prime = [common.SparseDistribution(token_ids=[top_id] * model.top_n,
-                                         probs=[0.5] * model.top_n)] * model.k
+    stats = common.ComputeStats(cached_tokens=2048, computed_tokens=6, rolled_back=1, forward_ms=12.5, queue_ms=0.5)
+    q_prime = [common.SparseDistribution(token_ids=[top_id] * model.top_n, probs=[0.5] * model.top_n)] * model.k
     session = "0" * model.session_id_chars
     for context in (model.k + 1, 512, 2048):
-        header = dict(session_id=session, request_id=session, context_ids=[top_id] * context,
-                      sampling=sampling)
+        header = dict(session_id=session, request_id=session, context_ids=[top_id] * context, sampling=sampling)
         real = {
             "propose_request": draft.ProposeRequest(k=model.k, **header),
             "propose_response": draft.ProposeResponse(
-                draft_ids=[top_id] * model.k, draft_probs=q_prime, stats=stats,
-                draft_kind="model"),
-            "verify_request": target.VerifyRequest(
-                draft_ids=[top_id] * model.k, draft_probs=q_prime, **header),
+                draft_ids=[top_id] * model.k, draft_probs=q_prime, stats=stats, draft_kind="model"
+            ),
+            "verify_request": target.VerifyRequest(draft_ids=[top_id] * model.k, draft_probs=q_prime, **header),
             "verify_response": target.VerifyResponse(
-                num_accepted=3, next_token=top_id, next_kind=1, target_ids=[top_id] * 6,
-                matches=[True] * model.k, stats=stats),
+                num_accepted=3,
+                next_token=top_id,
+                next_kind=1,
+                target_ids=[top_id] * 6,
+                matches=[True] * model.k,
+                stats=stats,
+            ),
         }
         sizes = {name: message.ByteSize() for name, message in real.items()}
         assert sizes == capacity.message_sizes(model, context)

@@ -6,8 +6,9 @@ import importlib.util
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -77,13 +78,14 @@ def _chunks(ids: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
     out, i, k = [], 0, 0
     while i < len(ids):
         size = sizes[k % len(sizes)] if sizes else 1
-        out.append(list(ids[i:i + size]))
+        out.append(list(ids[i : i + size]))
         i, k = i + size, k + 1
     return out
 
 
-def _stream(tok: Any, chunks: Sequence[Sequence[int]], prompt: Sequence[int] = (),
-            skip: bool = True) -> tuple[list[str], str]:
+def _stream(
+    tok: Any, chunks: Sequence[Sequence[int]], prompt: Sequence[int] = (), skip: bool = True
+) -> tuple[list[str], str]:
     """Feed chunks; return (deltas, flush text)."""
     det = IncrementalDetokenizer(tok, prompt_ids=prompt, skip_special_tokens=skip)
     deltas = [det.push(c) for c in chunks]
@@ -118,8 +120,7 @@ def test_chinese_characters_are_emitted_as_soon_as_complete(tok: Any) -> None:
     sizes=st.lists(st.integers(1, MAX_CHUNK), min_size=1, max_size=20),
     with_prompt=st.booleans(),
 )
-def test_any_chunking_matches_full_decode(tok: Any, name: str, sizes: list[int],
-                                          with_prompt: bool) -> None:
+def test_any_chunking_matches_full_decode(tok: Any, name: str, sizes: list[int], with_prompt: bool) -> None:
     ids = _enc(tok, TEXTS[name])
     prompt = _enc(tok, CHAT_PROMPT) if with_prompt else []
     deltas, tail = _stream(tok, _chunks(ids, sizes), prompt)
@@ -129,13 +130,11 @@ def test_any_chunking_matches_full_decode(tok: Any, name: str, sizes: list[int],
 
 @settings(max_examples=HYPOTHESIS_EXAMPLES, deadline=None)
 @given(
-    parts=st.lists(st.sampled_from(sorted(TEXTS) + ["<|im_end|>", "<|endoftext|>"]),
-                   min_size=1, max_size=4),
+    parts=st.lists(st.sampled_from(sorted(TEXTS) + ["<|im_end|>", "<|endoftext|>"]), min_size=1, max_size=4),
     sizes=st.lists(st.integers(1, MAX_CHUNK), min_size=1, max_size=10),
     skip=st.booleans(),
 )
-def test_special_tokens_skipped_or_kept(tok: Any, parts: list[str], sizes: list[int],
-                                        skip: bool) -> None:
+def test_special_tokens_skipped_or_kept(tok: Any, parts: list[str], sizes: list[int], skip: bool) -> None:
     ids = [i for p in parts for i in _enc(tok, TEXTS.get(p, p))]
     deltas, tail = _stream(tok, _chunks(ids, sizes), skip=skip)
     assert "".join(deltas) + tail == tok.decode(ids, skip_special_tokens=skip)
@@ -191,12 +190,15 @@ def _kept_text(tok: Any, ids: Sequence[int], n: int) -> str:
     return tok.decode(list(ids[:n]))
 
 
-@pytest.mark.parametrize("text,stop", [
-    ("Answer: 42\nUser: next", "\nUser:"),
-    ("今天天气晴朗，阳光明媚。STOP后面", "STOP"),
-    ("emoji 🎉 then ### end", "###"),
-    ("abc", "abc"),
-])
+@pytest.mark.parametrize(
+    "text,stop",
+    [
+        ("Answer: 42\nUser: next", "\nUser:"),
+        ("今天天气晴朗，阳光明媚。STOP后面", "STOP"),
+        ("emoji 🎉 then ### end", "###"),
+        ("abc", "abc"),
+    ],
+)
 def test_tokens_before_stop_covers_emitted_text(tok: Any, text: str, stop: str) -> None:
     ids = _enc(tok, text)
     emitted = text[: text.index(stop)]
@@ -233,12 +235,13 @@ def test_tokens_before_stop_edges(tok: Any) -> None:
     stop_at=st.floats(0.0, 1.0),
     stop_len=st.integers(1, 3),
 )
-def test_pipeline_detokenize_stop_and_trim(tok: Any, name: str, sizes: list[int],
-                                           stop_at: float, stop_len: int) -> None:
+def test_pipeline_detokenize_stop_and_trim(
+    tok: Any, name: str, sizes: list[int], stop_at: float, stop_len: int
+) -> None:
     """Detokenizer -> StopMatcher -> tokens_before_stop, as the round loop uses them."""
     text = TEXTS[name]
     pos = int(stop_at * (len(text) - stop_len))
-    stop = text[pos:pos + stop_len]
+    stop = text[pos : pos + stop_len]
     ids = _enc(tok, text)
     det, matcher, emitted, consumed = IncrementalDetokenizer(tok), StopMatcher([stop]), "", 0
     for chunk in _chunks(ids, sizes):

@@ -12,7 +12,7 @@ All randomness comes from explicit generators.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -78,17 +78,13 @@ def _draft_round(last, qprime, point_map, gen):  # last: [B] -> ([B, K], [B, K] 
     """The draft proposes K tokens: sampled from q' (rows by previous token) or a point map."""
     prev, drafted = last, []
     for _ in range(K):
-        if point_map is None:
-            prev = torch.multinomial(qprime[prev], 1, generator=gen).squeeze(-1)
-        else:
-            prev = point_map[prev]
+        prev = torch.multinomial(qprime[prev], 1, generator=gen).squeeze(-1) if point_map is None else point_map[prev]
         drafted.append(prev)
     draft_ids = torch.stack(drafted, dim=1)
     return draft_ids, torch.cat([last.unsqueeze(1), draft_ids[:, :-1]], dim=1)
 
 
-def simulate(accept_fn: AcceptFn, target, qprime=None, point_map=None, n=NUM_SAMPLES,
-             accept_q=None):
+def simulate(accept_fn: AcceptFn, target, qprime=None, point_map=None, n=NUM_SAMPLES, accept_q=None):
     """Run speculative rounds until every sequence has OUTPUT_LEN tokens; returns [n, OUTPUT_LEN].
 
     The draft samples from ``qprime`` (or follows ``point_map``); the accept rule is shown

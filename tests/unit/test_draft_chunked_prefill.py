@@ -45,10 +45,10 @@ def test_a_proposal_after_chunks_equals_one_over_the_whole_context_and_counts_al
     inp = ProposeInput("s", ids, K, GREEDY)
     left = prefill_in_chunks(chunked, inp)
     got = chunked.propose(inp)
-    assert left == [44 + K, 28 + K, 12 + K]                 # 60 -> 44 -> 28 -> 12 context tokens uncached
+    assert left == [44 + K, 28 + K, 12 + K]  # 60 -> 44 -> 28 -> 12 context tokens uncached
     assert got.draft_ids == want.draft_ids
     assert got.stats.computed_tokens == want.stats.computed_tokens == 60 + K - 1
-    assert got.stats.cached_tokens == 0                     # what the session held before the call, not the chunks
+    assert got.stats.cached_tokens == 0  # what the session held before the call, not the chunks
     assert chunked.runner.pool.counters.computed_tokens == 60 + K - 1
 
 
@@ -62,9 +62,9 @@ def test_a_short_context_is_never_chunked(model):
 def test_the_combined_draft_prefills_only_for_a_round_its_model_drafts(model):
     runner = runner_for(model, share_min_tokens=0)
     combined = CombinedDraft(NgramDraft(2, 3), ModelDraft(runner, max_context=512, eos_ids=[]))
-    looked_up = context(40) + [5, 6, 7, 8] + context(20, seed=2) + [5, 6, 7]   # "5 6 7" recurs: a lookup match
+    looked_up = context(40) + [5, 6, 7, 8] + context(20, seed=2) + [5, 6, 7]  # "5 6 7" recurs: a lookup match
     assert combined.prefill_chunk(ProposeInput("a", looked_up, K, GREEDY), BUDGET) == 0
-    assert runner.pool.counters.computed_tokens == 0       # the model's cache lags, as in a lookup round
+    assert runner.pool.counters.computed_tokens == 0  # the model's cache lags, as in a lookup round
     fresh = context(40, seed=3)
     assert combined.prefill_chunk(ProposeInput("b", fresh, K, GREEDY), BUDGET) == 24 + K
     assert runner.pool.counters.computed_tokens == BUDGET

@@ -54,7 +54,7 @@ def test_runs_under_the_kv_cache_runner(target):
     runner = CausalLMRunner(draft, pool)
     ids = [11, 12, 13, 14, 15, 16]
     runner.extend("s", ids[:4], first=3)
-    step = runner.extend("s", ids, first=4)          # reuses 4 cached tokens, computes 2
+    step = runner.extend("s", ids, first=4)  # reuses 4 cached tokens, computes 2
     with torch.inference_mode():
         full = draft(input_ids=torch.tensor([ids])).logits[0, 4:]
     inside = torch.isfinite(full)

@@ -17,11 +17,11 @@ def cfg(**fields) -> ModelServiceConfig:
 def test_auto_runs_a_gguf_on_cpu_at_its_own_precision_on_llamacpp_and_everything_else_on_torch(monkeypatch):
     monkeypatch.setattr(llamacpp_lib, "available", lambda: True)
     assert choose_engine(cfg()) == "llamacpp"
-    assert choose_engine(cfg(dtype="float32")) == "torch"                    # a torch dtype asks for torch
+    assert choose_engine(cfg(dtype="float32")) == "torch"  # a torch dtype asks for torch
     assert choose_engine(cfg(device="cuda")) == "torch"
-    assert choose_engine(cfg(model="embedded:smollm2-draft")) == "torch"     # safetensors, not a GGUF
+    assert choose_engine(cfg(model="embedded:smollm2-draft")) == "torch"  # safetensors, not a GGUF
     assert choose_engine(cfg(engine="torch")) == "torch"
-    assert choose_engine(cfg(engine=" LlamaCpp ", model="hf:org/name")) == "llamacpp"   # explicit: as asked
+    assert choose_engine(cfg(engine=" LlamaCpp ", model="hf:org/name")) == "llamacpp"  # explicit: as asked
 
 
 def test_auto_falls_back_to_torch_without_llama_cpp_python(monkeypatch, caplog):

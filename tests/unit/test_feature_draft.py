@@ -13,8 +13,8 @@ from specdec.distill.feature_train import unrolled_features
 from specdec.engine.feature import FeatureDraft
 from specdec.engine.kvcache import KVCachePool, kv_bytes_per_token
 from specdec.engine.runner import ExtendItem
-from specdec.engine.torch_runner import CausalLMRunner
 from specdec.engine.target import TargetEngine
+from specdec.engine.torch_runner import CausalLMRunner
 from specdec.engine.types import HiddenRows, ProposeInput, VerifyInput
 from specdec.errors import InvalidArgument
 from specdec.models.feature_draft import build_feature_draft
@@ -26,8 +26,15 @@ GREEDY = SamplingConfig()
 
 
 def tiny_target() -> LlamaForCausalLM:
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     model = LlamaForCausalLM(cfg).eval()
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
@@ -54,8 +61,9 @@ def draft_model(target):
 
 def target_engine(target, batching: bool = False) -> TargetEngine:
     per_token = kv_bytes_per_token(target.config, 4) + 4 * HIDDEN
-    runner = CausalLMRunner(target, KVCachePool(10_000 * per_token, per_token, target.config), batching=batching,
-                            keep_hidden=True)
+    runner = CausalLMRunner(
+        target, KVCachePool(10_000 * per_token, per_token, target.config), batching=batching, keep_hidden=True
+    )
     return TargetEngine(runner, 512, 16, max_hidden_rows=10_000)
 
 
@@ -79,11 +87,13 @@ def test_unrolled_training_forward_equals_cached_inference(target, layers):
         for r in (0, 4, 8):
             for b in range(2):
                 cache = DynamicCache()
-                f = draft_model(ids[b:b + 1, 1:r + 2], feats[b:b + 1, :r + 1], torch.arange(r + 1)[None], cache=cache)
+                f = draft_model(
+                    ids[b : b + 1, 1 : r + 2], feats[b : b + 1, : r + 1], torch.arange(r + 1)[None], cache=cache
+                )
                 f = f[:, -1:]
                 torch.testing.assert_close(f[0, 0], outs[0][b, r], atol=1e-5, rtol=1e-5)
                 for d in (2, 3):
-                    f = draft_model(ids[b:b + 1, r + d:r + d + 1], f, torch.tensor([[r + d - 1]]), cache=cache)
+                    f = draft_model(ids[b : b + 1, r + d : r + d + 1], f, torch.tensor([[r + d - 1]]), cache=cache)
                     torch.testing.assert_close(f[0, 0], outs[d - 1][b, r], atol=1e-5, rtol=1e-5)
 
 
@@ -118,12 +128,12 @@ def test_only_sessions_that_ask_keep_hidden_states_and_a_late_ask_recomputes(tar
     first = extend({"asks"})
     assert first["asks"].hidden is not None and first["late"].hidden is None
     contexts = {sid: ctx + [1, 2] for sid, ctx in contexts.items()}
-    second = extend(set())                       # "asks" keeps its rows once it asked
+    second = extend(set())  # "asks" keeps its rows once it asked
     assert second["asks"].hidden.shape[0] == len(contexts["asks"]) and second["late"].hidden is None
     assert second["late"].cached_tokens > 0
     contexts = {sid: ctx + [3] for sid, ctx in contexts.items()}
     third = extend({"asks", "late"})
-    assert third["late"].cached_tokens == 0      # no rows for its cached prefix: computed again
+    assert third["late"].cached_tokens == 0  # no rows for its cached prefix: computed again
     for sid, res in third.items():
         with torch.no_grad():
             ref = target.model(input_ids=torch.tensor([contexts[sid]])).last_hidden_state[0]
@@ -136,7 +146,7 @@ def reference_proposal(draft, target, ctx: list[int], k: int) -> list[int]:
         f = target.model(input_ids=torch.tensor([ctx])).last_hidden_state  # [1, L, H]
         cache = DynamicCache()
         L = len(ctx)
-        out = draft(torch.tensor([ctx[1:]]), f[:, :L - 1], torch.arange(L - 1)[None], cache=cache)[:, -1:]
+        out = draft(torch.tensor([ctx[1:]]), f[:, : L - 1], torch.arange(L - 1)[None], cache=cache)[:, -1:]
         ids = []
         for i in range(k):
             ids.append(int(draft.full_logits(out[0, 0]).argmax()))
@@ -144,18 +154,20 @@ def reference_proposal(draft, target, ctx: list[int], k: int) -> list[int]:
     return ids
 
 
-def speculate(target_eng, draft_eng, prompt: list[int], k: int, n_new: int, session: str, lose_at: int = -1
-              ) -> tuple[list[int], list[int]]:
+def speculate(
+    target_eng, draft_eng, prompt: list[int], k: int, n_new: int, session: str, lose_at: int = -1
+) -> tuple[list[int], list[int]]:
     """Greedy rounds as the orchestrator runs them, hidden states relayed through the protocol.
 
     Returns (the generated tokens, draft tokens proposed per round)."""
     relay, ids, proposed = HiddenRelay(), list(prompt), []
     while len(ids) - len(prompt) < n_new:
         if len(proposed) == lose_at:
-            draft_eng.pool.release(session)             # the draft replica lost the session
+            draft_eng.pool.release(session)  # the draft replica lost the session
         rows = relay.take()
-        inp = ProposeInput(session, ids, k, GREEDY,
-                           target_hidden=hidden_from_proto(rows, HIDDEN) if rows is not None else None)
+        inp = ProposeInput(
+            session, ids, k, GREEDY, target_hidden=hidden_from_proto(rows, HIDDEN) if rows is not None else None
+        )
         prop = draft_eng.propose(inp)
         relay.after_propose(prop.target_hidden_from)
         proposed.append(prop.draft_ids)
@@ -163,15 +175,15 @@ def speculate(target_eng, draft_eng, prompt: list[int], k: int, n_new: int, sess
             assert prop.draft_ids == reference_proposal(draft_eng.model, target_eng.runner.model, ids, k)
         out = target_eng.verify(VerifyInput(session, ids, prop.draft_ids, GREEDY, hidden_from=relay.verify_from()))
         relay.after_verify(hidden_to_proto(out.hidden))
-        ids += prop.draft_ids[:out.result.num_accepted] + [out.result.next_token]
-    return ids[len(prompt):len(prompt) + n_new], proposed
+        ids += prop.draft_ids[: out.result.num_accepted] + [out.result.next_token]
+    return ids[len(prompt) : len(prompt) + n_new], proposed
 
 
 def target_alone(target_eng, prompt: list[int], n_new: int, session: str) -> list[int]:
     ids = list(prompt)
     while len(ids) - len(prompt) < n_new:
         ids.append(target_eng.verify(VerifyInput(session, ids, [], GREEDY)).result.next_token)
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
@@ -182,8 +194,8 @@ def test_greedy_output_equals_the_target_alone_and_proposals_equal_a_stateless_d
         prompt = torch.randint(0, VOCAB, (n,), generator=g).tolist()
         got, proposed = speculate(t_eng, d_eng, prompt, k, 24, f"p{n}")
         assert got == target_alone(t_eng, prompt, 24, f"alone{n}")
-        assert proposed[0] == []                                  # round 1: no target rows yet
-        assert all(len(p) == k for p in proposed[1:])             # then a full draft every round
+        assert proposed[0] == []  # round 1: no target rows yet
+        assert all(len(p) == k for p in proposed[1:])  # then a full draft every round
 
 
 def test_a_draft_that_lost_its_session_catches_up_in_one_round(target, draft_model):
@@ -209,7 +221,7 @@ def test_proposing_twice_on_the_same_context_gives_the_same_draft(target, draft_
 def test_a_draft_missing_rows_asks_for_them_and_proposes_nothing(target, draft_model):
     d_eng = feature_engine(draft_model)
     ctx = list(range(30))
-    rows = HiddenRows(10, torch.zeros(19, HIDDEN))   # a gap: the draft holds nothing before 10
+    rows = HiddenRows(10, torch.zeros(19, HIDDEN))  # a gap: the draft holds nothing before 10
     out = d_eng.propose(ProposeInput("gap", ctx, 4, GREEDY, target_hidden=rows))
     assert out.draft_ids == [] and out.target_hidden_from == 0
 
@@ -239,22 +251,22 @@ def test_relay_merges_contiguous_rows_and_follows_the_draft():
     assert relay.verify_from() == 0 and relay.take() is None
     relay.after_verify(rows_msg(0, 5))
     assert relay.verify_from() == 5
-    relay.after_verify(rows_msg(5, 2))                  # a k = 0 round: rows pile up until the next Propose
+    relay.after_verify(rows_msg(5, 2))  # a k = 0 round: rows pile up until the next Propose
     merged = relay.take()
     assert (merged.first_position, merged.rows, len(merged.data)) == (0, 7, 7 * 4 * 2)
     relay.after_propose(7)
     assert relay.take() is None and relay.verify_from() == 7
     relay.after_verify(rows_msg(7, 3))
-    relay.after_propose(0)                              # the draft lost its state: ask from 0 again
+    relay.after_propose(0)  # the draft lost its state: ask from 0 again
     assert relay.take() is None and relay.verify_from() == 0
     relay.after_verify(rows_msg(0, 4))
-    relay.after_verify(rows_msg(9, 1))                  # a gap: the older rows are useless
+    relay.after_verify(rows_msg(9, 1))  # a gap: the older rows are useless
     assert relay.take().first_position == 9
 
 
 def test_relay_stops_asking_while_too_much_is_pending():
     relay = HiddenRelay(max_pending_bytes=100)
-    relay.after_verify(rows_msg(0, 20))                 # 160 bytes
+    relay.after_verify(rows_msg(0, 20))  # 160 bytes
     assert relay.verify_from() is None
     relay.after_propose(20)
     assert relay.verify_from() == 20
@@ -270,7 +282,7 @@ def test_sampled_proposals_report_the_q_they_were_drawn_from_and_repeat_under_a_
     ctx = ctx + [out.result.next_token]
     proposals = []
     for _ in range(2):
-        d_eng = feature_engine(draft_model)                 # a fresh replica each time
+        d_eng = feature_engine(draft_model)  # a fresh replica each time
         proposals.append(d_eng.propose(ProposeInput("s", ctx, 4, cfg, target_hidden=out.hidden)))
     first, again = proposals
     assert first.draft_ids == again.draft_ids and len(first.draft_ids) == 4
@@ -278,6 +290,6 @@ def test_sampled_proposals_report_the_q_they_were_drawn_from_and_repeat_under_a_
     for token, dist in zip(first.draft_ids, first.draft_probs):
         assert token in dist.token_ids and len(dist.token_ids) <= 8
         assert abs(sum(dist.probs) - 1.0) < 1e-5
-    other_seed = SamplingConfig(temperature=1.3, seed=12, draft_top_n=8)   # the draws do depend on the seed
+    other_seed = SamplingConfig(temperature=1.3, seed=12, draft_top_n=8)  # the draws do depend on the seed
     other = feature_engine(draft_model).propose(ProposeInput("s", ctx, 4, other_seed, target_hidden=out.hidden))
     assert other.draft_ids != first.draft_ids

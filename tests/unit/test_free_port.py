@@ -17,7 +17,7 @@ def test_ports_are_below_the_ephemeral_range_bindable_and_unique():
     assert len(set(ports)) == len(ports)
     assert all(LISTEN_PORT_FLOOR <= p < floor for p in ports)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, ports[-1]))          # free right now
+        sock.bind((LOOPBACK, ports[-1]))  # free right now
 
 
 def test_a_port_in_use_is_skipped(monkeypatch):
@@ -34,7 +34,7 @@ def test_a_port_in_use_is_skipped(monkeypatch):
 def test_forked_processes_pick_apart():
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:                                    # the child: its first pick, to the parent
+    if pid == 0:  # the child: its first pick, to the parent
         os.close(read)
         os.write(write, str(free_port()).encode())
         os._exit(0)
@@ -43,4 +43,4 @@ def test_forked_processes_pick_apart():
     child = int(os.read(read, 16).decode())
     os.waitpid(pid, 0)
     os.close(read)
-    assert child not in mine                        # a shared random state would replay the same sequence
+    assert child not in mine  # a shared random state would replay the same sequence

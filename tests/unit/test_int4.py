@@ -14,8 +14,16 @@ from specdec.config import ModelServiceConfig
 from specdec.engine.kvcache import kv_bytes_per_token
 from specdec.engine.loading import load_target
 from specdec.engine.torch_loading import quantize_weights, weight_quantization
-from specdec.models.int4 import (GROUP_SIZE, LEVELS, Int4Linear, dequantize_groups, int4_available,
-                                 quantize_groups, quantize_linears_int4, wants_int4)
+from specdec.models.int4 import (
+    GROUP_SIZE,
+    LEVELS,
+    Int4Linear,
+    dequantize_groups,
+    int4_available,
+    quantize_groups,
+    quantize_linears_int4,
+    wants_int4,
+)
 from specdec.models.row_groups import RowGroups, current_row_groups, row_groups
 from tests.support import make_tiny_pair
 
@@ -45,7 +53,7 @@ def test_q4_1_blocks_are_found_again():
     to the same codes, and dequantize to them up to the bfloat16 rounding of the scale and zero."""
     gen = torch.Generator().manual_seed(0)
     codes = torch.randint(0, LEVELS + 1, (OUT, IN), generator=gen)
-    codes[:, ::GROUP_SIZE], codes[:, 1::GROUP_SIZE] = 0, LEVELS           # every block spans its range
+    codes[:, ::GROUP_SIZE], codes[:, 1::GROUP_SIZE] = 0, LEVELS  # every block spans its range
     d = torch.rand(OUT, IN // GROUP_SIZE, 1, generator=gen) * 0.02 + 0.001
     m = torch.randn(OUT, IN // GROUP_SIZE, 1, generator=gen) * 0.1
     w = (codes.reshape(OUT, -1, GROUP_SIZE) * d + m).reshape(OUT, IN)
@@ -53,7 +61,7 @@ def test_q4_1_blocks_are_found_again():
     assert torch.equal(got, codes.to(torch.int32))
     assert torch.allclose(dequantize_groups(got, scale, zero), w, atol=1e-6)
     dense = Int4Linear(_with_weight(w), 8)
-    assert float((dense.weight.float() - w).abs().max()) <= 2 ** -8 * float(w.abs().max()) * 2
+    assert float((dense.weight.float() - w).abs().max()) <= 2**-8 * float(w.abs().max()) * 2
 
 
 def _with_weight(w: torch.Tensor) -> nn.Linear:
@@ -69,7 +77,7 @@ def test_a_row_s_output_is_the_same_whatever_rows_share_the_call():
     x[0, 4] *= 40.0
     with torch.inference_mode():
         together = q(x)
-        alone = torch.cat([q(x[:, i:i + 1]) for i in range(13)], dim=1)
+        alone = torch.cat([q(x[:, i : i + 1]) for i in range(13)], dim=1)
         want = linear()(x)
     assert together.dtype == torch.bfloat16 and torch.equal(together, alone)
     assert torch.allclose(together.float(), want, rtol=0, atol=0.1 * float(want.abs().max()))  # 4-bit: close
@@ -95,14 +103,14 @@ def test_a_pass_s_prefill_rows_run_per_session_and_its_returned_rows_on_int4():
             assert current_row_groups() is groups
             got = q(x)
         assert current_row_groups() is None
-        assert torch.equal(got[0:6], F.linear(x[0:6], q.dense, q.bias))       # as that session's prefill alone
+        assert torch.equal(got[0:6], F.linear(x[0:6], q.dense, q.bias))  # as that session's prefill alone
         assert torch.equal(got[11:16], F.linear(x[11:16], q.dense, q.bias))
-        for row in (6, 7, 8, 9, 10, 16):                                       # as a 1-row decode step
-            assert torch.equal(got[row], q._int4(x[row:row + 1])[0])
+        for row in (6, 7, 8, 9, 10, 16):  # as a 1-row decode step
+            assert torch.equal(got[row], q._int4(x[row : row + 1])[0])
 
 
 def test_unsupported_shapes_stay_dense_and_the_head_is_kept():
-    model = nn.Sequential(nn.Linear(IN, OUT), nn.Linear(OUT, 40), nn.Linear(OUT, IN))   # 40 outputs: no
+    model = nn.Sequential(nn.Linear(IN, OUT), nn.Linear(OUT, 40), nn.Linear(OUT, IN))  # 40 outputs: no
     head = model[2]
     replaced, nbytes = quantize_linears_int4(model, max_rows=8, keep=(head,))
     assert replaced == 1 and nbytes > 0
@@ -114,19 +122,20 @@ def test_unsupported_shapes_stay_dense_and_the_head_is_kept():
 
 def test_a_target_service_loads_int4(tmp_path):
     target, _ = make_tiny_pair(tmp_path / "pair", ["the cat sat on the mat"])
-    bundle = load_target(ModelServiceConfig(role="target", model=str(target), dtype="int4",
-                                            cache_dir=str(tmp_path / "cache")))
+    bundle = load_target(
+        ModelServiceConfig(role="target", model=str(target), dtype="int4", cache_dir=str(tmp_path / "cache"))
+    )
     runner = bundle.engines["target"].runner
     assert bundle.info["dtype"] == "int4" and runner.row_invariant
     assert set(bundle.kernels.kernels) == {"int4_weight_only"}
     layers = [m for m in runner.model.modules() if isinstance(m, Int4Linear)]
     assert layers and runner.model.get_output_embeddings().weight.dtype == torch.bfloat16
-    kv_bf16 = kv_bytes_per_token(runner.model.config, 2)       # the KV is bfloat16: its budget counts 2 bytes
+    kv_bf16 = kv_bytes_per_token(runner.model.config, 2)  # the KV is bfloat16: its budget counts 2 bytes
     assert kv_bf16 <= runner.pool.bytes_per_token < kv_bytes_per_token(runner.model.config, 4)
 
 
 def test_a_trained_draft_sharing_the_target_s_tensors_is_refused_with_a_clear_error():
-    class SharedDraft(nn.Module):          # what a trained draft looks like to the loader: its own root
+    class SharedDraft(nn.Module):  # what a trained draft looks like to the loader: its own root
         device = torch.device("cpu")
 
         def kernel_root(self) -> nn.Module:

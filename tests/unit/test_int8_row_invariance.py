@@ -10,8 +10,8 @@ import torch
 
 from specdec.config import ModelServiceConfig
 from specdec.engine.loading import load_target
-from specdec.engine.torch_loading import wants_row_invariant
 from specdec.engine.runner import ExtendItem
+from specdec.engine.torch_loading import wants_row_invariant
 from specdec.engine.torch_runner import CausalLMRunner
 from specdec.models.int4 import int4_available
 from specdec.models.int8 import int8_available
@@ -31,8 +31,11 @@ def quantized_runner(request, tmp_path_factory) -> CausalLMRunner:
     if not AVAILABLE[request.param]:
         pytest.skip(f"torch's {request.param} CPU kernels are not in this build")
     target, _ = make_tiny_pair(tmp_path_factory.mktemp("int8rows"), ["the cat sat on the mat"])
-    bundle = load_target(ModelServiceConfig(role="target", model=str(target), dtype=request.param,
-                                            cache_dir=str(tmp_path_factory.mktemp("cache"))))
+    bundle = load_target(
+        ModelServiceConfig(
+            role="target", model=str(target), dtype=request.param, cache_dir=str(tmp_path_factory.mktemp("cache"))
+        )
+    )
     assert bundle.info["dtype"] == request.param
     return bundle.engines["target"].runner
 
@@ -63,18 +66,25 @@ def decode_alone(runner: CausalLMRunner, capture: AttentionRows, session: str) -
         logits.append(row)
         attention.append([layer[-1] for layer in capture.take()])
         ids.append(int(row.argmax()))
-    return ids[len(PROMPT):], logits, attention
+    return ids[len(PROMPT) :], logits, attention
 
 
-def assert_rows_match_steps(runner: CausalLMRunner, capture: AttentionRows, session: str, k: int,
-                            tokens: list[int], logits: list, attention: list) -> None:
+def assert_rows_match_steps(
+    runner: CausalLMRunner,
+    capture: AttentionRows,
+    session: str,
+    k: int,
+    tokens: list[int],
+    logits: list,
+    attention: list,
+) -> None:
     """Verify passes of k + 1 rows (the last context token + k of the k = 0 tokens as the draft), from a
     cold cache (the prompt's prefill in the same pass) and at every later start: bitwise equal rows."""
     runner.pool.release(session)
     for t in range(STEPS - k):
-        ids = PROMPT + tokens[:t + k]
+        ids = PROMPT + tokens[: t + k]
         capture.take()
-        out = runner.extend(session, ids, len(PROMPT) + t - 1).logits             # [k + 1, V]
+        out = runner.extend(session, ids, len(PROMPT) + t - 1).logits  # [k + 1, V]
         layers = capture.take()
         for j in range(k + 1):
             assert torch.equal(out[j], logits[t + j]), f"k={k}: logits of position {t + j} differ"
@@ -94,15 +104,17 @@ def test_a_batched_pass_of_several_sessions_is_row_invariant_too(quantized_runne
     assert quantized_runner.batching and quantized_runner.row_invariant
     capture = AttentionRows(quantized_runner.model)
     tokens, logits, _ = decode_alone(quantized_runner, capture, "ref")
-    for s, t in enumerate((3, 7, 11)):       # three sessions decoded alone up to different points
+    for s, t in enumerate((3, 7, 11)):  # three sessions decoded alone up to different points
         for i in range(t):
             quantized_runner.extend(f"b{s}", PROMPT + tokens[:i], len(PROMPT) + i - 1)
-    items = [ExtendItem(f"b{s}", PROMPT + tokens[:t + k], len(PROMPT) + t - 1)    # then k = 1, 4, 2 in one pass
-             for s, (t, k) in enumerate(((3, 1), (7, 4), (11, 2)))]
+    items = [
+        ExtendItem(f"b{s}", PROMPT + tokens[: t + k], len(PROMPT) + t - 1)  # then k = 1, 4, 2 in one pass
+        for s, (t, k) in enumerate(((3, 1), (7, 4), (11, 2)))
+    ]
     results = quantized_runner.extend_batch(items)
     assert results[0].batch_size == 3
     for item, got in zip(items, results):
-        step = item.first + 1 - len(PROMPT)             # row j is the k = 0 step step + j
+        step = item.first + 1 - len(PROMPT)  # row j is the k = 0 step step + j
         for j, row in enumerate(got.logits):
             assert torch.equal(row, logits[step + j]), f"{item.session_id}: step {step + j} differs"
 

@@ -7,13 +7,23 @@ import torch
 from prometheus_client import generate_latest
 from torch import nn
 
-from tests.tiny_llama import tiny_llama
 from specdec.config import KernelConfig
 from specdec.engine import kernel_select
 from specdec.engine.kernel_select import logits_agree, plan_model, select_plan
 from specdec.metrics import model_service_registry
-from specdec.models.kernels import (KERNELS, KernelPlan, PlanCache, PlannedLinear, apply_plan, available_kernels,
-                                    band_labels, choose_plan, forced_plan, pick_fastest)
+from specdec.models.kernels import (
+    KERNELS,
+    KernelPlan,
+    PlanCache,
+    PlannedLinear,
+    apply_plan,
+    available_kernels,
+    band_labels,
+    choose_plan,
+    forced_plan,
+    pick_fastest,
+)
+from tests.tiny_llama import tiny_llama
 
 BANDS = (1, 5, 17, 32)
 
@@ -33,29 +43,46 @@ def test_the_chooser_picks_the_fastest_kernel_per_band_from_fake_timings():
 
     def measure(rows: int, kernel: str) -> float:
         calls.append((rows, kernel))
-        return fake[rows][kernel] + (0.5 if len(calls) <= 16 else 0.0)   # the first round is slower
+        return fake[rows][kernel] + (0.5 if len(calls) <= 16 else 0.0)  # the first round is slower
 
     plan = choose_plan(BANDS, list(KERNELS), measure, reps=3, budget_s=60.0)
     assert plan.kernels == ("im_mkl", "im_onednn", "im_onednn", "onednn")
     assert len(calls) == 3 * 16 and plan.source == "measured"
-    assert plan.timings_ms["18+"]["onednn"] == 9.0                     # the least time of the rounds
+    assert plan.timings_ms["18+"]["onednn"] == 9.0  # the least time of the rounds
     assert [plan.kernel_for(r) for r in (1, 2, 5, 6, 17, 18, 512)] == [
-        "im_mkl", "im_onednn", "im_onednn", "im_onednn", "im_onednn", "onednn", "onednn"]
+        "im_mkl",
+        "im_onednn",
+        "im_onednn",
+        "im_onednn",
+        "im_onednn",
+        "onednn",
+        "onednn",
+    ]
 
 
 def test_one_layout_is_kept_when_mixing_layouts_buys_less_than_the_slack():
-    times = {"1": {"linear": 2.1, "im_mkl": 2.0}, "2-5": {"onednn": 4.0, "im_onednn": 6.0},
-             "6-17": {"onednn": 6.0, "im_onednn": 9.0}, "18+": {"onednn": 9.0, "im_onednn": 14.0}}
+    times = {
+        "1": {"linear": 2.1, "im_mkl": 2.0},
+        "2-5": {"onednn": 4.0, "im_onednn": 6.0},
+        "6-17": {"onednn": 6.0, "im_onednn": 9.0},
+        "18+": {"onednn": 9.0, "im_onednn": 14.0},
+    }
     assert pick_fastest(BANDS, times, layout_slack=0.0) == ("im_mkl", "onednn", "onednn", "onednn")
     assert pick_fastest(BANDS, times, layout_slack=0.1) == ("linear", "onednn", "onednn", "onednn")
-    times["1"]["linear"] = 4.0                                          # now mixing pays: keep both
+    times["1"]["linear"] = 4.0  # now mixing pays: keep both
     assert pick_fastest(BANDS, times, layout_slack=0.1) == ("im_mkl", "onednn", "onednn", "onednn")
 
 
 def test_the_budget_stops_after_one_full_round():
     ticks = iter(range(1000))
-    plan = choose_plan(BANDS, ["linear", "onednn"], lambda r, k: 1.0 if k == "onednn" else 2.0, reps=5,
-                       budget_s=0.5, clock=lambda: float(next(ticks)))
+    plan = choose_plan(
+        BANDS,
+        ["linear", "onednn"],
+        lambda r, k: 1.0 if k == "onednn" else 2.0,
+        reps=5,
+        budget_s=0.5,
+        clock=lambda: float(next(ticks)),
+    )
     assert plan.kernels == ("onednn",) * 4 and all(len(t) == 2 for t in plan.timings_ms.values())
 
 
@@ -68,7 +95,7 @@ def test_the_cache_round_trips_and_a_read_only_directory_is_no_error(tmp_path):
     back = cache.load(key)
     assert back.kernels == plan.kernels and back.timings_ms == plan.timings_ms and back.source == "cache"
     assert PlanCache.key({"cpu": "y", "shapes": ["32x32*4"]}) != key
-    blocked = tmp_path / "a-file"           # mkdir under a file fails as on a read-only root, even as root
+    blocked = tmp_path / "a-file"  # mkdir under a file fails as on a read-only root, even as root
     blocked.write_text("")
     assert not PlanCache(blocked / "kernels").save(key, plan, {})
     assert PlanCache(blocked / "kernels").load(key) is None
@@ -94,10 +121,11 @@ def test_a_plan_measured_busy_is_measured_again_once_the_machine_is_quiet(tmp_pa
     def measure(*args):
         measured.append(load)
         return KernelPlan(BANDS, ("linear",) * len(BANDS), {}, "measured")
+
     monkeypatch.setattr(kernel_select, "_measured", measure)
     monkeypatch.setattr(kernel_select, "load_per_core", lambda: load)
     sources = []
-    for load in (3.0, 3.0, 0.2, 3.0):
+    for load in (3.0, 3.0, 0.2, 3.0):  # noqa: B007 - read by the patched load_per_core
         plan = select_plan(model, cfg, tmp_path)
         sources.append((plan.source, plan.busy))
     assert sources == [("measured", True), ("cache", True), ("measured", False), ("cache", False)]
@@ -134,12 +162,13 @@ def test_every_kernel_gives_nn_linear_s_output_at_every_band(kernel):
 
 def test_a_mixed_plan_keeps_the_model_s_logits_and_counts_the_second_copy():
     standard, planned = tiny_llama(), tiny_llama()
-    plan = KernelPlan(BANDS, ("im_mkl", "onednn" if "onednn" in available_kernels() else "linear",
-                              "linear", "linear"), {}, "env")
+    plan = KernelPlan(
+        BANDS, ("im_mkl", "onednn" if "onednn" in available_kernels() else "linear", "linear", "linear"), {}, "env"
+    )
     replaced, extra = apply_plan(planned, plan)
     assert replaced == 2 * 7 + 1
-    assert extra == (2 * (32 * 32 * 2 + 32 * 16 * 2 + 32 * 64 * 3) + 96 * 32) * 4    # every weight twice
-    assert planned.lm_head.weight_std is planned.model.embed_tokens.weight           # still tied
+    assert extra == (2 * (32 * 32 * 2 + 32 * 16 * 2 + 32 * 64 * 3) + 96 * 32) * 4  # every weight twice
+    assert planned.lm_head.weight_std is planned.model.embed_tokens.weight  # still tied
     ids = torch.tensor([[5, 9, 11, 3, 70, 2, 8]])
     with torch.inference_mode():
         for cut in (1, 5, 7):
@@ -177,6 +206,8 @@ def test_info_metadata_names_each_band_s_kernel_and_its_source():
     from specdec.server.model_service import KERNEL_METADATA_KEY, KERNEL_SOURCE_KEY, kernel_metadata
 
     plan = KernelPlan(BANDS, ("im_mkl", "onednn", "onednn", "linear"), {}, "measured")
-    assert dict(kernel_metadata(plan)) == {KERNEL_METADATA_KEY: "1=im_mkl,2-5=onednn,6-17=onednn,18+=linear",
-                                           KERNEL_SOURCE_KEY: "measured"}
+    assert dict(kernel_metadata(plan)) == {
+        KERNEL_METADATA_KEY: "1=im_mkl,2-5=onednn,6-17=onednn,18+=linear",
+        KERNEL_SOURCE_KEY: "measured",
+    }
     assert kernel_metadata(None) == ()

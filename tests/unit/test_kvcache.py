@@ -5,13 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import DynamicCache
-
 from transformers.cache_utils import DynamicLayer
 
-from specdec.engine.kvcache import (
-    KVCachePool, SessionKV, UnsupportedCacheError, common_prefix_len, kv_bytes_per_token,
-)
 from specdec.engine.growing_layer import GrowingLayer, new_session_cache
+from specdec.engine.kvcache import (
+    KVCachePool,
+    SessionKV,
+    UnsupportedCacheError,
+    common_prefix_len,
+    kv_bytes_per_token,
+)
 from specdec.engine.runner import ExtendItem
 from specdec.engine.torch_runner import CausalLMRunner
 from specdec.errors import ResourceExhausted
@@ -34,7 +37,7 @@ def test_common_prefix_len():
     assert common_prefix_len([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix_len([], [1]) == 0
     assert common_prefix_len([1, 2], [1, 2, 3]) == 2
-    assert common_prefix_len((1, 2, 3), [1, 2, 3, 4]) == 3   # a tuple against a list
+    assert common_prefix_len((1, 2, 3), [1, 2, 3, 4]) == 3  # a tuple against a list
     assert common_prefix_len([5] * 400, [5] * 399 + [6]) == 399
 
 
@@ -89,20 +92,20 @@ def test_an_evicted_session_that_comes_back_counts_as_a_reprefill_and_one_that_d
     pool = KVCachePool(budget_bytes=50, bytes_per_token=1)
     for sid, tokens in (("a", 20), ("b", 20)):
         pool.acquire(sid, tokens).tokens.extend(range(tokens))
-    pool.acquire("c", 20)                                     # a is least recently used: evicted
+    pool.acquire("c", 20)  # a is least recently used: evicted
     assert (pool.counters.evictions, pool.counters.evicted_tokens, pool.counters.reprefills) == (1, 20, 0)
-    pool.acquire("a", 25)                                     # a comes back: it prefills again; b goes
+    pool.acquire("a", 25)  # a comes back: it prefills again; b goes
     assert (pool.counters.reprefills, pool.counters.reprefill_tokens) == (1, 20)
-    pool.release("b")                                         # b was evicted, then deleted: no return to count
+    pool.release("b")  # b was evicted, then deleted: no return to count
     pool.acquire("b", 5)
     assert (pool.counters.evictions, pool.counters.reprefills) == (2, 1)
 
 
 def test_a_growing_session_counts_its_whole_length_against_the_budget(model):
     runner = runner_for(model, budget_tokens=50)
-    runner.extend("a", list(range(1, 21)), first=19)       # 20 tokens held by a
-    runner.extend("b", list(range(1, 21)), first=19)       # 20 tokens held by b: 40 in all
-    runner.extend("b", list(range(1, 41)), first=39)       # b grows to 40: a must go (40 + 20 > 50)
+    runner.extend("a", list(range(1, 21)), first=19)  # 20 tokens held by a
+    runner.extend("b", list(range(1, 21)), first=19)  # 20 tokens held by b: 40 in all
+    runner.extend("b", list(range(1, 41)), first=39)  # b grows to 40: a must go (40 + 20 > 50)
     assert runner.pool.used_bytes() <= runner.pool.budget_bytes
     assert runner.pool.session_count() == 1
 
@@ -111,10 +114,14 @@ def test_sessions_extended_together_stay_within_the_budget(model):
     """One batched pass acquires every session before any grows: each counts what it will reach."""
     per_token = kv_bytes_per_token(model.config, 4)
     runner = CausalLMRunner(model, KVCachePool(50 * per_token, per_token, model.config), batching=True)
-    runner.extend("a", list(range(1, 11)), first=9)         # a holds 10
-    runner.extend("b", list(range(1, 11)), first=9)         # b holds 10
-    runner.extend_batch([ExtendItem("a", list(range(1, 31)), 29),   # a will hold 30 ...
-                         ExtendItem("b", list(range(1, 31)), 29)])  # ... so b's 30 evicts it (60 > 50)
+    runner.extend("a", list(range(1, 11)), first=9)  # a holds 10
+    runner.extend("b", list(range(1, 11)), first=9)  # b holds 10
+    runner.extend_batch(
+        [
+            ExtendItem("a", list(range(1, 31)), 29),  # a will hold 30 ...
+            ExtendItem("b", list(range(1, 31)), 29),
+        ]
+    )  # ... so b's 30 evicts it (60 > 50)
     assert runner.pool.used_bytes() <= runner.pool.budget_bytes
     assert runner.pool.session_count() == 1
 
@@ -128,7 +135,7 @@ def test_one_session_over_the_budget_is_refused_clearly(model):
 def test_a_failed_forward_drops_the_half_updated_cache(model):
     runner = runner_for(model)
     runner.extend("s", [1, 2, 3, 4], first=3)
-    with pytest.raises(Exception):
+    with pytest.raises((IndexError, RuntimeError)):
         runner.extend("s", [1, 2, 3, 4, VOCAB + 5], first=3)  # out-of-range id fails inside the model
     assert runner.pool.session_count() == 0
 
@@ -138,7 +145,7 @@ def test_hidden_rows_grow_in_place_and_truncate_with_the_cache():
     kv = SessionKV(cache=DynamicCache())
     gen = torch.Generator().manual_seed(0)
     reference = torch.empty(0, 8)
-    buffers, last = 0, None   # count reallocations: a freed buffer's address may be reused later
+    buffers, last = 0, None  # count reallocations: a freed buffer's address may be reused later
     for step, n in enumerate([5, 1, 1, 3, 1, 70, 2]):
         rows = torch.randn(n, 8, generator=gen)
         kv.tokens += list(range(n))
@@ -147,13 +154,13 @@ def test_hidden_rows_grow_in_place_and_truncate_with_the_cache():
         if kv._hidden_store.data_ptr() != last:  # the old one is alive during the copy: never the same address
             buffers, last = buffers + 1, kv._hidden_store.data_ptr()
         assert torch.equal(kv.hidden, reference)
-        if step == 3:                       # roll back 2 positions: rows go with the cache
+        if step == 3:  # roll back 2 positions: rows go with the cache
             kv.truncate(len(kv.tokens) - 2)
             reference = reference[:-2]
             assert torch.equal(kv.hidden, reference)
-    assert buffers == 3                     # 64 rows, then 79 (a 70-row jump), then doubled to 158
+    assert buffers == 3  # 64 rows, then 79 (a 70-row jump), then doubled to 158
     half = torch.randn(2, 8).half()
-    kv.append_hidden(half)                  # appended in the kept rows' dtype
+    kv.append_hidden(half)  # appended in the kept rows' dtype
     assert kv.hidden.dtype == torch.float32 and torch.equal(kv.hidden[-2:], half.float())
 
 
@@ -162,10 +169,10 @@ def test_uncached_counts_what_a_forward_would_compute_and_leaves_the_lru_order(m
     runner.extend("a", [1, 2, 3, 4], first=3)
     runner.extend("b", [9, 9], first=1)
     pool = runner.pool
-    assert pool.uncached("a", [1, 2, 3, 4, 5, 6]) == 2      # two new tokens
-    assert pool.uncached("a", [1, 2, 7, 8, 5]) == 3         # diverges after 2: rollback + 3 to compute
+    assert pool.uncached("a", [1, 2, 3, 4, 5, 6]) == 2  # two new tokens
+    assert pool.uncached("a", [1, 2, 7, 8, 5]) == 3  # diverges after 2: rollback + 3 to compute
     assert pool.uncached("nobody", [1, 2, 3]) == 3
-    assert list(pool._sessions) == ["a", "b"]               # a peek, not a use: "a" stays least recent
+    assert list(pool._sessions) == ["a", "b"]  # a peek, not a use: "a" stays least recent
 
 
 def test_growing_layers_hold_what_torch_cat_would_and_append_in_place():
@@ -186,14 +193,14 @@ def test_growing_layers_hold_what_torch_cat_would_and_append_in_place():
         assert isinstance(layer, GrowingLayer)
         if layer._keys.data_ptr() != last:
             buffers, last = buffers + 1, layer._keys.data_ptr()
-        if step == 3:                                   # a rejected draft: roll back 4 positions
+        if step == 3:  # a rejected draft: roll back 4 positions
             kv.truncate(len(kv.tokens) - 4)
             reference.layers[0].crop(-4)
             assert cache.get_seq_length() == len(kv.tokens) == 10
-            layer, ref = cache.layers[0], reference.layers[0]   # read right after the rollback: the views follow
+            layer, ref = cache.layers[0], reference.layers[0]  # read right after the rollback: the views follow
             assert torch.equal(layer.keys, ref.keys) and torch.equal(layer.values, ref.values)
-    assert buffers == 2            # 7 + 256 spare, then one reallocation for the 300-row append
-    cache.layers[0].crop(-3)       # transformers' own rollback call works too
+    assert buffers == 2  # 7 + 256 spare, then one reallocation for the 300-row append
+    cache.layers[0].crop(-3)  # transformers' own rollback call works too
     assert cache.get_seq_length() == len(kv.tokens) - 3
 
 
@@ -205,6 +212,7 @@ def test_pool_sessions_get_growing_layers_and_refuse_other_layer_kinds(model):
 
     class Sliding(DynamicLayer):
         pass
+
     kv.cache.layers[0] = Sliding()
     with pytest.raises(UnsupportedCacheError):
         kv.truncate(2)
@@ -216,14 +224,18 @@ def test_cpu_attention_never_copies_grouped_heads_and_matches_transformers(model
     import transformers.integrations.sdpa_attention as hf_sdpa
 
     from specdec.engine.ragged import plain_attention
+
     module = model.model.layers[0].self_attn
     gen = torch.Generator().manual_seed(1)
     for rows, cached in ((1, 40), (5, 40), (9, 300), (6, 0)):
         total = rows + cached
         query = torch.randn(1, 4, rows, 8, generator=gen)
         key, value = torch.randn(1, 2, total, 8, generator=gen), torch.randn(1, 2, total, 8, generator=gen)
-        mask = None if rows == 1 or cached == 0 else (
-            torch.arange(total).unsqueeze(0) <= torch.arange(cached, total).unsqueeze(1))[None, None]
+        mask = (
+            None
+            if rows == 1 or cached == 0
+            else (torch.arange(total).unsqueeze(0) <= torch.arange(cached, total).unsqueeze(1))[None, None]
+        )
         expected, _ = hf_sdpa.sdpa_attention_forward(module, query, key, value, mask, scaling=0.35)
         with monkeypatch.context() as patched:
             patched.setattr(hf_sdpa, "repeat_kv", lambda *_: pytest.fail("grouped K/V heads were copied"))
@@ -242,8 +254,9 @@ def test_runner_logits_do_not_depend_on_the_cache_layer_kind(model, monkeypatch)
         for step in range(6):
             draft = [(7 * step + j) % VOCAB for j in range(4)]
             out.append(runner.extend("s", ids + draft, first=len(ids) - 1).logits)
-            ids = ids + draft[:step % 3] + [step + 1]              # keep part of the draft, roll back the rest
+            ids = ids + draft[: step % 3] + [step + 1]  # keep part of the draft, roll back the rest
         return out
+
     grown = run(new_session_cache)
     concatenated = run(lambda config=None: DynamicCache(config=config) if config is not None else DynamicCache())
     for a, b in zip(grown, concatenated):
@@ -253,6 +266,7 @@ def test_runner_logits_do_not_depend_on_the_cache_layer_kind(model, monkeypatch)
 def test_joined_ids_read_as_the_concatenated_list():
     """VerifyInput.ids joins context and draft without copying the context; it reads as the list would."""
     from specdec.engine.types import JoinedIds
+
     head, tail = list(range(10, 17)), [90, 91, 92]
     joined, whole = JoinedIds(head, tail), head + tail
     assert len(joined) == len(whole) and list(joined) == whole

@@ -5,23 +5,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tests.tiny_llama import tiny_llama, tiny_runner
+from specdec.models import layout
 from specdec.models.draft_model import build_draft
 from specdec.models.feature_draft import build_feature_draft
-from specdec.models import layout
 from specdec.models.layout import InputMajorLinear, use_input_major_linears, wants_input_major
+from tests.tiny_llama import tiny_llama, tiny_runner
 
 
 def test_input_major_model_gives_the_logits_of_the_standard_one_through_the_runner():
     standard, lean = tiny_llama(tied=True), tiny_llama(tied=True)
     replaced, extra = use_input_major_linears(lean)
-    assert replaced == 2 * 7 + 1                              # q k v o gate up down per layer, LM head
-    assert extra == 96 * 32 * 4                               # the tied LM head now exists twice
+    assert replaced == 2 * 7 + 1  # q k v o gate up down per layer, LM head
+    assert extra == 96 * 32 * 4  # the tied LM head now exists twice
     assert isinstance(lean.get_output_embeddings(), InputMajorLinear)
     assert lean.get_output_embeddings().weight.shape == (96, 32)
     a, b = tiny_runner(standard), tiny_runner(lean)
     ids = [5, 9, 11, 3, 70, 2, 8]
-    for cut in (4, 5, 7):                                     # grow, then a verify-sized step and a rollback
+    for cut in (4, 5, 7):  # grow, then a verify-sized step and a rollback
         left, right = a.extend("s", ids[:cut], cut - 3), b.extend("s", ids[:cut], cut - 3)
         assert torch.allclose(left.logits, right.logits, rtol=0, atol=1e-5)
     left, right = a.extend("s", ids[:5] + [1, 2], 4), b.extend("s", ids[:5] + [1, 2], 4)
@@ -43,8 +43,8 @@ def test_a_trained_draft_converts_its_own_layers_and_head_but_not_the_shared_one
     with torch.inference_mode():
         before = draft(input_ids=ids).logits
     replaced, extra = draft.input_major()
-    assert replaced == 2 * 7 + 1 and extra == 50 * 32 * 4          # layers + the restricted head's copy
-    assert type(draft.lm_head) is nn.Linear                         # the target's LM head, still shared
+    assert replaced == 2 * 7 + 1 and extra == 50 * 32 * 4  # layers + the restricted head's copy
+    assert type(draft.lm_head) is nn.Linear  # the target's LM head, still shared
     assert draft.lm_head.weight.data_ptr() == target.lm_head.weight.data_ptr()
     with torch.inference_mode():
         after = draft(input_ids=ids).logits

@@ -9,11 +9,13 @@ can do; with plain `task.cancel(); await task` this test hangs (and fails on its
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from specdec.config import LeaseConfig
-from orchestrator.lease import SessionLease
 
-IN_FLIGHT_S = 0.3        # a renewal still running when the generation ends
+from orchestrator.lease import SessionLease
+from specdec.config import LeaseConfig
+
+IN_FLIGHT_S = 0.3  # a renewal still running when the generation ends
 TEST_TIMEOUT_S = 3.0
 
 
@@ -23,10 +25,8 @@ class SwallowingStore:
 
     async def renew_lease(self, session_id: str, owner: str, seconds: float) -> float:
         self.renewals += 1
-        try:
+        with contextlib.suppress(asyncio.CancelledError):  # swallowed, as a Redis client can
             await asyncio.sleep(IN_FLIGHT_S)
-        except asyncio.CancelledError:
-            pass  # swallowed, as a Redis client can
         return seconds
 
 
@@ -40,9 +40,9 @@ def test_renewal_stops_even_when_the_store_swallows_the_cancellation():
     async def scenario() -> int:
         lease = lease_with(store)
         async with lease.renewing():
-            await asyncio.sleep(0.05)         # a renewal is in flight now
+            await asyncio.sleep(0.05)  # a renewal is in flight now
         renewals = store.renewals
-        await asyncio.sleep(0.1)              # no renewals after the generation ended
+        await asyncio.sleep(0.1)  # no renewals after the generation ended
         return store.renewals - renewals
 
     result: list[int] = []

@@ -14,7 +14,7 @@ from specdec.bench.llamacpp import llamacpp_anchor
 Prompt = namedtuple("Prompt", "set ids")
 PROMPTS = [Prompt("grounded", [1, 2, 3]), Prompt("open", [4, 5])]
 
-FAKE = '''
+FAKE = """
 import os, signal
 __version__ = "0.0-stand-in"
 
@@ -30,7 +30,7 @@ class Llama:
     def generate(self, ids, **sampling):
         while True:
             yield 7
-'''
+"""
 
 
 @pytest.fixture

@@ -68,7 +68,7 @@ def test_rows_of_a_verify_pass_match_step_by_step_decoding(runner):
         assert row.shape == (1, runner.vocab_width) and row.dtype == torch.float32
         steps.append(row[0])
         ids.append(int(row[0].argmax()))
-    drafted = ids[len(CONTEXT):len(CONTEXT) + 4]
+    drafted = ids[len(CONTEXT) : len(CONTEXT) + 4]
     rows = runner.extend("verify", CONTEXT + drafted, len(CONTEXT) - 1)
     assert rows.logits.shape == (5, runner.vocab_width)
     assert rows.cached_tokens + rows.computed_tokens == len(CONTEXT) + 4
@@ -80,9 +80,9 @@ def test_rollback_truncates_and_reuses_the_prefix(runner):
     long = CONTEXT + [11, 12, 13, 14, 15]
     runner.extend("s", long, len(long) - 1)
     short = CONTEXT + [11, 99]
-    out = runner.extend("s", short, len(short) - 2)           # logits from position len(CONTEXT) on: recomputed
+    out = runner.extend("s", short, len(short) - 2)  # logits from position len(CONTEXT) on: recomputed
     assert out.rolled_back == 5 and out.cached_tokens == len(CONTEXT) and out.computed_tokens == 2
-    again = runner.extend("s", short + [7], len(short))       # the rolled-back cache goes on from there
+    again = runner.extend("s", short + [7], len(short))  # the rolled-back cache goes on from there
     assert again.cached_tokens == len(short) and again.computed_tokens == 1
     close(out.logits, fresh(runner, short, len(short) - 2))
 
@@ -95,7 +95,7 @@ def test_a_new_session_shares_another_sessions_prefix(runner):
     out = runner.extend("sharer", ids, len(ids) - 1)
     assert runner.pool.counters.prefix_hits == hits + 1
     assert out.cached_tokens == 100 and out.computed_tokens == 3
-    donor = runner.extend("donor", CONTEXT + [42], len(CONTEXT))    # the donor's own cells are untouched
+    donor = runner.extend("donor", CONTEXT + [42], len(CONTEXT))  # the donor's own cells are untouched
     assert donor.cached_tokens == len(CONTEXT)
     close(out.logits, fresh(runner, ids, len(ids) - 1))
     close(donor.logits, fresh(runner, CONTEXT + [42], len(CONTEXT)))
@@ -133,7 +133,7 @@ def test_sessions_beyond_the_sequence_count_evict_the_least_recent():
         for name in ("a", "b", "c"):
             two.extend(name, [1, 2, 3, ord(name)], 3)
         assert two.pool.session_count() == 2 and two.pool.counters.evictions == 1
-        again = two.extend("a", [1, 2, 3, ord("a"), 5], 4)      # "a" was evicted: computed again, correctly
+        again = two.extend("a", [1, 2, 3, ord("a"), 5], 4)  # "a" was evicted: computed again, correctly
         assert again.cached_tokens == 0
         close(again.logits, fresh(two, [1, 2, 3, ord("a"), 5], 4))
     finally:
@@ -150,7 +150,9 @@ def test_a_pass_whose_sessions_cannot_all_fit_is_refused_and_each_fits_alone():
         with pytest.raises(ResourceExhausted):
             tight.extend_batch([ExtendItem("a", a + [5], len(a)), ExtendItem("b", b, len(b) - 1)])
         engine = TargetEngine(tight, tight.max_context, 8)
-        outs = engine.verify_batch([VerifyInput("a", a, [5], SamplingConfig()), VerifyInput("b", b, [], SamplingConfig())])
+        outs = engine.verify_batch(
+            [VerifyInput("a", a, [5], SamplingConfig()), VerifyInput("b", b, [], SamplingConfig())]
+        )
         assert all(not isinstance(o, Exception) for o in outs)
     finally:
         tight.close()
@@ -163,7 +165,7 @@ def test_releases_from_another_thread_are_applied_before_the_next_decode(runner)
     worker.start()
     worker.join()
     assert runner.ops.pending() >= 1
-    out = runner.extend("y", CONTEXT[:50], 49)             # may take x's sequence id: x's cells are gone first
+    out = runner.extend("y", CONTEXT[:50], 49)  # may take x's sequence id: x's cells are gone first
     assert runner.ops.pending() == 0
     close(out.logits, fresh(runner, CONTEXT[:50], 49))
 
@@ -214,8 +216,9 @@ def first_tokens(runner: LlamaCppRunner, lie: bool) -> tuple[np.ndarray, np.ndar
     for seed in range(SAMPLES):
         draft = int(support[rng.choice(len(support), p=q_sparse.numpy())])
         reported = [1.0 / len(support)] * len(support) if lie else q_sparse.tolist()
-        out = engine.verify(VerifyInput("s", CHAT, [draft], SamplingConfig(seed=seed, **CFG),
-                                        [SparseDist(support.tolist(), reported)]))
+        out = engine.verify(
+            VerifyInput("s", CHAT, [draft], SamplingConfig(seed=seed, **CFG), [SparseDist(support.tolist(), reported)])
+        )
         counts[(out.result.emitted([draft]))[0]] += 1
     observed = np.zeros(runner.vocab_width)
     for token, n in counts.items():

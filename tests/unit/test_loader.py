@@ -80,8 +80,11 @@ def make_tokenizer(extra_special: tuple[str, ...] = (), swap: bool = False, eos:
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<|im_start|>", eos_token=eos,
-        unk_token="<|endoftext|>", pad_token="<|im_end|>",
+        tokenizer_object=backend,
+        bos_token="<|im_start|>",
+        eos_token=eos,
+        unk_token="<|endoftext|>",
+        pad_token="<|im_end|>",
     )
     if extra_special:
         tokenizer.add_special_tokens({"additional_special_tokens": list(extra_special)})
@@ -207,8 +210,10 @@ def _connection_error(source: str) -> Exception:
 
 @pytest.mark.parametrize(
     ("spec", "source", "label"),
-    [("hf:Qwen/Qwen2.5-0.5B-Instruct", "hf", "Hugging Face Hub"),
-     ("modelscope:qwen/Qwen1.5-1.8B-Chat", "modelscope", "ModelScope")],
+    [
+        ("hf:Qwen/Qwen2.5-0.5B-Instruct", "hf", "Hugging Face Hub"),
+        ("modelscope:qwen/Qwen1.5-1.8B-Chat", "modelscope", "ModelScope"),
+    ],
 )
 def test_hub_unreachable_is_clear(monkeypatch, tmp_path, spec, source, label) -> None:
     """Not cached + connection error -> one-line HubUnreachableError naming source and spec."""
@@ -234,9 +239,7 @@ def test_offline_not_cached_is_clear(monkeypatch, tmp_path, spec, source) -> Non
     _patch_hub(monkeypatch, source, fake)
     with pytest.raises(ModelNotCachedError) as info:
         load_causal_lm(spec, LoadConfig(cache_dir=str(tmp_path), offline=True))
-    assert str(info.value) == (
-        f"model {spec} is not in the cache {tmp_path / 'hub' / source} and offline mode is on"
-    )
+    assert str(info.value) == (f"model {spec} is not in the cache {tmp_path / 'hub' / source} and offline mode is on")
     assert fake.downloads == 0
 
 
@@ -355,13 +358,14 @@ def test_truncatable_refusals() -> None:
 
     cases = {
         "mistral-sw": (MistralConfig(), "sliding-window"),
-        "qwen2-sw": (Qwen2Config(use_sliding_window=True, max_window_layers=0, num_hidden_layers=2),
-                     "sliding_attention"),
+        "qwen2-sw": (
+            Qwen2Config(use_sliding_window=True, max_window_layers=0, num_hidden_layers=2),
+            "sliding_attention",
+        ),
         "gemma2": (Gemma2Config(), "sliding_attention"),
         "mamba": (MambaConfig(), "state-space"),
         "t5": (T5Config(), "encoder-decoder"),
-        "dict-linear": ({"model_type": "x", "layer_types": ["full_attention", "linear_attention"]},
-                        "linear_attention"),
+        "dict-linear": ({"model_type": "x", "layer_types": ["full_attention", "linear_attention"]}, "linear_attention"),
     }
     for name, (config, why) in cases.items():
         with pytest.raises(UnsupportedModelError) as info:
@@ -535,6 +539,12 @@ def test_saved_pair_shares_tokenizer(tiny_pair_dir: Path) -> None:
 
 def test_errors_share_one_base() -> None:
     """Every loader error is catchable as ModelLoadError (the CLI's exit-2 path)."""
-    for cls in (HubUnreachableError, ModelNotCachedError, ModelNotFoundError, ModelOutOfMemoryError,
-                UnsupportedModelError, LoadConfigError):
+    for cls in (
+        HubUnreachableError,
+        ModelNotCachedError,
+        ModelNotFoundError,
+        ModelOutOfMemoryError,
+        UnsupportedModelError,
+        LoadConfigError,
+    ):
         assert issubclass(cls, ModelLoadError)

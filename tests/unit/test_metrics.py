@@ -29,8 +29,9 @@ def test_model_service_collector_reads_counters_at_scrape_time():
 
 def test_orchestrator_metrics_count_rounds_like_vllm():
     m = OrchestratorMetrics()
-    m.observe_round([5, 6, 7], num_accepted=2, kept=3, draft_ms=1, target_ms=2, overhead_ms=0.5, wall_ms=4,
-                    degraded=False)
+    m.observe_round(
+        [5, 6, 7], num_accepted=2, kept=3, draft_ms=1, target_ms=2, overhead_ms=0.5, wall_ms=4, degraded=False
+    )
     m.observe_round([], num_accepted=0, kept=1, draft_ms=0, target_ms=2, overhead_ms=0.5, wall_ms=3, degraded=True)
     m.observe_generation("eos", ttft_ms=12.0)
     text = generate_latest(m.registry).decode()
@@ -46,7 +47,9 @@ def test_orchestrator_metrics_count_rounds_like_vllm():
 def test_target_batch_fill_is_exported_from_the_batch_queue_counts():
     state = WorkerState(max_batch=8)
     registry = model_service_registry("target", lambda: state, lambda: None)
-    assert "specdec_batch_size" not in generate_latest(model_service_registry("draft", WorkerState, lambda: None)).decode()
+    assert (
+        "specdec_batch_size" not in generate_latest(model_service_registry("draft", WorkerState, lambda: None)).decode()
+    )
     for size in (1, 8, 8, 3):
         state.observe_batch(size, weight=0.5)
     text = generate_latest(registry).decode()
@@ -71,5 +74,5 @@ def test_orchestrator_metrics_histogram_of_k_per_round_and_target_batch():
     assert 'specdec_spec_decode_k_count{mode="fixed"} 1.0' in text
     assert 'specdec_spec_decode_k_sum{mode="adaptive"} 2.0' in text
     assert 'specdec_spec_decode_k_bucket{le="0.0",mode="adaptive"} 1.0' in text
-    assert "specdec_round_target_batch_size_count 2.0" in text       # batch 0 (not reported) left out
+    assert "specdec_round_target_batch_size_count 2.0" in text  # batch 0 (not reported) left out
     assert "specdec_round_target_batch_size_sum 11.0" in text

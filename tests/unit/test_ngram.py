@@ -46,7 +46,7 @@ def test_k_truncates_the_proposal():
 def test_match_running_into_end_of_context_is_shorter():
     assert propose_ngram([3, 4, 3], K) == [4, 3]
     assert propose_ngram([5, 5, 5, 5], K, prefer="recent") == [5]  # overlapping, most recent earlier match
-    assert propose_ngram([5, 5, 5, 5], K) == [5]                   # the earliest one: as far as the context goes
+    assert propose_ngram([5, 5, 5, 5], K) == [5]  # the earliest one: as far as the context goes
 
 
 def test_min_n_excludes_short_matches():
@@ -79,7 +79,7 @@ def test_the_core_proposer_applies_its_settings_and_per_call_sizes():
     """NgramProposer (what the orchestrator runs in-process): configured sizes, a per-call override."""
     from specdec.core.ngram import NgramProposer
 
-    context = [1, 2, 3, 9, 1, 2, 3, 7, 5, 3]      # tail "3" occurred at 2 (then 9) and at 6 (then 7)
+    context = [1, 2, 3, 9, 1, 2, 3, 7, 5, 3]  # tail "3" occurred at 2 (then 9) and at 6 (then 7)
     assert NgramProposer(1, 4).propose(context, 2) == [9, 1]
     assert NgramProposer(1, 4, prefer="recent").propose(context, 2) == [7, 5]
     assert NgramProposer(2, 4).propose(context, 2) == [] and not NgramProposer(2, 4).has_match(context)
@@ -105,7 +105,7 @@ def test_the_incremental_index_answers_as_the_whole_context_lookup(prefer, sizes
         index, context = NgramIndex(min_n, max_n, prefer), []
         for step in range(120):
             context += [rng.randrange(vocab) for _ in range(rng.randrange(1, 5))]
-            if step == 60:                                    # rewritten: a shorter context, other tokens
+            if step == 60:  # rewritten: a shorter context, other tokens
                 context = context[:20] + [vocab + 1]
             k = rng.randrange(0, 6)
             assert index.propose(context, k) == propose_ngram(context, k, min_n, max_n, prefer), (vocab, step)

@@ -11,28 +11,39 @@ import pytest
 
 from orchestrator.delta import ContextWire
 from orchestrator.overlap import (
-    AheadCosts, BlockBase, Branch, discard, hit_probability, start_predraft, take, usable_block, with_hop_delay,
+    AheadCosts,
+    BlockBase,
+    Branch,
+    discard,
+    hit_probability,
+    start_predraft,
+    take,
+    usable_block,
+    with_hop_delay,
     worth_overlapping,
 )
 from specdec.errors import Unavailable
 from specdec.v1 import common_pb2, draft_pb2
 
-BASE_IDS = [5, 6, 7, 1, 2]      # round r's context [5, 6, 7] + its block d1 d2 = [1, 2]
+BASE_IDS = [5, 6, 7, 1, 2]  # round r's context [5, 6, 7] + its block d1 d2 = [1, 2]
 BASE = BlockBase.of([5, 6, 7], [1, 2])
-DRAFTED = [9, 10, 11, 12]       # e1 (the guess of the bonus), then the next block e2 e3 e4
+DRAFTED = [9, 10, 11, 12]  # e1 (the guess of the bonus), then the next block e2 e3 e4
 
 
-@pytest.mark.parametrize("context,k,want", [
-    (BASE_IDS + [9], 3, 3),          # all accepted, bonus = the guess: the whole block
-    (BASE_IDS + [9], 2, 2),          # the next round asks fewer: the first tokens (position-keyed draws)
-    (BASE_IDS + [9], 5, 3),          # asks more than drafted: what there is
-    (BASE_IDS + [8], 3, 0),          # the bonus was not the guess
-    ([5, 6, 7, 1, 4], 3, 0),     # d2 rejected, recovered 4
-    ([5, 6, 7, 3], 3, 0),        # d1 rejected: a shorter context
-    (BASE_IDS + [9, 10], 3, 0),      # a longer context
-    ([5, 6, 0, 1, 2, 9], 3, 0),  # same length and tail, another prefix
-    (BASE_IDS + [9], 0, 0),          # the next round drafts nothing
-])
+@pytest.mark.parametrize(
+    "context,k,want",
+    [
+        (BASE_IDS + [9], 3, 3),  # all accepted, bonus = the guess: the whole block
+        (BASE_IDS + [9], 2, 2),  # the next round asks fewer: the first tokens (position-keyed draws)
+        (BASE_IDS + [9], 5, 3),  # asks more than drafted: what there is
+        (BASE_IDS + [8], 3, 0),  # the bonus was not the guess
+        ([5, 6, 7, 1, 4], 3, 0),  # d2 rejected, recovered 4
+        ([5, 6, 7, 3], 3, 0),  # d1 rejected: a shorter context
+        (BASE_IDS + [9, 10], 3, 0),  # a longer context
+        ([5, 6, 0, 1, 2, 9], 3, 0),  # same length and tail, another prefix
+        (BASE_IDS + [9], 0, 0),  # the next round drafts nothing
+    ],
+)
 def test_usable_block(context, k, want):
     assert usable_block(BASE, DRAFTED, context, k) == want
 
@@ -51,8 +62,8 @@ def test_hit_probability_is_all_accepted_times_the_guess():
 
 def test_worth_overlapping_weighs_saving_against_misses_and_waiting():
     cpu = AheadCosts(draft_step_ms=2.75, draft_hop_ms=3.0, verify_ms=33.0, miss_cost_ms=1.0)
-    assert worth_overlapping(0.3, 4, cpu)            # 0.3 x 14 ms saved > 1 ms
-    assert not worth_overlapping(0.01, 4, cpu)       # open prompts at k = 4: ~never used
+    assert worth_overlapping(0.3, 4, cpu)  # 0.3 x 14 ms saved > 1 ms
+    assert not worth_overlapping(0.01, 4, cpu)  # open prompts at k = 4: ~never used
     slow_draft = AheadCosts(draft_step_ms=20.0, draft_hop_ms=3.0, verify_ms=33.0, miss_cost_ms=1.0)
     assert not worth_overlapping(0.1, 4, slow_draft)  # 103 ms of pre-draft behind a 33 ms verify: the wait dominates
     assert not worth_overlapping(1.0, 0, cpu)
@@ -80,6 +91,7 @@ def test_take_slices_the_block_after_the_guess_and_reports_hidden_time():
         await asyncio.sleep(0.01)
         ahead.verified = time.perf_counter()
         return await take(ahead, BASE_IDS + [9], 2, "model")
+
     taken = asyncio.run(scenario())
     assert list(taken.response.draft_ids) == [10, 11]
     assert [list(r.token_ids) for r in taken.response.draft_probs] == [[10], [11]]
@@ -91,8 +103,9 @@ def test_take_discards_another_context_or_kind_and_cancels_a_running_pre_draft()
         ahead = start_predraft([Branch(BASE, None, lambda: _answer(_response(DRAFTED), delay_s=10))], "model")
         got = await take(ahead, context, 3, kind)
         return got, ahead.task.cancelled()
+
     assert asyncio.run(scenario(BASE_IDS[:-1] + [4], "model")) == (None, True)
-    assert asyncio.run(scenario(BASE_IDS + [9], "")) == (None, True)   # the next round's draft is not the model
+    assert asyncio.run(scenario(BASE_IDS + [9], "")) == (None, True)  # the next round's draft is not the model
 
 
 def test_a_failed_pre_draft_costs_time_never_a_token():
@@ -102,6 +115,7 @@ def test_a_failed_pre_draft_costs_time_never_a_token():
     async def scenario():
         ahead = start_predraft([Branch(BASE, None, failing)], "model")
         return await take(ahead, BASE_IDS + [9], 3, "model")
+
     assert asyncio.run(scenario()) is None
 
 
@@ -111,6 +125,7 @@ def test_discard_waits_for_a_cancelled_pre_draft():
         await discard(ahead)
         await discard(None)
         return ahead.task.done()
+
     assert asyncio.run(scenario())
 
 
@@ -124,8 +139,8 @@ def test_a_call_sent_ahead_confirms_only_the_accepted_context():
     ahead.fill(request, "a", info)
     assert request.position_base == 3 and list(request.context_ids) == [1, 2]
     ahead.confirm("a")
-    assert wire.held[("draft", "a")] == 3          # the block may be rejected: not claimed as held
-    nxt = wire.send("draft", [5, 6, 7, 4])         # d1 rejected, recovered 4
+    assert wire.held[("draft", "a")] == 3  # the block may be rejected: not claimed as held
+    nxt = wire.send("draft", [5, 6, 7, 4])  # d1 rejected, recovered 4
     nxt.fill(request, "a", info)
     assert request.position_base == 3 and list(request.context_ids) == [4]
     assert request.prefix_hash == wire.hashes.at(3)
@@ -136,6 +151,7 @@ def test_hop_delay_delays_both_hops():
         start = time.perf_counter()
         result = await with_hop_delay(15.0, lambda: asyncio.sleep(0, result="ok"))
         return result, time.perf_counter() - start
+
     result, took = asyncio.run(scenario())
     assert result == "ok" and took >= 0.030
 
@@ -143,13 +159,12 @@ def test_hop_delay_delays_both_hops():
 def test_a_usable_block_drafted_ahead_is_free_and_accepted_from_position_two():
     from orchestrator.adaptive import AcceptanceTracker, CostModel, choose_k, choose_k_drafted
 
-    costs = CostModel(verify_ms={1: 26.0, 5: 33.0}, draft_step_ms={"model": 2.75},
-                      overhead_ms={"": 2.0, "model": 5.0})
+    costs = CostModel(verify_ms={1: 26.0, 5: 33.0}, draft_step_ms={"model": 2.75}, overhead_ms={"": 2.0, "model": 5.0})
     tracker = AcceptanceTracker(k_max=4)
-    for _ in range(40):                 # position 1 accepted 1 in 5 rounds; past it, 3 in 5
+    for _ in range(40):  # position 1 accepted 1 in 5 rounds; past it, 3 in 5
         for accepted in (0, 0, 0, 0, 3):
             tracker.observe(4, accepted)
-    assert choose_k(costs, tracker, 4, "model") == 0          # drafting and verifying 4 tokens does not pay
+    assert choose_k(costs, tracker, 4, "model") == 0  # drafting and verifying 4 tokens does not pay
     assert choose_k_drafted(costs, tracker, 4, "model") >= 3  # a free block accepted ~0.6 a position does
 
 
@@ -158,10 +173,10 @@ def test_a_block_base_compares_the_block_and_a_few_prefix_tokens_not_the_whole_c
     base = BlockBase.of(long_context, [7, 8])
     assert len(base) == 10_002 and base.prefix_tail == tuple(range(9_992, 10_000))
     assert base.continued_by_one(long_context + [7, 8, 1])
-    assert not base.continued_by_one(long_context + [7, 9, 1])          # another block
-    assert not base.continued_by_one(long_context + [7, 8])             # one short
+    assert not base.continued_by_one(long_context + [7, 9, 1])  # another block
+    assert not base.continued_by_one(long_context + [7, 8])  # one short
     assert not base.continued_by_one(long_context[:-1] + [0, 7, 8, 1])  # the guard: round r's last token differs
-    assert BlockBase.of([], [3]).continued_by_one([3, 4])               # an empty prefix
+    assert BlockBase.of([], [3]).continued_by_one([3, 4])  # an empty prefix
 
 
 def test_adaptive_k_drafts_ahead_only_what_a_round_would_verify_from_a_free_block():
@@ -173,14 +188,14 @@ def test_adaptive_k_drafts_ahead_only_what_a_round_would_verify_from_a_free_bloc
     from specdec.config import OverlapConfig
 
     tracker = AcceptanceTracker(k_max=4)
-    for _ in range(40):                 # rates ~ [0.46, 0.51, 0.23, 0.23]
+    for _ in range(40):  # rates ~ [0.46, 0.51, 0.23, 0.23]
         for accepted in (0, 0, 0, 1, 2):
             tracker.observe(4, accepted)
     draft = {"draft_step_ms": {"model": 2.75}, "overhead_ms": {"": 2.0, "model": 5.0}}
     flat = CostModel(verify_ms={1: 26.0, 5: 33.0}, **draft)
     steep = CostModel(verify_ms={1: 56.0, 2: 96.0, 5: 124.0}, **draft)
     rates, cfg = tracker.rates(), OverlapConfig()
-    assert plan_ahead(4, 0, flat, cfg, rates, adaptive=True).k == 2    # not 4: tokens 3 and 4 would go unused
+    assert plan_ahead(4, 0, flat, cfg, rates, adaptive=True).k == 2  # not 4: tokens 3 and 4 would go unused
     assert plan_ahead(4, 0, steep, cfg, rates, adaptive=True).k == 0
     assert plan_ahead(4, 0, steep, cfg, rates, adaptive=False).k == 4
 
@@ -194,8 +209,8 @@ def test_drafting_ahead_stops_at_once_when_other_generations_run_here():
 
     costs = CostModel(verify_ms={1: 26.0, 5: 33.0}, draft_step_ms={"model": 2.75}, overhead_ms={"": 2.0, "model": 5.0})
     rates, cfg = [0.6, 0.6, 0.6, 0.6], OverlapConfig(max_running=1)
-    assert plan_ahead(4, 4, costs, cfg, rates, running=1).k == 4                  # alone: drafts ahead
-    assert plan_ahead(4, 4, costs, cfg, rates, running=2).k == 0                  # another generation runs
+    assert plan_ahead(4, 4, costs, cfg, rates, running=1).k == 4  # alone: drafts ahead
+    assert plan_ahead(4, 4, costs, cfg, rates, running=2).k == 0  # another generation runs
     assert plan_ahead(4, 4, costs, OverlapConfig(max_running=4), rates, running=2).k == 4
-    costs.batch = 2.0                                                           # passes shared on average
+    costs.batch = 2.0  # passes shared on average
     assert plan_ahead(4, 4, costs, cfg, rates, running=1).k == 0

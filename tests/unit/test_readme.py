@@ -12,13 +12,13 @@ import pytest
 from tests.readme_support import (
     MAX_README_LINES,
     MEASURE_COLUMNS,
+    PERF_HEADING,
     README,
     ROOT,
     code_blocks,
     performance_errors,
     section,
     table_rows,
-    PERF_HEADING,
 )
 
 TEXT = README.read_text()
@@ -45,11 +45,13 @@ def test_every_code_block_is_runnable_or_marked() -> None:
                 if line.strip() and not line.startswith(" "):
                     assert line.startswith(RUNNABLE_COMMANDS), (
                         f"README line {b.line}: {line!r} runs something the README test cannot run against "
-                        f"one `specdec up` stack; mark the block <!-- not run: reason -->")
+                        f"one `specdec up` stack; mark the block <!-- not run: reason -->"
+                    )
                 if "specdec generate" in line:
                     assert "--address 127.0.0.1:50050" in line, (
                         f"README line {b.line}: the test swaps the README's address for its stack's; a default "
-                        f"address would reach whatever listens on the default port")
+                        f"address would reach whatever listens on the default port"
+                    )
 
 
 def test_exactly_one_block_starts_the_stack() -> None:
@@ -109,21 +111,28 @@ def test_changing_any_number_fails_the_check(delta: int) -> None:
     assert len(cells) >= 10
     for row_index, shown in cells:
         decimals = len(shown.split(".")[1]) if "." in shown else 0
-        nudged = f"{float(shown) + delta * 10 ** -decimals:.{decimals}f}"
+        nudged = f"{float(shown) + delta * 10**-decimals:.{decimals}f}"
         errors = performance_errors(_change_cell(TEXT, row_index, shown, nudged))
         assert errors, f"row {row_index}: {shown} -> {nudged} went unnoticed"
 
 
 def test_wrong_json_command_or_cpu_fails_the_check() -> None:
-    swaps = [("`bench/results/int4.json` | `specdec bench --engine torch --dtype int4",
-              "`bench/results/int8.json` | `specdec bench --engine torch --dtype int4"),
-             ("`bench/results/int4.json` | `specdec bench --engine torch", "`bench/results/int4.json` | `specdec bench --engine llamacpp"),
-             ("llama.cpp Q4_1, n-gram, k = 0 (`k0`) | 31.3", "llama.cpp Q8_0, n-gram, k = 0 (`k0`) | 31.3"),
-             ("ngram-simple (`server_ngram_simple`) | 33.4", "ngram-simple (`server_ngram_simple`) | 33.5"),
-             ("--no-hf --k 1,2,4 --threads 1", "--no-hf --k 1,2,4 --threads 2"),
-             ("| AMD EPYC, 2 cores |", "| AMD EPYC, 4 cores |"),
-             ("adaptive k ≤ 12 (`adaptive`) | 58.2", "adaptive k ≤ 8 (`adaptive`) | 58.2"),
-             ("Q4_1.gguf, target alone (`server`) | 36.2", "Q8_0.gguf, target alone (`server`) | 36.2")]
+    swaps = [
+        (
+            "`bench/results/int4.json` | `specdec bench --engine torch --dtype int4",
+            "`bench/results/int8.json` | `specdec bench --engine torch --dtype int4",
+        ),
+        (
+            "`bench/results/int4.json` | `specdec bench --engine torch",
+            "`bench/results/int4.json` | `specdec bench --engine llamacpp",
+        ),
+        ("llama.cpp Q4_1, n-gram, k = 0 (`k0`) | 31.3", "llama.cpp Q8_0, n-gram, k = 0 (`k0`) | 31.3"),
+        ("ngram-simple (`server_ngram_simple`) | 33.4", "ngram-simple (`server_ngram_simple`) | 33.5"),
+        ("--no-hf --k 1,2,4 --threads 1", "--no-hf --k 1,2,4 --threads 2"),
+        ("| AMD EPYC, 2 cores |", "| AMD EPYC, 4 cores |"),
+        ("adaptive k ≤ 12 (`adaptive`) | 58.2", "adaptive k ≤ 8 (`adaptive`) | 58.2"),
+        ("Q4_1.gguf, target alone (`server`) | 36.2", "Q8_0.gguf, target alone (`server`) | 36.2"),
+    ]
     for old, new in swaps:
         assert old in TEXT, old
         assert performance_errors(TEXT.replace(old, new, 1)), f"{old!r} -> {new!r} went unnoticed"
@@ -138,9 +147,7 @@ def test_relative_links_resolve(doc) -> None:
             continue
         path, _, anchor = target.partition("#")
         file = doc.parent / path if path else doc
-        if not file.exists():
-            broken.append(target)
-        elif anchor and file.suffix == ".md" and anchor not in _anchors(file.read_text()):
+        if not file.exists() or anchor and file.suffix == ".md" and anchor not in _anchors(file.read_text()):
             broken.append(target)
     assert broken == []
 

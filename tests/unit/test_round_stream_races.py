@@ -36,7 +36,7 @@ class FakeStub:
     def __init__(self, streams: list[FakeStream]) -> None:
         self.streams = streams
 
-    def VerifyStream(self, metadata: tuple) -> FakeStream:   # noqa: N802 - the gRPC method's name
+    def VerifyStream(self, metadata: tuple) -> FakeStream:  # noqa: N802 - the gRPC method's name
         return self.streams.pop(0)
 
 
@@ -48,7 +48,7 @@ def test_a_send_that_races_the_end_of_an_idle_stream_is_sent_again_on_a_new_stre
     raced = FakeStream(rpc_error(grpc.StatusCode.INTERNAL, "Internal error from Core"))
     fresh = FakeStream()
     streams = RoundStreams(FakeStub([fresh]), lambda: (), idle_max=4)
-    streams._idle["Verify"] = [raced]                      # an idle stream the replica has just ended
+    streams._idle["Verify"] = [raced]  # an idle stream the replica has just ended
     request = Request()
     assert asyncio.run(streams.call("Verify", request, 5.0)) == ("answer", request)
     assert raced.cancelled and fresh.request is request and streams.opened == 1
@@ -63,8 +63,9 @@ def test_other_write_failures_keep_their_status():
 
 
 def test_a_new_stream_that_fails_its_first_send_is_unavailable_not_internal():
-    streams = RoundStreams(FakeStub([FakeStream(rpc_error(grpc.StatusCode.INTERNAL, "Internal error from Core"))]),
-                           lambda: (), idle_max=4)
+    streams = RoundStreams(
+        FakeStub([FakeStream(rpc_error(grpc.StatusCode.INTERNAL, "Internal error from Core"))]), lambda: (), idle_max=4
+    )
     with pytest.raises(grpc.aio.AioRpcError) as err:
         asyncio.run(streams.call("Verify", Request(), 5.0))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE

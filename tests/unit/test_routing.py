@@ -88,8 +88,9 @@ def test_unhealthy_is_skipped():
 def test_parse_addresses():
     assert parse_addresses(" a:1, b:2 ,a:1,, ") == ["a:1", "b:2"]
     assert parse_addresses("[::1]:50051") == ["[::1]:50051"]
-    assert parse_addresses("dns:///draft-headless.specdec.svc.cluster.local:50051") == \
-        DnsTarget("draft-headless.specdec.svc.cluster.local", 50051)
+    assert parse_addresses("dns:///draft-headless.specdec.svc.cluster.local:50051") == DnsTarget(
+        "draft-headless.specdec.svc.cluster.local", 50051
+    )
     assert parse_addresses("dns:draft:50051") == DnsTarget("draft", 50051)
     assert parse_addresses("dns://8.8.8.8/draft:50051") == DnsTarget("draft", 50051)
     for bad in ("", "draft", "dns:///draft", "a:1,b", "a:x"):
@@ -107,10 +108,13 @@ def test_routing_config_rejects_nonsense():
 def test_dns_resolver_sorted_unique_with_injected_getaddrinfo():
     def fake(host, port, family, kind):
         assert (host, port, kind) == ("draft", 50051, socket.SOCK_STREAM)
-        return [(socket.AF_INET, kind, 6, "", ("10.0.0.2", port)),
-                (socket.AF_INET, kind, 6, "", ("10.0.0.1", port)),
-                (socket.AF_INET, kind, 6, "", ("10.0.0.2", port)),
-                (socket.AF_INET6, kind, 6, "", ("fd00::1", port, 0, 0))]
+        return [
+            (socket.AF_INET, kind, 6, "", ("10.0.0.2", port)),
+            (socket.AF_INET, kind, 6, "", ("10.0.0.1", port)),
+            (socket.AF_INET, kind, 6, "", ("10.0.0.2", port)),
+            (socket.AF_INET6, kind, 6, "", ("fd00::1", port, 0, 0)),
+        ]
+
     got = asyncio.run(dns_resolver("draft", 50051, getaddrinfo=fake))
     assert got == ["10.0.0.1:50051", "10.0.0.2:50051", "[fd00::1]:50051"]
 
@@ -154,6 +158,7 @@ def test_replica_set_follows_appearing_and_disappearing_pods():
         pods.fail, pods.pods = False, []
         await rs.refresh()
         assert rs.replicas == () and rs.pick("s") is None
+
     asyncio.run(scenario())
 
 
@@ -174,9 +179,8 @@ def test_replica_set_health_and_in_flight():
     assert rs.pick("s3") == ranked[0]
     for replica in FOUR:
         rs.mark_unhealthy(replica)
-    with pytest.raises(NoReplicaAvailableError):
-        with rs.lease("s3"):
-            pass
+    with pytest.raises(NoReplicaAvailableError), rs.lease("s3"):
+        pass
 
 
 def test_a_replica_sets_remembered_preference_orders_pick_what_the_pure_rule_picks(monkeypatch):
@@ -189,19 +193,20 @@ def test_a_replica_sets_remembered_preference_orders_pick_what_the_pure_rule_pic
     real = routing.rendezvous_rank
     monkeypatch.setattr(routing, "rendezvous_rank", lambda s, r: hashed.append(s) or real(s, r))
 
-    def pure(session):     # pick_replica's rule, unrecorded
-        return routing.first_available(real(session, rs.replicas), {r: rs.in_flight(r) for r in rs.replicas}, 1,
-                                       rs.unhealthy)
+    def pure(session):  # pick_replica's rule, unrecorded
+        return routing.first_available(
+            real(session, rs.replicas), {r: rs.in_flight(r) for r in rs.replicas}, 1, rs.unhealthy
+        )
 
     for session in ["a", "b", "a", "c", "a"]:
         assert rs.pick(session) == pure(session)
-    assert hashed == ["a", "b", "c"]                      # a session's order is hashed once, then remembered
+    assert hashed == ["a", "b", "c"]  # a session's order is hashed once, then remembered
     rs.mark_unhealthy(rs.pick("a"))
     rs.acquire(rs.pick("b"))
     assert [rs.pick(s) for s in "abc"] == [pure(s) for s in "abc"] and hashed == ["a", "b", "c"]
-    rs.set_replicas(FOUR[:3])                             # a new list: every order is worked out again
+    rs.set_replicas(FOUR[:3])  # a new list: every order is worked out again
     assert [rs.pick(s) for s in "abc"] == [pure(s) for s in "abc"] and hashed == ["a", "b", "c"] * 2
-    rs.pick("d")                                          # a fourth session: the least recently used goes
+    rs.pick("d")  # a fourth session: the least recently used goes
     rs.pick("a")
     assert hashed[-2:] == ["d", "a"]
 
@@ -221,6 +226,7 @@ def test_refresh_forever_stops():
         def resolve():
             calls.append(1)
             return list(FOUR)
+
         rs = ReplicaSet(resolve, RoutingConfig(refresh_seconds=0.01))
         stop = asyncio.Event()
         task = asyncio.create_task(rs.refresh_forever(stop))
@@ -228,4 +234,5 @@ def test_refresh_forever_stops():
         stop.set()
         await asyncio.wait_for(task, timeout=1)
         return len(calls)
+
     assert asyncio.run(scenario()) >= 2

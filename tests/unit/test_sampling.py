@@ -175,8 +175,9 @@ def test_position_counts_are_context_plus_previous_drafts():
 
 def test_penalties_per_position_consistent_between_draft_and_target():
     """Target: all k+1 rows at once; draft: one row at a time with an incremental count."""
-    cfg = SamplingConfig(temperature=0.8, top_p=0.9, repetition_penalty=1.3,
-                         frequency_penalty=0.2, presence_penalty=0.4).validate()
+    cfg = SamplingConfig(
+        temperature=0.8, top_p=0.9, repetition_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.4
+    ).validate()
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(K + 1, VOCAB, generator=gen)  # same logits stand in for both models
     context, drafts = [1, 2, 2, 7], torch.tensor([2, 4, 4, 8])
@@ -184,9 +185,9 @@ def test_penalties_per_position_consistent_between_draft_and_target():
     target_probs = logits_to_probs(logits, cfg, position_counts(base, drafts))
     running = base.clone()
     for i in range(K + 1):
-        draft_row = logits_to_probs(logits[i: i + 1], cfg, running)
+        draft_row = logits_to_probs(logits[i : i + 1], cfg, running)
         assert torch.equal(draft_row[0], target_probs[i])
-        list_row = logits_to_probs(logits[i: i + 1], cfg, [context + drafts[:i].tolist()])
+        list_row = logits_to_probs(logits[i : i + 1], cfg, [context + drafts[:i].tolist()])
         assert torch.equal(list_row[0], target_probs[i])
         if i < K:
             running[drafts[i]] += 1
@@ -232,7 +233,7 @@ def test_draw_generator_is_deterministic_and_keyed():
 
 def test_derive_seed_is_stable_63_bit():
     assert derive_seed(GOLDEN_SEED, GOLDEN_POSITION, GOLDEN_PURPOSE) == GOLDEN_DERIVED
-    assert all(0 <= derive_seed(GOLDEN_SEED, GOLDEN_POSITION, p) < 2 ** SEED_BITS for p in PURPOSES)
+    assert all(0 <= derive_seed(GOLDEN_SEED, GOLDEN_POSITION, p) < 2**SEED_BITS for p in PURPOSES)
     with pytest.raises(ValueError, match="purpose"):
         draw_generator(GOLDEN_SEED, GOLDEN_POSITION, "other")
 
@@ -242,8 +243,7 @@ def test_sample_follows_generator():
     first = [sample(probs, draw_generator(1, pos, "draft")) for pos in range(NUM_DRAWS)]
     again = [sample(probs, draw_generator(1, pos, "draft")) for pos in range(NUM_DRAWS)]
     assert first == again
-    assert sample(torch.nn.functional.one_hot(torch.tensor(3), VOCAB).float(),
-                  draw_generator(1, 0, "draft")) == 3
+    assert sample(torch.nn.functional.one_hot(torch.tensor(3), VOCAB).float(), draw_generator(1, 0, "draft")) == 3
 
 
 @pytest.mark.parametrize("shape", [(49152,), (1, 64), (9, 49152), (3, 4, 17)])
@@ -275,11 +275,11 @@ def test_sampling_from_proto_keeps_seeded_settings_and_draws_a_seed_when_unset()
     from specdec.protocol import sampling_from_proto, sampling_to_proto
     from specdec.v1 import common_pb2
 
-    cfg = SamplingConfig(temperature=0.5, top_p=0.75, seed=42)   # exact in float32
+    cfg = SamplingConfig(temperature=0.5, top_p=0.75, seed=42)  # exact in float32
     msg = sampling_to_proto(cfg)
     assert sampling_from_proto(msg) == cfg and sampling_from_proto(sampling_to_proto(cfg)) is sampling_from_proto(msg)
     bad = common_pb2.SamplingParams(temperature=-1.0, seed=1)
-    for _ in range(2):           # refused every time (a refusal is never kept)
+    for _ in range(2):  # refused every time (a refusal is never kept)
         with pytest.raises(InvalidArgument):
             sampling_from_proto(bad)
     unseeded = common_pb2.SamplingParams(temperature=0.7)

@@ -7,8 +7,7 @@ import json
 import torch
 
 from specdec.distill.corpus import is_held_out
-from specdec.distill.self_prompts import (MIN_WORDS, generate_self_prompts, keep, pre_query_ids,
-                                          read_self_prompts)
+from specdec.distill.self_prompts import MIN_WORDS, generate_self_prompts, keep, pre_query_ids, read_self_prompts
 from specdec.models.tiny import build_tiny_causal_lm
 from tests.support import smollm2_tokenizer
 
@@ -16,9 +15,10 @@ from tests.support import smollm2_tokenizer
 def test_pre_query_prefix_is_the_template_up_to_the_user_message():
     tok = smollm2_tokenizer()
     prefix = pre_query_ids(tok)
-    full = tok.apply_chat_template([{"role": "user", "content": "Hello there"}], tokenize=True,
-                                   add_generation_prompt=False, return_dict=False)
-    assert prefix and list(full[:len(prefix)]) == prefix
+    full = tok.apply_chat_template(
+        [{"role": "user", "content": "Hello there"}], tokenize=True, add_generation_prompt=False, return_dict=False
+    )
+    assert prefix and list(full[: len(prefix)]) == prefix
     assert tok.decode(prefix).endswith("user\n")
 
 
@@ -31,9 +31,12 @@ def test_no_template_means_no_self_prompts():
 
 
 def test_keep_rule_drops_short_repeated_and_held_out_messages():
-    held = next(f"Tell me about topic number {i}." for i in range(1000) if is_held_out(f"Tell me about topic number {i}."))
-    fresh = next(f"Tell me about topic number {i}." for i in range(1000)
-                 if not is_held_out(f"Tell me about topic number {i}."))
+    held = next(
+        f"Tell me about topic number {i}." for i in range(1000) if is_held_out(f"Tell me about topic number {i}.")
+    )
+    fresh = next(
+        f"Tell me about topic number {i}." for i in range(1000) if not is_held_out(f"Tell me about topic number {i}.")
+    )
     assert keep(fresh, set())
     assert not keep(fresh, {fresh})
     assert not keep(held, set())
@@ -42,8 +45,13 @@ def test_keep_rule_drops_short_repeated_and_held_out_messages():
 
 def test_rounds_resume_and_a_cut_line_is_redone(tmp_path):
     path = tmp_path / "self_prompts.jsonl"
-    path.write_text(json.dumps({"round": 0, "prompts": ["a b c d"]}) + "\n"
-                    + json.dumps({"round": 1, "prompts": ["e f g h", "i j k l"]}) + "\n" + '{"round": 2, "pro')
+    path.write_text(
+        json.dumps({"round": 0, "prompts": ["a b c d"]})
+        + "\n"
+        + json.dumps({"round": 1, "prompts": ["e f g h", "i j k l"]})
+        + "\n"
+        + '{"round": 2, "pro'
+    )
     prompts, rounds = read_self_prompts(path)
     assert prompts == ["a b c d", "e f g h", "i j k l"] and rounds == 2
 

@@ -47,6 +47,7 @@ def test_openmp_spin_count_is_set_before_torch_loads_unless_the_environment_sets
     env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["20000", "False"]
-    out = subprocess.run([sys.executable, "-c", probe], env={**env, "GOMP_SPINCOUNT": "777"}, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env={**env, "GOMP_SPINCOUNT": "777"}, capture_output=True, text=True, check=True
+    )
     assert out.stdout.split()[0] == "777"

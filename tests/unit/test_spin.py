@@ -65,12 +65,12 @@ def test_a_window_without_an_event_polls_to_its_end_then_sleeps_to_the_timeout(p
     sel.expect(now, now + 0.02)
     began = time.monotonic()
     assert sel.select(0.1) == []
-    assert time.monotonic() - began >= 0.1 - 1e-3          # the timeout still holds
+    assert time.monotonic() - began >= 0.1 - 1e-3  # the timeout still holds
     assert sel.stats.missed == 1 and sel.stats.caught == 0
-    assert 0.015 < sel.stats.spun_s < 0.1                  # polled for the window, slept for the rest
+    assert 0.015 < sel.stats.spun_s < 0.1  # polled for the window, slept for the rest
     polled = sel.stats.spun_s
     assert sel.select(0.005) == []
-    assert sel.stats.spun_s == polled and sel.windows == []   # an ended window is dropped, never polled again
+    assert sel.stats.spun_s == polled and sel.windows == []  # an ended window is dropped, never polled again
 
 
 def test_a_later_window_sleeps_until_its_start_and_a_timeout_before_it_is_plain_sleep(pair):
@@ -78,10 +78,10 @@ def test_a_later_window_sleeps_until_its_start_and_a_timeout_before_it_is_plain_
     sel = selector_on(a, 0.5)
     now = time.monotonic()
     sel.expect(now + 0.05, now + 0.3)
-    assert sel.select(0.01) == []                          # the timeout comes before the window: no polling
+    assert sel.select(0.01) == []  # the timeout comes before the window: no polling
     assert sel.stats.spun_s == 0.0
     writer = write_later(b, 0.1)
-    assert len(sel.select(None)) == 1                      # slept to the window's start, then polled
+    assert len(sel.select(None)) == 1  # slept to the window's start, then polled
     writer.join()
     assert sel.stats.caught == 1 and 0.0 < sel.stats.spun_s < 0.3
 
@@ -103,7 +103,7 @@ def test_windows_are_cut_to_the_bound_cancelled_ones_end_and_a_zero_bound_ignore
     assert window.end == pytest.approx(now + 0.01)
     window.cancel()
     assert sel.select(0.0) == [] and sel.select(0.01) == []
-    assert sel.stats.spun_s == 0.0                         # a cancelled window does not poll
+    assert sel.stats.spun_s == 0.0  # a cancelled window does not poll
     off = selector_on(a, 0.0)
     off.expect(now, now + 1.0)
     assert off.windows == [] and off.stats.windows == 0
@@ -114,12 +114,12 @@ def test_expect_is_a_no_op_until_a_spinning_loop_is_configured(monkeypatch):
     assert spin.expect_soon(0.01) is None and spin.stats() is None
     loop = spin.new_loop()
     try:
-        assert spin.expect_soon(0.01) is None              # made, but bound 0 until configured
+        assert spin.expect_soon(0.01) is None  # made, but bound 0 until configured
         spin.configure(2000)
         window = spin.expect_soon(0.001)
         assert window is not None and window.end - window.start == pytest.approx(0.001)
         longer = spin.expect_soon(0.01)
-        assert longer.end - longer.start == pytest.approx(0.002)   # cut to the 2,000 µs bound
+        assert longer.end - longer.start == pytest.approx(0.002)  # cut to the 2,000 µs bound
         spin.configure(0)
         assert spin.expect_soon(0.01) is None
     finally:
@@ -135,6 +135,7 @@ def test_a_spinning_loop_runs_asyncio_code_and_catches_a_socket_answer(monkeypat
     loop = spin.new_loop()
     spin.configure(500_000)
     try:
+
         async def main():
             reader, _ = await asyncio.open_connection(sock=a)
             spin.expect_soon(0.5)
@@ -142,6 +143,7 @@ def test_a_spinning_loop_runs_asyncio_code_and_catches_a_socket_answer(monkeypat
             data = await reader.read(1)
             writer.join()
             return data
+
         assert loop.run_until_complete(main()) == b"x"
         assert spin.stats().caught >= 1
     finally:
@@ -149,32 +151,40 @@ def test_a_spinning_loop_runs_asyncio_code_and_catches_a_socket_answer(monkeypat
         monkeypatch.setattr(spin, "_selector", None)
 
 
-@pytest.mark.parametrize("configured, role, threads, cores, expected", [
-    (-1, "orchestrator", 0, 0.0, spin.SPIN_AUTO_US),
-    (-1, "target", 1, 2.0, spin.SPIN_AUTO_US),        # a core is free beside the forward
-    (-1, "target", 2, 2.0, 0),                        # every core in the forward: never poll
-    (-1, "draft", 4, 3.5, 0),                         # a CPU limit below the threads
-    (0, "orchestrator", 0, 0.0, 0),
-    (750, "target", 8, 2.0, 750),                     # set explicitly: as set
-])
-def test_auto_polls_in_the_orchestrator_and_where_the_torch_threads_leave_a_core(configured, role, threads, cores,
-                                                                                   expected):
+@pytest.mark.parametrize(
+    "configured, role, threads, cores, expected",
+    [
+        (-1, "orchestrator", 0, 0.0, spin.SPIN_AUTO_US),
+        (-1, "target", 1, 2.0, spin.SPIN_AUTO_US),  # a core is free beside the forward
+        (-1, "target", 2, 2.0, 0),  # every core in the forward: never poll
+        (-1, "draft", 4, 3.5, 0),  # a CPU limit below the threads
+        (0, "orchestrator", 0, 0.0, 0),
+        (750, "target", 8, 2.0, 750),  # set explicitly: as set
+    ],
+)
+def test_auto_polls_in_the_orchestrator_and_where_the_torch_threads_leave_a_core(
+    configured, role, threads, cores, expected
+):
     assert spin.auto_spin_us(configured, role, threads, cores) == expected
 
 
-@pytest.mark.parametrize("configured, threads, cores, expected", [
-    (-1, 1, 2.0, True),         # a core is free for the caller's polling
-    (-1, 2, 2.0, False),        # every core in the forward: the caller's polling would take one
-    (-1, 2, 1.5, False),        # a CPU limit below the threads
-    (0, 1, 8.0, False),
-    (1, 2, 2.0, True),          # set explicitly: as set
-])
+@pytest.mark.parametrize(
+    "configured, threads, cores, expected",
+    [
+        (-1, 1, 2.0, True),  # a core is free for the caller's polling
+        (-1, 2, 2.0, False),  # every core in the forward: the caller's polling would take one
+        (-1, 2, 1.5, False),  # a CPU limit below the threads
+        (0, 1, 8.0, False),
+        (1, 2, 2.0, True),  # set explicitly: as set
+    ],
+)
 def test_forward_done_is_offered_where_the_torch_threads_leave_a_core(configured, threads, cores, expected):
     assert spin.offers_forward_done(configured, threads, cores) is expected
 
 
-@pytest.mark.parametrize("content, expected", [("max 100000\n", None), ("150000 100000\n", 1.5),
-                                               ("50000 100000\n", 0.5), ("garbage", None)])
+@pytest.mark.parametrize(
+    "content, expected", [("max 100000\n", None), ("150000 100000\n", 1.5), ("50000 100000\n", 0.5), ("garbage", None)]
+)
 def test_the_cpu_budget_is_the_cgroup_quota_where_one_is_set(tmp_path, content, expected):
     path = tmp_path / "cpu.max"
     path.write_text(content)

@@ -15,11 +15,10 @@ def test_a_stopped_process_is_recorded_as_a_stall_with_its_test():
     monitor.start()
     try:
         time.sleep(1.0)
-        assert monitor.stalls == []                       # awake and idle: nothing recorded
+        assert monitor.stalls == []  # awake and idle: nothing recorded
         since = time.time()
         stop_s = STALL_S + 1.0
-        subprocess.run(["sh", "-c", f"kill -STOP {os.getpid()}; sleep {stop_s}; kill -CONT {os.getpid()}"],
-                       check=True)
+        subprocess.run(["sh", "-c", f"kill -STOP {os.getpid()}; sleep {stop_s}; kill -CONT {os.getpid()}"], check=True)
         time.sleep(0.5)
     finally:
         monitor.stop()

@@ -33,9 +33,10 @@ def test_only_specdec_variables_may_differ_from_the_servers_environment(no_serve
     monkeypatch.setenv("HOME", "/home/x")
     base = dict(os.environ)
     assert forkserver.forkable(base)
-    assert forkserver.forkable({**base, "SPECDEC_MAX_BATCH": "3", "PYTHONUNBUFFERED": "1",
-                                "PYTEST_CURRENT_TEST": "t.py::x (call)"})
-    assert not forkserver.forkable({**base, "OMP_NUM_THREADS": "1"})      # read when torch loads
+    assert forkserver.forkable(
+        {**base, "SPECDEC_MAX_BATCH": "3", "PYTHONUNBUFFERED": "1", "PYTEST_CURRENT_TEST": "t.py::x (call)"}
+    )
+    assert not forkserver.forkable({**base, "OMP_NUM_THREADS": "1"})  # read when torch loads
     assert not forkserver.forkable({**base, "HOME": "/elsewhere"})
     assert not forkserver.forkable({k: v for k, v in base.items() if k != "HOME"})
     monkeypatch.setenv("SPECDEC_LEASE_SECONDS", "9")
@@ -45,11 +46,12 @@ def test_only_specdec_variables_may_differ_from_the_servers_environment(no_serve
 def test_a_service_whose_fork_server_died_is_watched_by_its_pid():
     """The server reaps its forks and reports their exit codes; if it is gone first, a fork is an orphan (init
     reaps it): poll() watches the pid, and a stopped orphan reads ORPHAN_EXIT."""
-    orphan = subprocess.run(["bash", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
-                            check=True)
+    orphan = subprocess.run(
+        ["bash", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+    )
     pid = int(orphan.stdout)
     ours, servers = socket.socketpair()
-    servers.close()                                  # the server died without a word
+    servers.close()  # the server died without a word
     proc = forkserver.ForkedProcess(["sleep", "60"], pid, ours)
     try:
         assert proc.poll() is None

@@ -14,17 +14,27 @@ EOS = 2
 
 def outcome(draft: list[int], accepted: int, next_token: int, kind: int) -> RoundOutcome:
     target = draft[:accepted] + [next_token]
-    return RoundOutcome(k=len(draft), draft_ids=draft, matches=[i < accepted for i in range(len(draft))],
-                        target_ids=target, num_accepted=accepted, next_token=next_token, next_kind=kind,
-                        emitted=target)
+    return RoundOutcome(
+        k=len(draft),
+        draft_ids=draft,
+        matches=[i < accepted for i in range(len(draft))],
+        target_ids=target,
+        num_accepted=accepted,
+        next_token=next_token,
+        next_kind=kind,
+        emitted=target,
+    )
 
 
-@pytest.mark.parametrize("kept,want", [
-    (5, (5, 4, 4, BONUS)),      # nothing cut: all 4 accepted plus the bonus token
-    (2, (2, 2, 2, NONE)),       # EOS at position 1: positions 2, 3 and the bonus token were never emitted
-    (4, (4, 4, 4, NONE)),       # cut just before the bonus token
-    (0, (0, 0, 0, NONE)),       # a stop string removed the whole round
-])
+@pytest.mark.parametrize(
+    "kept,want",
+    [
+        (5, (5, 4, 4, BONUS)),  # nothing cut: all 4 accepted plus the bonus token
+        (2, (2, 2, 2, NONE)),  # EOS at position 1: positions 2, 3 and the bonus token were never emitted
+        (4, (4, 4, 4, NONE)),  # cut just before the bonus token
+        (0, (0, 0, 0, NONE)),  # a stop string removed the whole round
+    ],
+)
 def test_a_cut_inside_an_accepted_run_drops_what_follows(kept, want):
     e = count_emitted(outcome([7, EOS, 8, 9], 4, 10, BONUS), kept)
     assert (e.tokens, e.drafted, e.accepted, e.next_kind) == want

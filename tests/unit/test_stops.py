@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +14,7 @@ HYPOTHESIS_EXAMPLES = 500
 ALPHABET = "ab\n"  # tiny alphabet: stop strings overlap and partially match often
 
 
-def _feed(matcher: StopMatcher, deltas: Sequence[str]) -> tuple[str, Optional[str]]:
+def _feed(matcher: StopMatcher, deltas: Sequence[str]) -> tuple[str, str | None]:
     """Push deltas until a stop; return (all emitted text incl. flush, matched stop)."""
     out = []
     for delta in deltas:
@@ -26,7 +26,7 @@ def _feed(matcher: StopMatcher, deltas: Sequence[str]) -> tuple[str, Optional[st
     return "".join(out), None
 
 
-def _reference(text: str, stops: Sequence[str]) -> tuple[str, Optional[str]]:
+def _reference(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
     """Text cut at the stop that completes first (ties: longest), by brute force."""
     for end in range(1, len(text) + 1):
         hits = [s for s in stops if text[:end].endswith(s)]
@@ -118,8 +118,7 @@ def test_unicode_stops() -> None:
     stops=st.lists(st.text(alphabet=ALPHABET, min_size=1, max_size=4), max_size=3),
     cuts=st.lists(st.integers(0, 40), max_size=15),
 )
-def test_any_chunking_equals_text_cut_at_first_stop(text: str, stops: list[str],
-                                                    cuts: list[int]) -> None:
+def test_any_chunking_equals_text_cut_at_first_stop(text: str, stops: list[str], cuts: list[int]) -> None:
     expected = _reference(text, stops)
     assert _feed(StopMatcher(stops), _split(text, cuts)) == expected
 

@@ -22,8 +22,12 @@ def test_a_cpu_smoke_run_writes_v_of_n_and_rolls_the_cache_back_every_pass(tmp_p
     """main() raises if a rollback leaves the cache longer than the context."""
     script = load()
     out = tmp_path / "v.json"
-    assert script.main(["--shapes", "tiny", "--device", "cpu", "--n-max", "3", "--reps", "2",
-                        "--context", "20", "--out", str(out)]) == 0
+    assert (
+        script.main(
+            ["--shapes", "tiny", "--device", "cpu", "--n-max", "3", "--reps", "2", "--context", "20", "--out", str(out)]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     tiny = result["shapes"]["tiny"]
     assert set(tiny["ms"]) == {"1", "2", "3"} and tiny["ratio"]["1"] == 1.0
@@ -43,9 +47,11 @@ def test_the_script_needs_neither_grpc_nor_redis(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, runpy; sys.modules['grpc'] = None; sys.modules['redis'] = None; "
-            f"sys.argv = ['verify_cost.py', '--shapes', 'tiny', '--device', 'cpu', '--n-max', '2', '--reps', '1', "
-            f"'--context', '8', '--out', {str(tmp_path / 'v.json')!r}]; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
+    code = (
+        "import sys, runpy; sys.modules['grpc'] = None; sys.modules['redis'] = None; "
+        f"sys.argv = ['verify_cost.py', '--shapes', 'tiny', '--device', 'cpu', '--n-max', '2', '--reps', '1', "
+        f"'--context', '8', '--out', {str(tmp_path / 'v.json')!r}]; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads((tmp_path / "v.json").read_text())["shapes"]["tiny"]["ratio"]["1"] == 1.0
@@ -66,5 +72,5 @@ def test_v_of_n_fills_and_rolls_back_a_trained_drafts_cache():
     for model in (target, draft):
         result = measure_verify_costs(model, None, 2, context_tokens=12, reps=1, vocab=500)
         assert set(result["ms"]) == {"1", "2"}
-        assert result["kv_bytes_per_token_measured"] > 0   # the 12 context positions are in the cache
+        assert result["kv_bytes_per_token_measured"] > 0  # the 12 context positions are in the cache
     assert cache_argument(draft) in ("cache", "past_key_values")

@@ -44,13 +44,13 @@ def test_a_worker_computes_what_this_process_would_on_one_thread():
 
 def test_dealing_round_robin_and_by_weight():
     assert deal(5, 2) == [[0, 2, 4], [1, 3]]
-    shares = deal(4, 2, weights=[68, 85, 8, 57])       # heaviest first, to the least loaded
+    shares = deal(4, 2, weights=[68, 85, 8, 57])  # heaviest first, to the least loaded
     assert shares == [[1, 2], [0, 3]]
 
 
 def test_a_failing_worker_raises_here():
     with pytest.raises(ValueError, match="bad item 3"):
-        pool_map(functools.partial(fails_on, 3), range(4), n_workers=2)   # item 3 is the worker's (odd items)
+        pool_map(functools.partial(fails_on, 3), range(4), n_workers=2)  # item 3 is the worker's (odd items)
 
 
 def test_workers_from_the_environment(monkeypatch):
@@ -88,4 +88,4 @@ def test_a_lent_object_is_used_here_and_a_worker_loads_its_own():
         out = pool_map(what_per_process_gives, range(4), n_workers=2)
     assert {v for v, pid in out if pid == os.getpid()} == {"lent"}
     assert {v for v, pid in out if pid != os.getpid()} == {f"loaded in {pid}" for _, pid in out if pid != os.getpid()}
-    assert per_process("unit-test object", lambda: "after") == "after"    # the loan ended with the block
+    assert per_process("unit-test object", lambda: "after") == "after"  # the loan ended with the block
