@@ -12,30 +12,12 @@ Rounds are pipelined: round r+1 starts (1-2) as soon as round r's tokens are cut
 and runs while round r's tokens are detokenized (4), stored (5) and streamed (6); a chunk
 never leaves before its tokens are in Redis. A stop string found in (4) cancels round r+1.
 
-Reliability (see docs/reliability.md):
-  * Lease: the orchestrator holds the session's lease (LeaseConfig.seconds, default 6 s)
-    while it generates and renews it every seconds/3 from a background task. Every write
-    (append, truncate, finish) is checked against the lease and the session version in
-    one Lua script, so a zombie instance that lost its lease can never append: its
-    generation ends with ABORTED.
-  * Resume / takeover: a client whose stream broke retries with the same session_id and
-    request_id (and resume_offset = completion tokens it already holds) on any
-    orchestrator. If the old instance died, its lease is still live for up to
-    LeaseConfig.seconds: the retry WAITS (polling Redis, at most takeover_wait_s and
-    never past the client's deadline) until it expires, then takes the request over and
-    continues from the accepted tokens in Redis. We chose waiting over a client-side
-    "takeover" flag: a flag would let any client steal a live generation from a healthy
-    instance and create two writers; waiting keeps exactly one.
-  * Failure of a dependency (no target replica, Redis, deadline): the error goes to the
-    client (UNAVAILABLE / DEADLINE_EXCEEDED), the request stays "generating" with its
-    lease released at once, so the client's retry resumes it immediately.
-  * Client cancel / disconnect: the round in flight is abandoned (its gRPC calls are
-    cancelled), no further round runs, the request is finished as "cancelled" (session idle).
-  * Deadlines: the client's deadline (from context.time_remaining()) caps every call (rounds.py).
-  * ignore_eos (off by default): EOS never ends the generation, it runs to max_new_tokens
-    (or the context end) -- for benchmarks and kill tests. min_tokens (default 0): EOS is
-    not honoured before that many completion tokens. Neither changes which tokens the
-    target picks, only where the generation is cut.
+Reliability (docs/reliability.md): the session's lease is held and renewed while the request generates, and
+every write is checked against it and the session's version (orchestrator/lease.py); a retry of a request whose
+instance died waits for that lease to lapse and resumes from Redis (orchestrator/request_begin.py); a failed
+dependency releases the lease at once so the retry resumes; a cancel ends the request as "cancelled"; the client's
+deadline caps every call (orchestrator/rounds.py). ignore_eos runs to max_new_tokens and min_tokens holds EOS back
+for that many tokens: neither changes which tokens the target picks, only where the generation is cut.
 """
 
 from __future__ import annotations
@@ -43,11 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
 
 from orchestrator.adaptive import (
     AcceptanceTracker,
@@ -61,19 +41,19 @@ from orchestrator.adaptive import (
 from orchestrator.completion_text import CompletionText
 from orchestrator.delta import ContextWire
 from orchestrator.features import HiddenRelay
-from orchestrator.idempotency import RunningRequests, check_id, check_reuse, request_fingerprint
+from orchestrator.idempotency import RunningRequests, check_id, request_fingerprint
 from orchestrator.lease import SessionLease, store_errors
 from orchestrator.overlap import NO_AHEAD, AheadPlan, PreDraft, RunnerUpTracker, discard, plan_ahead, ready_block
-from orchestrator.prompting import Message, Prompter
+from orchestrator.prompting import Prompter
+from orchestrator.request_begin import RequestIds, State, begin
 from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner, cancel_round
-from orchestrator.session_store import Session, SessionBusy, SessionStore
+from orchestrator.session_store import SessionStore
 from orchestrator.stats import StatsCollector, count_emitted
 from orchestrator.stops import cut_at_limits, tokens_before_stop
 from specdec.config import OrchestratorConfig
-from specdec.errors import InvalidArgument, NotFound
 from specdec.metrics import OrchestratorMetrics
 from specdec.params import MODEL, GenerationParams, field_or_default, resolve_generation
-from specdec.proto_json import FINISH_BY_DETAIL, finish_detail
+from specdec.proto_json import finish_detail
 from specdec.v1 import orchestrator_pb2 as pb
 
 log = logging.getLogger("specdec.orchestrator")
@@ -95,21 +75,6 @@ class Deps:
     costs: CostModel = field(default_factory=CostModel)  # measured draft/verify costs, shared by sessions
     running: RunningRequests = field(default_factory=RunningRequests)  # requests generating in this process
     demand: DraftDemand = field(default_factory=DraftDemand)  # which of them want drafts (the latency cap's share)
-
-
-@dataclass
-class State:
-    """The mutable state of one generation (its round state lives in `session`)."""
-
-    session: Session  # as read when the request began
-    ids: list[int]  # the whole context: prompt (all turns) + completion so far
-    version: int  # the session's version after our last write
-    prompt_len: int  # tokens before the completion
-    completion: list[int] = field(default_factory=list)
-    text: str = ""  # text delivered so far (after stop hold-back)
-    finish: int = pb.FINISH_REASON_UNSPECIFIED
-    trace: list[pb.Round] = field(default_factory=list)
-    logprobs: list[Any] = field(default_factory=list)
 
 
 class Generation:
@@ -141,10 +106,14 @@ class Generation:
         )
         self.state: State | None = None
 
+    def _begin_ids(self) -> RequestIds:
+        return RequestIds(self.session_id, self.request_id, self.fingerprint, self.deadline)
+
     async def chunks(self) -> AsyncIterator[pb.GenerateChunk]:
         """The generation as a stream of chunks; the last one carries finish reason, usage, stats."""
         with store_errors():
-            state = self.state = await self._begin()
+            state, self.params = await begin(self.deps, self.request, self.params, self._begin_ids())
+            self.state = state
             text = self._text_pipeline(state)
             catch_up = self._catch_up(state, text)
             if catch_up is not None:
@@ -165,88 +134,6 @@ class Generation:
                 await self.lease.release_after_failure()
                 raise
         yield self._final_chunk(state)
-
-    # -- session ---------------------------------------------------------------------------
-
-    async def _begin(self) -> State:
-        """Create or continue the session and register this request (idempotent on request_id)."""
-        d, req = self.deps, self.request
-        existing = await d.store.get(self.session_id)  # a request_id alone may name one (keyed_session)
-        if existing is None and req.HasField("session_id") and not field_or_default(req, "create_session"):
-            raise NotFound(f"session {self.session_id!r} does not exist; pass create_session=true to create it")
-        check_reuse(existing, self.session_id, self.request_id, self.fingerprint)
-        turn = self._turn_ids(existing)
-        resuming = existing is not None and existing.request_id == self.request_id
-        if not resuming:
-            self._check_lengths((len(existing.ids) if existing else 0) + len(turn))
-        session = await self._begin_request(turn, existing is None, resuming)
-        self._keep_seed_of(session)
-        prompt_len = len(session.ids) - len(session.completion_ids)
-        state = State(session, list(session.ids), session.version, prompt_len, list(session.completion_ids))
-        if session.status == "idle" and session.request_id == self.request_id and session.last_finish_reason:
-            state.finish = FINISH_BY_DETAIL.get(session.last_finish_reason, pb.FINISH_REASON_UNSPECIFIED)
-        return state
-
-    def _keep_seed_of(self, session: Session) -> None:
-        """A resumed request continues with the seed it started with (stored in the session), so
-        its remaining draws are the ones the first attempt would have made."""
-        stored = session.params.get("seed") if session.request_id == self.request_id else None
-        if stored is not None and stored != self.params.sampling.seed:
-            sampling = replace(self.params.sampling, seed=int(stored))
-            self.params = replace(self.params, sampling=sampling)
-
-    async def _begin_request(self, turn: list[int], create: bool, resuming: bool) -> Session:
-        """begin_request; a retry of our own request waits for a dead instance's lease to expire."""
-        d = self.deps
-        give_up = time.monotonic() + d.cfg.lease.takeover_wait_s
-        if self.deadline is not None:
-            give_up = min(give_up, self.deadline)
-        params = {"k": self.params.k, "max_new_tokens": self.params.max_new_tokens, "seed": self.params.sampling.seed}
-        while True:
-            try:
-                session, _ = await d.store.begin_request(  # the same request_id, another fingerprint: refused
-                    self.session_id,
-                    self.request_id,
-                    d.owner,
-                    d.cfg.lease.seconds,
-                    turn,
-                    params,
-                    create_missing=create,
-                    fingerprint=self.fingerprint,
-                )
-                return session
-            except SessionBusy:
-                if not resuming or time.monotonic() + d.cfg.lease.poll_s >= give_up:
-                    raise
-            await asyncio.sleep(d.cfg.lease.poll_s)
-
-    def _turn_ids(self, existing: Session | None) -> list[int]:
-        """Token ids of the new turn (closing the previous assistant turn when it lacked EOS)."""
-        req, prompter, first = self.request, self.deps.prompter, existing is None or not existing.ids
-        which = req.WhichOneof("input")
-        if which == "messages":
-            msgs = [Message(m.role, m.content) for m in req.messages.messages]
-            add = self.params.add_generation_prompt
-            ids = prompter.first_turn(msgs, add) if first else prompter.next_turn(msgs, add)
-        elif which == "prompt" and req.prompt:
-            ids = prompter.encode_text(req.prompt, first_turn=first)
-        else:
-            raise InvalidArgument("the prompt is empty: give a prompt or chat messages")
-        if not ids:
-            raise InvalidArgument("the prompt tokenizes to nothing")
-        if not first and existing.last_finish_reason not in ("", "eos") and which == "messages":
-            ids = prompter.end_of_turn() + ids
-        return ids
-
-    def _check_lengths(self, prompt_len: int) -> None:
-        limits, p = self.deps.cfg.limits, self.params
-        if prompt_len > limits.max_prompt_tokens:
-            raise InvalidArgument(f"the prompt has {prompt_len} tokens, over the limit of {limits.max_prompt_tokens}")
-        if prompt_len + p.max_new_tokens > self.deps.max_context:
-            raise InvalidArgument(
-                f"prompt ({prompt_len} tokens) + max_new_tokens ({p.max_new_tokens}) exceeds "
-                f"the model's context of {self.deps.max_context} tokens"
-            )
 
     # -- text ------------------------------------------------------------------------------
 
@@ -331,7 +218,7 @@ class Generation:
                 overlapped=outcome.ahead is not None,
             )
 
-    async def _rounds(self, state: State, text: CompletionText) -> AsyncIterator[pb.GenerateChunk]:
+    async def _rounds(self, state: State, text: CompletionText) -> AsyncGenerator[pb.GenerateChunk, None]:
         """Steps 1-6 of the module docstring, round after round, until the generation finishes.
 
         Pipelined: as soon as round r's tokens are cut (3), round r+1 starts (1, 2) and runs on the
@@ -510,11 +397,15 @@ class Generation:
         with contextlib.suppress(Exception):
             await self._finish(state)
 
+    def _begun(self) -> State:
+        assert self.state is not None, "the request has begun (chunks() ran)"
+        return self.state
+
     def usage(self) -> pb.Usage:
         """prompt_tokens counts the whole context before the completion (earlier turns included);
         cached_prompt_tokens says how many of them were not computed for this request: what the session
         already held, or what the target's KV cache served at the first round (prefix sharing), the more."""
-        state = self.state
+        state = self._begun()
         n = len(state.completion)
         cached = max(state.session.request_base_len, min(self.stats.first_target_cached, state.prompt_len))
         return pb.Usage(
@@ -537,7 +428,7 @@ class Generation:
 
     def response(self) -> pb.GenerateResponse:
         """The whole result, after chunks() ran to the end."""
-        s = self.state
+        s = self._begun()
         return pb.GenerateResponse(
             session_id=self.session_id,
             request_id=self.request_id,

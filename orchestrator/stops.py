@@ -157,7 +157,7 @@ def tokens_before_stop(
 
 def cut_at_limits(
     emitted: Sequence[int], completed: int, context_len: int, params: Any, eos_ids: Any, max_context: int
-) -> tuple[list[int], int]:
+) -> tuple[list[int], pb.FinishReason]:
     """A round's tokens cut at EOS (when honoured: not with params.ignore_eos, not before params.min_tokens),
     params.max_new_tokens or the model's context end; returns (tokens kept, the finish reason they hit,
     FINISH_REASON_UNSPECIFIED = none). completed / context_len: completion and context tokens before them."""

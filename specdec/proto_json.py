@@ -41,7 +41,7 @@ FINISH_PREFIX = "FINISH_REASON_"
 FINISH_DETAILS = {value: name.removeprefix(FINISH_PREFIX).lower() for name, value in pb.FinishReason.items()}
 FINISH_BY_DETAIL = {name: value for value, name in FINISH_DETAILS.items()}
 # OpenAI knows "stop" (a natural end or a stop string) and "length" (the token limit or the context's end).
-OPENAI_FINISH = {
+OPENAI_FINISH: dict[int, str] = {
     pb.FINISH_REASON_EOS: "stop",
     pb.FINISH_REASON_STOP: "stop",
     pb.FINISH_REASON_LENGTH: "length",
