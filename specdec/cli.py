@@ -1,11 +1,16 @@
 """The `specdec` command: serve a service, run the whole stack locally, generate.
 
   specdec serve draft|target|orchestrator|http [options]
-  specdec up [--target-model SPEC] [--draft-kind ngram|model] [--draft-replicas N] [--target-replicas M] [--http-port N]
+  specdec up [--target-model SPEC] [--draft-kind ngram|model] [--draft-replicas N] [--target-replicas M] [--port N]
+             [--http-port N]
   specdec generate "prompt" [--k N] [--max-new-tokens N] [--session ID] [--trace] [--json]
   specdec distill --target SPEC --out DIR [--layers 1|2] [--head-tokens N] [--steps N] [--seed N] [--resume]
   specdec bench [--prompts grounded,open] [--k 2,4,8,12] [--max-new-tokens N] [--repeats N] [--threads N] [--quick]
   specdec bench-load [--quick | --full] [--concurrency 1,4,16] [--requests N] [--k 4] [--adaptive-cap N]
+  specdec --version
+
+`specdec up` serves gRPC on 127.0.0.1:50050 when that port is free, which is where `specdec generate`
+looks by default; when it is taken, `up` picks another port and prints the --address to pass.
 """
 
 from __future__ import annotations
@@ -18,13 +23,15 @@ import os
 import signal
 import sys
 import time
+from importlib import metadata
 
-from specdec import spin
+from specdec import __version__, spin
 from specdec.config import DEFAULT_DRAFT_PORT, DEFAULT_MODELS, DEFAULT_ORCHESTRATOR_PORT, DEFAULT_TARGET_PORT, env_int
 from specdec.params import DEFAULTS, MODEL_DRAFT_KINDS
 
 EXIT_USAGE, EXIT_LOAD_ERROR = 2, 2
 EXIT_BROKEN_PIPE = 1           # as Python's own note on SIGPIPE suggests
+EXIT_FAILURE = 1
 SHIPPED_EMBEDDED_DRAFT = DEFAULT_MODELS["draft"]
 DEFAULT_PORTS = {"draft": DEFAULT_DRAFT_PORT, "target": DEFAULT_TARGET_PORT, "orchestrator": DEFAULT_ORCHESTRATOR_PORT}
 
@@ -121,9 +128,9 @@ def _up_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads per model service (0: every core for the target with the n-gram draft, "
                         "half of them each with a model draft)")
-    p.add_argument("--port", type=int, default=0,
-                   help=f"orchestrator gRPC port (0: a free one; {DEFAULT_ORCHESTRATOR_PORT} is where "
-                        f"`specdec generate` looks by default)")
+    p.add_argument("--port", type=int, default=None,
+                   help=f"orchestrator gRPC port (default: {DEFAULT_ORCHESTRATOR_PORT}, where `specdec generate` "
+                        f"looks by default, or a free one when that is taken; 0: a free one)")
     p.add_argument("--http-port", type=int, default=0, help="port of the OpenAI-compatible HTTP API (0: a free one)")
     p.add_argument("--no-http", action="store_true", help="do not start the HTTP gateway")
     p.add_argument("--dtype", default="",
@@ -131,6 +138,21 @@ def _up_parser(sub: argparse._SubParsersAction) -> None:
                         "quantized on CPU; a trained draft that shares the target's tensors cannot take int4)")
     p.add_argument("--engine", default="", choices=["", "auto", "torch", "llamacpp"],
                    help="model runner of the services: auto (default: llama.cpp for a GGUF on CPU), torch, llamacpp")
+
+
+def orchestrator_port(requested: int | None, default: int = DEFAULT_ORCHESTRATOR_PORT) -> int:
+    """The port `specdec up` gives the orchestrator: --port as given; unset, `default` (where `specdec generate`
+    looks) when it is free, else a free one (said on stderr); 0: a free one."""
+    from specdec.redis_server import can_listen, free_port
+
+    if requested:
+        return requested
+    if requested is None:
+        if can_listen(default):
+            return default
+        print(f"specdec up: port {default} is taken (another stack?): the orchestrator listens on a free port; "
+              f"pass the --address printed below to specdec generate", file=sys.stderr)
+    return free_port()
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -146,7 +168,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     cfg = StackConfig(target_model=args.target_model, draft_model=draft_model, draft_kind=args.draft_kind,
                       draft_replicas=args.draft_replicas, target_replicas=args.target_replicas,
                       redis_url=args.redis_url, threads=args.threads or default_threads(args.draft_kind),
-                      orchestrator_port=args.port, dtype=args.dtype, engine=args.engine)
+                      orchestrator_port=orchestrator_port(args.port), dtype=args.dtype, engine=args.engine)
     stack = LocalStack(cfg)
     print("starting Redis, draft, target and orchestrator...")
     try:
@@ -224,6 +246,17 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-key", help="client key (mTLS)")
 
 
+def unreachable_hint(exc: object, address: str) -> str:
+    """What to do when nothing listens at `address` (the call failed to connect); "" for any other failure."""
+    import grpc
+
+    if exc.code() != grpc.StatusCode.UNAVAILABLE or "connection refused" not in (exc.details() or "").lower():
+        return ""
+    return (f"no orchestrator answers at {address} (connection refused). Start the local stack with `specdec up` "
+            f"(it listens on 127.0.0.1:{DEFAULT_ORCHESTRATOR_PORT} when that port is free), or pass the --address "
+            f"it printed.")
+
+
 def build_request(args: argparse.Namespace):
     """GenerateRequest from CLI flags: unset flags stay unset (server defaults apply)."""
     from specdec.v1 import orchestrator_pb2 as pb
@@ -269,8 +302,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 return _print_stream(stub.GenerateStream(req, timeout=args.timeout, metadata=metadata), args)
             resp = stub.Generate(req, timeout=args.timeout, metadata=metadata)
         except grpc.RpcError as exc:
-            print(f"specdec generate: {exc.code().name}: {exc.details()}", file=sys.stderr)
-            return 1
+            print(f"specdec generate: {unreachable_hint(exc, args.address) or f'{exc.code().name}: {exc.details()}'}",
+                  file=sys.stderr)
+            return EXIT_FAILURE
     if args.json:
         print(json.dumps(message_to_dict(resp), ensure_ascii=False, indent=2))
         return 0
@@ -312,29 +346,43 @@ def _cmd_bench_load(ns: argparse.Namespace) -> int:
     return cmd_bench_load(ns)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `specdec` console script."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    parser = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
+def package_version() -> str:
+    """The installed distribution's version; specdec.__version__ in a source tree that is not installed."""
+    try:
+        return metadata.version("specdec")
+    except metadata.PackageNotFoundError:
+        return __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `specdec` command line: every subcommand's parser."""
+    parser = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0],
+                                     epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"specdec {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _up_parser(sub)
     _generate_parser(sub)
     from specdec.bench.concurrency import add_parser as _concurrency_parser
-    from specdec.bench.concurrency import cmd_bench_concurrency
-    from specdec.bench.runner import add_parser as _bench_parser
-    from specdec.bench.runner import cmd_bench
-    _bench_parser(sub)
-    _concurrency_parser(sub)
     from specdec.bench.load_args import add_parser as _load_parser
-    _load_parser(sub)
+    from specdec.bench.runner import add_parser as _bench_parser
     from specdec.distill.cli import add_parser as _distill_parser
+
+    for add in (_bench_parser, _concurrency_parser, _load_parser, _distill_parser):
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `specdec` console script."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    from specdec.bench.concurrency import cmd_bench_concurrency
+    from specdec.bench.runner import cmd_bench
     from specdec.distill.cli import run as cmd_distill
-    _distill_parser(sub)
-    args = parser.parse_args(argv)
-    handlers = {"serve": cmd_serve, "up": cmd_up, "generate": cmd_generate, "bench": cmd_bench, "bench-concurrency": cmd_bench_concurrency,
-                "bench-load": _cmd_bench_load,
-                "distill": cmd_distill}
+
+    handlers = {"serve": cmd_serve, "up": cmd_up, "generate": cmd_generate, "bench": cmd_bench,
+                "bench-concurrency": cmd_bench_concurrency, "bench-load": _cmd_bench_load, "distill": cmd_distill}
     try:
         code = handlers[args.command](args)
         sys.stdout.flush()       # a closed pipe shows here, not in the flush at interpreter exit

@@ -95,6 +95,18 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def can_listen(port: int) -> bool:
+    """Whether a server could listen on this loopback port now (as gRPC binds: SO_REUSEADDR, so connections of an
+    earlier server still in TIME_WAIT do not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
     """Return a TCP port on the loopback interface that is free right now, for a server started a little later.
 
