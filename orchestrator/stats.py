@@ -13,10 +13,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from orchestrator.rounds import RoundOutcome
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import target_pb2
-
-from orchestrator.rounds import RoundOutcome
 
 MS_PER_S = 1000.0
 
@@ -25,17 +24,23 @@ MS_PER_S = 1000.0
 class Emitted:
     """What one round contributed to the completion (after EOS / length / context / stop cuts)."""
 
-    tokens: int          # tokens the round appended to the completion
-    drafted: int         # draft positions counted: all of them, or only those before the cut
-    accepted: int        # accepted draft tokens that were emitted
-    next_kind: int       # target_pb2.NextKind of the recovered/bonus token; UNSPECIFIED when it was cut
+    tokens: int  # tokens the round appended to the completion
+    drafted: int  # draft positions counted: all of them, or only those before the cut
+    accepted: int  # accepted draft tokens that were emitted
+    next_kind: int  # target_pb2.NextKind of the target's token; UNSPECIFIED when it was cut
+
+
+def next_kind(o: RoundOutcome) -> int:
+    """What the round's own target token is: recovered, bonus, or, where nothing was drafted (k = 0, or a draft
+    that proposed nothing; the target answers `bonus` as all of no drafts passed), a plain target token."""
+    return o.next_kind if o.draft_ids else target_pb2.NEXT_KIND_TARGET
 
 
 def count_emitted(o: RoundOutcome, kept: int) -> Emitted:
     """Count a round by the `kept` tokens it emitted (a prefix of o.emitted: accepted drafts, then the
     target's token). A cut inside the accepted run drops the later positions, accepted or not."""
-    if kept > o.num_accepted:                       # the whole accepted run and the target's token
-        return Emitted(kept, len(o.draft_ids), o.num_accepted, o.next_kind)
+    if kept > o.num_accepted:  # the whole accepted run and the target's token
+        return Emitted(kept, len(o.draft_ids), o.num_accepted, next_kind(o))
     return Emitted(kept, min(kept, len(o.draft_ids)), kept, target_pb2.NEXT_KIND_UNSPECIFIED)
 
 
@@ -50,7 +55,7 @@ class StatsCollector:
     accepted: int = 0
     recovered: int = 0
     bonus: int = 0
-    round_tokens: int = 0            # tokens the rounds emitted (m + 1 per uncut round)
+    round_tokens: int = 0  # tokens the rounds emitted (m + 1 per uncut round)
     draft_ms: float = 0.0
     target_ms: float = 0.0
     overhead_ms: float = 0.0
@@ -61,12 +66,12 @@ class StatsCollector:
     draft_hidden_ms: float = 0.0
     predrafts: int = 0
     predrafts_used: int = 0
-    predraft_branches: int = 0       # blocks drafted ahead in all (a pre-draft has one per branch)
-    predrafts_used_runner_up: int = 0   # used blocks drafted behind the draft's runner-up
+    predraft_branches: int = 0  # blocks drafted ahead in all (a pre-draft has one per branch)
+    predrafts_used_runner_up: int = 0  # used blocks drafted behind the draft's runner-up
     target_computed: int = 0
     draft_computed: int = 0
-    last_target_batch: int = 0       # sessions of the pass the latest round rode in (0: not reported)
-    first_target_cached: int = 0     # context tokens the target held at the first round (its own or shared)
+    last_target_batch: int = 0  # sessions of the pass the latest round rode in (0: not reported)
+    first_target_cached: int = 0  # context tokens the target held at the first round (its own or shared)
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
 
@@ -110,34 +115,65 @@ class StatsCollector:
         """Export as the wire Stats message."""
         rounds = max(self.rounds, 1)
         return pb.Stats(
-            rounds=self.rounds, draft_tokens=self.drafted, accepted_tokens=self.accepted,
-            recovered_tokens=self.recovered, bonus_tokens=self.bonus,
+            rounds=self.rounds,
+            draft_tokens=self.drafted,
+            accepted_tokens=self.accepted,
+            recovered_tokens=self.recovered,
+            bonus_tokens=self.bonus,
             acceptance_rate=self.accepted / self.drafted if self.drafted else 0.0,
             mean_accepted_length=self.round_tokens / rounds if self.rounds else 0.0,
-            draft_ms=self.draft_ms, target_ms=self.target_ms, overhead_ms=self.overhead_ms,
+            draft_ms=self.draft_ms,
+            target_ms=self.target_ms,
+            overhead_ms=self.overhead_ms,
             total_ms=(time.perf_counter() - self.started) * MS_PER_S,
-            wire_bytes=self.wire_bytes, wire_bytes_per_round=self.wire_bytes / rounds,
-            target_passes=self.rounds, degraded_rounds=self.degraded,
-            accepted_per_position=self.accepted_per_position, drafted_per_position=self.drafted_per_position,
-            time_to_first_token_ms=self.first_token_ms, retries=self.retries,
-            target_computed_tokens=self.target_computed, draft_computed_tokens=self.draft_computed,
-            context_resends=self.context_resends, draft_hidden_ms=self.draft_hidden_ms,
-            predrafts=self.predrafts, predrafts_used=self.predrafts_used, predraft_branches=self.predraft_branches,
-            predrafts_used_runner_up=self.predrafts_used_runner_up)
+            wire_bytes=self.wire_bytes,
+            wire_bytes_per_round=self.wire_bytes / rounds,
+            target_passes=self.rounds,
+            degraded_rounds=self.degraded,
+            accepted_per_position=self.accepted_per_position,
+            drafted_per_position=self.drafted_per_position,
+            time_to_first_token_ms=self.first_token_ms,
+            retries=self.retries,
+            target_computed_tokens=self.target_computed,
+            draft_computed_tokens=self.draft_computed,
+            context_resends=self.context_resends,
+            draft_hidden_ms=self.draft_hidden_ms,
+            predrafts=self.predrafts,
+            predrafts_used=self.predrafts_used,
+            predraft_branches=self.predraft_branches,
+            predrafts_used_runner_up=self.predrafts_used_runner_up,
+        )
 
     def round_proto(self, o: RoundOutcome, e: Emitted, text: str) -> pb.Round:
         """One row of the per-round trace, cut as the stats count it (`e`): draft ids, matches and target ids
         of the counted positions only, so the rows sum to the stats (drafted, accepted, completion tokens)."""
         emitted_next = e.next_kind != target_pb2.NEXT_KIND_UNSPECIFIED
-        return pb.Round(index=self.rounds - 1, k=o.k, draft_ids=o.draft_ids[:e.drafted], matches=o.matches[:e.drafted],
-                        target_ids=o.target_ids[:e.drafted + emitted_next], num_accepted=e.accepted,
-                        next_token=o.next_token if emitted_next else -1,
-                        next_kind=e.next_kind, text=text, draft_ms=o.draft_ms, target_ms=o.target_ms,
-                        overhead_ms=o.overhead_ms, draft_kind=o.draft_kind, draft_replica=o.draft_replica,
-                        target_replica=o.target_replica, target_cached_tokens=o.target_cached,
-                        target_computed_tokens=o.target_computed, draft_computed_tokens=o.draft_computed,
-                        target_batch_size=o.target_batch, wire_bytes=o.wire_bytes,
-                        context_tokens=o.context_tokens, context_resends=o.context_resends,
-                        draft_hidden_ms=o.draft_hidden_ms, predrafted=o.predrafted,
-                        predraft_runner_up_at=o.predraft_runner_up_at,
-                        target_service_ms=o.target_service_ms, draft_service_ms=o.draft_service_ms)
+        return pb.Round(
+            index=self.rounds - 1,
+            k=o.k,
+            draft_ids=o.draft_ids[: e.drafted],
+            matches=o.matches[: e.drafted],
+            target_ids=o.target_ids[: e.drafted + emitted_next],
+            num_accepted=e.accepted,
+            next_token=o.next_token if emitted_next else -1,
+            next_kind=e.next_kind,
+            text=text,
+            draft_ms=o.draft_ms,
+            target_ms=o.target_ms,
+            overhead_ms=o.overhead_ms,
+            draft_kind=o.draft_kind,
+            draft_replica=o.draft_replica,
+            target_replica=o.target_replica,
+            target_cached_tokens=o.target_cached,
+            target_computed_tokens=o.target_computed,
+            draft_computed_tokens=o.draft_computed,
+            target_batch_size=o.target_batch,
+            wire_bytes=o.wire_bytes,
+            context_tokens=o.context_tokens,
+            context_resends=o.context_resends,
+            draft_hidden_ms=o.draft_hidden_ms,
+            predrafted=o.predrafted,
+            predraft_runner_up_at=o.predraft_runner_up_at,
+            target_service_ms=o.target_service_ms,
+            draft_service_ms=o.draft_service_ms,
+        )
