@@ -2,7 +2,7 @@
 
 import os
 
-__version__ = "0.1.0"   # the installed distribution's version wins (specdec.cli.package_version)
+__version__ = "0.1.0"  # the installed distribution's version wins (specdec.cli.package_version)
 
 # torch's CPU threads are a GNU OpenMP (libgomp) team, which reads GOMP_SPINCOUNT once, when torch loads: so it
 # is set here, before any module of this package imports torch (a value in the environment wins). After each
