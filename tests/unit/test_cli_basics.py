@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import specdec
-from specdec import cli
+from specdec import cli, up
 from specdec.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,14 +37,14 @@ def test_the_fallback_version_is_the_one_pyproject_declares():
 
 
 def test_up_listens_where_generate_looks_by_default():
-    up = cli.build_parser().parse_args(["up"])
+    up_args = cli.build_parser().parse_args(["up"])
     generate = cli.build_parser().parse_args(["generate", "hi"])
     assert generate.address == f"127.0.0.1:{cli.DEFAULT_ORCHESTRATOR_PORT}"
-    assert up.port is None  # unset: the default port when free
+    assert up_args.port is None  # unset: the default port when free
     free = free_port()
-    assert cli.orchestrator_port(None, default=free) == free
-    assert cli.orchestrator_port(0, default=free) not in (0, free)  # 0: any free port
-    assert cli.orchestrator_port(4321, default=free) == 4321
+    assert up.orchestrator_port(None, default=free) == free
+    assert up.orchestrator_port(0, default=free) not in (0, free)  # 0: any free port
+    assert up.orchestrator_port(4321, default=free) == 4321
 
 
 def test_up_takes_another_port_when_the_default_is_taken(capsys):
@@ -52,7 +52,7 @@ def test_up_takes_another_port_when_the_default_is_taken(capsys):
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
-        port = cli.orchestrator_port(None, default=taken)
+        port = up.orchestrator_port(None, default=taken)
     assert port != taken and port > 0
     assert f"{taken} is taken" in capsys.readouterr().err
 
