@@ -58,6 +58,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--http-port", type=int, default=0, help="port of the OpenAI-compatible HTTP API (0: a free one)")
     p.add_argument("--no-http", action="store_true", help="do not start the HTTP gateway")
     p.add_argument(
+        "--log-dir",
+        default="",
+        help="keep the services' logs under this folder (default: a temporary folder, removed at exit unless a "
+        "service failed)",
+    )
+    p.add_argument(
         "--dtype",
         default="",
         help="weights of the model services: auto (default), float32, bfloat16, int8, int4 (int4/int8: "
@@ -110,6 +116,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         orchestrator_port=orchestrator_port(args.port),
         dtype=args.dtype,
         engine=args.engine,
+        log_dir=args.log_dir,
     )
     stack = LocalStack(cfg)
     gateway = None

@@ -41,6 +41,7 @@ def test_up_listens_where_generate_looks_by_default():
     generate = cli.build_parser().parse_args(["generate", "hi"])
     assert generate.address == f"127.0.0.1:{cli.DEFAULT_ORCHESTRATOR_PORT}"
     assert up_args.port is None  # unset: the default port when free
+    assert up_args.log_dir == "" and cli.build_parser().parse_args(["up", "--log-dir", "logs"]).log_dir == "logs"
     free = free_port()
     assert up.orchestrator_port(None, default=free) == free
     assert up.orchestrator_port(0, default=free) not in (0, free)  # 0: any free port
