@@ -108,10 +108,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def exit_stopped_service() -> NoReturn:
-    """End a service that has drained and closed what it opened, now: without the interpreter's finalization,
-    which only tears down torch's, llama.cpp's and gRPC's native state (1 s for one idle service on 2 loaded
-    cores, more than 5 s for the services of a stack that all end at once, as they do when `specdec up` is
-    killed), while the port stays taken and a supervisor waits."""
+    """End a service (or the HTTP gateway) that has drained and closed what it opened, now: without the
+    interpreter's finalization, which only tears down torch's, llama.cpp's and gRPC's native state (1 s for one
+    idle service on 2 loaded cores, more than 5 s for the services of a stack that all end at once, as they do
+    when `specdec up` is killed), while the port stays taken and a supervisor waits."""
     atexit._run_exitfuncs()
     logging.shutdown()
     sys.stdout.flush()
@@ -132,7 +132,7 @@ def cmd_serve_http(args: argparse.Namespace) -> int:
     if port is not None:
         cfg.port = port
     asyncio.run(serve(cfg))
-    return 0
+    exit_stopped_service()
 
 
 def _generate_parser(sub: argparse._SubParsersAction) -> None:

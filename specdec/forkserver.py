@@ -42,6 +42,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 from specdec import children
 
@@ -345,19 +346,27 @@ class _Server:
 
 def serve() -> None:
     """The fork server's main (`python -c "from specdec.forkserver import serve; serve()" LISTEN_FD DIR`):
-    import PRELOAD, serve until the client exits, then remove DIR (its socket and this server's log)."""
+    import PRELOAD, serve until the client exits (or SIGTERM: the client ended, specdec.children), then remove
+    DIR (its socket and this server's log) and exit."""
+    signal.signal(signal.SIGTERM, lambda *_: _quit(0))
     listener = socket.socket(fileno=int(sys.argv[1]))
     for name in PRELOAD:
         importlib.import_module(name)
     for name in PRELOAD_IF_PRESENT:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # its client ended (specdec.children): clean up, then exit
     try:
         _Server(listener).run()
-    finally:
-        shutil.rmtree(sys.argv[2], ignore_errors=True)
+    except Exception:  # noqa: BLE001 - logged; the folder goes all the same
+        traceback.print_exc()
+        _quit(1)
+    _quit(0)
 
 
-def _exit_on_sigterm(*_: object) -> None:
-    raise SystemExit(0)
+def _quit(code: int) -> NoReturn:
+    """Remove DIR and exit now, without the interpreter's teardown of what PRELOAD imported (a second or more):
+    the forks get SIGTERM only once this process is gone."""
+    shutil.rmtree(sys.argv[2], ignore_errors=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
