@@ -12,7 +12,7 @@ GUIDELLM_PIN  := guidellm==0.8.1
 LOAD_PIP      := $(LOAD_VENV)/bin/python -m pip -q --disable-pip-version-check
 
 .PHONY: install demo test test-fast protos bench bench-concurrency bench-load bench-load-long load-venv constraints up clean \
-        deploy-tools base-image images deploy-test llama-server
+        deploy-tools deploy-prereqs base-image images deploy-test llama-server
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml scripts/build_llamacpp.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -93,9 +93,14 @@ base-image:
 images:
 	scripts/build_images.sh
 
+## What deploy-test needs (docker and its engine, debootstrap for the base image, Compose v2), checked first:
+## prints the commands that install what is missing.
+deploy-prereqs:
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m deploy_tools.prereqs $(if $(wildcard $(TOOLS_STAMP)),,--tools-pending)
+
 ## Build the images, run the compose stack for real (2 drafts, 2 targets), check it, print a table.
 ## Needs docker (root or the docker group); not part of `make test`.
-deploy-test: $(STAMP) $(TOOLS_STAMP)
+deploy-test: deploy-prereqs $(STAMP) $(TOOLS_STAMP)
 	PYTHONPATH=$(CURDIR) $(BIN)/python -m deploy_tools.deploy_test $(DEPLOY_TEST_ARGS)
 
 clean:

@@ -16,6 +16,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specdec import children
 from specdec.redis_server import free_port
 
 READY_TIMEOUT_S = 60.0
@@ -53,14 +54,14 @@ class GatewayProcess:
     def log_path(self) -> Path:
         return Path(self.log_dir or os.environ.get("TMPDIR", "/tmp")) / f"http-{self.port}.log"
 
-    def start(self, wait: bool = True, timeout: float = READY_TIMEOUT_S) -> "GatewayProcess":
+    def start(self, wait: bool = True, timeout: float = READY_TIMEOUT_S) -> GatewayProcess:
         self.port = self.port or free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env}
         cmd = [sys.executable, "-m", "specdec.cli", "serve", "http", "--host", self.host, "--port", str(self.port),
                "--orchestrator", self.orchestrator]
-        self.popen = subprocess.Popen(cmd, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True)
+        self.popen = children.popen(cmd, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
         if wait:
             self.wait_ready(timeout)
         return self

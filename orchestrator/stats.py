@@ -13,10 +13,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from orchestrator.rounds import RoundOutcome
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import target_pb2
-
-from orchestrator.rounds import RoundOutcome
 
 MS_PER_S = 1000.0
 
@@ -28,14 +27,20 @@ class Emitted:
     tokens: int  # tokens the round appended to the completion
     drafted: int  # draft positions counted: all of them, or only those before the cut
     accepted: int  # accepted draft tokens that were emitted
-    next_kind: target_pb2.NextKind  # of the recovered/bonus token; UNSPECIFIED when it was cut
+    next_kind: target_pb2.NextKind  # of the target's token; UNSPECIFIED when it was cut
+
+
+def next_kind(o: RoundOutcome) -> target_pb2.NextKind:
+    """What the round's own target token is: recovered, bonus, or, where nothing was drafted (k = 0, or a draft
+    that proposed nothing; the target answers `bonus` as all of no drafts passed), a plain target token."""
+    return o.next_kind if o.draft_ids else target_pb2.NEXT_KIND_TARGET
 
 
 def count_emitted(o: RoundOutcome, kept: int) -> Emitted:
     """Count a round by the `kept` tokens it emitted (a prefix of o.emitted: accepted drafts, then the
     target's token). A cut inside the accepted run drops the later positions, accepted or not."""
     if kept > o.num_accepted:  # the whole accepted run and the target's token
-        return Emitted(kept, len(o.draft_ids), o.num_accepted, o.next_kind)
+        return Emitted(kept, len(o.draft_ids), o.num_accepted, next_kind(o))
     return Emitted(kept, min(kept, len(o.draft_ids)), kept, target_pb2.NEXT_KIND_UNSPECIFIED)
 
 

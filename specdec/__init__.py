@@ -2,6 +2,8 @@
 
 import os
 
+__version__ = "0.1.0"  # the installed distribution's version wins (specdec.cli.package_version)
+
 # torch's CPU threads are a GNU OpenMP (libgomp) team, which reads GOMP_SPINCOUNT once, when torch loads: so it
 # is set here, before any module of this package imports torch (a value in the environment wins). After each
 # parallel region the team's idle threads spin that many times before they sleep. libgomp's default (300,000

@@ -1,25 +1,31 @@
 """The `specdec` command: serve a service, run the whole stack locally, generate.
 
   specdec serve draft|target|orchestrator|http [options]
-  specdec up [--target-model SPEC] [--draft-kind ngram|model] [--draft-replicas N] [--target-replicas M] [--http-port N]
+  specdec up [--target-model SPEC] [--draft-kind ngram|model] [--draft-replicas N] [--target-replicas M] [--port N]
+             [--http-port N]
   specdec generate "prompt" [--k N] [--max-new-tokens N] [--session ID] [--trace] [--json]
   specdec distill --target SPEC --out DIR [--layers 1|2] [--head-tokens N] [--steps N] [--seed N] [--resume]
   specdec bench [--prompts grounded,open] [--k 2,4,8,12] [--max-new-tokens N] [--repeats N] [--threads N] [--quick]
   specdec bench-load [--quick | --full] [--concurrency 1,4,16] [--requests N] [--k 4] [--adaptive-cap N]
+  specdec --version
+
+`specdec up` serves gRPC on 127.0.0.1:50050 when that port is free, which is where `specdec generate`
+looks by default; when it is taken, `up` picks another port and prints the --address to pass.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import logging
 import os
-import signal
 import sys
-import time
+from importlib import metadata
+from typing import NoReturn
 
-from specdec import spin
+from specdec import __version__, spin, up
 from specdec.config import (
     DEFAULT_DRAFT_PORT,
     DEFAULT_MODELS,
@@ -28,11 +34,11 @@ from specdec.config import (
     CommandSettings,
     ConfigError,
 )
-from specdec.params import DEFAULTS, MODEL_DRAFT_KINDS
+from specdec.params import DEFAULTS
 
 EXIT_USAGE, EXIT_LOAD_ERROR = 2, 2
-EXIT_BROKEN_PIPE = 1           # as Python's own note on SIGPIPE suggests
-SHIPPED_EMBEDDED_DRAFT = DEFAULT_MODELS["draft"]
+EXIT_BROKEN_PIPE = 1  # as Python's own note on SIGPIPE suggests
+EXIT_FAILURE = 1
 DEFAULT_PORTS = {"draft": DEFAULT_DRAFT_PORT, "target": DEFAULT_TARGET_PORT, "orchestrator": DEFAULT_ORCHESTRATOR_PORT}
 
 
@@ -42,14 +48,20 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--metrics-port", type=int)
-    p.add_argument("--model", help="model spec: embedded | modelscope:ORG/NAME | hf:ORG/NAME | DIR | gguf:FILE "
-                                   f"(default: {DEFAULT_MODELS['target']} for a target, {DEFAULT_MODELS['draft']}, "
-                                   "the trained draft shipped for it, for a draft)")
+    p.add_argument(
+        "--model",
+        help="model spec: embedded | modelscope:ORG/NAME | hf:ORG/NAME | DIR | gguf:FILE "
+        f"(default: {DEFAULT_MODELS['target']} for a target, {DEFAULT_MODELS['draft']}, "
+        "the trained draft shipped for it, for a draft)",
+    )
     p.add_argument("--draft-kind", choices=["model", "ngram", "combined"])
     p.add_argument("--device")
     p.add_argument("--dtype")
-    p.add_argument("--engine", choices=["auto", "torch", "llamacpp"],
-                   help="model runner: auto (llama.cpp for a GGUF on CPU, torch otherwise), torch, llamacpp")
+    p.add_argument(
+        "--engine",
+        choices=["auto", "torch", "llamacpp"],
+        help="model runner: auto (llama.cpp for a GGUF on CPU, torch otherwise), torch, llamacpp",
+    )
     p.add_argument("--threads", type=int)
     p.add_argument("--cache-budget-bytes", type=int)
     p.add_argument("--max-batch", type=int, help="target: sessions verified in one forward pass (1 = off)")
@@ -82,8 +94,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from orchestrator.main import serve
     else:
         cfg = ModelServiceConfig(role=args.role)
-        _apply(cfg, args, ["model", "draft_kind", "device", "dtype", "engine", "threads", "cache_budget_bytes",
-                            "max_batch"])
+        _apply(
+            cfg,
+            args,
+            ["model", "draft_kind", "device", "dtype", "engine", "threads", "cache_budget_bytes", "max_batch"],
+        )
         if args.role == "draft":
             from draft_service.main import serve
         else:
@@ -92,12 +107,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else CommandSettings().port
     cfg.server.port = DEFAULT_PORTS[args.role] if port is None else port
     try:
-        with asyncio.Runner(loop_factory=spin.new_loop) as runner:   # its loop polls where told (specdec/spin.py)
+        with asyncio.Runner(loop_factory=spin.new_loop) as runner:  # its loop polls where told (specdec/spin.py)
             runner.run(serve(cfg))
     except ModelLoadError as exc:
         print(f"specdec {args.role}: {exc}", file=sys.stderr)
         return EXIT_LOAD_ERROR
-    return 0
+    exit_stopped_service()
+
+
+def exit_stopped_service() -> NoReturn:
+    """End a service (or the HTTP gateway) that has drained and closed what it opened, now: without the
+    interpreter's finalization, which only tears down torch's, llama.cpp's and gRPC's native state (1 s for one
+    idle service on 2 loaded cores, more than 5 s for the services of a stack that all end at once, as they do
+    when `specdec up` is killed), while the port stays taken and a supervisor waits."""
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def cmd_serve_http(args: argparse.Namespace) -> int:
@@ -107,125 +134,84 @@ def cmd_serve_http(args: argparse.Namespace) -> int:
     port = args.http_port if args.http_port is not None else args.port
     cfg = config_from_env(orchestrator=args.orchestrator or None, host=args.host or None, port=port)
     asyncio.run(serve(cfg))
-    return 0
-
-
-def _up_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("up", help="start Redis, draft, target and orchestrator locally; Ctrl-C stops all")
-    p.add_argument("--target-model", default="embedded")
-    p.add_argument("--draft-model", default="",
-                   help=f"model spec of the draft (model/combined kinds; default with the embedded target: "
-                        f"{SHIPPED_EMBEDDED_DRAFT})")
-    p.add_argument("--draft-kind", choices=["model", "ngram", "combined"], default="ngram")
-    p.add_argument("--draft-replicas", type=int, default=1)
-    p.add_argument("--target-replicas", type=int, default=1)
-    p.add_argument("--redis-url", default="")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch threads per model service (0: every core for the target with the n-gram draft, "
-                        "half of them each with a model draft)")
-    p.add_argument("--port", type=int, default=0,
-                   help=f"orchestrator gRPC port (0: a free one; {DEFAULT_ORCHESTRATOR_PORT} is where "
-                        f"`specdec generate` looks by default)")
-    p.add_argument("--http-port", type=int, default=0, help="port of the OpenAI-compatible HTTP API (0: a free one)")
-    p.add_argument("--no-http", action="store_true", help="do not start the HTTP gateway")
-    p.add_argument("--dtype", default="",
-                   help="weights of the model services: auto (default), float32, bfloat16, int8, int4 (int4/int8: "
-                        "quantized on CPU; a trained draft that shares the target's tensors cannot take int4)")
-    p.add_argument("--engine", default="", choices=["", "auto", "torch", "llamacpp"],
-                   help="model runner of the services: auto (default: llama.cpp for a GGUF on CPU), torch, llamacpp")
-
-
-def cmd_up(args: argparse.Namespace) -> int:
-    """Run the local stack until Ctrl-C."""
-    from specdec.launcher import LocalStack, StackConfig, default_threads
-
-    draft_model = args.draft_model
-    if args.draft_kind in MODEL_DRAFT_KINDS and not draft_model:
-        if args.target_model != "embedded":
-            print(f"specdec up: --draft-kind {args.draft_kind} needs --draft-model SPEC", file=sys.stderr)
-            return 2
-        draft_model = SHIPPED_EMBEDDED_DRAFT  # the trained draft shipped for the embedded target
-    cfg = StackConfig(target_model=args.target_model, draft_model=draft_model, draft_kind=args.draft_kind,
-                      draft_replicas=args.draft_replicas, target_replicas=args.target_replicas,
-                      redis_url=args.redis_url, threads=args.threads or default_threads(args.draft_kind),
-                      orchestrator_port=args.port, dtype=args.dtype, engine=args.engine)
-    stack = LocalStack(cfg)
-    print("starting Redis, draft, target and orchestrator...")
-    try:
-        stack.start()
-    except (RuntimeError, TimeoutError) as exc:
-        stack.stop()
-        print(f"specdec up: {exc}", file=sys.stderr)
-        return 1
-    gateway = None
-    if not args.no_http:
-        from http_gateway.process import GatewayProcess
-
-        gateway = GatewayProcess(stack.orchestrator_address, port=args.http_port, log_dir=str(stack.log_dir))
-        try:
-            gateway.start()
-        except (RuntimeError, TimeoutError) as exc:
-            gateway.stop()
-            stack.stop()
-            print(f"specdec up: {exc}", file=sys.stderr)
-            return 1
-    for proc in stack.procs:
-        print(f"  {proc.role:<12} {proc.address}   log: {proc.log_path}")
-    if gateway is not None:
-        print(f"  {'http':<12} {gateway.url}   log: {gateway.log_path}")
-    print(f"ready: specdec generate --address {stack.orchestrator_address} \"Hello\"   (Ctrl-C stops all)")
-    if gateway is not None:
-        print(f"OpenAI-compatible API: {gateway.url}/v1   (POST /v1/chat/completions, /v1/completions)")
-    sys.stdout.flush()
-    stopped = False
-    def _stop(*_: object) -> None:
-        nonlocal stopped
-        stopped = True
-    # SIGINT too, explicitly: a command started in the background by a non-interactive shell (`specdec up &` in
-    # a script, a CI step) inherits SIGINT ignored, and Ctrl-C / kill -INT would leave the whole stack running.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _stop)
-    while not stopped:
-        time.sleep(0.5)
-    if gateway is not None:
-        gateway.stop()
-    stack.stop()
-    return 0
+    exit_stopped_service()
 
 
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="generate text through the orchestrator",
-                       description="Generate once through a running orchestrator (`specdec up` starts one) and "
-                                   "print the text and its stats. Unset flags take the server's defaults.")
+    p = sub.add_parser(
+        "generate",
+        help="generate text through the orchestrator",
+        description="Generate once through a running orchestrator (`specdec up` starts one) and "
+        "print the text and its stats. Unset flags take the server's defaults.",
+    )
     p.add_argument("prompt", help="the prompt text (raw, or one user chat message with --chat)")
-    p.add_argument("--address", default=f"127.0.0.1:{DEFAULT_ORCHESTRATOR_PORT}",
-                   help="orchestrator gRPC address host:port (default: %(default)s)")
+    p.add_argument(
+        "--address",
+        default=f"127.0.0.1:{DEFAULT_ORCHESTRATOR_PORT}",
+        help="orchestrator gRPC address host:port (default: %(default)s)",
+    )
     p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message (chat template)")
     p.add_argument("--k", type=int, help=f"draft tokens per round; 0 = target-only decoding (default: {DEFAULTS['k']})")
-    p.add_argument("--max-new-tokens", type=int, help=f"completion tokens at most (default: {DEFAULTS['max_new_tokens']})")
-    p.add_argument("--draft-kind", choices=["model", "ngram", "combined"],
-                   help="which draft proposes: a draft model, prompt lookup, or lookup then model "
-                        "(default: the draft service's kind)")
-    p.add_argument("--temperature", type=float, help=f"sampling temperature; 0 = greedy (default: {DEFAULTS['temperature']})")
+    p.add_argument(
+        "--max-new-tokens", type=int, help=f"completion tokens at most (default: {DEFAULTS['max_new_tokens']})"
+    )
+    p.add_argument(
+        "--draft-kind",
+        choices=["model", "ngram", "combined"],
+        help="which draft proposes: a draft model, prompt lookup, or lookup then model "
+        "(default: the draft service's kind)",
+    )
+    p.add_argument(
+        "--temperature", type=float, help=f"sampling temperature; 0 = greedy (default: {DEFAULTS['temperature']})"
+    )
     p.add_argument("--top-k", type=int, help="sample from the k most likely tokens only (0 = off)")
     p.add_argument("--top-p", type=float, help="nucleus sampling: the smallest set with this probability (1 = off)")
-    p.add_argument("--seed", type=int, help="seed of the request's random draws (default: a fresh one); "
-                                            "the same seed repeats a sampled generation")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="stop before this text (repeat the flag for several)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="seed of the request's random draws (default: a fresh one); the same seed repeats a sampled generation",
+    )
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="stop before this text (repeat the flag for several)",
+    )
     p.add_argument("--session", metavar="ID", help="continue this session (multi-turn, its tokens stay cached)")
     p.add_argument("--new-session", action="store_true", help="create --session if it does not exist")
-    p.add_argument("--trace", action="store_true",
-                   help="print the per-round table: draft tokens, matches, target tokens, accepted, next token")
-    p.add_argument("--json", action="store_true",
-                   help="print the whole response as JSON: numbers as numbers, every stats field, finish_reason "
-                        "by its OpenAI name (stop, length) and finish_detail")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="print the per-round table: draft tokens, matches, target tokens, accepted, next token",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the whole response as JSON: numbers as numbers, every stats field, finish_reason "
+        "by its OpenAI name (stop, length) and finish_detail",
+    )
     p.add_argument("--stream", action="store_true", help="print the text as it is generated (GenerateStream)")
-    p.add_argument("--timeout", type=float, default=600.0, help="deadline of the call in seconds (default: %(default)s)")
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="deadline of the call in seconds (default: %(default)s)"
+    )
     p.add_argument("--token", help="bearer token (or SPECDEC_TOKEN)")
     p.add_argument("--tls-ca", help="CA bundle to verify the orchestrator (enables TLS)")
     p.add_argument("--tls-cert", help="client certificate (mTLS)")
     p.add_argument("--tls-key", help="client key (mTLS)")
+
+
+def unreachable_hint(exc: object, address: str) -> str:
+    """What to do when nothing listens at `address` (the call failed to connect); "" for any other failure."""
+    import grpc
+
+    if exc.code() != grpc.StatusCode.UNAVAILABLE or "connection refused" not in (exc.details() or "").lower():
+        return ""
+    return (
+        f"no orchestrator answers at {address} (connection refused). Start the local stack with `specdec up` "
+        f"(it listens on 127.0.0.1:{DEFAULT_ORCHESTRATOR_PORT} when that port is free), or pass the --address "
+        f"it printed."
+    )
 
 
 def build_request(args: argparse.Namespace):
@@ -237,8 +223,12 @@ def build_request(args: argparse.Namespace):
         req.messages.messages.add(role="user", content=args.prompt)
     else:
         req.prompt = args.prompt
-    for flag, fld in (("k", "k"), ("max_new_tokens", "max_new_tokens"), ("draft_kind", "draft_kind"),
-                      ("session", "session_id")):
+    for flag, fld in (
+        ("k", "k"),
+        ("max_new_tokens", "max_new_tokens"),
+        ("draft_kind", "draft_kind"),
+        ("session", "session_id"),
+    ):
         if getattr(args, flag) is not None:
             setattr(req, fld, getattr(args, flag))
     for flag in ("temperature", "top_k", "top_p", "seed"):
@@ -273,8 +263,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 return _print_stream(stub.GenerateStream(req, timeout=args.timeout, metadata=metadata), args)
             resp = stub.Generate(req, timeout=args.timeout, metadata=metadata)
         except grpc.RpcError as exc:
-            print(f"specdec generate: {exc.code().name}: {exc.details()}", file=sys.stderr)
-            return 1
+            print(
+                f"specdec generate: {unreachable_hint(exc, args.address) or f'{exc.code().name}: {exc.details()}'}",
+                file=sys.stderr,
+            )
+            return EXIT_FAILURE
     if args.json:
         print(json.dumps(generation_dict(resp), ensure_ascii=False, indent=2))
         return 0
@@ -316,38 +309,63 @@ def _cmd_bench_load(ns: argparse.Namespace) -> int:
     return cmd_bench_load(ns)
 
 
+def package_version() -> str:
+    """The installed distribution's version; specdec.__version__ in a source tree that is not installed."""
+    try:
+        return metadata.version("specdec")
+    except metadata.PackageNotFoundError:
+        return __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `specdec` command line: every subcommand's parser."""
+    parser = argparse.ArgumentParser(
+        prog="specdec",
+        description=__doc__.splitlines()[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"specdec {package_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    up.add_parser(sub)
+    _generate_parser(sub)
+    from specdec.bench.concurrency import add_parser as _concurrency_parser
+    from specdec.bench.load_args import add_parser as _load_parser
+    from specdec.bench.runner import add_parser as _bench_parser
+    from specdec.distill.cli import add_parser as _distill_parser
+
+    for add in (_bench_parser, _concurrency_parser, _load_parser, _distill_parser):
+        add(sub)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `specdec` console script."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    parser = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    _serve_parser(sub)
-    _up_parser(sub)
-    _generate_parser(sub)
-    from specdec.bench.concurrency import add_parser as _concurrency_parser
+    args = build_parser().parse_args(argv)
     from specdec.bench.concurrency import cmd_bench_concurrency
-    from specdec.bench.runner import add_parser as _bench_parser
     from specdec.bench.runner import cmd_bench
-    _bench_parser(sub)
-    _concurrency_parser(sub)
-    from specdec.bench.load_args import add_parser as _load_parser
-    _load_parser(sub)
-    from specdec.distill.cli import add_parser as _distill_parser
     from specdec.distill.cli import run as cmd_distill
-    _distill_parser(sub)
-    args = parser.parse_args(argv)
-    handlers = {"serve": cmd_serve, "up": cmd_up, "generate": cmd_generate, "bench": cmd_bench, "bench-concurrency": cmd_bench_concurrency,
-                "bench-load": _cmd_bench_load,
-                "distill": cmd_distill}
+
+    handlers = {
+        "serve": cmd_serve,
+        "up": up.cmd_up,
+        "generate": cmd_generate,
+        "bench": cmd_bench,
+        "bench-concurrency": cmd_bench_concurrency,
+        "bench-load": _cmd_bench_load,
+        "distill": cmd_distill,
+    }
     try:
         code = handlers[args.command](args)
-        sys.stdout.flush()       # a closed pipe shows here, not in the flush at interpreter exit
+        sys.stdout.flush()  # a closed pipe shows here, not in the flush at interpreter exit
         return code
-    except ConfigError as exc:   # a setting that cannot be used: one line naming it, no traceback
+    except ConfigError as exc:  # a setting that cannot be used: one line naming it, no traceback
         command = " ".join(filter(None, ("specdec", args.command, getattr(args, "role", None))))
         print(f"{command}: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except BrokenPipeError:      # the reader went away (`specdec generate ... | head -1`): stop quietly
+    except BrokenPipeError:  # the reader went away (`specdec generate ... | head -1`): stop quietly
         _silence_stdout()
         return EXIT_BROKEN_PIPE
 

@@ -19,11 +19,13 @@ not only on the thread that loads the model.
 The protocol, over a Unix socket per service: the client sends one request (argv, env, cwd, log path:
 length-prefixed JSON); the server forks and answers the child's pid, then, when it has reaped the child,
 its exit code (negative: killed by that signal, as subprocess reports it). The server exits when the
-process that started it closes its stdin (it exited).
+process that started it closes its stdin (it exited) or at SIGTERM, which it gets when that process ends
+(specdec.children); each fork gets SIGTERM when the server ends, so the services end with the client.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
@@ -40,18 +42,28 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
+
+from specdec import children
 
 START_METHOD_ENV = "SPECDEC_START_METHOD"
 EXEC, FORKSERVER = "exec", "forkserver"
 START_METHODS = (EXEC, FORKSERVER)
 #: imported once by the fork server: everything a model service or an orchestrator imports to start.
-PRELOAD = ("specdec", "torch", "transformers", "target_service.main", "draft_service.main", "orchestrator.main",
-           "specdec.cli")
+PRELOAD = (
+    "specdec",
+    "torch",
+    "transformers",
+    "target_service.main",
+    "draft_service.main",
+    "orchestrator.main",
+    "specdec.cli",
+)
 #: what loading a tokenizer imports on first use in transformers 5 (0.3 s an orchestrator); skipped where absent
 PRELOAD_IF_PRESENT = ("transformers.tokenization_utils_tokenizers", "transformers.convert_slow_tokenizer")
 #: environment variables a forked service may set differently from the server (read at call time only).
 FORKABLE_PREFIX = "SPECDEC_"
-FORKABLE_NAMES = frozenset({"PYTHONUNBUFFERED", "PYTEST_CURRENT_TEST"})   # the latter: pytest's, set per test
+FORKABLE_NAMES = frozenset({"PYTHONUNBUFFERED", "PYTEST_CURRENT_TEST"})  # the latter: pytest's, set per test
 LISTEN_BACKLOG = 64
 _INT = struct.Struct("!q")
 _LEN = struct.Struct("!I")
@@ -60,7 +72,7 @@ _LEN = struct.Struct("!I")
 ORPHAN_EXIT = -signal.SIGKILL
 ORPHAN_POLL_S = 0.05
 
-_server: "_ServerHandle | None" = None
+_server: _ServerHandle | None = None
 _server_lock = threading.Lock()
 
 
@@ -126,7 +138,7 @@ class ForkedProcess:
         self.args = args
         self.pid = pid
         self.returncode: int | None = None
-        self._conn: socket.socket | None = conn   # None once read, or once the server is gone (then: _alive)
+        self._conn: socket.socket | None = conn  # None once read, or once the server is gone (then: _alive)
 
     def _read_exit(self, timeout: float | None) -> int | None:
         if self.returncode is None and self._conn is not None:
@@ -139,7 +151,7 @@ class ForkedProcess:
             self._conn = None
             if data:
                 self.returncode = _INT.unpack(data)[0]
-        if self.returncode is None and self._conn is None:    # the server died first: watch the pid itself
+        if self.returncode is None and self._conn is None:  # the server died first: watch the pid itself
             deadline = None if timeout is None else time.monotonic() + timeout
             while _alive(self.pid):
                 if deadline is not None and time.monotonic() >= deadline:
@@ -179,21 +191,35 @@ class _ServerHandle:
         listener.bind(self.path)
         listener.listen(LISTEN_BACKLOG)
         with (self.dir / "server.log").open("ab") as log:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-c", "from specdec.forkserver import serve; serve()", str(listener.fileno()),
-                 str(self.dir)],
-                pass_fds=[listener.fileno()], stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT)
+            self.popen = children.popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "from specdec.forkserver import serve; serve()",
+                    str(listener.fileno()),
+                    str(self.dir),
+                ],
+                pass_fds=[listener.fileno()],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         listener.close()
 
     def fork(self, cmd: list[str], env: dict[str, str], log_path: Path) -> ForkedProcess:
-        module = cmd.index("-m") + 1                    # cmd: [python, "-m", MODULE, *argv]
-        request = {"module": cmd[module], "argv": cmd[module + 1:], "env": env, "cwd": os.getcwd(),
-                   "log_path": str(log_path)}
+        module = cmd.index("-m") + 1  # cmd: [python, "-m", MODULE, *argv]
+        request = {
+            "module": cmd[module],
+            "argv": cmd[module + 1 :],
+            "env": env,
+            "cwd": os.getcwd(),
+            "log_path": str(log_path),
+        }
         body = json.dumps(request).encode()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(self.path)
         conn.sendall(_LEN.pack(len(body)) + body)
-        data = _recv_exact(conn, _INT.size)      # the first answer waits for the server's imports
+        data = _recv_exact(conn, _INT.size)  # the first answer waits for the server's imports
         if not data:
             conn.close()
             log = (self.dir / "server.log").read_text(errors="replace")[-3000:]
@@ -212,9 +238,10 @@ def spawn(cmd: list[str], env: dict[str, str], log_path: Path) -> ForkedProcess:
     return server.fork(cmd, env, log_path)
 
 
-def _run_child(request: dict) -> None:
+def _run_child(request: dict, server_pid: int) -> None:
     """In the fork: become the process `python -m MODULE ARGV` would have been, run MODULE.main(ARGV), exit."""
-    os.setsid()                                   # a session of its own, as Popen(start_new_session=True)
+    os.setsid()  # a session of its own, as Popen(start_new_session=True)
+    children.die_with(server_pid)  # the server forks on its main thread, which lives as long as it
     inherit_niceness(os.getpid())
     null = os.open(os.devnull, os.O_RDONLY)
     log = os.open(request["log_path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -222,8 +249,9 @@ def _run_child(request: dict) -> None:
         os.dup2(fd, target)
     os.close(null)
     os.close(log)
-    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
-    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    # the process's own streams from here to its exit (closed by os._exit)
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
@@ -247,13 +275,13 @@ class _Server:
 
     def __init__(self, listener: socket.socket) -> None:
         self.listener = listener
-        self.waiting: dict[int, socket.socket] = {}     # pid -> the connection that asked for it
+        self.waiting: dict[int, socket.socket] = {}  # pid -> the connection that asked for it
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so SIGCHLD writes to the wake-up fd
-        signal.signal(signal.SIGINT, signal.SIG_IGN)    # a terminal's Ctrl-C is for the client, which stops us
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the client, which stops us
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ, self._accept)
         self.selector.register(self.wake_r, selectors.EVENT_READ, self._reap)
@@ -276,10 +304,11 @@ class _Server:
         if not body:
             conn.close()
             return
+        server_pid = os.getpid()
         pid = os.fork()
         if pid == 0:
             self._close_in_child(conn)
-            _run_child(json.loads(body))
+            _run_child(json.loads(body), server_pid)
         conn.sendall(_INT.pack(pid))
         self.waiting[pid] = conn
 
@@ -288,6 +317,7 @@ class _Server:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         self.selector.close()
         for sock in (self.listener, conn, *self.waiting.values()):
             sock.close()
@@ -309,23 +339,34 @@ class _Server:
                 return
             conn = self.waiting.pop(pid, None)
             if conn is not None:
-                try:
+                with contextlib.suppress(OSError):  # the client is gone: nobody to tell
                     conn.sendall(_INT.pack(os.waitstatus_to_exitcode(status)))
-                except OSError:
-                    pass                                # the client is gone: nobody to tell
                 conn.close()
 
 
 def serve() -> None:
     """The fork server's main (`python -c "from specdec.forkserver import serve; serve()" LISTEN_FD DIR`):
-    import PRELOAD, serve until the client exits, then remove DIR (its socket and this server's log)."""
+    import PRELOAD, serve until the client exits (or SIGTERM: the client ended, specdec.children), then remove
+    DIR (its socket and this server's log) and exit."""
+    signal.signal(signal.SIGTERM, lambda *_: _quit(0))
     listener = socket.socket(fileno=int(sys.argv[1]))
     for name in PRELOAD:
         importlib.import_module(name)
     for name in PRELOAD_IF_PRESENT:
-        try:
+        with contextlib.suppress(ImportError):
             importlib.import_module(name)
-        except ImportError:
-            pass
-    _Server(listener).run()
+    try:
+        _Server(listener).run()
+    except Exception:  # noqa: BLE001 - logged; the folder goes all the same
+        traceback.print_exc()
+        _quit(1)
+    _quit(0)
+
+
+def _quit(code: int) -> NoReturn:
+    """Remove DIR and exit now, without the interpreter's teardown of what PRELOAD imported (a second or more):
+    the forks get SIGTERM only once this process is gone."""
     shutil.rmtree(sys.argv[2], ignore_errors=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -25,10 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Optional
 from urllib.parse import quote
 
 import redis
+
+from specdec import children
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 DEFAULT_EPHEMERAL_FLOOR = 32768
 LISTEN_PORT_FLOOR = 10_000
 PORT_PICK_TRIES = 200
-_PORT_PICKER = random.SystemRandom()     # no state a forked process would share: siblings pick apart
+_PORT_PICKER = random.SystemRandom()  # no state a forked process would share: siblings pick apart
 _HANDED_OUT: set[int] = set()
 BINARY_NAME = "redis-server"
 STARTUP_TIMEOUT_S = 15.0
@@ -95,6 +96,18 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def can_listen(port: int) -> bool:
+    """Whether a server could listen on this loopback port now (as gRPC binds: SO_REUSEADDR, so connections of an
+    earlier server still in TIME_WAIT do not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
     """Return a TCP port on the loopback interface that is free right now, for a server started a little later.
 
@@ -107,7 +120,7 @@ def free_port() -> int:
         if port not in _HANDED_OUT and _bindable(port):
             _HANDED_OUT.add(port)
             return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:    # a kernel's choice as the last resort
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a kernel's choice as the last resort
         sock.bind((LOOPBACK, 0))
         return int(sock.getsockname()[1])
 
@@ -125,18 +138,18 @@ class EmbeddedRedis:
 
     def __init__(
         self,
-        data_dir: Optional[str | os.PathLike[str]] = None,
-        password: Optional[str] = None,
-        binary: Optional[str] = None,
-        port: Optional[int] = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        password: str | None = None,
+        binary: str | None = None,
+        port: int | None = None,
     ) -> None:
         self.binary = binary or find_redis_server()
         self.password = password
         self.persistent = data_dir is not None
         self.port = port or 0
-        self._tmp: Optional[tempfile.TemporaryDirectory[str]] = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._data_dir = Path(data_dir) if data_dir is not None else None
-        self._proc: Optional[subprocess.Popen[bytes]] = None
+        self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -149,7 +162,7 @@ class EmbeddedRedis:
         """True while the child process is alive."""
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self) -> "EmbeddedRedis":
+    def start(self) -> EmbeddedRedis:
         """Start the server (no-op if running) and wait until it answers PING."""
         if self.running:
             return self
@@ -160,8 +173,10 @@ class EmbeddedRedis:
         conf = self._write_config()
         log_path = Path(self._tmp.name) / "redis.log"
         with open(log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                [self.binary, str(conf)], stdout=log, stderr=subprocess.STDOUT
+            # a session of its own: a terminal's Ctrl-C is for the process that started it, which stops Redis
+            # last; it ends when that process ends, however that ends (specdec.children)
+            self._proc = children.popen(
+                [self.binary, str(conf)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         self._wait_ready(log_path)
         logger.info("embedded redis %s listening on %s:%d", self.binary, LOOPBACK, self.port)
@@ -193,8 +208,11 @@ class EmbeddedRedis:
         assert self._proc is not None
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         client = redis.Redis(
-            host=LOOPBACK, port=self.port, password=self.password,
-            socket_timeout=PING_SOCKET_TIMEOUT_S, socket_connect_timeout=PING_SOCKET_TIMEOUT_S,
+            host=LOOPBACK,
+            port=self.port,
+            password=self.password,
+            socket_timeout=PING_SOCKET_TIMEOUT_S,
+            socket_connect_timeout=PING_SOCKET_TIMEOUT_S,
         )
         try:
             while time.monotonic() < deadline:
@@ -210,8 +228,7 @@ class EmbeddedRedis:
         tail = log_path.read_text(encoding="utf-8", errors="replace")[-LOG_TAIL_CHARS:]
         self.stop()
         raise RedisStartError(
-            f"redis-server on port {self.port} did not answer PING within "
-            f"{STARTUP_TIMEOUT_S:.0f}s; log tail:\n{tail}"
+            f"redis-server on port {self.port} did not answer PING within {STARTUP_TIMEOUT_S:.0f}s; log tail:\n{tail}"
         )
 
     def stop(self) -> None:
@@ -228,7 +245,7 @@ class EmbeddedRedis:
                 proc.kill()
                 proc.wait()
 
-    def restart(self) -> "EmbeddedRedis":
+    def restart(self) -> EmbeddedRedis:
         """Stop and start again on the same port with the same data directory."""
         self.stop()
         return self.start()
@@ -240,13 +257,13 @@ class EmbeddedRedis:
             self._tmp.cleanup()
             self._tmp = None
 
-    def __enter__(self) -> "EmbeddedRedis":
+    def __enter__(self) -> EmbeddedRedis:
         return self.start()
 
     def __exit__(
         self,
-        exc_type: Optional[type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()

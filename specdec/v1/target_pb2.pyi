@@ -13,9 +13,11 @@ class NextKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NEXT_KIND_UNSPECIFIED: _ClassVar[NextKind]
     NEXT_KIND_RECOVERED: _ClassVar[NextKind]
     NEXT_KIND_BONUS: _ClassVar[NextKind]
+    NEXT_KIND_TARGET: _ClassVar[NextKind]
 NEXT_KIND_UNSPECIFIED: NextKind
 NEXT_KIND_RECOVERED: NextKind
 NEXT_KIND_BONUS: NextKind
+NEXT_KIND_TARGET: NextKind
 
 class VerifyRequest(_message.Message):
     __slots__ = ("session_id", "request_id", "context_ids", "draft_ids", "draft_probs", "sampling", "logprobs", "return_hidden_states", "position_base", "hidden_from", "prefix_hash", "timeout_ms", "verdict_only")

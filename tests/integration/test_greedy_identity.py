@@ -184,6 +184,7 @@ def test_stats_and_trace_count_only_the_tokens_emitted_before_eos(stack):
         assert stats.accepted_tokens == sum(r.num_accepted for r in resp.trace)
         assert stats.acceptance_rate == pytest.approx(stats.accepted_tokens / stats.draft_tokens)
         assert stats.mean_accepted_length == pytest.approx(resp.usage.completion_tokens / stats.rounds)
-        assert stats.recovered_tokens + stats.bonus_tokens == sum(r.next_kind != 0 for r in resp.trace)
+        assert stats.recovered_tokens + stats.bonus_tokens == sum(
+            r.next_kind in (target_pb2.NEXT_KIND_RECOVERED, target_pb2.NEXT_KIND_BONUS) for r in resp.trace)
         assert stats.draft_tokens == sum(len(r.draft_ids) for r in resp.trace)
         assert sum(stats.accepted_per_position) == stats.accepted_tokens
