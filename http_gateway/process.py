@@ -40,7 +40,7 @@ class GatewayProcess:
     """One `specdec serve http` process in front of `orchestrator`."""
 
     orchestrator: str
-    port: int = 0                      # 0: a free port
+    port: int = 0  # 0: a free port
     host: str = "127.0.0.1"
     log_dir: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -58,10 +58,22 @@ class GatewayProcess:
         self.port = self.port or free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env}
-        cmd = [sys.executable, "-m", "specdec.cli", "serve", "http", "--host", self.host, "--port", str(self.port),
-               "--orchestrator", self.orchestrator]
-        self.popen = children.popen(cmd, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "specdec.cli",
+            "serve",
+            "http",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--orchestrator",
+            self.orchestrator,
+        ]
+        self.popen = children.popen(
+            cmd, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         if wait:
             self.wait_ready(timeout)
         return self

@@ -330,12 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     up.add_parser(sub)
     _generate_parser(sub)
-    from specdec.bench.concurrency import add_parser as _concurrency_parser
+    from specdec.bench.ab import add_parser as _ab_parser
+    from specdec.bench.bench_cli import add_parser as _bench_parser
+    from specdec.bench.concurrency_cli import add_parser as _concurrency_parser
     from specdec.bench.load_args import add_parser as _load_parser
-    from specdec.bench.runner import add_parser as _bench_parser
     from specdec.distill.cli import add_parser as _distill_parser
 
-    for add in (_bench_parser, _concurrency_parser, _load_parser, _distill_parser):
+    for add in (_bench_parser, _concurrency_parser, _ab_parser, _load_parser, _distill_parser):
         add(sub)
     return parser
 
@@ -344,8 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `specdec` console script."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    from specdec.bench.concurrency import cmd_bench_concurrency
-    from specdec.bench.runner import cmd_bench
+    from specdec.bench.ab import cmd_bench_ab
+    from specdec.bench.bench_cli import cmd_bench
+    from specdec.bench.concurrency_cli import cmd_bench_concurrency
     from specdec.distill.cli import run as cmd_distill
 
     handlers = {
@@ -354,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         "generate": cmd_generate,
         "bench": cmd_bench,
         "bench-concurrency": cmd_bench_concurrency,
+        "bench-ab": cmd_bench_ab,
         "bench-load": _cmd_bench_load,
         "distill": cmd_distill,
     }

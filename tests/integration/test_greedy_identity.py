@@ -15,16 +15,15 @@ from __future__ import annotations
 import pytest
 
 from specdec.core.ngram import NgramProposer
-from specdec.v1 import common_pb2
+from specdec.v1 import common_pb2, target_pb2
 from specdec.v1 import orchestrator_pb2 as pb
-from specdec.v1 import target_pb2
 from tests.prompts import IDENTITY_PROMPTS
 from tests.support import divergence, served_pair, target_greedy, tiny_pair_and_reference
 
 pytestmark = pytest.mark.integration
 
 K_VALUES = (1, 2, 3, 5, 8)
-BRANCH_PROMPT_STRIDE = 2   # every other prompt x every k: 80 generations still run every branch (asserted)
+BRANCH_PROMPT_STRIDE = 2  # every other prompt x every k: 80 generations still run every branch (asserted)
 TIE_EPSILON = 1e-4
 MAX_TIE_FRACTION = 0.02
 
@@ -49,7 +48,14 @@ def test_greedy_identity_and_branches(stack, tiny):
     _, _, model = tiny
     channel, stub = stack.stub()
     eos = sorted(stack.deps.eos_ids)
-    seen = {"bonus": 0, "rejected_first": 0, "partial": 0, "eos_in_draft": 0, "length_clipped_round": 0, "eos_finish": 0}
+    seen = {
+        "bonus": 0,
+        "rejected_first": 0,
+        "partial": 0,
+        "eos_in_draft": 0,
+        "length_clipped_round": 0,
+        "eos_finish": 0,
+    }
     ties, failures, runs = 0, [], 0
     for pi, prompt in enumerate(IDENTITY_PROMPTS[::BRANCH_PROMPT_STRIDE]):
         prompt_ids = stack.tokenizer.encode(prompt)
@@ -124,14 +130,16 @@ def test_combined_draft_mixes_lookup_and_model_rounds_and_matches_target(stack, 
     eos = sorted(stack.deps.eos_ids)
     repeated = [f"{p} {p}" for p in IDENTITY_PROMPTS[:4]]  # the tail occurred before: round 1 has a lookup hit
     prompt_ids = {p: stack.tokenizer.encode(p) for p in IDENTITY_PROMPTS + repeated}
-    want = {p: target_greedy(model, ids, 40, eos) for p, ids in prompt_ids.items()}   # once for both passes
+    want = {p: target_greedy(model, ids, 40, eos) for p, ids in prompt_ids.items()}  # once for both passes
     try:
         for local in (None, NgramProposer(2, 4)):
             stack.deps.runner.local_ngram = local
             kinds: dict[str, int] = {}
             for prompt in IDENTITY_PROMPTS + repeated:
                 resp = generate(stub, prompt, 4, 40, draft_kind="combined")
-                verdict = divergence(model, prompt_ids[prompt], list(resp.token_ids), want[prompt], tie_epsilon=TIE_EPSILON)
+                verdict = divergence(
+                    model, prompt_ids[prompt], list(resp.token_ids), want[prompt], tie_epsilon=TIE_EPSILON
+                )
                 assert verdict in ("", "tie"), f"{prompt!r}: {verdict}"
                 for r in resp.trace:
                     kinds[r.draft_kind] = kinds.get(r.draft_kind, 0) + 1
@@ -158,7 +166,7 @@ def test_stats_and_trace_count_only_the_tokens_emitted_before_eos(stack):
     channel, stub = stack.stub()
     free = generate(stub, IDENTITY_PROMPTS[0], 4, 40, ignore_eos=True)
     completion, offset, pick = list(free.token_ids), 0, None
-    for r in free.trace:               # a token accepted mid-run (more accepted after it), not seen earlier
+    for r in free.trace:  # a token accepted mid-run (more accepted after it), not seen earlier
         n = r.num_accepted + (r.next_kind != target_pb2.NEXT_KIND_UNSPECIFIED)
         for j in range(r.num_accepted - 1):
             if completion.index(completion[offset + j]) == offset + j:
@@ -166,18 +174,18 @@ def test_stats_and_trace_count_only_the_tokens_emitted_before_eos(stack):
         offset += n
     assert pick is not None, "no round accepted two draft tokens; cannot place an EOS inside an accepted run"
     eos_ids = stack.deps.eos_ids
-    stack.deps.eos_ids = frozenset({pick})          # the orchestrator's EOS set: cuts where `pick` is emitted
+    stack.deps.eos_ids = frozenset({pick})  # the orchestrator's EOS set: cuts where `pick` is emitted
     try:
         cut = generate(stub, IDENTITY_PROMPTS[0], 4, 40)
     finally:
         stack.deps.eos_ids = eos_ids
         channel.close()
-    assert cut.finish_reason == pb.FINISH_REASON_EOS and list(cut.token_ids) == completion[:completion.index(pick) + 1]
-    last, uncut = cut.trace[-1], free.trace[len(cut.trace) - 1]     # the same round without the EOS
-    assert list(uncut.draft_ids[:len(last.draft_ids)]) == list(last.draft_ids)
+    assert cut.finish_reason == pb.FINISH_REASON_EOS and list(cut.token_ids) == completion[: completion.index(pick) + 1]
+    last, uncut = cut.trace[-1], free.trace[len(cut.trace) - 1]  # the same round without the EOS
+    assert list(uncut.draft_ids[: len(last.draft_ids)]) == list(last.draft_ids)
     assert uncut.num_accepted > last.num_accepted, "the cut was not inside an accepted run"
     assert last.next_kind == target_pb2.NEXT_KIND_UNSPECIFIED and last.next_token == -1
-    assert len(last.draft_ids) == len(last.target_ids) == last.num_accepted   # the positions after EOS dropped
+    assert len(last.draft_ids) == len(last.target_ids) == last.num_accepted  # the positions after EOS dropped
     for resp in (free, cut):
         stats = resp.stats
         assert _emitted_by_rounds(resp) == resp.usage.completion_tokens == len(resp.token_ids)
@@ -185,6 +193,7 @@ def test_stats_and_trace_count_only_the_tokens_emitted_before_eos(stack):
         assert stats.acceptance_rate == pytest.approx(stats.accepted_tokens / stats.draft_tokens)
         assert stats.mean_accepted_length == pytest.approx(resp.usage.completion_tokens / stats.rounds)
         assert stats.recovered_tokens + stats.bonus_tokens == sum(
-            r.next_kind in (target_pb2.NEXT_KIND_RECOVERED, target_pb2.NEXT_KIND_BONUS) for r in resp.trace)
+            r.next_kind in (target_pb2.NEXT_KIND_RECOVERED, target_pb2.NEXT_KIND_BONUS) for r in resp.trace
+        )
         assert stats.draft_tokens == sum(len(r.draft_ids) for r in resp.trace)
         assert sum(stats.accepted_per_position) == stats.accepted_tokens

@@ -121,9 +121,9 @@ def test_the_summary_names_the_overlap_comparison():
 
 
 def test_both_benches_read_overlap_with_one_parser_and_refuse_other_entries():
+    from specdec.bench.bench_cli import add_parser as bench_parser
+    from specdec.bench.bench_cli import args_from_cli as bench_args
     from specdec.bench.plan import parse_overlap
-    from specdec.bench.runner import add_parser as bench_parser
-    from specdec.bench.runner import args_from_cli as bench_args
 
     assert parse_overlap("4, adaptive,2,4") == ([2, 4], True) and parse_overlap("") == ([], False)
     with pytest.raises(ValueError, match="k values and 'adaptive'"):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench import report
+from specdec.bench import report, report_plot, report_table
 from specdec.bench.plan import Config, Prompt, RunRecord
 from specdec.bench.runner import interleave_sets, measure_loop
 from tests.unit.test_bench_report import VERIFY, _rounds, _stats
@@ -113,7 +113,7 @@ def test_a_stopped_run_reports_the_sets_it_measured_and_says_it_stopped(tmp_path
     assert result["grounded"]["prompts_measured"] == 2 and result["open"]["prompts_measured"] == 1
     assert result["grounded"]["speedup"]["k4"]["n"] == 2 and result["open"]["speedup"]["k4"]["n"] == 1
     assert result["open"]["speedup"]["k4"]["median"] == pytest.approx(2.0)
-    text = report.table(result)
+    text = report_table.table(result)
     assert "stopped at the time budget (2.5 s): 6 of 24 generations" in text
     assert "== open (1 prompts) ==" in text
-    report.plot(result, tmp_path / "p.png")
+    report_plot.plot(result, tmp_path / "p.png")

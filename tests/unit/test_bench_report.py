@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench import report
+from specdec.bench import report, report_plot, report_table
 from specdec.bench.identity import first_divergence
 from specdec.bench.plan import Config, Prompt, RunRecord, make_configs
 
@@ -118,10 +118,10 @@ def test_build_ratios_bound_and_memory(tmp_path: Path) -> None:
     assert g["itl_ms_p50"]["k4"]["median"] == pytest.approx(12.0, abs=0.2)
     assert g["memory"]["target_kv_bytes_per_session"] == 46080 * 99
     assert g["memory"]["redis_bytes_per_session"] == 900
-    text = report.table(result)
+    text = report_table.table(result)
     assert "== grounded" in text and "ours k=4" in text
     png = tmp_path / "p.png"
-    report.plot(result, png)
+    report_plot.plot(result, png)
     assert png.stat().st_size > 10_000
 
 

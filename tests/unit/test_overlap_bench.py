@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.bench import overlap_report, report
+from specdec.bench import overlap_report, report, report_table
 from specdec.bench.plan import Config, Prompt, RunRecord, make_configs, without_branches
 
 VERIFY = {
@@ -102,7 +102,7 @@ def test_overlap_section_ratios_and_bounds() -> None:
     assert c["vs_bound_all_hidden"] == pytest.approx((12 / 0.45) / (12 / (480 - hideable) * 1000))
     assert c["predrafted_rounds"] == 1 and c["drafted_rounds"] == 6
     assert c["draft_hidden_ms_per_round"] == pytest.approx(2.0)
-    assert "overlap_k4: 26.7 tok/s" in report.table(result)
+    assert "overlap_k4: 26.7 tok/s" in report_table.table(result)
 
 
 def test_overlap_configurations_are_named_overlap() -> None:
