@@ -11,7 +11,7 @@ LOAD_STAMP    := $(LOAD_VENV)/.installed
 GUIDELLM_PIN  := guidellm==0.8.1
 LOAD_PIP      := $(LOAD_VENV)/bin/python -m pip -q --disable-pip-version-check
 
-.PHONY: install demo test test-fast protos bench bench-concurrency bench-load bench-load-long load-venv constraints up clean \
+.PHONY: install demo lint test test-fast protos bench bench-concurrency bench-load bench-load-long load-venv constraints up clean \
         deploy-tools deploy-prereqs base-image images deploy-test llama-server
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml scripts/build_llamacpp.sh
@@ -31,7 +31,13 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 ## The whole suite (unit + integration, real Redis and real processes).
-test: $(STAMP)
+## Lint, formatting and types (ruff, mypy; configured in pyproject.toml): the first step of `make test`.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

@@ -11,6 +11,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -60,7 +61,7 @@ class Orchestrator:
         return ids
 
 
-def greedy_identity(client: Orchestrator) -> dict[str, object]:
+def greedy_identity(client: Orchestrator) -> dict[str, Any]:
     """The default k and k = 0 give the same greedy tokens through the stack."""
     fields = dict(prompt=PROMPT, max_new_tokens=GREEDY_TOKENS, ignore_eos=True)
     spec = client.generate(**fields)

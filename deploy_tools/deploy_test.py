@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from deploy_tools import checks
 from deploy_tools.stack import REPO, ComposeStack, StackError, hardening, image_size_mb, run
@@ -77,7 +78,7 @@ def image_tests(tag: str) -> dict[str, float]:
 
 def kill_and_replace(stack: ComposeStack, client: checks.Orchestrator, reference: list[int]) -> dict:
     """Kill the target serving a stream; compose brings the scale back (like a ReplicaSet)."""
-    marks: dict[str, object] = {}
+    marks: dict[str, Any] = {}
 
     def kill(address: str) -> None:
         container = stack.container_of_address(address)

@@ -84,6 +84,12 @@ class Gateway:
             self.channel = grpc.aio.insecure_channel(self.cfg.orchestrator, options)
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
 
+    @property
+    def orchestrator(self) -> orchestrator_pb2_grpc.OrchestratorStub:
+        """The orchestrator's stub (the gateway opened its channel at start)."""
+        assert self.stub is not None, "Gateway.open() ran at start"
+        return self.stub
+
     async def close(self) -> None:
         if self.channel is not None:
             await self.channel.close()
@@ -112,7 +118,7 @@ class Gateway:
         """The orchestrator's target model id (Status), cached for a few seconds."""
         async with self._lock:
             if refresh or not self._model or time.monotonic() - self._model_at > MODEL_CACHE_S:
-                status = await self.stub.Status(pb.StatusRequest(), timeout=STATUS_TIMEOUT_S, metadata=metadata)
+                status = await self.orchestrator.Status(pb.StatusRequest(), timeout=STATUS_TIMEOUT_S, metadata=metadata)
                 self._model, self._model_at = status.target_model, time.monotonic()
             return self._model
 
@@ -134,7 +140,7 @@ class Gateway:
         """True when this request creates its session (it does not exist yet), or is a retry of the request
         that created it (same request_id, still the only turn): then it carries the whole conversation."""
         try:
-            info = await self.stub.GetSession(
+            info = await self.orchestrator.GetSession(
                 pb.SessionRequest(session_id=req.session_id), timeout=STATUS_TIMEOUT_S, metadata=metadata
             )
         except grpc.aio.AioRpcError as exc:
@@ -220,7 +226,7 @@ async def _answer(
     if parsed.stream:
         return await _stream(request, gw, parsed, model, metadata)
     calls = [
-        gw.stub.Generate(r, timeout=gw.cfg.request_timeout_s, metadata=metadata)
+        gw.orchestrator.Generate(r, timeout=gw.cfg.request_timeout_s, metadata=metadata)
         for r in choices.choice_requests(req, parsed.n)
     ]
     resps = await _all_choices(calls, calls)
@@ -312,7 +318,7 @@ async def _stream(
     is awaited before the 200 is sent, so errors the orchestrator raises at the start (validation, unknown
     session, overload) keep their HTTP status."""
     calls = [
-        gw.stub.GenerateStream(r, timeout=gw.cfg.request_timeout_s, metadata=metadata)
+        gw.orchestrator.GenerateStream(r, timeout=gw.cfg.request_timeout_s, metadata=metadata)
         for r in choices.choice_requests(parsed.request, parsed.n)
     ]
     iters = [call.__aiter__() for call in calls]

@@ -52,7 +52,7 @@ def merged_body(bodies: list[dict[str, Any]]) -> dict[str, Any]:
     """
     if len(bodies) == 1:
         return bodies[0]
-    choices = []
+    choices: list[dict[str, Any]] = []
     for i, body in enumerate(bodies):
         choices.extend({**c, "index": i} for c in body["choices"])
     return {

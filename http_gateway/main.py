@@ -47,7 +47,7 @@ async def serve(cfg: GatewayConfig) -> None:
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else cfg.port
+    port = runner.addresses[0][1] if runner.addresses else cfg.port
     print(
         f"specdec http listening on http://{cfg.host}:{port} (orchestrator {cfg.orchestrator})",
         file=sys.stderr,

@@ -276,17 +276,17 @@ def response_body(parsed: Parsed, resp: pb.GenerateResponse, model: str) -> dict
     )
     common = {"created": int(time.time()), "model": model, "usage": usage(resp.usage), "specdec": ext}
     if parsed.chat:
-        choice = wire.ChatChoice(
+        chat = wire.ChatChoice(
             index=0,
             message=wire.AssistantMessage(content=resp.text),
             finish_reason=finish,
             logprobs=chat_logprobs(lps) if lps is not None else None,
         )
-        return wire.ChatCompletion(id="chatcmpl-" + resp.request_id, choices=[choice], **common).model_dump()
-    choice = wire.CompletionChoice(
+        return wire.ChatCompletion(id="chatcmpl-" + resp.request_id, choices=[chat], **common).model_dump()
+    text = wire.CompletionChoice(
         index=0, text=resp.text, finish_reason=finish, logprobs=completion_logprobs(lps) if lps is not None else None
     )
-    return wire.Completion(id="cmpl-" + resp.request_id, choices=[choice], **common).model_dump()
+    return wire.Completion(id="cmpl-" + resp.request_id, choices=[text], **common).model_dump()
 
 
 def stream_id(parsed: Parsed, request_id: str) -> str:

@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from specdec import children
 from specdec.redis_server import free_port
@@ -80,7 +81,9 @@ class GatewayProcess:
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
         """Until /health answers 200 (the orchestrator behind it is SERVING)."""
-        deadline, last = time.monotonic() + timeout, (0, {})
+        assert self.popen is not None, "start() ran first"
+        deadline = time.monotonic() + timeout
+        last: tuple[int, dict[str, Any]] = (0, {})
         while time.monotonic() < deadline:
             if self.popen.poll() is not None:
                 raise RuntimeError(f"http gateway exited ({self.popen.returncode}):\n{self.tail()}")

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.descriptor import FieldDescriptor
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 _INT_RANGES = {  # proto integer type -> (name, lowest, highest)
     FieldDescriptor.CPPTYPE_INT32: ("int32", -(2**31), 2**31 - 1),
@@ -79,7 +80,7 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
 class BadField(ValueError):
     """A request value that cannot be sent: message + the parameter path it concerns."""
 
-    def __init__(self, message: str, param: str) -> None:
+    def __init__(self, message: str, param: str | None) -> None:
         super().__init__(message)
         self.param = param
 
@@ -180,11 +181,13 @@ def validated(model: type[Model], body: dict[str, Any]) -> Model:
 def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """The field names of the (nested) model at loc."""
     for name in loc:
-        model = model.model_fields[name].annotation.__args__[0]  # `Sub | None`
+        annotation = model.model_fields[name].annotation
+        assert annotation is not None, "nested request models are annotated"
+        model = annotation.__args__[0]  # `Sub | None`
     return list(model.model_fields)
 
 
-def _what(error: dict[str, Any]) -> str:
+def _what(error: ErrorDetails) -> str:
     """What is wrong with the value, after its quoted name."""
     kind, ctx, value = error["type"], error.get("ctx") or {}, error.get("input")
     if kind in _TYPE_NAMES:

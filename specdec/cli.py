@@ -22,8 +22,9 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable, Coroutine
 from importlib import metadata
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from specdec import __version__, spin, up
 from specdec.config import (
@@ -88,27 +89,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from specdec.config import ModelServiceConfig, OrchestratorConfig
     from specdec.models.spec import ModelLoadError
 
+    serve: Callable[[], Coroutine[Any, Any, None]]
     if args.role == "orchestrator":
-        cfg = OrchestratorConfig()
-        _apply(cfg, args, ["draft_addresses", "target_addresses", "redis_url", "tokenizer", "max_concurrent"])
-        from orchestrator.main import serve
+        from orchestrator.main import serve as serve_orchestrator
+
+        orchestrator = OrchestratorConfig()
+        _apply(orchestrator, args, ["draft_addresses", "target_addresses", "redis_url", "tokenizer", "max_concurrent"])
+        server, serve = orchestrator.server, lambda: serve_orchestrator(orchestrator)
     else:
-        cfg = ModelServiceConfig(role=args.role)
-        _apply(
-            cfg,
-            args,
-            ["model", "draft_kind", "device", "dtype", "engine", "threads", "cache_budget_bytes", "max_batch"],
-        )
         if args.role == "draft":
-            from draft_service.main import serve
+            from draft_service.main import serve as serve_model
         else:
-            from target_service.main import serve
-    _apply(cfg.server, args, ["host", "metrics_port"])
+            from target_service.main import serve as serve_model
+        model = ModelServiceConfig(role=args.role)
+        fields = ["model", "draft_kind", "device", "dtype", "engine", "threads", "cache_budget_bytes", "max_batch"]
+        _apply(model, args, fields)
+        server, serve = model.server, lambda: serve_model(model)
+    _apply(server, args, ["host", "metrics_port"])
     port = args.port if args.port is not None else CommandSettings().port
-    cfg.server.port = DEFAULT_PORTS[args.role] if port is None else port
+    server.port = DEFAULT_PORTS[args.role] if port is None else port
     try:
         with asyncio.Runner(loop_factory=spin.new_loop) as runner:  # its loop polls where told (specdec/spin.py)
-            runner.run(serve(cfg))
+            runner.run(serve())
     except ModelLoadError as exc:
         print(f"specdec {args.role}: {exc}", file=sys.stderr)
         return EXIT_LOAD_ERROR
@@ -201,7 +203,7 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-key", help="client key (mTLS)")
 
 
-def unreachable_hint(exc: object, address: str) -> str:
+def unreachable_hint(exc: Any, address: str) -> str:
     """What to do when nothing listens at `address` (the call failed to connect); "" for any other failure."""
     import grpc
 

@@ -124,7 +124,7 @@ def build_request(
         req.prompt = prompt
     else:
         req.messages.SetInParent()
-        for role, content in _messages(messages):
+        for role, content in _messages(messages or ()):
             req.messages.messages.add(role=role, content=content)
     if stop:
         req.stop.extend([stop] if isinstance(stop, str) else list(stop))

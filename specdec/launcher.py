@@ -17,6 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from specdec import children, forkserver
 from specdec.config import TLSConfig
@@ -215,7 +216,8 @@ class LocalStack:
         if proc.popen.poll() is None:
             raise RuntimeError(f"{proc.role} on port {proc.port} is still running")
         self.procs.remove(proc)
-        new = self._spawn(proc.role, proc.popen.args[proc.popen.args.index("--port") + 2 :], proc.port, env)
+        argv = list(cast("list[str]", proc.popen.args))  # _spawn starts every process from a list
+        new = self._spawn(proc.role, argv[argv.index("--port") + 2 :], proc.port, env)
         for group in (self.targets, self.drafts, self.orchestrators):
             if proc in group:
                 group[group.index(proc)] = new

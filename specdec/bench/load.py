@@ -246,8 +246,10 @@ def run_guidellm(
         list(os.getloadavg()),
         str(report_path),
     )
-    inv.server = server_delta(scraped, scrape(args.metrics_urls))
-    inv.server["cpu_s"] = cpu_delta(services_before, cpu_by_service(args.service_pids))
+    inv.server = {
+        **server_delta(scraped, scrape(args.metrics_urls)),
+        "cpu_s": cpu_delta(services_before, cpu_by_service(args.service_pids)),
+    }
     if proc.returncode != 0 or not report_path.is_file():
         tail = (work / f"{tag}.guidellm.log").read_text(errors="replace").splitlines()[-30:]
         raise RuntimeError(f"guidellm failed ({proc.returncode}) for {tag}:\n" + "\n".join(tail))

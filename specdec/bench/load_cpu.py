@@ -45,9 +45,9 @@ def cpu_by_service(pids: dict[str, int]) -> dict[str, float | None]:
 def cpu_delta(before: dict[str, float | None], after: dict[str, float | None]) -> dict[str, float]:
     """CPU seconds each service spent between two cpu_by_service readings (services unreadable in either left out)."""
     return {
-        role: round(after[role] - start, 2)
+        role: round(end - start, 2)
         for role, start in before.items()
-        if start is not None and after.get(role) is not None
+        if start is not None and (end := after.get(role)) is not None
     }
 
 

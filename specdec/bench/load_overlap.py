@@ -44,8 +44,8 @@ def overlap_comparison(
     """One overlapped configuration against its twin: the lowest tokens/s ratio and the points where it streamed
     fewer tokens/s than the twin, each marked whether the A/A band (k0_aa against k0 in the same run) covers it."""
     noise = band.get(TOKENS) or 0.0
-    ratios = {point: (row.get("vs_sequential") or {}).get(TOKENS) for point, row in (results.get(name) or {}).items()}
-    ratios = {p: r for p, r in ratios.items() if r is not None}
+    measured = {point: (row.get("vs_sequential") or {}).get(TOKENS) for point, row in (results.get(name) or {}).items()}
+    ratios: dict[str, float] = {p: r for p, r in measured.items() if r is not None}
     slower = [{"point": p, "ratio": r, "within_noise": 1 - r <= noise} for p, r in sorted(ratios.items()) if r < 1]
     return {
         "twin": twin,

@@ -161,9 +161,11 @@ class ModelServiceBase:
         if self.lane is not None:
             out.lane_calls, out.lane_forward_done = self.lane.calls, self.lane.forward_done_frames
         if self._contexts is not None:
-            c = self._contexts.counters
+            ctx = self._contexts.counters
             out.MergeFrom(
-                common_pb2.ServiceStats(context_hits=c.hits, context_misses=c.misses, context_evictions=c.evictions)
+                common_pb2.ServiceStats(
+                    context_hits=ctx.hits, context_misses=ctx.misses, context_evictions=ctx.evictions
+                )
             )
         return out
 
@@ -215,27 +217,38 @@ async def run_model_service(
         await app.run_until_stopped()
         raise
     log.info("%s model %s loaded in %.1fs", servicer.role, servicer.bundle.model_id, servicer.bundle.load_seconds)
-    settle_threads(cfg, servicer, lane)
+    bundle = servicer.bundle
+    assert bundle is not None, "the model was loaded above"
+    settle_threads(cfg, bundle, servicer, lane)
     serve_metrics(
         cfg.server.metrics_port,
         model_service_registry(
-            servicer.role, lambda: servicer.worker.state, lambda: servicer.bundle.pool, lambda: servicer.bundle.kernels
+            servicer.role, lambda: servicer.worker.state, lambda: bundle.pool, lambda: bundle.kernels
         ),
     )
     await app.set_serving(True)
     stop = asyncio.Event()
     watcher = asyncio.create_task(watch_health(app, servicer.worker, cfg.health, stop))
-    await app.run_until_stopped(on_drain=lambda: (stop.set(), servicer.draining.set(), lane and lane.close()))
+
+    def drain() -> None:
+        stop.set()
+        servicer.draining.set()
+        if lane is not None:
+            lane.close()
+
+    await app.run_until_stopped(on_drain=drain)
     await watcher
     servicer.worker.shutdown()
 
 
-def settle_threads(cfg: ModelServiceConfig, servicer: ModelServiceBase, lane: RoundLaneServer | None) -> None:
+def settle_threads(
+    cfg: ModelServiceConfig, bundle: ModelBundle, servicer: ModelServiceBase, lane: RoundLaneServer | None
+) -> None:
     """What the loaded model's torch threads decide: forwards on the event loop (the model thread exits),
     whether the loop polls in expected windows, and whether the lane offers FORWARD_DONE."""
     if cfg.threads > 0:  # on this, the event loop's, thread too: the model was loaded on another, and a thread
         torch.set_num_threads(cfg.threads)  # that ran torch before (a forked service's) keeps its own team size
-    if servicer.bundle.loop_forwards:
+    if bundle.loop_forwards:
         servicer.worker.use_the_loop()
     threads, cores = torch.get_num_threads(), cpu_budget_cores()
     spin.configure(spin.auto_spin_us(cfg.server.spin_us, servicer.role, threads, cores))
