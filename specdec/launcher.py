@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import cast
 
 from specdec import children, forkserver
-from specdec.config import TLSConfig
+from specdec.config import ServerConfig, TLSConfig
 from specdec.forkserver import inherit_niceness
 from specdec.healthcheck import check
 from specdec.models.cpu_info import usable_cores
@@ -33,7 +33,7 @@ READY_TIMEOUT_S = 300.0
 POLL_S = 0.2
 STOP_TIMEOUT_S = 10.0  # a model service's exit after SIGTERM, before SIGKILL
 DRAIN_MARGIN_S = 5.0  # an orchestrator's exit after SIGTERM: its drain (SPECDEC_DRAIN_SECONDS) and this
-DEFAULT_DRAIN_S = 30.0  # ServerConfig.drain_seconds' default
+DEFAULT_DRAIN_S: float = ServerConfig.model_fields["drain_seconds"].default
 
 
 def default_threads(draft_kind: str) -> int:
@@ -42,11 +42,8 @@ def default_threads(draft_kind: str) -> int:
     (the draft and the target take turns within a round but overlap across sessions).
 
     Free: usable cores less the 1-minute load average already on them (rounded), at least 1. An
-    OpenMP team larger than the free cores waits at every barrier for a preempted thread.
-    Measured on the 2-core AMD EPYC: quiet, 2 threads 33.4 / 70.3 tok/s at k = 0 / adaptive k on
-    grounded prompts vs 1 thread 26.3 / 53.4 (bench/results/latest.json, threads1.json); at load
-    15-17 (other work on both cores) one SmolLM2 forward's linears took 63 ms at 2 threads vs 50 ms
-    at 1 (1 row), 201 vs 98 ms (5 rows), 438 vs 200 ms (32 rows): the kernel chooser's probe, best of 3."""
+    OpenMP team larger than the free cores waits at every barrier for a preempted thread, so on a busy
+    machine fewer threads run faster (docs/performance.md, the settings that change speed)."""
     cores = free_cores()
     return max(1, cores if draft_kind == "ngram" else cores // 2)
 

@@ -30,7 +30,7 @@ def test_each_round_shows_its_tokens_verdict_and_where_its_time_went():
             k=0,
             target_ids=[3],
             next_token=3,
-            next_kind=target_pb2.NEXT_KIND_BONUS,
+            next_kind=target_pb2.NEXT_KIND_TARGET,
             text=" c",
             target_ms=49.1,
             overhead_ms=0.83,
@@ -57,5 +57,5 @@ def test_each_round_shows_its_tokens_verdict_and_where_its_time_went():
     assert len(rule) == len(header)
     assert "[5, 6, 7, 8]" in first and "[T,T,F,F]" in first and "9 (recovered)" in first
     assert "0.1    88.6 1.06 (0.70)" in first and first.endswith("' a b'")
-    assert "3 (bonus)" in second and "0.0    49.1 0.83 " in second and "(" not in second.split("0.83")[1]
+    assert "3 (target)" in second and "0.0    49.1 0.83 " in second and "(" not in second.split("0.83")[1]
     assert "- (cut)" in third and "6.0    60.0 3.10 (0.70)" in third
