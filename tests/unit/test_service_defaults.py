@@ -38,16 +38,13 @@ def test_a_service_without_a_model_loads_the_embedded_target_or_its_shipped_draf
     assert ModelServiceConfig(role="draft").model == "local:/m"
 
 
-def test_openmp_spin_count_is_set_before_torch_loads_unless_the_environment_sets_it():
-    """libgomp reads GOMP_SPINCOUNT when torch loads: importing specdec sets it first (docs/performance.md)."""
+def test_importing_specdec_leaves_openmp_spinning_as_the_environment_has_it():
+    """libgomp's own spin count (GOMP_SPINCOUNT unset) measured faster on the llama.cpp default (docs/performance.md,
+    "What each mechanism is worth"): importing specdec sets nothing."""
     import subprocess
     import sys
 
-    probe = "import os, sys, specdec; print(os.environ['GOMP_SPINCOUNT'], 'torch' in sys.modules)"
+    probe = "import os, specdec; print(os.environ.get('GOMP_SPINCOUNT', 'unset'))"
     env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["20000", "False"]
-    out = subprocess.run(
-        [sys.executable, "-c", probe], env={**env, "GOMP_SPINCOUNT": "777"}, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.split()[0] == "777"
+    assert out.stdout.split() == ["unset"]
