@@ -10,21 +10,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from specdec.config import Limits
-from specdec.engine.worker import FILL_WEIGHT, MS_PER_S, ModelWorker, ewma, fits_inline
+from specdec.engine.prefill_speed import PREFILL_MIN_TOKENS, PrefillSpeed
+from specdec.engine.worker import FILL_WEIGHT, MS_PER_S, ModelWorker, fits_inline
 from specdec.errors import ResourceExhausted
 
 T = TypeVar("T")
 ItemT = TypeVar("ItemT")
-#: a call computing more tokens than the largest verify (k = Limits.max_k, plus the bonus row) is a prefill.
-PREFILL_MIN_TOKENS = Limits.max_k + 2
-#: a new prefill is refused (RESOURCE_EXHAUSTED) when the work queued ahead of it, and its own, would take more
-#: than this share of the time its caller still waits (its gRPC deadline): shed at the door, not time out
-#: inside. 1: only calls the estimate says cannot finish in time (0.5 refused a second stream at a time
-#: on the loaded development machine).
-ADMIT_DEADLINE_SHARE = 1.0
-#: the fewest tokens a long prefill's turn computes while other sessions decode (BatchQueue.turn_tokens).
-MIN_TURN_TOKENS = 32
 #: while shorter prompts and long ones (over a chunk) both wait for turns, a long one gets every this-many-th
 #: turn (BatchQueue._next_turn).
 LONG_TURN_EVERY = 3
@@ -90,18 +81,21 @@ class BatchQueue(Generic[ItemT, T]):
         self.work_tokens, self.inline_max_tokens = work_tokens, inline_max_tokens
         self.inline_tokens = inline_tokens or work_tokens
         chunking = prefill is not None and work_tokens is not None and chunk_tokens > 0
-        self.prefill, self.chunk_tokens = (prefill, chunk_tokens) if chunking else (None, 0)
+        self.prefill = prefill if chunking else None
+        self.speed = PrefillSpeed(chunk_tokens if chunking else 0, prefill_turn_ms)  # and what it buys
         self.batch_turn = batch_turn if chunking and self.max_batch > 1 else None
         self._pending: deque[Entry] = deque()
         self._drainer: asyncio.Task | None = None
         self._arrived = asyncio.Event()
         self._last: set[str] = set()  # sessions of the previous batch
-        self.ms_per_token = 0.0  # model ms per token of recent batches that prefilled (0: not measured)
-        self.chunk_ms_per_token = 0.0  # the same, of chunked-prefill turns (long contexts, small passes)
-        self.prefill_turn_ms = prefill_turn_ms
         self._batch_ended = 0.0  # time.perf_counter() when the last batch ended
         self._solo = False  # a call waits one loop turn to run alone (_ran_alone)
         self._turns_since_long = 0  # turns shorter prompts took while a long one waited (_next_turn)
+
+    @property
+    def chunk_tokens(self) -> int:
+        """Chunked prefill's chunk (0: off), as the speed model sizes turns with it."""
+        return self.speed.chunk_tokens
 
     async def submit(self, session_id: str, item: ItemT, deadline_s: float | None = None) -> tuple[T, float]:
         """Queue one session's call; returns (its result, queue_ms until its batch started).
@@ -153,56 +147,20 @@ class BatchQueue(Generic[ItemT, T]):
         return self.work_tokens(item)
 
     def _admit(self, item: ItemT, deadline_s: float) -> None:
-        if self.work_tokens is None or self.ms_per_token <= 0:
+        if self.work_tokens is None:
             return
-        own = self.work_tokens(item)
-        if own < PREFILL_MIN_TOKENS:
-            return
-        wait_s = self.wait_ms(own) / MS_PER_S
-        if wait_s > ADMIT_DEADLINE_SHARE * deadline_s:
+        reason = self.speed.refusal(self.work_tokens(item), self._ahead(), deadline_s)
+        if reason:
             self.worker.state.shed_calls += 1
-            raise ResourceExhausted(
-                f"target overloaded: about {wait_s:.1f} s of queued work for a {own}-token "
-                f"prefill and the call waits at most {deadline_s:.1f} s; retry later"
-            )
+            raise ResourceExhausted(reason)
+
+    def _ahead(self) -> list[int]:
+        """The tokens each queued call computes."""
+        return [self._work(entry[1]) for entry in self._pending]
 
     def wait_ms(self, own: int) -> float:
-        """About how long a new call computing `own` tokens takes to be done (an upper estimate), at the
-        measured speeds: batches at ms_per_token, long prefills' turns at chunk_ms_per_token (a turn at a
-        long context costs several times a short prompt's token; one speed for both refused short prompts).
-        Without chunked prefill the queue runs first come: all the work queued ahead, then its own. With
-        it, a call that fits a batch runs in the next batch, behind at most one turn of the oldest long
-        prefill (decode first, see prefill_turn_ms): not behind the whole of the long ones; a long prefill
-        takes its turns after the long ones queued before it (first come, first served among them)."""
-        ahead = [self._work(entry[1]) for entry in self._pending]
-        batch_ms, chunk_ms = self.ms_per_token, self.chunk_ms_per_token or self.ms_per_token
-        if not self.chunk_tokens:
-            return (own + sum(ahead)) * batch_ms
-        fits = sum(work for work in ahead if work <= self.chunk_tokens)
-        longs = [work for work in ahead if work > self.chunk_tokens]
-        if own > self.chunk_tokens:
-            return fits * batch_ms + (own + sum(longs)) * chunk_ms
-        turn = min(min(longs), self.turn_tokens(others_decoding=True)) if longs else 0
-        return (own + fits) * batch_ms + turn * chunk_ms
-
-    @staticmethod
-    def _pass_ms_per_token(tokens: int, elapsed_s: float) -> float:
-        """Model ms per token of a pass that prefilled `tokens` tokens in `elapsed_s` (0 when it prefilled
-        too few to say); the callers fold it into the speed of their kind of pass."""
-        if tokens < PREFILL_MIN_TOKENS or elapsed_s <= 0:
-            return 0.0
-        return elapsed_s * MS_PER_S / tokens
-
-    def turn_tokens(self, others_decoding: bool) -> int:
-        """Tokens a long prefill computes in its next turn (see prefill_turn_ms), at the long turns' speed."""
-        return self._fit_turn(self.chunk_ms_per_token, others_decoding)
-
-    def _fit_turn(self, ms_per_token: float, others_decoding: bool) -> int:
-        """The prompt tokens that take about prefill_turn_ms at `ms_per_token`, within [MIN_TURN_TOKENS, a
-        chunk]; a whole chunk when nobody else decodes, or the speed is not measured yet, or turns are off."""
-        if not others_decoding or self.prefill_turn_ms <= 0 or ms_per_token <= 0:
-            return self.chunk_tokens
-        return min(self.chunk_tokens, max(MIN_TURN_TOKENS, int(self.prefill_turn_ms / ms_per_token)))
+        """About how long a new call computing `own` tokens would take to be done behind the queued calls."""
+        return self.speed.wait_ms(own, self._ahead())
 
     async def _drain(self) -> None:
         while self._pending:
@@ -241,12 +199,12 @@ class BatchQueue(Generic[ItemT, T]):
                 self._turns_since_long = 0
                 shorter = []
         if shorter:
-            return shorter[0], self.pass_prefill_tokens(others_decoding), False
-        return longs[0], self.turn_tokens(others_decoding), True
+            return shorter[0], self.speed.pass_prefill_tokens(others_decoding), False
+        return longs[0], self.speed.turn_tokens(others_decoding), True
 
     def _decoded_lately(self) -> bool:
         """Whether a batch ended less than prefill_turn_ms ago (its sessions are likely decoding)."""
-        return (time.perf_counter() - self._batch_ended) * MS_PER_S < self.prefill_turn_ms
+        return (time.perf_counter() - self._batch_ended) * MS_PER_S < self.speed.prefill_turn_ms
 
     def _split(self, batch: list[Entry], work: dict[int, int], decoding: bool) -> tuple[list[Entry], list[Entry]]:
         """(calls to run as one batch now, prefills that take turns); `work`: each call's tokens, by id(entry);
@@ -257,7 +215,7 @@ class BatchQueue(Generic[ItemT, T]):
         idle target (int8's row-invariant identity, tests/integration/test_quantized_speculative_identity.py)."""
         if not self.chunk_tokens:
             return batch, []
-        budget = self.pass_prefill_tokens(decoding)
+        budget = self.speed.pass_prefill_tokens(decoding)
         takers = [
             entry
             for entry in batch
@@ -277,15 +235,6 @@ class BatchQueue(Generic[ItemT, T]):
         self._pending.extendleft(reversed(later))
         return now, takers
 
-    def pass_prefill_tokens(self, others_decoding: bool) -> int:
-        """The most prompt tokens one pass prefills (a longer prompt takes turns): a chunk alone; while other
-        sessions decode, what prefill_turn_ms buys at the batches' measured speed (never below
-        MIN_TURN_TOKENS). So a burst of new prompts, or one of a few hundred tokens, spreads over several
-        passes with decode rounds in between, instead of holding every running session for one pass of them
-        all; and each pass's activations stay small (a pass of 1,300 prompt tokens costs ~15 % more per
-        token here than passes of 300). vLLM's token budget per step."""
-        return self._fit_turn(self.ms_per_token, others_decoding)
-
     async def _prefill_one(self, entry: Entry, tokens: int, long_context: bool) -> None:
         """One chunk (`tokens` tokens) of a prefill on the model thread; a failure fails that call alone. Its
         speed is learned as the long prefills' turns' (long_context) or the batches'."""
@@ -301,17 +250,7 @@ class BatchQueue(Generic[ItemT, T]):
                 future.set_exception(exc)
         finally:
             self.worker.state.prefill_ms += (time.perf_counter() - started) * MS_PER_S
-            self._learn_speed(tokens, time.perf_counter() - started, long_context)
-
-    def _learn_speed(self, tokens: int, elapsed_s: float, long_context: bool) -> None:
-        """Fold a pass that prefilled `tokens` in `elapsed_s` into the speed of its kind: long prefills' turns
-        (long contexts) or batches."""
-        now = self._pass_ms_per_token(tokens, elapsed_s)
-        if now and long_context:
-            self.chunk_ms_per_token = ewma(self.chunk_ms_per_token, now)
-            self.ms_per_token = self.ms_per_token or now  # no batch has prefilled yet: a first figure
-        elif now:
-            self.ms_per_token = ewma(self.ms_per_token, now)
+            self.speed.learn(tokens, time.perf_counter() - started, long_context)
 
     async def _run_batch(
         self, batch: list[Entry], inline: bool | None = None, turn: tuple[Entry, int, bool] | None = None
@@ -358,7 +297,7 @@ class BatchQueue(Generic[ItemT, T]):
         self._batch_ended = time.perf_counter()
         if prefill_tokens:
             self.worker.state.prefill_ms += (self._batch_ended - started) * MS_PER_S
-            self._learn_speed(prefill_tokens, self._batch_ended - started, long_context)
+            self.speed.learn(prefill_tokens, self._batch_ended - started, long_context)
 
     def run_now(self, session_id: str, item: ItemT) -> T | None:
         """A lone session's small call, run at once on the event loop: no session lock, future or loop turn.
@@ -409,7 +348,7 @@ class BatchQueue(Generic[ItemT, T]):
         the lone decoder: taken alone, the prompt would be prefilled whole and hold that session for it)."""
         if not self.chunk_tokens:
             return False
-        budget = self.pass_prefill_tokens(others_decoding=True)
+        budget = self.speed.pass_prefill_tokens(others_decoding=True)
         return any(self._work(entry[1]) > budget for entry in self._pending)
 
     async def _wait_until(self, deadline: float) -> None:

@@ -468,7 +468,7 @@ def test_a_prefill_that_would_outlast_its_deadline_is_refused_and_decode_rounds_
 
     queue, decode, roomy = run(scenario())
     assert decode[0] == 50 and roomy[0] == 60 and queue.worker.state.shed_calls == 1
-    assert queue.ms_per_token == pytest.approx(STEP_S * 1000 / 100, rel=0.6)
+    assert queue.speed.ms_per_token == pytest.approx(STEP_S * 1000 / 100, rel=0.6)
 
 
 def test_with_chunked_prefill_a_short_prefill_waits_for_one_turn_of_the_long_ones_not_their_whole():
@@ -484,14 +484,14 @@ def test_with_chunked_prefill_a_short_prefill_waits_for_one_turn_of_the_long_one
             chunk_tokens=chunk_tokens,
             prefill_turn_ms=200,
         )
-        queue.ms_per_token = 1.0  # batches: 1 ms per prefilled token
+        queue.speed.ms_per_token = 1.0  # batches: 1 ms per prefilled token
         for sid, tokens in (("long-a", 10_000), ("long-b", 10_000), ("short", 300)):
             queue._pending.append((sid, (sid, tokens), None, 0.0))
         return queue
 
     chunked, whole = queue_with(512), queue_with(0)
     assert chunked.wait_ms(300) == 300 + 300 + 512  # the next batch, after one whole chunk
-    chunked.chunk_ms_per_token = 4.0  # turns measured: 200 ms buy 50 tokens
+    chunked.speed.chunk_ms_per_token = 4.0  # turns measured: 200 ms buy 50 tokens
     assert chunked.wait_ms(300) == 300 + 300 + 50 * 4.0  # ... one turn, at the turns' own speed
     assert chunked.wait_ms(2000) == 300 + (2000 + 20_000) * 4.0  # a long one: behind the long ones
     assert whole.wait_ms(300) == 300 + 20_300  # first come, first served
@@ -516,9 +516,9 @@ def test_the_speed_of_long_prefill_turns_does_not_price_short_prompts():
         chunk_tokens=512,
         prefill_turn_ms=200,
     )
-    queue._pass_ms_per_token(300, 0.3)  # nothing learned: _run_batch / _prefill_one do
-    assert queue.ms_per_token == 0.0
-    queue.ms_per_token, queue.chunk_ms_per_token = 1.0, 10.0
+    queue.speed.pass_ms_per_token(300, 0.3)  # nothing learned: _run_batch / _prefill_one do
+    assert queue.speed.ms_per_token == 0.0
+    queue.speed.ms_per_token, queue.speed.chunk_ms_per_token = 1.0, 10.0
     queue._pending.extend([("long", 6000, None, 0.0), ("short", 300, None, 0.0)])
     assert queue.wait_ms(300) == 600 + 32 * 10.0  # a turn of 32 tokens (the floor), not 600 at 10 ms
 
@@ -563,7 +563,7 @@ def test_a_long_prefill_takes_short_turns_while_others_decode_and_whole_chunks_a
             chunk_tokens=256,
             prefill_turn_ms=64,
         )
-        assert queue.turn_tokens(others_decoding=True) == 256  # speed not measured yet: whole chunks
+        assert queue.speed.turn_tokens(others_decoding=True) == 256  # speed not measured yet: whole chunks
         running = asyncio.create_task(decode(queue, 8))
         await asyncio.sleep(0)
         await asyncio.gather(queue.submit("long", "long"), running)
@@ -578,7 +578,7 @@ def test_a_long_prefill_takes_short_turns_while_others_decode_and_whole_chunks_a
     assert first < a_done and beside and alone, log
     assert all(32 <= budget <= 128 for budget in beside), log  # ~64 tokens: short turns
     assert alone[-1] == 256, log  # alone again: whole chunks
-    assert 0.5 < queue.chunk_ms_per_token < 3
+    assert 0.5 < queue.speed.chunk_ms_per_token < 3
 
 
 def test_turn_tokens_fit_the_turn_at_the_chunk_speed_within_bounds():
@@ -591,16 +591,16 @@ def test_turn_tokens_fit_the_turn_at_the_chunk_speed_within_bounds():
         chunk_tokens=512,
         prefill_turn_ms=200,
     )
-    queue.chunk_ms_per_token = 4.0
-    assert queue.turn_tokens(others_decoding=True) == 50 and queue.turn_tokens(others_decoding=False) == 512
-    queue.chunk_ms_per_token = 0.1  # a fast machine: whole chunks
-    assert queue.turn_tokens(others_decoding=True) == 512
-    queue.chunk_ms_per_token = 50.0  # a slow one: never below the floor
-    assert queue.turn_tokens(others_decoding=True) == 32
-    queue.prefill_turn_ms = 0
-    assert queue.turn_tokens(others_decoding=True) == 512
-    queue.prefill_turn_ms, queue.chunk_tokens = 200, 8  # chunks below the floor: whole chunks
-    assert queue.turn_tokens(others_decoding=True) == 8
+    queue.speed.chunk_ms_per_token = 4.0
+    assert queue.speed.turn_tokens(others_decoding=True) == 50 and queue.speed.turn_tokens(others_decoding=False) == 512
+    queue.speed.chunk_ms_per_token = 0.1  # a fast machine: whole chunks
+    assert queue.speed.turn_tokens(others_decoding=True) == 512
+    queue.speed.chunk_ms_per_token = 50.0  # a slow one: never below the floor
+    assert queue.speed.turn_tokens(others_decoding=True) == 32
+    queue.speed.prefill_turn_ms = 0
+    assert queue.speed.turn_tokens(others_decoding=True) == 512
+    queue.speed.prefill_turn_ms, queue.speed.chunk_tokens = 200, 8  # chunks below the floor: whole chunks
+    assert queue.speed.turn_tokens(others_decoding=True) == 8
 
 
 class PricedWork:
@@ -653,7 +653,7 @@ def test_a_burst_of_prompts_spreads_over_passes_and_running_sessions_decode_in_e
             chunk_tokens=512,
             prefill_turn_ms=10,
         )
-        queue.ms_per_token = PricedWork.MS_PER_TOKEN  # 10 ms buy 100 prompt tokens
+        queue.speed.ms_per_token = PricedWork.MS_PER_TOKEN  # 10 ms buy 100 prompt tokens
         running = [asyncio.create_task(decode(queue, sid, 40)) for sid in ("a", "b")]
         await asyncio.sleep(0.005)
         await asyncio.gather(*(queue.submit(sid, sid) for sid in prompts))
@@ -695,14 +695,14 @@ def test_the_pass_prefill_budget_fits_the_turn_at_the_batch_speed_within_bounds(
         chunk_tokens=512,
         prefill_turn_ms=200,
     )
-    assert queue.pass_prefill_tokens(others_decoding=True) == 512  # speed not measured yet
-    queue.ms_per_token, queue.chunk_ms_per_token = 2.0, 8.0  # batches' speed, not the turns'
-    assert queue.pass_prefill_tokens(others_decoding=True) == 100
-    assert queue.pass_prefill_tokens(others_decoding=False) == 512
-    queue.ms_per_token = 50.0
-    assert queue.pass_prefill_tokens(others_decoding=True) == 32  # the floor
-    queue.prefill_turn_ms = 0
-    assert queue.pass_prefill_tokens(others_decoding=True) == 512
+    assert queue.speed.pass_prefill_tokens(others_decoding=True) == 512  # speed not measured yet
+    queue.speed.ms_per_token, queue.speed.chunk_ms_per_token = 2.0, 8.0  # batches' speed, not the turns'
+    assert queue.speed.pass_prefill_tokens(others_decoding=True) == 100
+    assert queue.speed.pass_prefill_tokens(others_decoding=False) == 512
+    queue.speed.ms_per_token = 50.0
+    assert queue.speed.pass_prefill_tokens(others_decoding=True) == 32  # the floor
+    queue.speed.prefill_turn_ms = 0
+    assert queue.speed.pass_prefill_tokens(others_decoding=True) == 512
 
 
 def test_while_others_decode_a_prompt_over_the_pass_budget_takes_turns_at_the_batch_speed():
@@ -726,7 +726,7 @@ def test_while_others_decode_a_prompt_over_the_pass_budget_takes_turns_at_the_ba
             chunk_tokens=512,
             prefill_turn_ms=10,
         )
-        queue.ms_per_token = PricedWork.MS_PER_TOKEN  # 10 ms buy 100 prompt tokens
+        queue.speed.ms_per_token = PricedWork.MS_PER_TOKEN  # 10 ms buy 100 prompt tokens
         running = asyncio.create_task(decode(queue, "a", 30))
         await asyncio.sleep(0.005)
         await queue.submit("mid", "mid")
@@ -739,7 +739,7 @@ def test_while_others_decode_a_prompt_over_the_pass_budget_takes_turns_at_the_ba
     assert 2 <= len(sizes) <= 3 and all(80 <= size <= 100 for size in sizes) and sum(sizes) < 300, log
     assert all(("a",) in log[i:j] for i, j in zip(chunks, chunks[1:])), log  # a decoded in between
     assert any(entry == ("a", "mid") or entry == ("mid", "a") for entry in log[chunks[-1] :]), log
-    assert queue.chunk_ms_per_token == 0.0 and queue.ms_per_token > 0
+    assert queue.speed.chunk_ms_per_token == 0.0 and queue.speed.ms_per_token > 0
 
 
 def test_a_prompt_arriving_during_a_lone_decoders_pass_waits_for_it_and_takes_turns():
@@ -765,7 +765,7 @@ def test_a_prompt_arriving_during_a_lone_decoders_pass_waits_for_it_and_takes_tu
             chunk_tokens=512,
             prefill_turn_ms=10,
         )
-        queue.ms_per_token = PricedWork.MS_PER_TOKEN  # 10 ms buy 100 prompt tokens
+        queue.speed.ms_per_token = PricedWork.MS_PER_TOKEN  # 10 ms buy 100 prompt tokens
         done = asyncio.Event()
 
         async def decode() -> None:
@@ -813,7 +813,7 @@ def test_a_turn_rides_in_the_decode_rounds_pass_when_the_engine_can_batch_it():
             prefill_turn_ms=10,
             batch_turn=work.batch_turn,
         )
-        queue.ms_per_token = PricedWork.MS_PER_TOKEN  # 10 ms buy 100 prompt tokens
+        queue.speed.ms_per_token = PricedWork.MS_PER_TOKEN  # 10 ms buy 100 prompt tokens
         running = asyncio.create_task(decode(queue, "a", 30))
         await asyncio.sleep(0.005)
         results = await asyncio.gather(queue.submit("mid", "mid"), queue.submit("bad", "bad"), return_exceptions=True)
@@ -848,7 +848,7 @@ def test_shorter_prompts_taking_turns_go_first_and_long_ones_still_get_turns():
             chunk_tokens=512,
             prefill_turn_ms=10,
         )
-        queue.ms_per_token = queue.chunk_ms_per_token = PricedWork.MS_PER_TOKEN  # turns of ~100 tokens
+        queue.speed.ms_per_token = queue.speed.chunk_ms_per_token = PricedWork.MS_PER_TOKEN  # turns of ~100 tokens
         running = asyncio.create_task(decode(queue, "a", 80))
         await asyncio.sleep(0.005)
         long = asyncio.create_task(queue.submit("long", "long"))
