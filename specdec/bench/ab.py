@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -46,6 +47,8 @@ class AbArgs:
     repeats: int = 2
     threads: int = 2
     draft_kind: str = "ngram"
+    draft_model: str = ""
+    pins: dict[str, set[int]] = field(default_factory=dict)  # role -> the CPUs its process runs on
     out: str = ""
 
 
@@ -55,6 +58,25 @@ def parse_arm(text: str) -> Arm:
     if not name:
         raise argparse.ArgumentTypeError(f"an arm is NAME:VAR=V,...; got {text!r}")
     return Arm(name, env_assignments(assignments))
+
+
+def parse_pin(text: str) -> tuple[str, set[int]]:
+    """'ROLE=CPU,CPU' (e.g. target=0, draft=1): the role's processes run on those CPUs only."""
+    role, _, cpus = text.partition("=")
+    if not role or not cpus:
+        raise argparse.ArgumentTypeError(f"a pin is ROLE=CPU,...; got {text!r}")
+    return role, {int(cpu) for cpu in cpus.split(",")}
+
+
+def pin(stack: Any, pins: dict[str, set[int]]) -> None:
+    """Every thread of each pinned role's processes onto its CPUs (as `taskset -a -p`): two services on separate
+    cores, as on two machines."""
+    for proc in stack.procs:
+        cpus = pins.get(proc.role)
+        if not cpus:
+            continue
+        for task in Path(f"/proc/{proc.popen.pid}/task").iterdir():
+            os.sched_setaffinity(int(task.name), cpus)
 
 
 def config_k(config: str) -> int | None:
@@ -72,13 +94,18 @@ def run(args: AbArgs) -> dict[str, Any]:
 
     prompts = interleave_sets(load_prompts(args.prompts, args.prompts_per_set))
     stacks = [
-        LocalStack(StackConfig(draft_kind=args.draft_kind, threads=args.threads, extra_env=arm.env))
+        LocalStack(
+            StackConfig(
+                draft_kind=args.draft_kind, draft_model=args.draft_model, threads=args.threads, extra_env=arm.env
+            )
+        )
         for arm in args.arms
     ]
     rows: list[dict[str, Any]] = []
     try:
         for stack in stacks:
             stack.start()
+            pin(stack, args.pins)
         clients = [StackClient(stack) for stack in stacks]
         for client in clients:  # warm-up: every configuration once on the first prompt
             for config in args.configs:
@@ -172,6 +199,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--draft-kind", default="ngram", choices=("ngram", "model", "combined"))
+    p.add_argument("--draft-model", default="", help="the draft service's model (with --draft-kind model)")
+    p.add_argument(
+        "--pin", action="append", type=parse_pin, default=[], help="ROLE=CPU,... (repeatable): run a role on those CPUs"
+    )
     p.add_argument("--out", default="", help="write the JSON here")
 
 
@@ -188,6 +219,8 @@ def cmd_bench_ab(ns: argparse.Namespace) -> int:
         ns.repeats,
         ns.threads,
         ns.draft_kind,
+        ns.draft_model,
+        dict(ns.pin),
         ns.out,
     )
     for config in args.configs:

@@ -42,3 +42,11 @@ def test_the_summary_pairs_each_arm_with_the_baseline_on_the_same_prompt_and_rep
     q1, q3 = line["b/a q1-q3"]
     assert q1 <= 1.1 <= q3
     assert "| open | k0 | 20.0 | 24.0 | 1.100" in table([line], ["a", "b"])
+
+
+def test_a_pin_names_a_role_and_its_cpus():
+    from specdec.bench.ab import parse_pin
+
+    assert parse_pin("target=0") == ("target", {0}) and parse_pin("draft=1,2") == ("draft", {1, 2})
+    with pytest.raises(argparse.ArgumentTypeError, match="ROLE=CPU"):
+        parse_pin("target")
