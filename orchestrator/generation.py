@@ -27,12 +27,9 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field
 
 from orchestrator.adaptive import (
     AcceptanceTracker,
-    CostModel,
-    DraftDemand,
     best_k,
     choose_k,
     choose_k_drafted,
@@ -40,41 +37,20 @@ from orchestrator.adaptive import (
 )
 from orchestrator.completion_text import CompletionText
 from orchestrator.delta import ContextWire
+from orchestrator.deps import Deps
 from orchestrator.features import HiddenRelay
-from orchestrator.idempotency import RunningRequests, check_id, request_fingerprint
+from orchestrator.idempotency import check_id, request_fingerprint
 from orchestrator.lease import SessionLease, store_errors
 from orchestrator.overlap import NO_AHEAD, AheadPlan, PreDraft, RunnerUpTracker, discard, plan_ahead, ready_block
-from orchestrator.prompting import Prompter
 from orchestrator.request_begin import RequestIds, State, begin
-from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner, cancel_round
-from orchestrator.session_store import SessionStore
+from orchestrator.rounds import RoundOutcome, RoundRequest, cancel_round
 from orchestrator.stats import StatsCollector, count_emitted
 from orchestrator.stops import cut_at_limits, tokens_before_stop
-from specdec.config import OrchestratorConfig
-from specdec.metrics import OrchestratorMetrics
 from specdec.params import MODEL, GenerationParams, field_or_default, resolve_generation
 from specdec.proto_json import finish_detail
 from specdec.v1 import orchestrator_pb2 as pb
 
 log = logging.getLogger("specdec.orchestrator")
-
-
-@dataclass
-class Deps:
-    """What a generation needs from its orchestrator."""
-
-    cfg: OrchestratorConfig
-    store: SessionStore
-    runner: RoundRunner
-    prompter: Prompter
-    eos_ids: frozenset[int]
-    max_context: int
-    owner: str
-    model_name: str
-    metrics: OrchestratorMetrics = field(default_factory=OrchestratorMetrics)
-    costs: CostModel = field(default_factory=CostModel)  # measured draft/verify costs, shared by sessions
-    running: RunningRequests = field(default_factory=RunningRequests)  # requests generating in this process
-    demand: DraftDemand = field(default_factory=DraftDemand)  # which of them want drafts (the latency cap's share)
 
 
 class Generation:

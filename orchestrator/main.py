@@ -7,7 +7,7 @@ import logging
 import sys
 import uuid
 
-from orchestrator.generation import Deps
+from orchestrator.deps import Deps
 from orchestrator.pair import PairMonitor
 from orchestrator.prompting import Prompter
 from orchestrator.replicas import ReplicaPool

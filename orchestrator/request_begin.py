@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from orchestrator.deps import Deps
 from orchestrator.idempotency import check_reuse
 from orchestrator.prompting import Message
 from orchestrator.session_store import Session, SessionBusy
@@ -18,9 +19,6 @@ from specdec.errors import InvalidArgument, NotFound
 from specdec.params import GenerationParams, field_or_default
 from specdec.proto_json import FINISH_BY_DETAIL
 from specdec.v1 import orchestrator_pb2 as pb
-
-if TYPE_CHECKING:
-    from orchestrator.generation import Deps
 
 
 @dataclass

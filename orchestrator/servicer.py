@@ -22,7 +22,8 @@ from typing import Any
 import grpc
 
 from orchestrator.affinity import ConversationRoutes, conversation_key, routed_by
-from orchestrator.generation import Deps, Generation, store_errors
+from orchestrator.deps import Deps
+from orchestrator.generation import Generation, store_errors
 from orchestrator.idempotency import check_id, keyed_session
 from orchestrator.pair import PairMonitor
 from specdec.errors import NotFound, ResourceExhausted

@@ -114,7 +114,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         print(f"specdec {args.role}: {exc}", file=sys.stderr)
         return EXIT_LOAD_ERROR
-    exit_stopped_service()
+    return 0
+
+
+def console() -> NoReturn:
+    """The `specdec` console script and `python -m specdec.cli`: run the command, then exit; a service (`specdec
+    serve ...`) that drained and stopped exits at once (exit_stopped_service)."""
+    code = main()
+    if code == 0 and sys.argv[1:2] == ["serve"]:
+        exit_stopped_service()
+    sys.exit(code)
 
 
 def exit_stopped_service() -> NoReturn:
@@ -136,7 +145,7 @@ def cmd_serve_http(args: argparse.Namespace) -> int:
     port = args.http_port if args.http_port is not None else args.port
     cfg = config_from_env(orchestrator=args.orchestrator or None, host=args.host or None, port=port)
     asyncio.run(serve(cfg))
-    exit_stopped_service()
+    return 0
 
 
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
@@ -384,4 +393,4 @@ def _silence_stdout() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

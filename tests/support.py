@@ -23,7 +23,7 @@ import grpc
 import torch
 
 from draft_service import servicer as draft_servicer
-from orchestrator.generation import Deps
+from orchestrator.deps import Deps
 from orchestrator.pair import PairMonitor
 from orchestrator.prompting import Prompter
 from orchestrator.replicas import ReplicaPool

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from orchestrator.completion_text import CompletionText
+from orchestrator.deps import Deps
 from orchestrator.detokenize import REPLACEMENT_CHAR
-from orchestrator.generation import Deps, Generation
+from orchestrator.generation import Generation
 from orchestrator.prompting import Prompter
 from orchestrator.rounds import RoundOutcome
 from orchestrator.session_types import Session, Written
