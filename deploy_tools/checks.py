@@ -1,5 +1,5 @@
 """What `make deploy-test` asks of a running stack, from the host: gRPC and HTTP generation,
-greedy identity with k = 0, replica spread (trace), rounds on the round lane, a target killed mid-stream, tok/s.
+greedy identity with k = 0, replica spread (trace), calls per replica, a target killed mid-stream, tok/s.
 
 Every call carries a deadline.
 """
