@@ -47,4 +47,4 @@ def test_an_older_services_info_parses_and_says_no_more_than_this_version_knows(
     old = new.SerializeToString() + varint_field(21, 1) + varint_field(22, OLD_LANE_PORT) + varint_field(23, 1)
     parsed = common_pb2.ModelInfo.FromString(old)
     assert parsed.role == "target" and parsed.context_delta
-    assert parsed == new  # the old fields are kept as unknown bytes only
+    assert parsed.ListFields() == new.ListFields()  # the old fields are unknown bytes, read by no one
