@@ -1,5 +1,5 @@
 """What `make deploy-test` asks of a running stack, from the host: gRPC and HTTP generation,
-greedy identity with k = 0, replica spread (trace), rounds on the round lane, a target killed mid-stream, tok/s.
+greedy identity with k = 0, replica spread (trace), calls per replica, a target killed mid-stream, tok/s.
 
 Every call carries a deadline.
 """
@@ -107,8 +107,7 @@ def replica_spread(client: Orchestrator, prefix: str) -> tuple[set[str], set[str
 
 
 def service_stats(address: str, role: str, service_token: str = "") -> common_pb2.ServiceStats:
-    """A draft's or target's `Stats` over gRPC, with the token the orchestrator presents (none if empty).
-    `lane_calls` in it counts the Propose/Verify calls answered on the replica's round lane."""
+    """A draft's or target's `Stats` over gRPC, with the token the orchestrator presents (none if empty)."""
     stub = target_pb2_grpc.TargetStub if role == "target" else draft_pb2_grpc.DraftStub
     metadata = (("authorization", f"Bearer {service_token}"),) if service_token else ()
     with grpc.insecure_channel(address) as channel:

@@ -114,8 +114,8 @@ def compose_run(stack: ComposeStack, facts: dict) -> None:
     facts["http_equals_grpc"] = checks.http_completion(stack.http_port, stack.client_token) == greedy["text"]
     targets, drafts = checks.replica_spread(client, "deploy-spread")
     facts["target_replicas_used"], facts["draft_replicas_used"] = len(targets), len(drafts)
-    facts["lane_calls"] = {
-        f"{role} {address}": checks.service_stats(address, role, stack.service_token).lane_calls
+    facts["replica_calls"] = {
+        f"{role} {address}": checks.service_stats(address, role, stack.service_token).calls
         for role, addresses in (("target", targets), ("draft", drafts))
         for address in sorted(addresses)
     }
@@ -154,7 +154,7 @@ def failures(facts: dict) -> list[str]:
             ("HTTP gateway text != gRPC text", facts.get("http_equals_grpc")),
             ("a target replica served no session", facts.get("target_replicas_used", 0) >= 2),
             ("a draft replica served no session", facts.get("draft_replicas_used", 0) >= 2),
-            ("a replica answered no call on its round lane", min(facts.get("lane_calls", {}).values(), default=0) > 0),
+            ("a replica answered no Propose/Verify", min(facts.get("replica_calls", {}).values(), default=0) > 0),
             ("tokens changed when a target was killed mid-stream", kill.get("identical")),
         )
         if not ok
@@ -199,9 +199,9 @@ def table(facts: dict) -> str:
             "trace",
         ),
         (
-            "rounds on the round lane",
-            "min {}".format(min(facts.get("lane_calls", {}).values(), default=0)),
-            "calls answered on each replica's lane (ServiceStats.lane_calls)",
+            "Propose/Verify calls per replica",
+            "min {}".format(min(facts.get("replica_calls", {}).values(), default=0)),
+            "ServiceStats.calls of each replica used, with the service token",
         ),
         ("target killed mid-stream", f"identical={kill.get('identical')}", f"at token {kill.get('killed_at_token')}"),
         (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import time
 from typing import Any
 
 import grpc
@@ -13,11 +14,11 @@ from specdec.errors import FailedPrecondition
 from specdec.protocol import (
     fill_stats,
     hidden_from_proto,
+    ms_since,
     resolve_context,
     sampling_from_proto,
     sparse_to_proto,
 )
-from specdec.server.lane import PROPOSE, LaneMethod, call_arrival, ms_since
 from specdec.server.model_service import ModelServiceBase
 from specdec.v1 import draft_pb2, draft_pb2_grpc
 
@@ -31,15 +32,14 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
         super().__init__("draft")
 
     async def Propose(self, request: draft_pb2.ProposeRequest, context: grpc.aio.ServicerContext) -> Any:
-        answer = self.propose_now(request, context)
+        answer = self.propose_now(request)
         return await answer if inspect.isawaitable(answer) else answer
 
-    def propose_now(self, request: draft_pb2.ProposeRequest, context: Any) -> Any:
+    def propose_now(self, request: draft_pb2.ProposeRequest) -> Any:
         """Propose, answered at once where it can be: with no other call in flight and the model thread idle, a
         small proposal (a decode round's) runs right here (ModelWorker.call_now) and its response is returned;
-        any other call returns the awaitable that runs it (prefill chunks, the session lock, the model thread).
-        The round lane calls this from the frame's read (see TargetServicer.verify_now)."""
-        arrived = call_arrival(context)
+        any other call returns the awaitable that runs it (prefill chunks, the session lock, the model thread)."""
+        arrived = time.perf_counter()
         bundle = self.loaded()
         kind = request.draft_kind if request.HasField("draft_kind") and request.draft_kind else bundle.default_kind
         engine = bundle.engines.get(kind)
@@ -86,14 +86,6 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
             left, waited = await self.worker.run(inp.session_id, lambda: prefill(inp, chunk))
             queue_ms += waited
         return queue_ms
-
-    def lane_methods(self) -> dict[int, LaneMethod]:
-        return {PROPOSE: LaneMethod("Propose", draft_pb2.ProposeRequest.FromString, self.Propose, self.propose_now)}
-
-    async def ProposeStream(self, requests: Any, context: grpc.aio.ServicerContext) -> Any:
-        """Propose calls one after another on one stream (specdec/server/streams.py)."""
-        async for response in self.round_stream(requests, lambda request: self.Propose(request, context)):
-            yield response
 
 
 def add_to_server(servicer: DraftServicer, server: grpc.aio.Server) -> None:

@@ -68,7 +68,6 @@ async def serve(cfg: OrchestratorConfig) -> None:
     for pool in (target, draft):
         if pool is not None:
             pool.on_context_resend = deps.metrics.observe_context_resend
-            pool.on_lane_fallback = deps.metrics.observe_lane_fallback
     servicer = OrchestratorServicer(deps, pair, Admission(cfg.max_concurrent, metrics=deps.metrics))
     serve_metrics(cfg.server.metrics_port, deps.metrics.registry)
     app = GrpcApp(SERVICE_NAME, cfg.server, cfg.auth_tokens)

@@ -27,8 +27,6 @@ from typing import Any
 import grpc
 
 from orchestrator.delta import ContextSend, is_context_miss
-from orchestrator.lane import LaneUnreachable, RoundLane
-from orchestrator.streams import STREAM_METHODS, RoundStreams
 from specdec.config import RetryConfig, ServerConfig
 from specdec.errors import (
     Cancelled,
@@ -42,7 +40,7 @@ from specdec.errors import (
 from specdec.models.tokenizer_info import TokenizerInfo, compare_tokenizers
 from specdec.routing import ReplicaSet, RoutingConfig, make_resolver
 from specdec.server.app import grpc_options
-from specdec.server.tls import channel_credentials, lane_client_context
+from specdec.server.tls import channel_credentials
 from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 
 log = logging.getLogger("specdec.orchestrator")
@@ -75,17 +73,9 @@ class Replica:
     address: str
     channel: grpc.aio.Channel
     stub: Any
-    streams: RoundStreams
     info: common_pb2.ModelInfo | None = None
     error: str = ""  # why it cannot be used (incompatible tokenizer, Info failed)
     incompatible: bool = False  # the error is a tokenizer mismatch (not transient)
-    lane: RoundLane | None = None  # its round lane, when it serves one (orchestrator/lane.py)
-
-
-def lane_host(address: str) -> str:
-    """The host part of a replica's gRPC address ("10.0.0.5:50052", "[::1]:50052" -> "::1")."""
-    host = address.rpartition(":")[0] if ":" in address else address
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
 @dataclass
@@ -101,8 +91,6 @@ class ReplicaPool:
     set: ReplicaSet = field(init=False)
     # called with the role each time a replica's context miss makes a call resend the whole context
     on_context_resend: Callable[[str], None] | None = None
-    # called with the role each time a call goes over gRPC because the replica's round lane was unreachable
-    on_lane_fallback: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         self.set = ReplicaSet(make_resolver(self.addresses), self.routing)
@@ -123,8 +111,7 @@ class ReplicaPool:
             if creds
             else grpc.aio.insecure_channel(address, options=opts)
         )
-        stub = STUBS[self.role](channel)
-        return Replica(address, channel, stub, RoundStreams(stub, self._metadata, self.retry.idle_streams_max))
+        return Replica(address, channel, STUBS[self.role](channel))
 
     async def refresh(self) -> None:
         """Re-resolve the pool; connect to new replicas and ask them for Info."""
@@ -134,11 +121,7 @@ class ReplicaPool:
                 self.replicas[address] = self._connect(address)
         for address in list(self.replicas):
             if address not in self.set.replicas:
-                gone = self.replicas.pop(address)
-                gone.streams.close_idle()
-                if gone.lane is not None:
-                    gone.lane.close_idle()
-                await gone.channel.close()
+                await self.replicas.pop(address).channel.close()
         stale = [r for r in self.replicas.values() if r.info is None or r.address in self.set.unhealthy]
         await asyncio.gather(*(self._fetch_info(r) for r in stale))
 
@@ -148,37 +131,10 @@ class ReplicaPool:
                 common_pb2.InfoRequest(), timeout=self.retry.connect_timeout_s, metadata=self._metadata()
             )
             replica.error = ""
-            self._attach_lane(replica)
             self.set.mark_healthy(replica.address)
         except grpc.aio.AioRpcError as exc:
             replica.error = f"{self.role} replica {replica.address}: {exc.code().name}: {exc.details()}"
             self.set.mark_unhealthy(replica.address)
-
-    def _attach_lane(self, replica: Replica) -> None:
-        """Use the replica's round lane when it serves one (a new port after a restart: a new lane)."""
-        info = replica.info
-        assert info is not None, "the lane is attached after Info answered"
-        port = info.round_lane_port if self.retry.round_lane else 0
-        if replica.lane is not None and replica.lane.port == port:
-            replica.lane.unreachable_until = 0.0  # Info answered again (a restart on the same port): try it
-            return
-        if replica.lane is not None:
-            replica.lane.close_idle()
-        replica.lane = (
-            RoundLane(
-                lane_host(replica.address),
-                port,
-                self.server_cfg.service_token,
-                self.server_cfg.max_message_bytes,
-                self.retry.idle_streams_max,
-                self.retry.lane_connect_timeout_s,
-                self.retry.lane_retry_s,
-                lane_client_context(self.server_cfg.tls),
-                notify=info.round_lane_forward_done,
-            )
-            if port
-            else None
-        )
 
     def usable(self) -> list[Replica]:
         """Replicas with Info and no compatibility error."""
@@ -255,31 +211,7 @@ class ReplicaPool:
         raise Unavailable(f"no {self.role} replica could serve the call ({'; '.join(errors) or 'none available'})")
 
     async def _invoke(self, replica: Replica, method: str, request: Any, timeout: float) -> Any:
-        """One Propose/Verify (or other) call: on the replica's round lane where it serves one
-        (orchestrator/lane.py), else on a round stream where it serves them (orchestrator/streams.py),
-        else unary. A lane that cannot be reached sends the call the gRPC way."""
-        if method in STREAM_METHODS and replica.lane is not None and replica.lane.usable():
-            deadline = time.monotonic() + timeout
-            try:
-                return await replica.lane.call(method, request, timeout)
-            except LaneUnreachable as exc:
-                log.warning(
-                    "%s replica %s: %s; calls go over gRPC for %.0f s",
-                    self.role,
-                    replica.address,
-                    exc,
-                    self.retry.lane_retry_s,
-                )
-                if self.on_lane_fallback is not None:
-                    self.on_lane_fallback(self.role)
-                timeout = max(0.0, deadline - time.monotonic())
-        if (
-            self.retry.round_streams
-            and method in STREAM_METHODS
-            and replica.info is not None
-            and replica.info.round_streams
-        ):
-            return await replica.streams.call(method, request, timeout)
+        """One unary call to one replica."""
         return await getattr(replica.stub, method)(request, timeout=timeout, metadata=self._metadata())
 
     async def _send(
@@ -325,7 +257,4 @@ class ReplicaPool:
 
     async def close(self) -> None:
         for r in self.replicas.values():
-            r.streams.close_idle()
-            if r.lane is not None:
-                r.lane.close_idle()
             await r.channel.close()

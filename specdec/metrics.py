@@ -277,13 +277,6 @@ class OrchestratorMetrics:
             ["role"],
             registry=r,
         )
-        self.lane_fallbacks = Counter(
-            f"{PREFIX}_round_lane_fallbacks",
-            "calls sent over gRPC because a replica's round lane could not be reached "
-            "(refused or no answer; the lane is then skipped for lane_retry_s)",
-            ["role"],
-            registry=r,
-        )
         self.predrafts = Counter(
             f"{PREFIX}_predrafts",
             "overlapped rounds: blocks drafted ahead during a verify, "
@@ -340,11 +333,6 @@ class OrchestratorMetrics:
     def observe_context_resend(self, role: str) -> None:
         """One call of the `role` pool resent with the whole context (ReplicaPool.on_context_resend)."""
         self.context_resends.labels(role=role).inc()
-
-    def observe_lane_fallback(self, role: str) -> None:
-        """One call of the `role` pool went over gRPC: the replica's round lane was unreachable
-        (ReplicaPool.on_lane_fallback)."""
-        self.lane_fallbacks.labels(role=role).inc()
 
     def observe_load(self, k: int, target_batch: int, adaptive: bool) -> None:
         """The k a round asked for and the target batch it rode in (0: not reported, e.g. a degraded round)."""

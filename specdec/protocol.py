@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 PROTOCOL_VERSION = "specdec.v1"
 HIDDEN_WIRE_DTYPE = "float16"  # hidden states travel as fp16 (feature drafts are trained on fp16 features)
 SAMPLING_CACHE_SIZE = 1024  # resolved sampling settings kept (sampling_from_proto)
+MS_PER_S = 1000.0
 
 
 def sampling_to_proto(cfg: SamplingConfig) -> common_pb2.SamplingParams:
@@ -72,6 +74,11 @@ def fill_stats(msg: common_pb2.ComputeStats, s: ComputeStatsData) -> None:
     msg.cached_tokens, msg.computed_tokens, msg.rolled_back = s.cached_tokens, s.computed_tokens, s.rolled_back
     msg.forward_ms, msg.queue_ms = s.forward_ms, s.queue_ms
     msg.batch_size, msg.batch_tokens = s.batch_size, s.batch_tokens
+
+
+def ms_since(started: float) -> float:
+    """Milliseconds from `started` (time.perf_counter()) to now: ComputeStats.service_ms."""
+    return (time.perf_counter() - started) * MS_PER_S
 
 
 def logprobs_to_proto(items: Iterable[TokenLogprobData]) -> list[common_pb2.TokenLogprob]:

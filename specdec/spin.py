@@ -7,11 +7,8 @@ orchestrator for the answer). Kernel busy polling (`net.core.busy_poll`) does no
 to most virtual NICs, so the loop does it itself, only when told an event is expected:
 
 * `expect(start, end)`: poll without sleeping from `start` until `end` (time.monotonic()) or until an event
-  arrives; before `start` the loop sleeps as usual. Callers open a window where an event is due at once:
-  the target right after answering a round (the orchestrator's next request follows within a
-  millisecond) and after a FORWARD_DONE until the model thread's result (specdec/server/lane.py), the
-  orchestrator after a replica's FORWARD_DONE until its answer (orchestrator/lane.py); each ends its
-  window when the event comes.
+  arrives; before `start` the loop sleeps as usual. A caller opens a window where an event is due at once
+  and ends it when the event comes.
 * `SPECDEC_SPIN_US` (ServerConfig.spin_us) bounds every window; 0 turns spinning off (windows are
   ignored). Spinning costs the CPU it runs on for at most that long per window, so it pays where a
   core would otherwise idle (a 1-thread target on a 2-core box) and is a loss where the forward needs
@@ -136,19 +133,8 @@ def auto_spin_us(configured: int, role: str, torch_threads: int = 0, cores: floa
 
 def leaves_a_core(torch_threads: int, cores: float) -> bool:
     """Whether a model service's torch threads leave a CPU of its budget free (`cores`: cpu_budget_cores): the
-    auto rule of polling and of FORWARD_DONE."""
+    auto rule of polling."""
     return torch_threads < cores
-
-
-def offers_forward_done(configured: int, torch_threads: int, cores: float) -> bool:
-    """SPECDEC_ROUND_LANE_FORWARD_DONE as it applies (-1 auto: while the target's torch threads leave a core
-    free, `torch_threads` < `cores`, as for polling). A caller told FORWARD_DONE polls for the answer; with
-    every core in the target's forward, a caller on the same machine then takes a core from the accept
-    rule and the answer (measured at 2 threads on 2 cores, forwards on the event loop: 1.10-1.37 ms a
-    round without it against 1.24-2.81 ms with it)."""
-    if configured >= 0:
-        return configured > 0
-    return leaves_a_core(torch_threads, cores)
 
 
 _selector: SpinSelector | None = None  # the selector of this process's event loop, once made by new_loop

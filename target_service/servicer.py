@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from typing import Any
 
 import grpc
@@ -16,13 +17,12 @@ from specdec.protocol import (
     fill_stats,
     hidden_to_proto,
     logprobs_to_proto,
+    ms_since,
     resolve_context,
     sampling_from_proto,
     sparse_from_proto,
 )
-from specdec.server.lane import VERIFY, LaneCallContext, LaneMethod, call_arrival, ms_since
 from specdec.server.model_service import ModelServiceBase
-from specdec.server.streams import call_timeout_s
 from specdec.v1 import target_pb2, target_pb2_grpc
 
 SERVICE_NAME = target_pb2.DESCRIPTOR.services_by_name["Target"].full_name
@@ -56,18 +56,16 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
         return self._batches
 
     async def Verify(self, request: target_pb2.VerifyRequest, context: grpc.aio.ServicerContext) -> Any:
-        answer = self.verify_now(request, context)
+        answer = self.verify_now(request, context.time_remaining())
         return await answer if inspect.isawaitable(answer) else answer
 
-    def verify_now(self, request: target_pb2.VerifyRequest, context: Any) -> Any:
+    def verify_now(self, request: target_pb2.VerifyRequest, deadline_s: float | None) -> Any:
         """Verify, answered at once where it can be: a lone session's decode round runs right here
-        (BatchQueue.run_now) and its response is returned; any other call returns the awaitable that queues
-        it and answers (BatchQueue.submit). The round lane calls this from the frame's read, so such a round
-        needs no task either."""
-        arrived = call_arrival(context)
+        (BatchQueue.run_now) and its response is returned, so such a round needs no task; any other call
+        returns the awaitable that queues it and answers (BatchQueue.submit). `deadline_s`: how long the
+        caller still waits (None: no deadline)."""
+        arrived = time.perf_counter()
         batches = self.batches()
-        deadline_s = call_timeout_s(request, context)  # before `context` names the token ids below
-        on_forward = context.forward_done if isinstance(context, LaneCallContext) else None
         context, position_base, hashes = resolve_context(self.context_store(), request)
         hashes.extend(request.draft_ids)  # VerifyInput.prefix_hashes covers context + draft
         inp = VerifyInput(
@@ -82,7 +80,6 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
             prefix_hashes=hashes,
             hidden_from=hidden_from(request, position_base),
             verdict_only=request.verdict_only,
-            on_forward=on_forward,
         )
         out = batches.run_now(request.session_id, inp)
         if out is None:
@@ -106,16 +103,6 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
     async def _queued(self, inp: VerifyInput, deadline_s: float | None, arrived: float) -> target_pb2.VerifyResponse:
         out, queue_ms = await self.batches().submit(inp.session_id, inp, deadline_s)
         return verify_response(out, queue_ms, arrived)
-
-    def lane_methods(self) -> dict[int, LaneMethod]:
-        return {VERIFY: LaneMethod("Verify", target_pb2.VerifyRequest.FromString, self.Verify, self.verify_now)}
-
-    lane_forward_done = True
-
-    async def VerifyStream(self, requests: Any, context: grpc.aio.ServicerContext) -> Any:
-        """Verify calls one after another on one stream (specdec/server/streams.py)."""
-        async for response in self.round_stream(requests, lambda request: self.Verify(request, context)):
-            yield response
 
 
 def verify_response(out: VerifyOutput, queue_ms: float, arrived: float) -> target_pb2.VerifyResponse:

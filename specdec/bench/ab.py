@@ -2,7 +2,7 @@
 
 Each arm is a local stack (Redis, draft, target, orchestrator) started with its own environment, e.g.
 
-    specdec bench-ab --arm base: --arm unary:SPECDEC_ROUND_LANE=0,SPECDEC_ROUND_STREAMS=0
+    specdec bench-ab --arm base: --arm serial:SPECDEC_LOOP_FORWARDS=0
 
 All arms stay up for the whole run and take turns on every generation: for each repeat and prompt, every
 configuration runs on every arm (A B A B ...), so a drift of the machine falls on both sides alike. The

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.load import scrape
-from specdec.bench.machine import machine_info, round_transport
+from specdec.bench.machine import machine_info
 from specdec.bench.plan import PROMPTS_DIR, Prompt, load_prompts
 
 log = logging.getLogger("specdec.bench")
@@ -47,9 +47,6 @@ DEFAULT_MAX_BATCH = 8
 DEFAULT_MAX_NEW_TOKENS = 48
 DEFAULT_REPEATS = 2
 RPC_TIMEOUT_S = 600.0
-#: with --compare-stream: a second orchestrator on the batched target that sends its rounds over gRPC round
-#: streams (SPECDEC_ROUND_LANE=0) instead of the round lane, run right after the batched one.
-STREAM_STACK = "batched_stream"
 #: with --compare-env: a second batched target with some environment variables set (a process-level switch such
 #: as SPECDEC_LOOP_FORWARDS=0), behind its own orchestrator, run right after the batched one.
 ENV_STACK = "batched_env"
@@ -76,13 +73,12 @@ class ConcurrencyArgs:
     prompts_dir: str = str(PROMPTS_DIR)
     out: str = "bench/results/concurrency.json"
     progress: bool = True
-    compare_stream: bool = False
     compare_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def stacks(self) -> tuple[str, ...]:
         """The stacks measured, in the order each (repeat, c, k) runs them."""
-        extra = (STREAM_STACK,) * self.compare_stream + (ENV_STACK,) * bool(self.compare_env)
+        extra = (ENV_STACK,) * bool(self.compare_env)
         return ("batched", *extra, "unbatched")
 
 
@@ -121,7 +117,7 @@ class Stacks:
         )
         self.stack = LocalStack(cfg)
         self.max_batch = args.max_batch
-        self.compare_stream, self.compare_env = args.compare_stream, args.compare_env
+        self.compare_env = args.compare_env
 
     def start(self) -> dict[str, tuple[str, str]]:
         """Start everything; return (orchestrator address, target /metrics URL) of each stack.
@@ -133,11 +129,6 @@ class Stacks:
         url = "http://127.0.0.1:{}/metrics".format
         plain = s.start_target(max_batch=1)
         spawned = {"unbatched": (s.start_orchestrator(targets=[plain]), plain)}
-        if self.compare_stream:
-            spawned[STREAM_STACK] = (
-                s.start_orchestrator(targets=s.targets[:1], env={"SPECDEC_ROUND_LANE": "0"}),
-                s.targets[0],
-            )
         if self.compare_env:
             target = s.start_target(env=self.compare_env)
             spawned[ENV_STACK] = (s.start_orchestrator(targets=[target]), target)
@@ -292,12 +283,6 @@ def ratios(table: dict[str, Any], args: ConcurrencyArgs) -> dict[str, Any]:
         decode = [b[c].get("split", {}).get("tokens_per_decode_s") for c in (lo, hi)]
         if all(decode):
             out[k_name][f"batched_{hi}_vs_{lo}_decode_passes"] = round(decode[1] / decode[0], 2)
-        streamed = per_k.get(STREAM_STACK)
-        if streamed:
-            out[k_name][f"{STREAM_STACK}_{hi}_vs_{lo}"] = round(
-                streamed[hi]["tokens_per_s"] / streamed[lo]["tokens_per_s"], 2
-            )
-            out[k_name]["lane_vs_stream"] = {c: round(b[c]["tokens_per_s"] / streamed[c]["tokens_per_s"], 2) for c in b}
         env = per_k.get(ENV_STACK)
         if env:
             out[k_name][f"{ENV_STACK}_{hi}_vs_{lo}"] = round(env[hi]["tokens_per_s"] / env[lo]["tokens_per_s"], 2)
@@ -342,7 +327,6 @@ def run(args: ConcurrencyArgs) -> dict[str, Any]:
         "greedy": True,
         "ignore_eos": True,
         "order": f"for each repeat, c, k: the stacks back to back ({', '.join(args.stacks)})",
-        "round_transport": {name: "stream" if name == STREAM_STACK else round_transport() for name in args.stacks},
         "work": "every configuration runs the same prompts, in waves of c sessions at once",
         "timing": "aggregate tokens / summed wall time of the waves, first request to last response (prefill included)",
     }

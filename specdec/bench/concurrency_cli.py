@@ -77,11 +77,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="bench/results/concurrency.json")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
-        "--compare-stream",
-        action="store_true",
-        help="also run the batched target behind an orchestrator on gRPC round streams (lane vs stream)",
-    )
-    p.add_argument(
         "--compare-env",
         default="",
         help="also run a second batched target with these variables set (NAME=V,NAME=V), e.g. "
@@ -105,7 +100,6 @@ def cmd_bench_concurrency(ns: argparse.Namespace) -> int:
         prompts_dir=ns.prompts_dir,
         out=ns.out,
         progress=not ns.no_progress,
-        compare_stream=ns.compare_stream,
         llama_server=not ns.no_llama_server,
         compare_env=env_assignments(ns.compare_env),
     )

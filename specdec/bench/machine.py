@@ -34,7 +34,6 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "load_avg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "round_transport": round_transport(),
         "gpu": gpu_summary(),
     }
 
@@ -52,15 +51,6 @@ def gpu_summary() -> dict[str, Any] | None:
         "memory_bytes": props.total_memory,
         "cuda": torch.version.cuda,
     }
-
-
-def round_transport() -> str:
-    """How the stacks a bench starts carry Propose/Verify (their orchestrators inherit this environment):
-    "lane" (the default), "stream" (SPECDEC_ROUND_LANE=0) or "unary" (also SPECDEC_ROUND_STREAMS=0)."""
-    from specdec.config import RetryConfig
-
-    retry = RetryConfig()
-    return "lane" if retry.round_lane else "stream" if retry.round_streams else "unary"
 
 
 def peak_rss_bytes(pid: int) -> dict[str, Any]:

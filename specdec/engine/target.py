@@ -142,10 +142,6 @@ class TargetEngine:
             forwards = self.runner.extend_batch(items) if items else []
         except SpecDecError as exc:
             forwards = [exc] if len(items) == 1 else [self._extend_alone(item) for item in items]
-        for i in todo:
-            on_forward = inputs[i].on_forward
-            if on_forward is not None:
-                on_forward()
         for i, fwd in zip(todo, forwards):
             results[i] = fwd if isinstance(fwd, SpecDecError) else self._judge(inputs[i], fwd)
         verdicts = [result for result in results if result is not None]

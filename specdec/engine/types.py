@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,9 +103,6 @@ class VerifyInput:
     prefix_hashes: PrefixHashes | None = None  # covering context_ids + draft_ids (ContextStore)
     prefilled: ComputeStatsData | None = None  # chunks already run for this call (TargetEngine.prefill_chunk)
     verdict_only: bool = False  # the accept rule's reads only (VerifyRequest.verdict_only; accept(all_rows=))
-    # Called (on the thread that ran it) once this call's verify forward has finished, before the accept
-    # rule: the round lane tells the caller, whose wake-up then overlaps the rest (specdec/server/lane.py).
-    on_forward: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     _ids: JoinedIds | None = field(default=None, repr=False, compare=False)
 
     @property

@@ -63,14 +63,9 @@ def _parse(parse: Callable[[bytes], Any], raw: bytes, method: str) -> Any:
         raise InvalidArgument(f"malformed {method} request: {exc}") from None
 
 
-async def _parse_each(parse: Callable[[bytes], Any], raw_requests: Any, method: str) -> Any:
-    async for raw in raw_requests:
-        yield _parse(parse, raw, method)
-
-
 class StrictParseInterceptor(grpc.aio.ServerInterceptor):
-    """Parses requests itself (unary ones and each message of a bidirectional stream) so that a
-    malformed one is INVALID_ARGUMENT, not UNKNOWN.
+    """Parses requests itself (those of unary-request methods) so that a malformed one is INVALID_ARGUMENT,
+    not UNKNOWN.
 
     Installed inside ErrorMappingInterceptor, which maps the InvalidArgument it raises.
     """
@@ -80,14 +75,6 @@ class StrictParseInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or handler.request_deserializer is None:
             return handler
         parse, method = handler.request_deserializer, details.method
-        if handler.stream_stream is not None and inspect.isasyncgenfunction(handler.stream_stream):
-            bidi_behavior = handler.stream_stream
-
-            async def bidi(raw_requests: Any, context: grpc.aio.ServicerContext) -> Any:
-                async for item in bidi_behavior(_parse_each(parse, raw_requests, method), context):
-                    yield item
-
-            return handler._replace(request_deserializer=None, stream_stream=bidi)
         if handler.request_streaming:
             return handler
         if handler.unary_unary is not None and inspect.iscoroutinefunction(handler.unary_unary):

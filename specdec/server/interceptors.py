@@ -21,7 +21,7 @@ OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 def status_of(exc: Exception, method: str) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
     """(code, message, trailing metadata) a call that raised `exc` ends with: a SpecDecError's own status;
-    anything else is logged and becomes INTERNAL. Shared by gRPC calls and the round lane."""
+    anything else is logged and becomes INTERNAL."""
     if isinstance(exc, SpecDecError):
         return exc.code, str(exc), exc.trailing_metadata()
     log.error("unhandled error in %s", method, exc_info=exc)
@@ -69,8 +69,6 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, details.method))
         if handler.unary_stream is not None:
             return handler._replace(unary_stream=_wrap_stream(handler.unary_stream, details.method))
-        if handler.stream_stream is not None:  # round streams: a call's error ends the stream with its status
-            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream, details.method))
         return handler
 
 
@@ -151,8 +149,7 @@ class DrainGate(grpc.aio.ServerInterceptor):
         await self._idle.wait()
 
     def enter(self) -> None:
-        """Count a call served outside gRPC (the round lane) as in flight until leave(), which may come from
-        another task (a call answered later)."""
+        """Count a call as in flight until leave()."""
         self._in_flight += 1
         self._idle.clear()
 

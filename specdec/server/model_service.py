@@ -36,9 +36,6 @@ from specdec.metrics import model_service_registry, serve_metrics
 from specdec.models.cpu_info import cpu_budget_cores
 from specdec.protocol import PROTOCOL_VERSION
 from specdec.server.app import GrpcApp
-from specdec.server.lane import LaneMethod, RoundLaneServer
-from specdec.server.streams import serve_round_stream
-from specdec.server.tls import lane_server_context
 from specdec.v1 import common_pb2
 
 log = logging.getLogger("specdec.server")
@@ -88,8 +85,6 @@ class ModelServiceBase:
         self.worker = ModelWorker(role)
         self.context_store_tokens = DEFAULT_CONTEXT_STORE_TOKENS
         self._contexts: ContextStore | None = None
-        self.draining = asyncio.Event()  # set on SIGTERM: round streams end (specdec/server/streams.py)
-        self.lane: RoundLaneServer | None = None  # the round lane, once it listens (specdec/server/lane.py)
 
     def context_store(self) -> ContextStore:
         """The sessions' contexts held for delta rounds (created once the model is loaded)."""
@@ -116,20 +111,7 @@ class ModelServiceBase:
             **bundle.info,
             context_delta=self.context_store_tokens > 0,
             context_store_tokens=self.context_store_tokens,
-            round_streams=True,
-            round_lane_port=self.lane.port if self.lane is not None else 0,
-            round_lane_forward_done=self.lane is not None and self.lane.forward_done,
         )
-
-    def lane_methods(self) -> dict[int, LaneMethod]:
-        """The calls this service answers on its round lane (frame kind -> method)."""
-        raise NotImplementedError
-
-    lane_forward_done = False  # its lane handlers report the end of a call's forward (LaneCallContext)
-
-    def round_stream(self, requests: Any, handle: Callable[[Any], Any]) -> Any:
-        """A round stream's responses (ProposeStream / VerifyStream): `handle` answers each request."""
-        return serve_round_stream(requests, handle, self.draining)
 
     async def Stats(self, request: Any, context: grpc.aio.ServicerContext) -> common_pb2.ServiceStats:
         state, pool = self.worker.state, self.bundle.pool if self.bundle is not None else None
@@ -158,8 +140,6 @@ class ModelServiceBase:
                     reused_tokens=c.reused_tokens,
                 )
             )
-        if self.lane is not None:
-            out.lane_calls, out.lane_forward_done = self.lane.calls, self.lane.forward_done_frames
         if self._contexts is not None:
             ctx = self._contexts.counters
             out.MergeFrom(
@@ -207,7 +187,6 @@ async def run_model_service(
     servicer.worker.fault_file = cfg.health.fault_file
     servicer.context_store_tokens = cfg.context_store_tokens
     port = await app.start(lambda server: add_to_server(servicer, server))
-    lane = await start_round_lane(cfg, servicer, app)
     app.install_signal_handlers()
     print(f"specdec {servicer.role} listening on {cfg.server.host}:{port}", file=sys.stderr, flush=True)
     try:
@@ -219,7 +198,7 @@ async def run_model_service(
     log.info("%s model %s loaded in %.1fs", servicer.role, servicer.bundle.model_id, servicer.bundle.load_seconds)
     bundle = servicer.bundle
     assert bundle is not None, "the model was loaded above"
-    settle_threads(cfg, bundle, servicer, lane)
+    settle_threads(cfg, bundle, servicer)
     serve_metrics(
         cfg.server.metrics_port,
         model_service_registry(
@@ -229,49 +208,17 @@ async def run_model_service(
     await app.set_serving(True)
     stop = asyncio.Event()
     watcher = asyncio.create_task(watch_health(app, servicer.worker, cfg.health, stop))
-
-    def drain() -> None:
-        stop.set()
-        servicer.draining.set()
-        if lane is not None:
-            lane.close()
-
-    await app.run_until_stopped(on_drain=drain)
+    await app.run_until_stopped(on_drain=stop.set)
     await watcher
     servicer.worker.shutdown()
 
 
-def settle_threads(
-    cfg: ModelServiceConfig, bundle: ModelBundle, servicer: ModelServiceBase, lane: RoundLaneServer | None
-) -> None:
-    """What the loaded model's torch threads decide: forwards on the event loop (the model thread exits),
-    whether the loop polls in expected windows, and whether the lane offers FORWARD_DONE."""
+def settle_threads(cfg: ModelServiceConfig, bundle: ModelBundle, servicer: ModelServiceBase) -> None:
+    """What the loaded model's torch threads decide: forwards on the event loop (the model thread exits), and
+    whether the loop polls in expected windows."""
     if cfg.threads > 0:  # on this, the event loop's, thread too: the model was loaded on another, and a thread
         torch.set_num_threads(cfg.threads)  # that ran torch before (a forked service's) keeps its own team size
     if bundle.loop_forwards:
         servicer.worker.use_the_loop()
     threads, cores = torch.get_num_threads(), cpu_budget_cores()
     spin.configure(spin.auto_spin_us(cfg.server.spin_us, servicer.role, threads, cores))
-    if lane is not None:
-        lane.forward_done = lane.forward_done and spin.offers_forward_done(
-            cfg.server.round_lane_forward_done, threads, cores
-        )
-
-
-async def start_round_lane(cfg: ModelServiceConfig, servicer: ModelServiceBase, app: GrpcApp) -> RoundLaneServer | None:
-    """Open the round lane (specdec/server/lane.py) unless it is switched off (port -1); over TLS when the
-    service has TLS on."""
-    server = cfg.server
-    if server.round_lane_port < 0:
-        return None
-    lane = RoundLaneServer(
-        servicer.lane_methods(),
-        app.gate,
-        server.service_token,
-        server.max_message_bytes,
-        forward_done=servicer.lane_forward_done and server.round_lane_forward_done != 0,
-    )
-    await lane.start(server.host, server.round_lane_port, lane_server_context(server.tls))
-    servicer.lane = lane
-    log.info("%s round lane on %s:%d%s", servicer.role, server.host, lane.port, " (TLS)" if server.tls.enabled else "")
-    return lane

@@ -21,21 +21,6 @@ class RetryConfig(SpecdecSettings):
     min_deadline_s: float = Field(0.05, ge=0)  # below this much of the client's deadline left: DEADLINE_EXCEEDED
     reconnect_initial_s: float = Field(0.2, gt=0)  # channel reconnect backoff toward a replica that went away
     reconnect_max_s: float = Field(2.0, gt=0)  # (gRPC's default grows to 120 s: a restarted replica would wait)
-    round_streams: bool = env(
-        "SPECDEC_ROUND_STREAMS",
-        True,
-        "Propose/Verify over long-lived bidirectional streams where the replica "
-        "serves them (orchestrator/streams.py); off: one unary call per round.",
-    )
-    idle_streams_max: int = Field(64, ge=0)  # idle round streams (and lane connections) kept per replica and method
-    round_lane: bool = env(
-        "SPECDEC_ROUND_LANE",
-        True,
-        "Propose/Verify on the replica's round lane where it serves one (plain TCP, "
-        "orchestrator/lane.py); off: round streams. A lane that cannot be reached is skipped for a minute.",
-    )
-    lane_connect_timeout_s: float = Field(1.0, gt=0)
-    lane_retry_s: float = Field(60.0, ge=0)
 
 
 class OverlapConfig(SpecdecSettings):

@@ -71,24 +71,6 @@ class ServerConfig(MessageSize):
         secret=True,
     )
     tls: TLSConfig = Field(default_factory=TLSConfig)
-    round_lane_port: int = env(
-        "SPECDEC_ROUND_LANE_PORT",
-        0,
-        "Model services: TCP port of the round lane (specdec/server/lane.py; 0 = any "
-        "free port, advertised in ModelInfo.round_lane_port; -1 = no lane). With TLS on, the lane speaks TLS with "
-        "the same certificates.",
-        ge=-1,
-        le=MAX_PORT,
-    )
-    round_lane_forward_done: int = env(
-        "SPECDEC_ROUND_LANE_FORWARD_DONE",
-        AUTO,
-        "Target: tell lane callers that ask when their forward has "
-        "finished (FORWARD_DONE), so they poll for the answer from then: -1 = auto (offered while the target's "
-        "torch threads leave a core free, specdec.spin.offers_forward_done), 0 = never, 1 = always.",
-        ge=AUTO,
-        le=ON,
-    )
     spin_us: int = env(
         "SPECDEC_SPIN_US",
         AUTO,

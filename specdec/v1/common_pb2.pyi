@@ -61,7 +61,7 @@ class HiddenStates(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., rows: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., first_position: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("protocol_version", "role", "model_id", "draft_kind", "vocab_size", "logits_width", "tokenizer_fingerprint", "eos_token_ids", "max_context", "special_tokens", "device", "dtype", "hidden_size", "cache_budget_bytes", "max_k", "max_batch", "needs_target_hidden", "keeps_hidden", "context_delta", "context_store_tokens", "round_streams", "round_lane_port", "round_lane_forward_done")
+    __slots__ = ("protocol_version", "role", "model_id", "draft_kind", "vocab_size", "logits_width", "tokenizer_fingerprint", "eos_token_ids", "max_context", "special_tokens", "device", "dtype", "hidden_size", "cache_budget_bytes", "max_k", "max_batch", "needs_target_hidden", "keeps_hidden", "context_delta", "context_store_tokens")
     class SpecialTokensEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -89,9 +89,6 @@ class ModelInfo(_message.Message):
     KEEPS_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_STORE_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    ROUND_STREAMS_FIELD_NUMBER: _ClassVar[int]
-    ROUND_LANE_PORT_FIELD_NUMBER: _ClassVar[int]
-    ROUND_LANE_FORWARD_DONE_FIELD_NUMBER: _ClassVar[int]
     protocol_version: str
     role: str
     model_id: str
@@ -112,27 +109,7 @@ class ModelInfo(_message.Message):
     keeps_hidden: bool
     context_delta: bool
     context_store_tokens: int
-    round_streams: bool
-    round_lane_port: int
-    round_lane_forward_done: bool
-    def __init__(self, protocol_version: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., draft_kind: _Optional[str] = ..., vocab_size: _Optional[int] = ..., logits_width: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_context: _Optional[int] = ..., special_tokens: _Optional[_Mapping[str, int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., hidden_size: _Optional[int] = ..., cache_budget_bytes: _Optional[int] = ..., max_k: _Optional[int] = ..., max_batch: _Optional[int] = ..., needs_target_hidden: _Optional[bool] = ..., keeps_hidden: _Optional[bool] = ..., context_delta: _Optional[bool] = ..., context_store_tokens: _Optional[int] = ..., round_streams: _Optional[bool] = ..., round_lane_port: _Optional[int] = ..., round_lane_forward_done: _Optional[bool] = ...) -> None: ...
-
-class RoundLaneStatus(_message.Message):
-    __slots__ = ("code", "message", "trailing")
-    class TrailingEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    CODE_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    TRAILING_FIELD_NUMBER: _ClassVar[int]
-    code: int
-    message: str
-    trailing: _containers.ScalarMap[str, str]
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., trailing: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, protocol_version: _Optional[str] = ..., role: _Optional[str] = ..., model_id: _Optional[str] = ..., draft_kind: _Optional[str] = ..., vocab_size: _Optional[int] = ..., logits_width: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_context: _Optional[int] = ..., special_tokens: _Optional[_Mapping[str, int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., hidden_size: _Optional[int] = ..., cache_budget_bytes: _Optional[int] = ..., max_k: _Optional[int] = ..., max_batch: _Optional[int] = ..., needs_target_hidden: _Optional[bool] = ..., keeps_hidden: _Optional[bool] = ..., context_delta: _Optional[bool] = ..., context_store_tokens: _Optional[int] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()
@@ -171,7 +148,7 @@ class ComputeStats(_message.Message):
     def __init__(self, cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., rolled_back: _Optional[int] = ..., forward_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., service_ms: _Optional[float] = ...) -> None: ...
 
 class ServiceStats(_message.Message):
-    __slots__ = ("calls", "failures", "in_flight", "cached_sessions", "cache_used_bytes", "cache_budget_bytes", "cache_hits", "cache_misses", "cache_rollbacks", "rolled_back_tokens", "cache_evictions", "computed_tokens", "reused_tokens", "last_call_ok", "last_error", "batches", "batched_calls", "context_hits", "context_misses", "context_evictions", "lane_calls", "lane_forward_done")
+    __slots__ = ("calls", "failures", "in_flight", "cached_sessions", "cache_used_bytes", "cache_budget_bytes", "cache_hits", "cache_misses", "cache_rollbacks", "rolled_back_tokens", "cache_evictions", "computed_tokens", "reused_tokens", "last_call_ok", "last_error", "batches", "batched_calls", "context_hits", "context_misses", "context_evictions")
     CALLS_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -192,8 +169,6 @@ class ServiceStats(_message.Message):
     CONTEXT_HITS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_MISSES_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
-    LANE_CALLS_FIELD_NUMBER: _ClassVar[int]
-    LANE_FORWARD_DONE_FIELD_NUMBER: _ClassVar[int]
     calls: int
     failures: int
     in_flight: int
@@ -214,6 +189,4 @@ class ServiceStats(_message.Message):
     context_hits: int
     context_misses: int
     context_evictions: int
-    lane_calls: int
-    lane_forward_done: int
-    def __init__(self, calls: _Optional[int] = ..., failures: _Optional[int] = ..., in_flight: _Optional[int] = ..., cached_sessions: _Optional[int] = ..., cache_used_bytes: _Optional[int] = ..., cache_budget_bytes: _Optional[int] = ..., cache_hits: _Optional[int] = ..., cache_misses: _Optional[int] = ..., cache_rollbacks: _Optional[int] = ..., rolled_back_tokens: _Optional[int] = ..., cache_evictions: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., last_call_ok: _Optional[bool] = ..., last_error: _Optional[str] = ..., batches: _Optional[int] = ..., batched_calls: _Optional[int] = ..., context_hits: _Optional[int] = ..., context_misses: _Optional[int] = ..., context_evictions: _Optional[int] = ..., lane_calls: _Optional[int] = ..., lane_forward_done: _Optional[int] = ...) -> None: ...
+    def __init__(self, calls: _Optional[int] = ..., failures: _Optional[int] = ..., in_flight: _Optional[int] = ..., cached_sessions: _Optional[int] = ..., cache_used_bytes: _Optional[int] = ..., cache_budget_bytes: _Optional[int] = ..., cache_hits: _Optional[int] = ..., cache_misses: _Optional[int] = ..., cache_rollbacks: _Optional[int] = ..., rolled_back_tokens: _Optional[int] = ..., cache_evictions: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., last_call_ok: _Optional[bool] = ..., last_error: _Optional[str] = ..., batches: _Optional[int] = ..., batched_calls: _Optional[int] = ..., context_hits: _Optional[int] = ..., context_misses: _Optional[int] = ..., context_evictions: _Optional[int] = ...) -> None: ...

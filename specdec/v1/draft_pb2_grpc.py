@@ -45,11 +45,6 @@ class DraftStub:
                 request_serializer=specdec_dot_v1_dot_draft__pb2.ProposeRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_draft__pb2.ProposeResponse.FromString,
                 _registered_method=True)
-        self.ProposeStream = channel.stream_stream(
-                '/specdec.v1.Draft/ProposeStream',
-                request_serializer=specdec_dot_v1_dot_draft__pb2.ProposeRequest.SerializeToString,
-                response_deserializer=specdec_dot_v1_dot_draft__pb2.ProposeResponse.FromString,
-                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specdec.v1.Draft/Release',
                 request_serializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
@@ -77,13 +72,6 @@ class DraftServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def ProposeStream(self, request_iterator, context):
-        """Many Propose calls on one stream, as Target.VerifyStream.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -106,11 +94,6 @@ def add_DraftServicer_to_server(servicer, server):
             ),
             'Propose': grpc.unary_unary_rpc_method_handler(
                     servicer.Propose,
-                    request_deserializer=specdec_dot_v1_dot_draft__pb2.ProposeRequest.FromString,
-                    response_serializer=specdec_dot_v1_dot_draft__pb2.ProposeResponse.SerializeToString,
-            ),
-            'ProposeStream': grpc.stream_stream_rpc_method_handler(
-                    servicer.ProposeStream,
                     request_deserializer=specdec_dot_v1_dot_draft__pb2.ProposeRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_draft__pb2.ProposeResponse.SerializeToString,
             ),
@@ -177,33 +160,6 @@ class Draft:
             request,
             target,
             '/specdec.v1.Draft/Propose',
-            specdec_dot_v1_dot_draft__pb2.ProposeRequest.SerializeToString,
-            specdec_dot_v1_dot_draft__pb2.ProposeResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ProposeStream(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/specdec.v1.Draft/ProposeStream',
             specdec_dot_v1_dot_draft__pb2.ProposeRequest.SerializeToString,
             specdec_dot_v1_dot_draft__pb2.ProposeResponse.FromString,
             options,

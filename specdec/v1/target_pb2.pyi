@@ -20,7 +20,7 @@ NEXT_KIND_BONUS: NextKind
 NEXT_KIND_TARGET: NextKind
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "request_id", "context_ids", "draft_ids", "draft_probs", "sampling", "logprobs", "return_hidden_states", "position_base", "hidden_from", "prefix_hash", "timeout_ms", "verdict_only")
+    __slots__ = ("session_id", "request_id", "context_ids", "draft_ids", "draft_probs", "sampling", "logprobs", "return_hidden_states", "position_base", "hidden_from", "prefix_hash", "verdict_only")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -32,7 +32,6 @@ class VerifyRequest(_message.Message):
     POSITION_BASE_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FROM_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HASH_FIELD_NUMBER: _ClassVar[int]
-    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     VERDICT_ONLY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     request_id: str
@@ -45,9 +44,8 @@ class VerifyRequest(_message.Message):
     position_base: int
     hidden_from: int
     prefix_hash: int
-    timeout_ms: int
     verdict_only: bool
-    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., context_ids: _Optional[_Iterable[int]] = ..., draft_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[int] = ..., return_hidden_states: _Optional[bool] = ..., position_base: _Optional[int] = ..., hidden_from: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., verdict_only: _Optional[bool] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., context_ids: _Optional[_Iterable[int]] = ..., draft_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[int] = ..., return_hidden_states: _Optional[bool] = ..., position_base: _Optional[int] = ..., hidden_from: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., verdict_only: _Optional[bool] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("num_accepted", "next_token", "next_kind", "target_ids", "matches", "logprobs", "hidden", "stats")

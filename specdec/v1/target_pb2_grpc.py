@@ -45,11 +45,6 @@ class TargetStub:
                 request_serializer=specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=specdec_dot_v1_dot_target__pb2.VerifyResponse.FromString,
                 _registered_method=True)
-        self.VerifyStream = channel.stream_stream(
-                '/specdec.v1.Target/VerifyStream',
-                request_serializer=specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
-                response_deserializer=specdec_dot_v1_dot_target__pb2.VerifyResponse.FromString,
-                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specdec.v1.Target/Release',
                 request_serializer=specdec_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
@@ -77,15 +72,6 @@ class TargetServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def VerifyStream(self, request_iterator, context):
-        """Many Verify calls on one stream, in order: each request gets its response before the next is sent.
-        A call's error ends the stream with that call's status (as Verify would answer it); a draining
-        service ends its streams with OK between calls. See docs/protocol.md, "Round streams".
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -108,11 +94,6 @@ def add_TargetServicer_to_server(servicer, server):
             ),
             'Verify': grpc.unary_unary_rpc_method_handler(
                     servicer.Verify,
-                    request_deserializer=specdec_dot_v1_dot_target__pb2.VerifyRequest.FromString,
-                    response_serializer=specdec_dot_v1_dot_target__pb2.VerifyResponse.SerializeToString,
-            ),
-            'VerifyStream': grpc.stream_stream_rpc_method_handler(
-                    servicer.VerifyStream,
                     request_deserializer=specdec_dot_v1_dot_target__pb2.VerifyRequest.FromString,
                     response_serializer=specdec_dot_v1_dot_target__pb2.VerifyResponse.SerializeToString,
             ),
@@ -179,33 +160,6 @@ class Target:
             request,
             target,
             '/specdec.v1.Target/Verify',
-            specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
-            specdec_dot_v1_dot_target__pb2.VerifyResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def VerifyStream(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/specdec.v1.Target/VerifyStream',
             specdec_dot_v1_dot_target__pb2.VerifyRequest.SerializeToString,
             specdec_dot_v1_dot_target__pb2.VerifyResponse.FromString,
             options,

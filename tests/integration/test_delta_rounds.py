@@ -231,13 +231,12 @@ def test_the_target_is_asked_for_the_verdict_only_unless_a_trace_shows_rejected_
 
 
 def test_a_round_is_answered_at_once_when_the_service_is_idle_and_through_its_queue_otherwise(stack):
-    """verify_now / propose_now (what the round lane calls at a frame's read): with nothing else in flight a
+    """verify_now / propose_now (what Verify / Propose call first): with nothing else in flight a
     decode round's call returns its response (no task, lock or queue); with another call in flight it returns
     the awaitable that queues it. Both give the same answer; the target answers at once only a session whose
     last pass it ran alone (a second session's call goes through the queue, which batches)."""
+    import functools
     import inspect
-
-    from specdec.server.lane import LaneCallContext
 
     ids = stack.tokenizer.encode(IDENTITY_PROMPTS[0])[:6]
 
@@ -249,15 +248,15 @@ def test_a_round_is_answered_at_once_when_the_service_is_idle_and_through_its_qu
             (
                 "target",
                 target,
-                target.verify_now,
+                functools.partial(target.verify_now, deadline_s=None),
                 target_pb2.VerifyRequest(session_id="now", context_ids=ids, draft_ids=[ids[1]]),
             ),
         ):
-            first = call(request, LaneCallContext())
+            first = call(request)
             first = await first if inspect.isawaitable(first) else first  # the target: another session ran last
-            at_once = call(request, LaneCallContext())
+            at_once = call(request)
             async with servicer.worker.session_slot("someone-else"):  # another call in flight
-                queued = call(request, LaneCallContext())
+                queued = call(request)
             out[name] = (first, at_once, inspect.isawaitable(at_once), inspect.isawaitable(queued), await queued)
         return out
 
@@ -280,14 +279,13 @@ def test_a_lone_sessions_next_round_is_prepared_once_its_round_is_answered(stack
     from specdec.core.accept import AcceptResult
     from specdec.core.sampling import SamplingConfig
     from specdec.engine.types import VerifyInput
-    from specdec.server.lane import LaneCallContext
 
     ids = stack.tokenizer.encode(LONG_PROMPT)[:8]
     target = stack.target_servicer
     store, pool = target.context_store(), target.loaded().pool
 
     async def verify(request):
-        answer = target.verify_now(request, LaneCallContext())
+        answer = target.verify_now(request, None)
         answer = await answer if inspect.isawaitable(answer) else answer
         await asyncio.sleep(0)  # the loop's next turn: prepare_next has run
         return answer

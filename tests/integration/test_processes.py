@@ -416,17 +416,14 @@ def test_rejected_request_leaves_session_untouched(stub, reference):
     assert nxt.usage.cached_prompt_tokens == before.total_tokens
 
 
-def test_rounds_ride_the_target_round_lane(stack, stub, target_info):
-    """The target advertises its round lane and the orchestrator's Verify calls take it (not gRPC), each
-    asking to hear when its forward is done (one FORWARD_DONE frame per round)."""
-    assert target_info.round_lane_port > 0 and target_info.round_lane_forward_done
+def test_each_round_is_one_verify_call_on_the_target(stack, stub):
+    """A round's Verify is one unary call: the target's call count grows by exactly the rounds traced."""
     with grpc.insecure_channel(stack.targets[0].address) as channel:
         target = target_pb2_grpc.TargetStub(channel)
         before = target.Stats(common_pb2.InfoRequest(), timeout=RPC_TIMEOUT_S)
         reply = stub.Generate(chat_request(GROUNDED_PROMPTS[0], max_new=8, trace=True), timeout=RPC_TIMEOUT_S)
         after = target.Stats(common_pb2.InfoRequest(), timeout=RPC_TIMEOUT_S)
-    assert after.lane_calls - before.lane_calls == len(reply.trace) == after.calls - before.calls
-    assert after.lane_forward_done - before.lane_forward_done == len(reply.trace)
+    assert after.calls - before.calls == len(reply.trace) > 0
 
 
 def test_a_verdict_only_verify_cuts_its_lists_where_the_accept_rule_stopped(stack, reference):

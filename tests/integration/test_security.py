@@ -1,21 +1,18 @@
-"""Security: mTLS on every gRPC hop and on the round lanes, bearer tokens at the orchestrator, a service
+"""Security: mTLS on every gRPC hop, bearer tokens at the orchestrator, a service
 token toward draft/target, Redis AUTH, and no secret in any log. Certificates are made in the test."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 
 import grpc
 import pytest
 
-from orchestrator.lane import LaneUnreachable, RoundLane
 from specdec.config import TLSConfig
 from specdec.healthcheck import channel_for
 from specdec.launcher import LocalStack, StackConfig
 from specdec.redis_server import EmbeddedRedis
-from specdec.server.tls import lane_client_context
 from specdec.v1 import common_pb2, orchestrator_pb2_grpc, target_pb2, target_pb2_grpc
 from specdec.v1 import orchestrator_pb2 as pb
 from tests.pki_support import make_pki
@@ -24,7 +21,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 USER_TOKEN, SERVICE_TOKEN, REDIS_PASSWORD = "user-secret-7f3a", "service-secret-91bc", "redis-secret-44d0"
 SERVICE_METADATA = (("authorization", f"Bearer {SERVICE_TOKEN}"),)
-LANE_MAX_BYTES = 1 << 22
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +56,11 @@ def test_mtls_and_token_work_end_to_end(secured):
     stack, tls = secured
     with target_channel(stack, tls) as channel:
         stub = target_pb2_grpc.TargetStub(channel)
-        before = stub.Stats(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA).lane_calls
+        before = stub.Stats(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA).calls
         resp = generate(stack.orchestrator_address, tls, USER_TOKEN)
-        after = stub.Stats(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA).lane_calls
+        after = stub.Stats(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA).calls
     assert resp.usage.completion_tokens > 0 and resp.stats.rounds > 0
-    assert after - before >= resp.stats.rounds  # every round's Verify rode the TLS round lane
+    assert after - before >= resp.stats.rounds  # every round's Verify reached the target over mTLS
 
 
 def test_missing_or_wrong_token_is_unauthenticated(secured):
@@ -95,42 +91,30 @@ def test_target_requires_the_service_token(secured):
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         info = stub.Info(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA)
         assert info.role == "target"
-        assert info.round_lane_port > 0  # the round lane is open, over TLS (next test)
 
 
-def test_round_lane_speaks_mtls_only(secured, tmp_path):
-    """The target's round lane answers a TLS client presenting the CA's certificate; a plaintext client, a
-    TLS client without a client certificate and a client that does not trust the server's CA get no
-    answer (LaneUnreachable: the orchestrator would take gRPC, which refuses them the same way)."""
+def test_target_speaks_mtls_only(secured, tmp_path):
+    """The target's gRPC port answers a client presenting the CA's certificate; a plaintext client, a TLS
+    client without a client certificate and a client that does not trust the server's CA get no answer."""
     stack, tls = secured
-    with target_channel(stack, tls) as channel:
-        port = (
-            target_pb2_grpc.TargetStub(channel)
-            .Info(common_pb2.InfoRequest(), timeout=10, metadata=SERVICE_METADATA)
-            .round_lane_port
-        )
+    target = next(p for p in stack.procs if p.role == "target")
+    request = target_pb2.VerifyRequest(session_id="tls-target", context_ids=[1, 2, 3])
 
-    async def verify_on_lane(ctx):
-        lane = RoundLane(
-            "127.0.0.1", port, SERVICE_TOKEN, LANE_MAX_BYTES, idle_max=1, connect_timeout_s=5.0, retry_s=60.0, tls=ctx
-        )
-        try:
-            return await lane.call(
-                "Verify", target_pb2.VerifyRequest(session_id="tls-lane", context_ids=[1, 2, 3]), 30.0
-            )
-        finally:
-            lane.close_idle()
+    def verify(client_tls):
+        with channel_for(target.address, client_tls) as channel:
+            return target_pb2_grpc.TargetStub(channel).Verify(request, timeout=30, metadata=SERVICE_METADATA)
 
-    answer = asyncio.run(verify_on_lane(lane_client_context(tls)))
+    answer = verify(tls)
     assert answer.next_kind == target_pb2.NEXT_KIND_BONUS and answer.num_accepted == 0
     other_ca = make_pki(tmp_path)
     for refused in (
         None,
-        lane_client_context(TLSConfig(ca=tls.ca)),
-        lane_client_context(TLSConfig(cert=tls.cert, key=tls.key, ca=str(other_ca["ca"]))),
+        TLSConfig(ca=tls.ca),
+        TLSConfig(cert=tls.cert, key=tls.key, ca=str(other_ca["ca"])),
     ):
-        with pytest.raises(LaneUnreachable):
-            asyncio.run(verify_on_lane(refused))
+        with pytest.raises(grpc.RpcError) as err:
+            verify(refused)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
 def test_healthcheck_speaks_tls_from_the_environment(secured):

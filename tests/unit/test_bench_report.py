@@ -146,18 +146,6 @@ def test_every_result_names_the_cpu_and_the_features_that_decide_kernels():
     assert cpu_features({"cpu_model": "old result"}) == ""
 
 
-def test_every_result_names_the_round_transport_its_stacks_use(monkeypatch):
-    from specdec.bench.machine import round_transport
-
-    monkeypatch.delenv("SPECDEC_ROUND_LANE", raising=False)
-    monkeypatch.delenv("SPECDEC_ROUND_STREAMS", raising=False)
-    assert round_transport() == "lane"
-    monkeypatch.setenv("SPECDEC_ROUND_LANE", "0")
-    assert round_transport() == "stream"
-    monkeypatch.setenv("SPECDEC_ROUND_STREAMS", "0")
-    assert round_transport() == "unary"
-
-
 def test_the_llamacpp_column_is_skipped_with_a_note_or_set_beside_ours(monkeypatch):
     import builtins
 

@@ -169,20 +169,6 @@ def test_auto_polls_in_the_orchestrator_and_where_the_torch_threads_leave_a_core
 
 
 @pytest.mark.parametrize(
-    "configured, threads, cores, expected",
-    [
-        (-1, 1, 2.0, True),  # a core is free for the caller's polling
-        (-1, 2, 2.0, False),  # every core in the forward: the caller's polling would take one
-        (-1, 2, 1.5, False),  # a CPU limit below the threads
-        (0, 1, 8.0, False),
-        (1, 2, 2.0, True),  # set explicitly: as set
-    ],
-)
-def test_forward_done_is_offered_where_the_torch_threads_leave_a_core(configured, threads, cores, expected):
-    assert spin.offers_forward_done(configured, threads, cores) is expected
-
-
-@pytest.mark.parametrize(
     "content, expected", [("max 100000\n", None), ("150000 100000\n", 1.5), ("50000 100000\n", 0.5), ("garbage", None)]
 )
 def test_the_cpu_budget_is_the_cgroup_quota_where_one_is_set(tmp_path, content, expected):
