@@ -15,7 +15,6 @@ from orchestrator.rounds import RoundRunner
 from orchestrator.servicer import SERVICE_NAME, Admission, OrchestratorServicer
 from orchestrator.session_store import SessionStore, open_redis
 from orchestrator.store_health import StoreProbe
-from specdec import spin
 from specdec.config import OrchestratorConfig
 from specdec.core.ngram import NgramProposer
 from specdec.metrics import serve_metrics
@@ -47,7 +46,6 @@ async def serve(cfg: OrchestratorConfig) -> None:
     """Load the tokenizer, connect Redis and the pools, serve until SIGTERM."""
     if not cfg.redis_url:
         raise SystemExit("specdec orchestrator: REDIS_URL is not set (specdec up starts an embedded Redis)")
-    spin.configure(spin.auto_spin_us(cfg.server.spin_us, "orchestrator"))
     tokenizer = await asyncio.to_thread(
         load_tokenizer, cfg.tokenizer, load_config(cache_dir=cfg.cache_dir, offline=cfg.offline)
     )

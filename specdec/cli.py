@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine
 from importlib import metadata
 from typing import Any, NoReturn
 
-from specdec import __version__, spin, up
+from specdec import __version__, up
 from specdec.config import (
     DEFAULT_DRAFT_PORT,
     DEFAULT_MODELS,
@@ -109,8 +109,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else CommandSettings().port
     server.port = DEFAULT_PORTS[args.role] if port is None else port
     try:
-        with asyncio.Runner(loop_factory=spin.new_loop) as runner:  # its loop polls where told (specdec/spin.py)
-            runner.run(serve())
+        asyncio.run(serve())
     except ModelLoadError as exc:
         print(f"specdec {args.role}: {exc}", file=sys.stderr)
         return EXIT_LOAD_ERROR

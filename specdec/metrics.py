@@ -18,8 +18,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from specdec import spin
-
 PREFIX = "specdec"
 # Seconds: from 1 ms to ~30 s, for rounds and latencies on CPUs and GPUs alike.
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
@@ -190,41 +188,12 @@ def _histogram(
     return family
 
 
-class SpinCollector:
-    """What the process's event loop polled instead of sleeping (specdec/spin.py), read at scrape time."""
-
-    def __init__(self, role: str) -> None:
-        self.role = role
-
-    def collect(self) -> Iterable[Any]:
-        stats = spin.stats()
-        if stats is None:
-            return
-        labels = {"role": self.role}
-        yield _counter(
-            "loop_poll_seconds",
-            "time the event loop polled for an expected event instead of sleeping (SPECDEC_SPIN_US)",
-            stats.spun_s,
-            labels,
-        )
-        polls = CounterMetricFamily(
-            f"{PREFIX}_loop_polls",
-            "poll windows the event loop ran, by outcome "
-            "(caught: the event came while polling; missed: it slept after the window)",
-            labels=["role", "outcome"],
-        )
-        polls.add_metric([self.role, "caught"], stats.caught)
-        polls.add_metric([self.role, "missed"], stats.missed)
-        yield polls
-
-
 def model_service_registry(
     role: str, state: Callable[[], Any], pool: Callable[[], Any], kernels: Callable[[], Any] | None = None
 ) -> CollectorRegistry:
     """A registry exporting one model service's counters (and its kernel plan, when given)."""
     registry = CollectorRegistry()
     registry.register(ModelServiceCollector(role, state, pool, kernels))
-    registry.register(SpinCollector(role))
     return registry
 
 
@@ -233,7 +202,6 @@ class OrchestratorMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        self.registry.register(SpinCollector("orchestrator"))
         r, p = self.registry, f"{PREFIX}_spec_decode"
         self.drafts = Counter(f"{p}_num_drafts", "rounds with a draft", registry=r)
         self.draft_tokens = Counter(f"{p}_num_draft_tokens", "draft tokens proposed", registry=r)

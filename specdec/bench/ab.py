@@ -124,7 +124,7 @@ def run(args: AbArgs) -> dict[str, Any]:
     return {
         "machine": machine_info(),
         "arms": [vars(a) for a in args.arms],
-        "settings": vars(args) | {"arms": None},
+        "settings": vars(args) | {"arms": None, "pins": {role: sorted(cpus) for role, cpus in args.pins.items()}},
         "summary": summarize(rows, [a.name for a in args.arms]),
         "runs": rows,
     }

@@ -26,14 +26,12 @@ from typing import Any
 import grpc
 import torch
 
-from specdec import spin
 from specdec.config import DEFAULT_CONTEXT_STORE_TOKENS, HealthConfig, ModelServiceConfig
 from specdec.engine.contexts import ContextStore
 from specdec.engine.loading import ModelBundle
 from specdec.engine.worker import ModelWorker, WorkerState
 from specdec.errors import Unavailable
 from specdec.metrics import model_service_registry, serve_metrics
-from specdec.models.cpu_info import cpu_budget_cores
 from specdec.protocol import PROTOCOL_VERSION
 from specdec.server.app import GrpcApp
 from specdec.v1 import common_pb2
@@ -214,11 +212,8 @@ async def run_model_service(
 
 
 def settle_threads(cfg: ModelServiceConfig, bundle: ModelBundle, servicer: ModelServiceBase) -> None:
-    """What the loaded model's torch threads decide: forwards on the event loop (the model thread exits), and
-    whether the loop polls in expected windows."""
+    """What the loaded model's torch threads decide: forwards on the event loop (the model thread exits)."""
     if cfg.threads > 0:  # on this, the event loop's, thread too: the model was loaded on another, and a thread
         torch.set_num_threads(cfg.threads)  # that ran torch before (a forked service's) keeps its own team size
     if bundle.loop_forwards:
         servicer.worker.use_the_loop()
-    threads, cores = torch.get_num_threads(), cpu_budget_cores()
-    spin.configure(spin.auto_spin_us(cfg.server.spin_us, servicer.role, threads, cores))

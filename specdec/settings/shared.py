@@ -71,14 +71,6 @@ class ServerConfig(MessageSize):
         secret=True,
     )
     tls: TLSConfig = Field(default_factory=TLSConfig)
-    spin_us: int = env(
-        "SPECDEC_SPIN_US",
-        AUTO,
-        "The event loop polls instead of sleeping for at most this many microseconds when "
-        "an event is due at once (specdec/spin.py): -1 = auto (the orchestrator polls; a model service polls when "
-        "its torch threads leave a core free), 0 = never.",
-        ge=AUTO,
-    )
 
 
 class HealthConfig(SpecdecSettings):

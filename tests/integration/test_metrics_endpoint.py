@@ -61,8 +61,3 @@ def test_metrics_of_all_three_services(redis_server):
     assert value(target, "specdec_calls_total") >= 1 and value(target, "specdec_cache_hits_total") >= 1
     assert value(target, "specdec_computed_tokens_total") > 0
     assert value(texts["draft"], "specdec_calls_total") >= 1
-    # the orchestrator's loop polls for each Verify answer once the target reports its forward done
-    polls = sum(
-        value(orch, f'specdec_loop_polls_total{{outcome="{o}",role="orchestrator"}}') for o in ("caught", "missed")
-    )
-    assert polls >= 1 and value(orch, "specdec_loop_poll_seconds_total") > 0

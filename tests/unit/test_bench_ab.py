@@ -10,8 +10,8 @@ from specdec.bench.ab import config_k, parse_arm, summarize, table
 
 
 def test_an_arm_is_a_name_and_its_environment():
-    arm = parse_arm("serial:SPECDEC_LOOP_FORWARDS=0,SPECDEC_SPIN_US=0")
-    assert arm.name == "serial" and arm.env == {"SPECDEC_LOOP_FORWARDS": "0", "SPECDEC_SPIN_US": "0"}
+    arm = parse_arm("serial:SPECDEC_LOOP_FORWARDS=0,SPECDEC_MAX_BATCH=1")
+    assert arm.name == "serial" and arm.env == {"SPECDEC_LOOP_FORWARDS": "0", "SPECDEC_MAX_BATCH": "1"}
     assert parse_arm("base:").env == {}
     with pytest.raises(argparse.ArgumentTypeError, match="NAME:VAR=V"):
         parse_arm(":X=1")

@@ -19,7 +19,6 @@ DEFAULTS = {
         "drain_seconds": 30.0,
         "max_message_bytes": 4 * MIB,
         "service_token": "",
-        "spin_us": -1,
     },
     c.HealthConfig: {"poll_s": 0.2, "wedged_s": 120.0, "fault_file": ""},
     c.KernelConfig: {
