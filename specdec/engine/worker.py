@@ -8,16 +8,13 @@ asyncio lock guarantees two callers never interleave on one session's cache.
 The worker remembers whether its last forward failed and since when the
 current one runs, so health can say so (specdec/server/model_service.py).
 
-Chaos hook (off unless configured): while `fault_file` exists, every call
-fails with RuntimeError before touching the model -- a real worker failure,
-used by the reliability tests to drive health to NOT_SERVING and back.
+The reliability tests' fault injection wraps `call` (specdec/engine/faults.py), installed only where configured.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -85,8 +82,7 @@ def fits_inline(work_tokens: int | None, limit: int) -> bool:
 class ModelWorker:
     """Serialises model work and per-session access."""
 
-    def __init__(self, name: str, fault_file: str = "") -> None:
-        self.fault_file = fault_file
+    def __init__(self, name: str) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-model")
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiters: dict[str, int] = {}
@@ -129,10 +125,10 @@ class ModelWorker:
         forwards never run at once."""
         if self.loop_forwards or (inline and self._on_thread == 0):
             self.state.inline_calls += 1
-            return self._call(fn)
+            return self.call(fn)
         self._on_thread += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn)
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self.call, fn)
         finally:
             self._on_thread -= 1
 
@@ -145,7 +141,7 @@ class ModelWorker:
         """Run fn right here on the event loop (a small call with the worker idle_now: BatchQueue.run_now,
         DraftServicer.propose_now), as run_on_thread runs an inline call."""
         self.state.inline_calls += 1
-        return self._call(fn)
+        return self.call(fn)
 
     def model_thread_idle(self) -> bool:
         """Whether no call is on the model thread (a small call would run inline now)."""
@@ -171,13 +167,12 @@ class ModelWorker:
         """Whether every call runs on the event loop's thread (use_the_loop)."""
         return self.state.forwards_on_loop
 
-    def _call(self, fn: Callable[[], T]) -> T:
+    def call(self, fn: Callable[[], T]) -> T:
+        """Every piece of model work passes here: counted, timed, and a failure remembered for health."""
         self.state.calls += 1
         self.state.busy_since = time.monotonic()
         started = time.perf_counter()
         try:
-            if self.fault_file and os.path.exists(self.fault_file):
-                raise RuntimeError(f"injected fault ({self.fault_file} exists)")
             result = fn()
         except SpecDecError:
             raise  # the request was wrong, not the worker

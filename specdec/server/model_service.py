@@ -28,6 +28,7 @@ import torch
 
 from specdec.config import DEFAULT_CONTEXT_STORE_TOKENS, HealthConfig, ModelServiceConfig
 from specdec.engine.contexts import ContextStore
+from specdec.engine.faults import inject_faults
 from specdec.engine.loading import ModelBundle
 from specdec.engine.worker import ModelWorker, WorkerState
 from specdec.errors import Unavailable
@@ -182,7 +183,8 @@ async def run_model_service(
     """Bind (NOT_SERVING), load the model off the loop, serve, drain on SIGTERM."""
     tokens = (cfg.server.service_token,) if cfg.server.service_token else ()
     app = GrpcApp(service_name, cfg.server, tokens)
-    servicer.worker.fault_file = cfg.health.fault_file
+    if cfg.health.fault_file:  # testing only
+        inject_faults(servicer.worker, cfg.health.fault_file)
     servicer.context_store_tokens = cfg.context_store_tokens
     port = await app.start(lambda server: add_to_server(servicer, server))
     app.install_signal_handlers()
