@@ -57,7 +57,6 @@ class DraftServicer(ModelServiceBase, draft_pb2_grpc.DraftServicer):
             position_base=position_base,
             checked_ids=len(context),
             prefix_hashes=hashes,
-            runner_up=request.runner_up,
         )
         if getattr(engine, "needs_target_hidden", False):
             inp.target_hidden = hidden_from_proto(request.target_hidden, engine.hidden_size)
@@ -99,7 +98,6 @@ def propose_response(out: ProposeOutput, queue_ms: float, arrived: float) -> dra
         draft_ids=out.draft_ids,
         draft_probs=sparse_to_proto(out.draft_probs),
         draft_kind=out.draft_kind,
-        runner_up_ids=out.runner_up_ids,
     )
     fill_stats(response.stats, out.stats)
     if out.target_hidden_from >= 0:

@@ -52,8 +52,6 @@ class SpecdecOptions(_Request):
     max_rounds: int | None = None
     add_generation_prompt: bool | None = None
     adaptive_k: bool | None = None
-    overlap: bool | None = None
-    overlap_branches: int | None = None
     top_k: int | None = None  # SamplingParams
     repetition_penalty: Number | None = None  # SamplingParams
     draft_top_n: int | None = None  # SamplingParams

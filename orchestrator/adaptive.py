@@ -63,7 +63,6 @@ class CostModel:
     draft_step_ms: dict[str, float] = field(default_factory=dict)  # proposer -> ms per draft token
     overhead_ms: dict[str, float] = field(default_factory=dict)  # proposer or NO_DRAFT -> non-forward ms a round
     batch: float = 1.0  # sessions per target pass of recent rounds
-    overlap_extra_ms: float | None = None  # how much longer a verify runs beside a pre-draft (shared CPU)
     _sorted: tuple[dict, list[int]] = field(default=({}, []), repr=False, compare=False)  # _known()'s cache
 
     def observe_batch(self, size: int) -> None:
@@ -79,26 +78,15 @@ class CostModel:
         target_ms: float,
         overhead_ms: float,
         proposer: str = ANY_DRAFT,
-        overlapped: bool = False,
     ) -> None:
         """Account for one round: k tokens proposed by `proposer`, verified in a target pass that computed
         `pass_tokens` tokens (k + 1 alone; with the other sessions' tokens in a batch) in `target_ms`;
-        `overhead_ms`: the round's time outside the forwards and the target's queue. A round whose verify
-        ran beside a pre-draft (`overlapped`) only measures overlap_extra_ms."""
-        if overlapped:
-            self.observe_overlapped(pass_tokens, target_ms)
-            return
+        `overhead_ms`: the round's time outside the forwards and the target's queue."""
         self.verify_ms[pass_tokens] = _ema(self.verify_ms.get(pass_tokens), target_ms)
         key = proposer if k > 0 else NO_DRAFT
         if k > 0:
             self.draft_step_ms[key] = _ema(self.draft_step_ms.get(key), draft_ms / k)
         self.overhead_ms[key] = _ema(self.overhead_ms.get(key), overhead_ms)
-
-    def observe_overlapped(self, pass_tokens: int, target_ms: float) -> None:
-        """A round whose verify ran beside a pre-draft (orchestrator/overlap.py): its time over v(n) is what
-        drafting ahead costs the target (cores, memory bandwidth); v(n) itself is left to plain rounds."""
-        if pass_tokens in self.verify_ms:
-            self.overlap_extra_ms = _ema(self.overlap_extra_ms, target_ms - self.verify_ms[pass_tokens])
 
     def verify(self, n: float) -> float:
         """v(n), a pass computing n tokens: measured, or interpolated/extrapolated linearly from the measured
@@ -200,8 +188,7 @@ def latency_cap(
     of a round without drafts (module docstring). sessions: those waiting for the target's passes, this one
     included (0: not known, the orchestrator's average pass costs.batch). drafters: how many of them want
     drafts, this one included (0: not known, every session drafting alike); they share the passes' draft
-    budget (`draft_budget`). proposer: the draft that would propose (None: none to wait for, e.g. a block
-    drafted ahead); its time (`draft_delay`) is spent before this session's verify reaches the target, and
+    budget (`draft_budget`). proposer: the draft that would propose (None: none to wait for); its time (`draft_delay`) is spent before this session's verify reaches the target, and
     the target holds the next pass for the sessions of the last one (its batch wait), so the others wait for
     it too: it comes off the slack first. slack < 0: no cap (throughput first)."""
     sessions = sessions if sessions > 0 else costs.batch
@@ -282,29 +269,3 @@ def choose_k(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int, propos
     best = best_k(costs, acceptance, k_cap, proposer)
     acceptance.rounds_at_zero = acceptance.rounds_at_zero + 1 if best == 0 else 0
     return best
-
-
-def choose_k_drafted(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int, proposer: str = ANY_DRAFT) -> int:
-    """The k in [0, k_cap] for a round whose block was drafted ahead (orchestrator/overlap.py) and is
-    usable: the draft's guess of the previous token was right, so the block costs no draft time and its
-    position j is the tracker's position j + 1 (accepted given the position before it was)."""
-    return k_for_free_block(costs, acceptance.rates(), k_cap, proposer)
-
-
-def k_for_free_block(costs: CostModel, rates: list[float], k_cap: int, proposer: str = ANY_DRAFT) -> int:
-    """choose_k_drafted from the tracker's rates (AcceptanceTracker.rates): the most tokens per ms of a
-    round that verifies k free drafted tokens. 0 where even a free block does not pay for its longer
-    verify (a target whose passes cost much more per row than the acceptance gives back)."""
-    if k_cap <= 0 or not rates:
-        return 0
-    shifted = rates[1:] + rates[-1:] * (k_cap + 1)
-    base = costs.round_ms(0, proposer) - costs.pass_ms(1)  # a round's overhead without a draft hop
-
-    def per_ms(k: int) -> float:
-        total, survive = 1.0, 1.0
-        for rate in shifted[:k]:
-            survive *= rate
-            total += survive
-        return total / max(costs.pass_ms(k + 1) + base, 1e-6)
-
-    return max(range(k_cap + 1), key=per_ms)

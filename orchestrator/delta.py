@@ -10,12 +10,7 @@ round, failover, a replica without the delta form, a call that failed) the whole
 A replica that does not hold the prefix after all (evicted, restarted, another context) answers
 FAILED_PRECONDITION with trailing metadata `specdec-context-miss`; ReplicaPool.call then resends
 the whole context to it in the same round (ContextSend.resends -> Stats.context_resends).
-Within a generation the context only grows, and its rounds' calls to one pool do not overlap, with
-one exception: an overlapped round's pre-draft (orchestrator/overlap.py) asks the draft for a context
-the generation may never take (the accepted context + the round's draft block). It is sent with
-`send_ahead`: the replica gets the extra tokens, but its confirmation records only the accepted
-context as held (the replica holds that prefix whatever the verify decides), so the next call sends
-the few tokens past it again and a rejected block can never be claimed as held.
+Within a generation the context only grows, and its rounds' calls to one pool do not overlap.
 """
 
 from __future__ import annotations
@@ -68,11 +63,6 @@ class ContextWire:
         self.sync(context)
         return ContextSend(self, role, context)
 
-    def send_ahead(self, role: str, context: Sequence[int], ahead: Sequence[int]) -> ContextSend:
-        """A call for `context` + `ahead`, tokens not accepted yet: held is confirmed up to `context` only."""
-        self.sync(context)
-        return ContextSend(self, role, list(context) + list(ahead), confirms=len(context))
-
 
 @dataclass
 class ContextSend:
@@ -82,7 +72,6 @@ class ContextSend:
     role: str
     context: Sequence[int]
     resends: int = 0  # whole contexts resent after a replica's context miss
-    confirms: int | None = None  # tokens an answer confirms as held (None: the whole context)
 
     def fill(self, request: Any, address: str, info: Any) -> None:
         """Set the request's context fields for the replica at `address` (its ModelInfo: `info`)."""
@@ -104,7 +93,7 @@ class ContextSend:
     def confirm(self, address: str) -> None:
         """The replica answered: it holds the whole context now."""
         if self.wire is not None:
-            self.wire.held[(self.role, address)] = len(self.context) if self.confirms is None else self.confirms
+            self.wire.held[(self.role, address)] = len(self.context)
 
     def forget(self, address: str) -> None:
         """The call failed: what the replica holds is unknown (the next call sends the whole context)."""

@@ -28,20 +28,13 @@ import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from orchestrator.adaptive import (
-    AcceptanceTracker,
-    best_k,
-    choose_k,
-    choose_k_drafted,
-    latency_cap,
-)
+from orchestrator.adaptive import AcceptanceTracker, best_k, choose_k, latency_cap
 from orchestrator.completion_text import CompletionText
 from orchestrator.delta import ContextWire
 from orchestrator.deps import Deps
 from orchestrator.features import HiddenRelay
 from orchestrator.idempotency import check_id, request_fingerprint
 from orchestrator.lease import SessionLease, store_errors
-from orchestrator.overlap import NO_AHEAD, AheadPlan, PreDraft, RunnerUpTracker, discard, plan_ahead, ready_block
 from orchestrator.request_begin import RequestIds, State, begin
 from orchestrator.rounds import RoundOutcome, RoundRequest, cancel_round
 from orchestrator.stats import StatsCollector, count_emitted
@@ -74,12 +67,6 @@ class Generation:
         self.acceptance: dict[str, AcceptanceTracker] = {}  # per proposer (orchestrator/adaptive.py)
         self.relay = HiddenRelay()  # the target's hidden states on their way to a feature draft
         self.wire = ContextWire()  # what each replica holds of the context (delta rounds)
-        self.overlap = deps.cfg.overlap.enabled if self.params.overlap is None else self.params.overlap
-        self.ahead: PreDraft | None = None  # the next round's block, drafted ahead (orchestrator/overlap.py)
-        self.runner_ups = RunnerUpTracker()  # how often the target recovers with the draft's runner-up (branches)
-        self.branches = (
-            deps.cfg.overlap.branches if self.params.overlap_branches is None else self.params.overlap_branches
-        )
         self.state: State | None = None
 
     def _begin_ids(self) -> RequestIds:
@@ -151,27 +138,22 @@ class Generation:
             return cap, proposer
         if proposer == MODEL and not self.stats.rounds:
             return 0, proposer
-        ready = ready_block(self.ahead, state.ids, cap) if proposer == MODEL else 0  # drafted ahead: free
-        capped = self._latency_cap(ready or cap, proposer, bool(ready))
-        self.deps.metrics.latency_capped.inc(capped < (ready or cap))
-        choose = choose_k_drafted if ready else choose_k
-        return choose(self.deps.costs, self._tracker(proposer), capped, proposer), proposer
+        capped = self._latency_cap(cap, proposer)
+        self.deps.metrics.latency_capped.inc(capped < cap)
+        return choose_k(self.deps.costs, self._tracker(proposer), capped, proposer), proposer
 
-    def _latency_cap(self, cap: int, proposer: str, ready: bool) -> int:
+    def _latency_cap(self, cap: int, proposer: str) -> int:
         """adaptive.latency_cap for this round: B = the sessions waiting for the target (this orchestrator's
         generations per healthy replica, or the latest pass when it held more); D = those wanting drafts
-        (sessions of other orchestrators, seen only in the pass, count as drafters); the draft's time unless `ready`."""
+        (sessions of other orchestrators, seen only in the pass, count as drafters); and the draft's time."""
         if self.deps.cfg.latency_slack < 0:
             return cap
-        best = choose_k_drafted if ready else best_k
-        self.deps.demand.set(self._key, best(self.deps.costs, self._tracker(proposer), cap, proposer) > 0)
+        self.deps.demand.set(self._key, best_k(self.deps.costs, self._tracker(proposer), cap, proposer) > 0)
         replicas = self.deps.runner.target_replicas()
         local = len(self.deps.running) / replicas
         waiting = max(self.stats.last_target_batch, local)
         drafters = self.deps.demand.drafters() / replicas + (waiting - local)
-        return latency_cap(
-            self.deps.costs, cap, self.deps.cfg.latency_slack, waiting, drafters, None if ready else proposer
-        )
+        return latency_cap(self.deps.costs, cap, self.deps.cfg.latency_slack, waiting, drafters, proposer)
 
     def _tracker(self, proposer: str) -> AcceptanceTracker:
         return self.acceptance.setdefault(proposer, AcceptanceTracker(k_max=max(self.params.k, 1)))
@@ -180,10 +162,9 @@ class Generation:
         """Feed adaptive k: acceptance per session and proposer; costs only from rounds without a prefill."""
         proposed = len(outcome.draft_ids)
         self.deps.costs.observe_batch(outcome.target_batch)
-        if proposed and not outcome.predrafted:  # a used pre-draft's positions are shifted by its guess
+        if proposed:
             self._tracker(outcome.proposer).observe(proposed, outcome.num_accepted)
-        self.runner_ups.observe(outcome.draft_ids, outcome.runner_up_ids, outcome.num_accepted, outcome.next_token)
-        if outcome.target_computed <= proposed + 1 and not outcome.degraded and not outcome.predrafted:
+        if outcome.target_computed <= proposed + 1 and not outcome.degraded:
             self.deps.costs.observe(
                 proposed,
                 outcome.pass_tokens,
@@ -191,7 +172,6 @@ class Generation:
                 outcome.target_ms,
                 outcome.fixed_overhead_ms,
                 outcome.proposer,
-                overlapped=outcome.ahead is not None,
             )
 
     async def _rounds(self, state: State, text: CompletionText) -> AsyncGenerator[pb.GenerateChunk, None]:
@@ -206,7 +186,6 @@ class Generation:
         try:
             while running is not None:
                 outcome = await running
-                self.ahead = outcome.ahead
                 start_len = len(state.completion)
                 tokens = self._advance(state, outcome)  # 3
                 running = None if state.finish else self._start_round(state)  # next 1, 2
@@ -223,13 +202,11 @@ class Generation:
         finally:
             self.deps.demand.drop(self._key)
             await cancel_round(running)
-            await discard(self.ahead)
 
     def _start_round(self, state: State) -> asyncio.Task:
         """Steps 1-2 (draft proposes, target verifies) for the context so far, as a task."""
         self.lease.check()
         (k, proposer), p = self._round_k(state), self.params
-        ahead, self.ahead = self.ahead, None  # the round uses the block drafted ahead or discards it
         return asyncio.create_task(
             self.deps.runner.run(
                 RoundRequest(
@@ -244,32 +221,10 @@ class Generation:
                     self.relay,
                     proposer,
                     self.wire,
-                    ahead,
-                    ahead_plan=self._ahead_plan(state, k, proposer),
-                    runner_up=self.overlap and self.branches > 0 and proposer == MODEL,
                     route=self.route,
                     verdict_only=not (p.trace and self.deps.cfg.trace_rejected_rows),
                 )
             )
-        )
-
-    def _ahead_plan(self, state: State, k: int, proposer: str) -> AheadPlan:
-        """Overlap (docs/overlap.md): what to draft ahead while this round verifies (overlap.plan_ahead)."""
-        p, deps = self.params, self.deps
-        if not self.overlap or proposer != MODEL or (k == 0 and not p.adaptive_k):
-            return NO_AHEAD
-        cap = min(p.k, p.max_new_tokens - len(state.completion) - k - 2, deps.max_context - len(state.ids) - k - 2)
-        running = len(deps.running) / deps.runner.target_replicas()  # generations per target replica
-        return plan_ahead(
-            cap,
-            k,
-            deps.costs,
-            deps.cfg.overlap,
-            self._tracker(proposer).rates(),
-            p.adaptive_k,
-            running,
-            self.runner_ups.rate(),
-            self.branches,
         )
 
     def _advance(self, state: State, outcome: RoundOutcome) -> list[int]:
@@ -321,12 +276,6 @@ class Generation:
             outcome.degraded,
         )
         self.deps.metrics.observe_load(outcome.k, outcome.target_batch, self.params.adaptive_k)
-        self.deps.metrics.observe_overlap(
-            len(outcome.ahead.branches) if outcome.ahead is not None else 0,
-            outcome.predrafted,
-            outcome.draft_hidden_ms,
-            outcome.predraft_runner_up_at > 0,
-        )
         return tokens, delta.emit
 
     async def _store(self, state: State, tokens: list[int], outcome: RoundOutcome) -> None:

@@ -12,12 +12,6 @@ Context on the wire: a call carries only the tokens its replica does not hold ye
 the prefix it does (the delta form, orchestrator/delta.py); a replica that lost the session's
 context gets the whole context again in the same round (RoundOutcome.context_resends).
 
-Overlapped rounds (orchestrator/overlap.py, docs/overlap.md): with RoundRequest.ahead_plan the
-round also asks the draft, while its Verify is in flight, for the next round's candidate blocks: drafted
-from this round's context + its draft block (post-verify), and behind the draft's runner-up at the
-planned positions (branches); the next round uses one (RoundRequest.ahead) only when the accepted
-context is the one it was drafted from, else discards them.
-
 Deadlines: each call gets base + per_token x (tokens it must compute: the whole
 context, since a replica without the session's cache re-runs the prefill),
 capped by what is left of the client's deadline (RoundRequest.deadline).
@@ -28,24 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator.delta import ContextSend, ContextWire
 from orchestrator.features import HiddenRelay
-from orchestrator.overlap import (
-    NO_AHEAD,
-    AheadPlan,
-    BlockBase,
-    Branch,
-    PreDraft,
-    Taken,
-    start_predraft,
-    take,
-    with_hop_delay,
-)
 from orchestrator.replicas import ReplicaPool
-from specdec.config import OverlapConfig, RetryConfig
+from specdec.config import RetryConfig
 from specdec.core.ngram import NgramProposer
 from specdec.core.sampling import SamplingConfig
 from specdec.errors import DeadlineExceeded, ResourceExhausted, Unavailable
@@ -94,17 +78,11 @@ class RoundOutcome:
     retries: int = 0
     context_resends: int = 0  # calls resent with the whole context after a replica's context miss
     context_tokens: int = 0  # the context the round started from
-    predrafted: bool = False  # the block was drafted ahead, during the previous round's verify
-    predraft_runner_up_at: int = 0  # ... behind the runner-up at this position of the previous block (0: post-verify)
-    runner_up_ids: list[int] = field(default_factory=list)  # the draft's runner-up per position (when asked)
-    draft_hidden_ms: float = 0.0  # the block's draft time (hop + forward) hidden behind that verify
-    ahead: PreDraft | None = None  # the next round's block, drafted ahead during this round's verify
 
     @property
     def overhead_ms(self) -> float:
-        """Everything that is not a model forward (hops, serialisation, queueing) on the round's path:
-        draft time hidden behind the previous round's verify is off it."""
-        return max(0.0, self.wall_ms - max(0.0, self.draft_ms - self.draft_hidden_ms) - self.target_ms)
+        """Everything that is not a model forward (hops, serialisation, queueing) on the round's path."""
+        return max(0.0, self.wall_ms - self.draft_ms - self.target_ms)
 
     @property
     def fixed_overhead_ms(self) -> float:
@@ -131,9 +109,6 @@ class RoundRequest:
     relay: HiddenRelay | None = None  # the generation's hidden-state relay (used with feature drafts)
     proposer: str = ""  # RoundRunner.proposer(): adaptive k's estimates are kept per proposer
     wire: ContextWire | None = None  # the generation's delta-round state (None: every call sends the whole context)
-    ahead: PreDraft | None = None  # the previous round's pre-draft: used if drafted from this context, else discarded
-    ahead_plan: AheadPlan = NO_AHEAD  # overlap: the next round's blocks to draft ahead while this one verifies
-    runner_up: bool = False  # ask the draft for its runner-up per position (branches; RunnerUpTracker)
     route: str = ""  # replicas' routing key ("" = the session id; orchestrator/affinity.py)
     verdict_only: bool = False  # the target returns only the accept rule's reads (VerifyRequest.verdict_only)
 
@@ -159,33 +134,23 @@ class RoundRunner:
         target: ReplicaPool,
         retry: RetryConfig,
         local_ngram: NgramProposer | None = None,
-        overlap: OverlapConfig | None = None,
     ) -> None:
         self.draft = draft
         self.target = target
         self.retry = retry
         self.local_ngram = local_ngram
-        self.overlap = overlap if overlap is not None else OverlapConfig()
 
     async def _call(
         self, pool: ReplicaPool, req: RoundRequest, method: str, request, timeout: float, send: ContextSend
     ) -> tuple:
-        """pool.call, with the test/bench-only hop delay (OverlapConfig.hop_delay_ms) when set."""
+        """pool.call, with the test/bench-only hop delay (RetryConfig.hop_delay_ms) when set."""
         return await with_hop_delay(
-            self.overlap.hop_delay_ms, lambda: pool.call(req.replica_key, method, request, timeout, send)
+            self.retry.hop_delay_ms, lambda: pool.call(req.replica_key, method, request, timeout, send)
         )
 
     def target_replicas(self) -> int:
         """Healthy target replicas (at least 1): the generations of this orchestrator spread over them."""
         return max(1, len(self.target.set.healthy))
-
-    def remote_model(self, req: RoundRequest) -> bool:
-        """Whether this round's draft is the draft pool's model (not a feature draft): the only draft
-        worth drafting ahead (a local n-gram lookup is free, a feature draft needs the verify's hidden states)."""
-        kind = self.draft_kind(req.draft_kind)
-        if kind == COMBINED:
-            return self.local_ngram is not None and req.proposer == MODEL
-        return kind == MODEL and not self.feature_draft(req.draft_kind)
 
     def draft_kind(self, requested: str) -> str:
         """The kind a round uses: the request's, else the draft pool's, else n-gram (no pool)."""
@@ -259,7 +224,7 @@ class RoundRunner:
             verify.return_hidden_states, verify.hidden_from = True, hidden_from
         timeout = self._deadline(len(req.context_ids) + len(proposal.draft_ids), req.deadline)
         send = context_send(req, "target")
-        verdict, out.target_replica, retries = await self._verify_and_ahead(req, proposal, out, verify, timeout, send)
+        verdict, out.target_replica, retries = await self._call(self.target, req, "Verify", verify, timeout, send)
         out.context_resends += send.resends
         if relay is not None and hidden_from is not None:
             relay.after_verify(verdict.hidden)
@@ -267,7 +232,6 @@ class RoundRunner:
         out.draft_ids, out.target_ids, out.matches = drafted, list(verdict.target_ids), list(verdict.matches)
         out.num_accepted, out.next_token, out.next_kind = m, verdict.next_token, verdict.next_kind
         out.emitted = drafted[:m] + [verdict.next_token]
-        out.runner_up_ids = list(proposal.runner_up_ids)
         out.logprobs = list(verdict.logprobs)
         stats = verdict.stats
         out.target_ms, out.target_cached = stats.forward_ms, stats.cached_tokens
@@ -295,9 +259,6 @@ class RoundRunner:
             context_tokens=len(req.context_ids),
         )
         empty = draft_pb2.ProposeResponse()
-        taken = await take(req.ahead, req.context_ids, req.k, MODEL if self.remote_model(req) else "")
-        if taken is not None:
-            return taken.response, self._taken(out, taken)
         if req.k == 0:
             return empty, out
         kind = self.draft_kind(req.draft_kind)
@@ -314,12 +275,7 @@ class RoundRunner:
         if self.draft is None:
             out.degraded = True
             return empty, out
-        propose = draft_pb2.ProposeRequest(
-            session_id=req.session_id,
-            request_id=req.request_id,
-            k=req.k,
-            runner_up=req.runner_up or req.ahead_plan.wants_runner_up(req.k),
-        )
+        propose = draft_pb2.ProposeRequest(session_id=req.session_id, request_id=req.request_id, k=req.k)
         propose.sampling.MergeFromString(sampling_bytes(req.sampling))
         send = context_send(req, "draft")
         if remote_kind:
@@ -346,97 +302,16 @@ class RoundRunner:
         out.wire_bytes = propose.ByteSize() + response.ByteSize()
         return response, out
 
-    @staticmethod
-    def _taken(out: RoundOutcome, taken: Taken) -> RoundOutcome:
-        """The round's draft is a block drafted ahead (orchestrator/overlap.py)."""
-        out.k = len(taken.response.draft_ids)
-        out.predrafted, out.draft_hidden_ms = True, taken.hidden_ms
-        out.predraft_runner_up_at = taken.runner_up_at
-        out.draft_ms, out.draft_replica, out.draft_kind = taken.forward_ms, taken.replica, taken.response.draft_kind
-        out.draft_computed = taken.response.stats.computed_tokens
-        out.wire_bytes = taken.response.ByteSize()
-        return out
 
-    def _start_ahead(
-        self, req: RoundRequest, proposal: draft_pb2.ProposeResponse, out: RoundOutcome
-    ) -> PreDraft | None:
-        """Overlap: start drafting the next round's candidate blocks (req.ahead_plan) from this round's context
-        while the verify runs. None when the round's draft was not the pool's model, it proposed fewer than k
-        tokens, or the draft replica has other work queued (OverlapConfig.max_draft_in_flight)."""
-        drafted = out.draft_kind == MODEL and len(proposal.draft_ids) == req.k  # k = 0: the guess alone
-        if (
-            req.ahead_plan.k <= 0
-            or self.draft is None
-            or out.degraded
-            or not self.remote_model(req)
-            or not (req.k == 0 or drafted)
-        ):
-            return None
-        address = out.draft_replica or self.draft.set.pick(req.replica_key)
-        if not address or self.draft.set.in_flight(address) > self.overlap.max_draft_in_flight:
-            return None
-        candidates = [self._branch(req, proposal, at) for at in req.ahead_plan.at]
-        branches = [branch for branch in candidates if branch is not None]
-        return start_predraft(branches, MODEL) if branches else None
-
-    def _branch(self, req: RoundRequest, proposal: draft_pb2.ProposeResponse, at: int) -> Branch | None:
-        """One candidate block (overlap.Branch): behind the draft's runner-up at position `at` of this round's
-        block (at <= k: req.ahead_plan.k tokens from C + d1..d(at-1) + r_at), or behind the whole block (at = k + 1:
-        the draft's guess of the bonus, then the block). None where the runner-up is not known or no time is left."""
-        draft = self.draft
-        assert draft is not None, "a pre-draft runs on the draft pool"
-        block, k = list(proposal.draft_ids), req.ahead_plan.k
-        if at <= len(block):
-            if len(proposal.runner_up_ids) < at:
-                return None
-            before, guess = block[: at - 1], proposal.runner_up_ids[at - 1]
-            sent, tokens = before + [guess], k
-        else:
-            before, guess, sent, tokens = block, None, block, k + 1
-        try:
-            timeout = self._deadline(len(req.context_ids) + len(sent) + tokens, req.deadline)
-        except DeadlineExceeded:
-            return None
-        propose = draft_pb2.ProposeRequest(
-            session_id=req.session_id, request_id=req.request_id, k=tokens, draft_kind=MODEL, runner_up=req.runner_up
-        )  # for the next round's branches
-        propose.sampling.MergeFromString(sampling_bytes(req.sampling))
-        send = (
-            req.wire.send_ahead("draft", req.context_ids, sent)
-            if req.wire is not None
-            else ContextSend(None, "draft", list(req.context_ids) + sent)
-        )
-        return Branch(
-            BlockBase.of(req.context_ids, before),
-            guess,
-            lambda: self._call(draft, req, "Propose", propose, timeout, send),
-        )
-
-    async def _verify_and_ahead(
-        self,
-        req: RoundRequest,
-        proposal: draft_pb2.ProposeResponse,
-        out: RoundOutcome,
-        verify: target_pb2.VerifyRequest,
-        timeout: float,
-        send: ContextSend,
-    ) -> tuple:
-        """The round's Verify; with overlap, the next round's pre-draft runs beside it (out.ahead)."""
-        if req.ahead_plan.k <= 0:
-            return await self._call(self.target, req, "Verify", verify, timeout, send)
-        verifying = asyncio.ensure_future(self._call(self.target, req, "Verify", verify, timeout, send))
-        out.ahead = self._start_ahead(req, proposal, out)
-        try:
-            result = await verifying
-        except BaseException:
-            running = {verifying} | ({out.ahead.task} if out.ahead is not None else set())
-            for task in running:
-                task.cancel()
-            await asyncio.wait(running)  # both calls have stopped when the round has
-            raise
-        if out.ahead is not None:
-            out.ahead.verified = time.perf_counter()
-        return result
+async def with_hop_delay(delay_ms: float, call: Callable[[], Awaitable[Any]]) -> Any:
+    """TEST AND BENCH ONLY (RetryConfig.hop_delay_ms): one call with a fixed delay on each of its two
+    hops (request, response), to measure a distant draft or target."""
+    if delay_ms <= 0:
+        return await call()
+    await asyncio.sleep(delay_ms / MS_PER_S)
+    result = await call()
+    await asyncio.sleep(delay_ms / MS_PER_S)
+    return result
 
 
 async def cancel_round(task: asyncio.Task | None) -> None:

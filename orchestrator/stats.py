@@ -63,11 +63,6 @@ class StatsCollector:
     degraded: int = 0
     retries: int = 0
     context_resends: int = 0
-    draft_hidden_ms: float = 0.0
-    predrafts: int = 0
-    predrafts_used: int = 0
-    predraft_branches: int = 0  # blocks drafted ahead in all (a pre-draft has one per branch)
-    predrafts_used_runner_up: int = 0  # used blocks drafted behind the draft's runner-up
     target_computed: int = 0
     draft_computed: int = 0
     last_target_batch: int = 0  # sessions of the pass the latest round rode in (0: not reported)
@@ -95,11 +90,6 @@ class StatsCollector:
         self.degraded += o.degraded
         self.retries += o.retries
         self.context_resends += o.context_resends
-        self.draft_hidden_ms += o.draft_hidden_ms if o.predrafted else 0.0
-        self.predrafts += o.ahead is not None
-        self.predrafts_used += o.predrafted
-        self.predraft_branches += len(o.ahead.branches) if o.ahead is not None else 0
-        self.predrafts_used_runner_up += o.predrafted and o.predraft_runner_up_at > 0
         self.target_computed += o.target_computed
         self.draft_computed += o.draft_computed
         self.last_target_batch = o.target_batch
@@ -137,11 +127,6 @@ class StatsCollector:
             target_computed_tokens=self.target_computed,
             draft_computed_tokens=self.draft_computed,
             context_resends=self.context_resends,
-            draft_hidden_ms=self.draft_hidden_ms,
-            predrafts=self.predrafts,
-            predrafts_used=self.predrafts_used,
-            predraft_branches=self.predraft_branches,
-            predrafts_used_runner_up=self.predrafts_used_runner_up,
         )
 
     def round_proto(self, o: RoundOutcome, e: Emitted, text: str) -> pb.Round:
@@ -171,9 +156,6 @@ class StatsCollector:
             wire_bytes=o.wire_bytes,
             context_tokens=o.context_tokens,
             context_resends=o.context_resends,
-            draft_hidden_ms=o.draft_hidden_ms,
-            predrafted=o.predrafted,
-            predraft_runner_up_at=o.predraft_runner_up_at,
             target_service_ms=o.target_service_ms,
             draft_service_ms=o.draft_service_ms,
         )

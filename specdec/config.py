@@ -30,7 +30,7 @@ from specdec.settings.model_service import (
     LlamaCppConfig,
     ModelServiceConfig,
 )
-from specdec.settings.orchestrator import LeaseConfig, OrchestratorConfig, OverlapConfig, RedisSettings, RetryConfig
+from specdec.settings.orchestrator import LeaseConfig, OrchestratorConfig, RedisSettings, RetryConfig
 from specdec.settings.shared import (
     DEFAULT_CONTEXT_STORE_TOKENS,
     NGRAM_MAX_N,
@@ -63,7 +63,6 @@ __all__ = [
     "LlamaCppConfig",
     "ModelServiceConfig",
     "OrchestratorConfig",
-    "OverlapConfig",
     "RedisSettings",
     "RetryConfig",
     "ServerConfig",

@@ -42,8 +42,6 @@ DEFAULTS: dict[str, Any] = {
     # request's output vary from run to run).
     "adaptive_k": None,
     "max_rounds": 0,  # 0 = no cap beyond max_new_tokens (every round yields >= 1 token)
-    "overlap": None,  # None = the orchestrator's default (OverlapConfig.enabled; docs/overlap.md)
-    "overlap_branches": None,  # None = the orchestrator's default (OverlapConfig.branches)
     # sampling (applied identically by draft and target)
     "temperature": 0.0,
     "top_k": 0,
@@ -93,8 +91,6 @@ class GenerationParams:
     add_generation_prompt: bool = True
     max_rounds: int = 0
     adaptive_k: bool = False
-    overlap: bool | None = None  # None: the orchestrator's default
-    overlap_branches: int | None = None  # None: the orchestrator's default
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -129,11 +125,9 @@ def resolve_generation(request: Any, limits: Limits) -> GenerationParams:
         raise InvalidArgument(f"min_tokens must be in [0, max_new_tokens={max_new}], got {min_tokens}")
     if request.HasField("logprobs") and not 0 <= logprobs <= limits.max_logprobs:  # unset = -1 = none
         raise InvalidArgument(f"logprobs must be in [0, {limits.max_logprobs}], got {logprobs}")
-    max_rounds, branches = get("max_rounds"), get("overlap_branches")
+    max_rounds = get("max_rounds")
     if max_rounds < 0:
         raise InvalidArgument(f"max_rounds must be >= 0 (0 = no cap), got {max_rounds}")
-    if branches is not None and branches > limits.max_k:
-        raise InvalidArgument(f"overlap_branches must be in [0, {limits.max_k}] (positions of a block), got {branches}")
     sampling = resolve_sampling(request.sampling if request.HasField("sampling") else None)
     adaptive = get("adaptive_k")
     if adaptive is None:
@@ -141,8 +135,6 @@ def resolve_generation(request: Any, limits: Limits) -> GenerationParams:
     return GenerationParams(
         max_rounds=max_rounds,
         adaptive_k=adaptive,
-        overlap=get("overlap"),
-        overlap_branches=branches,
         max_new_tokens=max_new,
         k=k,
         draft_kind=draft_kind,

@@ -150,7 +150,7 @@ class InProcessStack:
         self.deps = Deps(
             cfg=cfg,
             store=store,
-            runner=RoundRunner(draft, target, cfg.retry, overlap=cfg.overlap),
+            runner=RoundRunner(draft, target, cfg.retry),
             prompter=Prompter(tokenizer),
             eos_ids=frozenset(info.eos_token_ids),
             max_context=info.max_context,

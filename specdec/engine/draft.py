@@ -106,14 +106,12 @@ class ModelDraft:
         cfg = inp.sampling
         counts = token_counts(inp.context_ids, self.width) if cfg.has_penalties else None  # [V]
         dists: list[SparseDist] = []
-        ids, stats, runner_ups = list(inp.context_ids), ComputeStatsData(), []
+        ids, stats = list(inp.context_ids), ComputeStatsData()
         hashes = inp.prefix_hashes.copy() if inp.prefix_hashes is not None else None  # covers ids
         for _i in range(inp.k):
             fwd = self.runner.extend(inp.session_id, ids, len(ids) - 1, hashes)  # logits: [1, V]
             stats.add(ComputeStatsData(fwd.cached_tokens, fwd.computed_tokens, fwd.rolled_back, fwd.forward_ms))
             token = self.pick(fwd.logits, cfg, counts, inp.position_base + len(ids), dists)
-            if inp.runner_up:
-                runner_ups.append(self.runner_up(fwd.logits, cfg, counts, token))
             ids.append(token)
             if hashes is not None:
                 hashes.extend((token,))
@@ -123,16 +121,7 @@ class ModelDraft:
                 break
         if inp.prefilled is not None:  # chunks run before this call (prefill_chunk)
             stats.follow(inp.prefilled)
-        return ProposeOutput(ids[len(inp.context_ids) :], dists, MODEL, stats, runner_up_ids=runner_ups)
-
-    @staticmethod
-    def runner_up(logits: torch.Tensor, cfg, counts: torch.Tensor | None, token: int) -> int:
-        """The draft's likeliest token other than `token` (the one it proposed) from a step's logits ([1, V]): the
-        best of the penalised scores' top two that is not `token`. Temperature, top-k and top-p keep that order,
-        so it is also q''s likeliest other token when sampling. Overlapped rounds draft ahead behind it: the
-        token the target is likeliest to recover with when it rejects `token` (docs/overlap.md, "Branches")."""
-        top = torch.topk(penalised_scores(logits, cfg, counts)[0], 2).indices.tolist()
-        return top[1] if top[0] == token else top[0]
+        return ProposeOutput(ids[len(inp.context_ids) :], dists, MODEL, stats)
 
     @staticmethod
     def pick(logits: torch.Tensor, cfg, counts: torch.Tensor | None, position: int, dists: list[SparseDist]) -> int:

@@ -74,7 +74,6 @@ class ProposeInput:
     checked_ids: int = 0  # leading context ids already checked against the vocabulary (ContextStore)
     prefix_hashes: PrefixHashes | None = None  # covering context_ids (ContextStore): no whole-context compares
     prefilled: ComputeStatsData | None = None  # chunks already run for this call (ModelDraft.prefill_chunk)
-    runner_up: bool = False  # also report each position's runner-up token (ProposeOutput.runner_up_ids)
 
 
 @dataclass
@@ -84,9 +83,6 @@ class ProposeOutput:
     draft_kind: str
     stats: ComputeStatsData = field(default_factory=ComputeStatsData)
     target_hidden_from: int = -1  # feature drafts: first position whose hidden state it needs next
-    runner_up_ids: list[int] = field(
-        default_factory=list
-    )  # with ProposeInput.runner_up: the likeliest other token per position
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The settings of the orchestrator: its pools and their calls, overlapped rounds, leases, Redis, admission."""
+"""The settings of the orchestrator: its pools and their calls, leases, Redis, admission."""
 
 from __future__ import annotations
 
@@ -21,52 +21,6 @@ class RetryConfig(SpecdecSettings):
     min_deadline_s: float = Field(0.05, ge=0)  # below this much of the client's deadline left: DEADLINE_EXCEEDED
     reconnect_initial_s: float = Field(0.2, gt=0)  # channel reconnect backoff toward a replica that went away
     reconnect_max_s: float = Field(2.0, gt=0)  # (gRPC's default grows to 120 s: a restarted replica would wait)
-
-
-class OverlapConfig(SpecdecSettings):
-    """Overlapped rounds (docs/overlap.md, orchestrator/overlap.py): the draft drafts the next round's
-    block while the target verifies this one; the output never changes, only when tokens arrive."""
-
-    enabled: bool = env(
-        "SPECDEC_OVERLAP",
-        False,
-        "The default of GenerateRequest.overlap (a request's own value "
-        "wins): draft the next block while the target verifies this one.",
-    )
-    miss_cost_ms: float = env(
-        "SPECDEC_OVERLAP_MISS_COST_MS",
-        1.0,
-        "Floor of what a pre-draft costs the verify beside it (its value until "
-        "measured): a round is overlapped only when the block drafted ahead is expected to save more.",
-        ge=0,
-    )
-    max_target_batch: float = env(
-        "SPECDEC_OVERLAP_MAX_TARGET_BATCH",
-        1.5,
-        "Overlap is off while the target's passes carry more than this "
-        "many sessions on average (a pre-draft would delay other sessions).",
-        ge=0,
-    )
-    max_running: float = env(
-        "SPECDEC_OVERLAP_MAX_RUNNING",
-        1.0,
-        "Overlap is also off while this orchestrator runs more than this many generations per target replica.",
-        ge=0,
-    )
-    max_draft_in_flight: int = env(
-        "SPECDEC_OVERLAP_MAX_DRAFT_IN_FLIGHT",
-        0,
-        "Overlap is also off while the draft replica has more than this many other calls in flight.",
-        ge=0,
-    )
-    branches: int = env(
-        "SPECDEC_OVERLAP_BRANCHES",
-        0,
-        "Also draft ahead behind the draft's runner-up token at up to this many "
-        "positions of a round's block, each while it pays (0 = off).",
-        ge=0,
-        le=Limits.max_k,
-    )
     hop_delay_ms: float = env(
         "SPECDEC_HOP_DELAY_MS",
         0.0,
@@ -204,7 +158,6 @@ class OrchestratorConfig(ModelCache, ContextSettings, ClientAuth, RedisSettings)
     limits: Limits = Field(default_factory=Limits)
     retry: RetryConfig = Field(default_factory=RetryConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
-    overlap: OverlapConfig = Field(default_factory=OverlapConfig)
 
     @property
     def lease_s(self) -> float:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/draft.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"I\n\x0bNgramParams\x12\x12\n\x05min_n\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\x05max_n\x18\x02 \x01(\x05H\x01\x88\x01\x01\x42\x08\n\x06_min_nB\x08\n\x06_max_n\"\xf1\x02\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x17\n\x0b\x63ontext_ids\x18\x03 \x03(\x05\x42\x02\x10\x01\x12\t\n\x01k\x18\x04 \x01(\x05\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x17\n\ndraft_kind\x18\x06 \x01(\tH\x00\x88\x01\x01\x12&\n\x05ngram\x18\x07 \x01(\x0b\x32\x17.specdec.v1.NgramParams\x12/\n\rtarget_hidden\x18\x08 \x01(\x0b\x32\x18.specdec.v1.HiddenStates\x12\x15\n\rposition_base\x18\t \x01(\x03\x12\x18\n\x0bprefix_hash\x18\n \x01(\x06H\x01\x88\x01\x01\x12\x11\n\trunner_up\x18\x0c \x01(\x08\x42\r\n\x0b_draft_kindB\x0e\n\x0c_prefix_hashJ\x04\x08\x0b\x10\x0cR\ntimeout_ms\"\xed\x01\n\x0fProposeResponse\x12\x15\n\tdraft_ids\x18\x01 \x03(\x05\x42\x02\x10\x01\x12\x33\n\x0b\x64raft_probs\x18\x02 \x03(\x0b\x32\x1e.specdec.v1.SparseDistribution\x12\'\n\x05stats\x18\x03 \x01(\x0b\x32\x18.specdec.v1.ComputeStats\x12\x12\n\ndraft_kind\x18\x04 \x01(\t\x12\x1f\n\x12target_hidden_from\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x19\n\rrunner_up_ids\x18\x06 \x03(\x05\x42\x02\x10\x01\x42\x15\n\x13_target_hidden_from2\x83\x02\n\x05\x44raft\x12\x36\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x15.specdec.v1.ModelInfo\x12\x42\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12:\n\x05Stats\x12\x17.specdec.v1.InfoRequest\x1a\x18.specdec.v1.ServiceStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/draft.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"I\n\x0bNgramParams\x12\x12\n\x05min_n\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\x05max_n\x18\x02 \x01(\x05H\x01\x88\x01\x01\x42\x08\n\x06_min_nB\x08\n\x06_max_n\"\xef\x02\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x17\n\x0b\x63ontext_ids\x18\x03 \x03(\x05\x42\x02\x10\x01\x12\t\n\x01k\x18\x04 \x01(\x05\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x17\n\ndraft_kind\x18\x06 \x01(\tH\x00\x88\x01\x01\x12&\n\x05ngram\x18\x07 \x01(\x0b\x32\x17.specdec.v1.NgramParams\x12/\n\rtarget_hidden\x18\x08 \x01(\x0b\x32\x18.specdec.v1.HiddenStates\x12\x15\n\rposition_base\x18\t \x01(\x03\x12\x18\n\x0bprefix_hash\x18\n \x01(\x06H\x01\x88\x01\x01\x42\r\n\x0b_draft_kindB\x0e\n\x0c_prefix_hashJ\x04\x08\x0b\x10\x0cJ\x04\x08\x0c\x10\rR\ntimeout_msR\trunner_up\"\xe7\x01\n\x0fProposeResponse\x12\x15\n\tdraft_ids\x18\x01 \x03(\x05\x42\x02\x10\x01\x12\x33\n\x0b\x64raft_probs\x18\x02 \x03(\x0b\x32\x1e.specdec.v1.SparseDistribution\x12\'\n\x05stats\x18\x03 \x01(\x0b\x32\x18.specdec.v1.ComputeStats\x12\x12\n\ndraft_kind\x18\x04 \x01(\t\x12\x1f\n\x12target_hidden_from\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x15\n\x13_target_hidden_fromJ\x04\x08\x06\x10\x07R\rrunner_up_ids2\x83\x02\n\x05\x44raft\x12\x36\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x15.specdec.v1.ModelInfo\x12\x42\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12:\n\x05Stats\x12\x17.specdec.v1.InfoRequest\x1a\x18.specdec.v1.ServiceStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,14 +36,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROPOSEREQUEST'].fields_by_name['context_ids']._serialized_options = b'\020\001'
   _globals['_PROPOSERESPONSE'].fields_by_name['draft_ids']._loaded_options = None
   _globals['_PROPOSERESPONSE'].fields_by_name['draft_ids']._serialized_options = b'\020\001'
-  _globals['_PROPOSERESPONSE'].fields_by_name['runner_up_ids']._loaded_options = None
-  _globals['_PROPOSERESPONSE'].fields_by_name['runner_up_ids']._serialized_options = b'\020\001'
   _globals['_NGRAMPARAMS']._serialized_start=63
   _globals['_NGRAMPARAMS']._serialized_end=136
   _globals['_PROPOSEREQUEST']._serialized_start=139
-  _globals['_PROPOSEREQUEST']._serialized_end=508
-  _globals['_PROPOSERESPONSE']._serialized_start=511
-  _globals['_PROPOSERESPONSE']._serialized_end=748
-  _globals['_DRAFT']._serialized_start=751
-  _globals['_DRAFT']._serialized_end=1010
+  _globals['_PROPOSEREQUEST']._serialized_end=506
+  _globals['_PROPOSERESPONSE']._serialized_start=509
+  _globals['_PROPOSERESPONSE']._serialized_end=740
+  _globals['_DRAFT']._serialized_start=743
+  _globals['_DRAFT']._serialized_end=1002
 # @@protoc_insertion_point(module_scope)

@@ -16,7 +16,7 @@ class NgramParams(_message.Message):
     def __init__(self, min_n: _Optional[int] = ..., max_n: _Optional[int] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "request_id", "context_ids", "k", "sampling", "draft_kind", "ngram", "target_hidden", "position_base", "prefix_hash", "runner_up")
+    __slots__ = ("session_id", "request_id", "context_ids", "k", "sampling", "draft_kind", "ngram", "target_hidden", "position_base", "prefix_hash")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -27,7 +27,6 @@ class ProposeRequest(_message.Message):
     TARGET_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     POSITION_BASE_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HASH_FIELD_NUMBER: _ClassVar[int]
-    RUNNER_UP_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     request_id: str
     context_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -38,21 +37,18 @@ class ProposeRequest(_message.Message):
     target_hidden: _common_pb2.HiddenStates
     position_base: int
     prefix_hash: int
-    runner_up: bool
-    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., context_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., draft_kind: _Optional[str] = ..., ngram: _Optional[_Union[NgramParams, _Mapping]] = ..., target_hidden: _Optional[_Union[_common_pb2.HiddenStates, _Mapping]] = ..., position_base: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., runner_up: _Optional[bool] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., context_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., draft_kind: _Optional[str] = ..., ngram: _Optional[_Union[NgramParams, _Mapping]] = ..., target_hidden: _Optional[_Union[_common_pb2.HiddenStates, _Mapping]] = ..., position_base: _Optional[int] = ..., prefix_hash: _Optional[int] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("draft_ids", "draft_probs", "stats", "draft_kind", "target_hidden_from", "runner_up_ids")
+    __slots__ = ("draft_ids", "draft_probs", "stats", "draft_kind", "target_hidden_from")
     DRAFT_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_KIND_FIELD_NUMBER: _ClassVar[int]
     TARGET_HIDDEN_FROM_FIELD_NUMBER: _ClassVar[int]
-    RUNNER_UP_IDS_FIELD_NUMBER: _ClassVar[int]
     draft_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
     stats: _common_pb2.ComputeStats
     draft_kind: str
     target_hidden_from: int
-    runner_up_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, draft_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., stats: _Optional[_Union[_common_pb2.ComputeStats, _Mapping]] = ..., draft_kind: _Optional[str] = ..., target_hidden_from: _Optional[int] = ..., runner_up_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, draft_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., stats: _Optional[_Union[_common_pb2.ComputeStats, _Mapping]] = ..., draft_kind: _Optional[str] = ..., target_hidden_from: _Optional[int] = ...) -> None: ...

@@ -39,7 +39,7 @@ class ChatMessages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "session_id", "create_session", "request_id", "resume_offset", "max_new_tokens", "k", "draft_kind", "sampling", "stop", "trace", "ignore_eos", "min_tokens", "logprobs", "add_generation_prompt", "max_rounds", "adaptive_k", "overlap", "overlap_branches")
+    __slots__ = ("prompt", "messages", "session_id", "create_session", "request_id", "resume_offset", "max_new_tokens", "k", "draft_kind", "sampling", "stop", "trace", "ignore_eos", "min_tokens", "logprobs", "add_generation_prompt", "max_rounds", "adaptive_k")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -58,8 +58,6 @@ class GenerateRequest(_message.Message):
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     MAX_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVE_K_FIELD_NUMBER: _ClassVar[int]
-    OVERLAP_FIELD_NUMBER: _ClassVar[int]
-    OVERLAP_BRANCHES_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: ChatMessages
     session_id: str
@@ -78,9 +76,7 @@ class GenerateRequest(_message.Message):
     add_generation_prompt: bool
     max_rounds: int
     adaptive_k: bool
-    overlap: bool
-    overlap_branches: int
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., session_id: _Optional[str] = ..., create_session: _Optional[bool] = ..., request_id: _Optional[str] = ..., resume_offset: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., k: _Optional[int] = ..., draft_kind: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., trace: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ..., add_generation_prompt: _Optional[bool] = ..., max_rounds: _Optional[int] = ..., adaptive_k: _Optional[bool] = ..., overlap: _Optional[bool] = ..., overlap_branches: _Optional[int] = ...) -> None: ...
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., session_id: _Optional[str] = ..., create_session: _Optional[bool] = ..., request_id: _Optional[str] = ..., resume_offset: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., k: _Optional[int] = ..., draft_kind: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., trace: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logprobs: _Optional[int] = ..., add_generation_prompt: _Optional[bool] = ..., max_rounds: _Optional[int] = ..., adaptive_k: _Optional[bool] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens", "cached_prompt_tokens")
@@ -95,7 +91,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("rounds", "draft_tokens", "accepted_tokens", "recovered_tokens", "bonus_tokens", "acceptance_rate", "mean_accepted_length", "draft_ms", "target_ms", "overhead_ms", "total_ms", "wire_bytes", "wire_bytes_per_round", "target_passes", "degraded_rounds", "accepted_per_position", "drafted_per_position", "time_to_first_token_ms", "retries", "target_computed_tokens", "draft_computed_tokens", "context_resends", "draft_hidden_ms", "predrafts", "predrafts_used", "predraft_branches", "predrafts_used_runner_up")
+    __slots__ = ("rounds", "draft_tokens", "accepted_tokens", "recovered_tokens", "bonus_tokens", "acceptance_rate", "mean_accepted_length", "draft_ms", "target_ms", "overhead_ms", "total_ms", "wire_bytes", "wire_bytes_per_round", "target_passes", "degraded_rounds", "accepted_per_position", "drafted_per_position", "time_to_first_token_ms", "retries", "target_computed_tokens", "draft_computed_tokens", "context_resends")
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -118,11 +114,6 @@ class Stats(_message.Message):
     TARGET_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_RESENDS_FIELD_NUMBER: _ClassVar[int]
-    DRAFT_HIDDEN_MS_FIELD_NUMBER: _ClassVar[int]
-    PREDRAFTS_FIELD_NUMBER: _ClassVar[int]
-    PREDRAFTS_USED_FIELD_NUMBER: _ClassVar[int]
-    PREDRAFT_BRANCHES_FIELD_NUMBER: _ClassVar[int]
-    PREDRAFTS_USED_RUNNER_UP_FIELD_NUMBER: _ClassVar[int]
     rounds: int
     draft_tokens: int
     accepted_tokens: int
@@ -145,15 +136,10 @@ class Stats(_message.Message):
     target_computed_tokens: int
     draft_computed_tokens: int
     context_resends: int
-    draft_hidden_ms: float
-    predrafts: int
-    predrafts_used: int
-    predraft_branches: int
-    predrafts_used_runner_up: int
-    def __init__(self, rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., recovered_tokens: _Optional[int] = ..., bonus_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., overhead_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., wire_bytes: _Optional[int] = ..., wire_bytes_per_round: _Optional[float] = ..., target_passes: _Optional[int] = ..., degraded_rounds: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., time_to_first_token_ms: _Optional[float] = ..., retries: _Optional[int] = ..., target_computed_tokens: _Optional[int] = ..., draft_computed_tokens: _Optional[int] = ..., context_resends: _Optional[int] = ..., draft_hidden_ms: _Optional[float] = ..., predrafts: _Optional[int] = ..., predrafts_used: _Optional[int] = ..., predraft_branches: _Optional[int] = ..., predrafts_used_runner_up: _Optional[int] = ...) -> None: ...
+    def __init__(self, rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., recovered_tokens: _Optional[int] = ..., bonus_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., overhead_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., wire_bytes: _Optional[int] = ..., wire_bytes_per_round: _Optional[float] = ..., target_passes: _Optional[int] = ..., degraded_rounds: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., time_to_first_token_ms: _Optional[float] = ..., retries: _Optional[int] = ..., target_computed_tokens: _Optional[int] = ..., draft_computed_tokens: _Optional[int] = ..., context_resends: _Optional[int] = ...) -> None: ...
 
 class Round(_message.Message):
-    __slots__ = ("index", "k", "draft_ids", "matches", "target_ids", "num_accepted", "next_token", "next_kind", "text", "draft_ms", "target_ms", "overhead_ms", "draft_replica", "target_replica", "target_cached_tokens", "target_computed_tokens", "draft_computed_tokens", "target_batch_size", "draft_kind", "wire_bytes", "context_tokens", "context_resends", "draft_hidden_ms", "predrafted", "target_service_ms", "draft_service_ms", "predraft_runner_up_at")
+    __slots__ = ("index", "k", "draft_ids", "matches", "target_ids", "num_accepted", "next_token", "next_kind", "text", "draft_ms", "target_ms", "overhead_ms", "draft_replica", "target_replica", "target_cached_tokens", "target_computed_tokens", "draft_computed_tokens", "target_batch_size", "draft_kind", "wire_bytes", "context_tokens", "context_resends", "target_service_ms", "draft_service_ms")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     DRAFT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -176,11 +162,8 @@ class Round(_message.Message):
     WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_RESENDS_FIELD_NUMBER: _ClassVar[int]
-    DRAFT_HIDDEN_MS_FIELD_NUMBER: _ClassVar[int]
-    PREDRAFTED_FIELD_NUMBER: _ClassVar[int]
     TARGET_SERVICE_MS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SERVICE_MS_FIELD_NUMBER: _ClassVar[int]
-    PREDRAFT_RUNNER_UP_AT_FIELD_NUMBER: _ClassVar[int]
     index: int
     k: int
     draft_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -203,12 +186,9 @@ class Round(_message.Message):
     wire_bytes: int
     context_tokens: int
     context_resends: int
-    draft_hidden_ms: float
-    predrafted: bool
     target_service_ms: float
     draft_service_ms: float
-    predraft_runner_up_at: int
-    def __init__(self, index: _Optional[int] = ..., k: _Optional[int] = ..., draft_ids: _Optional[_Iterable[int]] = ..., matches: _Optional[_Iterable[bool]] = ..., target_ids: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., next_kind: _Optional[_Union[_target_pb2.NextKind, str]] = ..., text: _Optional[str] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., overhead_ms: _Optional[float] = ..., draft_replica: _Optional[str] = ..., target_replica: _Optional[str] = ..., target_cached_tokens: _Optional[int] = ..., target_computed_tokens: _Optional[int] = ..., draft_computed_tokens: _Optional[int] = ..., target_batch_size: _Optional[int] = ..., draft_kind: _Optional[str] = ..., wire_bytes: _Optional[int] = ..., context_tokens: _Optional[int] = ..., context_resends: _Optional[int] = ..., draft_hidden_ms: _Optional[float] = ..., predrafted: _Optional[bool] = ..., target_service_ms: _Optional[float] = ..., draft_service_ms: _Optional[float] = ..., predraft_runner_up_at: _Optional[int] = ...) -> None: ...
+    def __init__(self, index: _Optional[int] = ..., k: _Optional[int] = ..., draft_ids: _Optional[_Iterable[int]] = ..., matches: _Optional[_Iterable[bool]] = ..., target_ids: _Optional[_Iterable[int]] = ..., num_accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., next_kind: _Optional[_Union[_target_pb2.NextKind, str]] = ..., text: _Optional[str] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., overhead_ms: _Optional[float] = ..., draft_replica: _Optional[str] = ..., target_replica: _Optional[str] = ..., target_cached_tokens: _Optional[int] = ..., target_computed_tokens: _Optional[int] = ..., draft_computed_tokens: _Optional[int] = ..., target_batch_size: _Optional[int] = ..., draft_kind: _Optional[str] = ..., wire_bytes: _Optional[int] = ..., context_tokens: _Optional[int] = ..., context_resends: _Optional[int] = ..., target_service_ms: _Optional[float] = ..., draft_service_ms: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("session_id", "request_id", "text", "token_ids", "finish_reason", "usage", "stats", "trace", "logprobs", "model")

@@ -187,11 +187,23 @@ def test_grpc_logprobs_and_draft_kind(stub):
     with pytest.raises(grpc.RpcError) as err:
         stub.Generate(pb.GenerateRequest(prompt=PROMPT, max_new_tokens=2, draft_kind="bogus"), timeout=RPC_TIMEOUT_S)
     assert "'combined'" in err.value.details()
-    with pytest.raises(grpc.RpcError) as err:  # branches are positions of a block: at most max_k
-        stub.Generate(
-            pb.GenerateRequest(prompt=PROMPT, max_new_tokens=2, overlap_branches=10_000), timeout=RPC_TIMEOUT_S
+
+
+# GenerateRequest fields 19 (overlap, varint true) and 20 (overlap_branches, varint 2), now reserved: as an old
+# client encodes them (tag = field number << 3, wire type 0).
+OLD_OVERLAP_FIELDS = bytes([0x98, 0x01, 0x01, 0xA0, 0x01, 0x02])
+
+
+def test_grpc_an_old_clients_overlap_fields_are_ignored(hs):
+    """Overlapped rounds are gone; their request fields are reserved: a request that still sets them is
+    parsed (protobuf keeps them as unknown fields) and generates as if they were unset."""
+    with grpc.insecure_channel(hs.orchestrator) as channel:
+        generate = channel.unary_unary(
+            "/specdec.v1.Orchestrator/Generate", response_deserializer=pb.GenerateResponse.FromString
         )
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "overlap_branches" in err.value.details()
+        plain = pb.GenerateRequest(prompt=PROMPT, max_new_tokens=2, k=2)
+        resp = generate(plain.SerializeToString() + OLD_OVERLAP_FIELDS, timeout=RPC_TIMEOUT_S)
+    assert len(resp.token_ids) == 2
 
 
 # -- idempotency keys ---------------------------------------------------------------------------------

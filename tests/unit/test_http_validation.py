@@ -41,7 +41,6 @@ def refused(body: dict, chat: bool = False) -> errors.ApiError:
         ({**PROMPT, "specdec": {"resume_offset": 2**33}}, False, "specdec.resume_offset"),
         ({**PROMPT, "specdec": {"min_tokens": 2**40}}, False, "specdec.min_tokens"),
         ({**PROMPT, "specdec": {"max_rounds": 2**40}}, False, "specdec.max_rounds"),
-        ({**PROMPT, "specdec": {"overlap_branches": 2**40}}, False, "specdec.overlap_branches"),
         ({**PROMPT, "specdec": {"top_k": 2**40}}, False, "specdec.top_k"),
         ({**PROMPT, "specdec": {"draft_top_n": 2**40}}, False, "specdec.draft_top_n"),
         ({**PROMPT, "top_k": 2**40}, False, "top_k"),
@@ -106,6 +105,14 @@ def test_paired_surrogates_written_as_escapes_are_one_character_and_fine():
 def test_unsupported_openai_features_are_400_naming_the_field(name, value):
     err = refused({**PROMPT, name: value})
     assert err.param == name and "not supported" in err.message
+
+
+@pytest.mark.parametrize("name, value", [("overlap", True), ("overlap_branches", 2)])
+def test_the_removed_overlap_extension_fields_are_400_naming_them(name, value):
+    """Overlapped rounds are gone: an old client that still sends their fields is told so, as any unknown
+    extension field is (a silent ignore would hide that they no longer do anything)."""
+    err = refused({**PROMPT, "specdec": {name: value}})
+    assert err.param == f"specdec.{name}"
 
 
 @pytest.mark.parametrize(

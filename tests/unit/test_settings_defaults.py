@@ -50,14 +50,6 @@ DEFAULTS = {
         "min_deadline_s": 0.05,
         "reconnect_initial_s": 0.2,
         "reconnect_max_s": 2.0,
-    },
-    c.OverlapConfig: {
-        "enabled": False,
-        "miss_cost_ms": 1.0,
-        "max_target_batch": 1.5,
-        "max_running": 1.0,
-        "max_draft_in_flight": 0,
-        "branches": 0,
         "hop_delay_ms": 0.0,
     },
     c.LeaseConfig: {
@@ -182,7 +174,7 @@ def test_model_services_start_with_todays_defaults(bare_env):
 def test_the_orchestrator_starts_with_todays_defaults(bare_env):
     cfg = c.OrchestratorConfig()
     assert values(cfg, ORCHESTRATOR) == ORCHESTRATOR
-    for part in ("server", "lease", "retry", "overlap", "limits"):
+    for part in ("server", "lease", "retry", "limits"):
         part_cfg = getattr(cfg, part)
         assert values(part_cfg, DEFAULTS[type(part_cfg)]) == DEFAULTS[type(part_cfg)]
 
