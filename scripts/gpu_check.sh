@@ -51,11 +51,11 @@ cat "$OUT_DIR/env.txt"
 
 DRAFT=(--draft-kind model --draft-model embedded:smollm2-draft)   # the trained draft shipped with the package
 if [ "$MODE" = quick ]; then
-  BF16=(--quick --k 4 --overlap adaptive)
+  BF16=(--quick --k 4)
   FP32=(--quick --k 4)
 else
-  BF16=(--k 4,8 --overlap adaptive --prompts grounded,open --prompts-per-set 2 --repeats 1 --max-new-tokens 48)
-  FP32=(--k 4 --overlap adaptive --prompts grounded,open --prompts-per-set 2 --repeats 1 --max-new-tokens 48)
+  BF16=(--k 4,8 --prompts grounded,open --prompts-per-set 2 --repeats 1 --max-new-tokens 48)
+  FP32=(--k 4 --prompts grounded,open --prompts-per-set 2 --repeats 1 --max-new-tokens 48)
 fi
 bench() {  # bench NAME SECONDS PLOT [bench args]
   local name=$1 limit=$2 plot=$3; shift 3

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.plan import PROMPT_SETS, PROMPTS_DIR, BenchArgs, parse_overlap
+from specdec.bench.plan import PROMPT_SETS, PROMPTS_DIR, BenchArgs
 from specdec.bench.runner import DEFAULT_K, DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPTS_PER_SET, DEFAULT_REPEATS, QUICK, run
 from specdec.params import MODEL_DRAFT_KINDS
 
@@ -61,20 +61,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-adaptive", action="store_true", help="skip our adaptive-k configuration")
     p.add_argument("--adaptive-cap", type=int, default=0, help="k cap of adaptive k (default: largest k of --k)")
     p.add_argument(
-        "--overlap",
-        default="",
-        help="overlapped-round twins (docs/overlap.md): k values and/or "
-        "'adaptive', e.g. 4,adaptive -> configurations overlap_k4, overlap_adaptive",
-    )
-    p.add_argument(
-        "--overlap-branches",
-        type=int,
-        default=None,
-        metavar="N",
-        help="each overlapped configuration gets a twin drafting ahead behind at most N runner-up tokens "
-        "(GenerateRequest.overlap_branches; e.g. 0: behind all drafts only), named overlap_adaptive_bN",
-    )
-    p.add_argument(
         "--hop-delay-ms",
         type=float,
         default=0.0,
@@ -102,12 +88,6 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
         ks = sorted({int(x) for x in ns.k.split(",") if x.strip()})
     except ValueError:
         raise SystemExit(f"specdec bench: --k must be integers separated by commas, got {ns.k!r}") from None
-    try:
-        overlap_ks, overlap_adaptive = parse_overlap(ns.overlap)
-    except ValueError as exc:
-        raise SystemExit(f"specdec bench: {exc}") from None
-    if ns.overlap_branches is not None and (ns.overlap_branches < 0 or not (overlap_ks or overlap_adaptive)):
-        raise SystemExit("specdec bench: --overlap-branches takes N >= 0 and needs --overlap")
     if ns.draft_kind in MODEL_DRAFT_KINDS and not ns.draft_model:
         raise SystemExit(f"specdec bench: --draft-kind {ns.draft_kind} needs --draft-model SPEC")
     return BenchArgs(
@@ -136,9 +116,6 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
         engine=ns.engine,
         with_llama_server=not ns.no_llama_server,
         llama_server=ns.llama_server,
-        overlap_ks=overlap_ks,
-        overlap_adaptive=overlap_adaptive,
-        overlap_branches=ns.overlap_branches,
         hop_delay_ms=ns.hop_delay_ms,
         time_budget_s=ns.time_budget,
     )

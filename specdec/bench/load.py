@@ -3,7 +3,7 @@
 Starts the local stack (embedded Redis, target, n-gram draft or a draft service, orchestrator) and the
 HTTP gateway, then runs guidellm (the vLLM project's load generator, installed by `make bench-load` in its
 own virtual environment, .venv-load) against /v1/chat/completions for every configuration (k = 0, fixed
-k, adaptive k, overlapped twins with --overlap, and k = 0 again as the A/A repeat) at the same points:
+k, adaptive k, and k = 0 again as the A/A repeat) at the same points:
 closed-loop concurrency levels, then Poisson rates derived once from k = 0's saturation throughput.
 Each point is run by every configuration in turn before the next point (one guidellm run each), in the
 listed order at one point and reversed at the next (`point_order`): whatever drifts over a ~30-minute
@@ -30,7 +30,6 @@ from typing import Any
 
 from specdec.bench.load_args import LoadArgs, args_from_cli
 from specdec.bench.load_cpu import children_cpu_s, cpu_by_service, cpu_delta, service_pids
-from specdec.bench.load_overlap import overlap_comparisons, twins
 from specdec.bench.load_plan import (
     CHAT_SETS,
     CONCURRENCY,
@@ -306,7 +305,6 @@ def summarize(results: dict[str, dict[str, dict[str, Any]]], rates: list[float],
         "configs": results,
         "noise_band": band,
         "compared_to_k0": {name: compared_to_k0(results, name, band) for name in configs if name != K0},
-        "overlap": overlap_comparisons(results, twins(configs), band),
     }
 
 

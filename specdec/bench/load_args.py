@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specdec.bench.load_plan import DATASETS, DEFAULT_MODE, FULL_MODE, QUICK_MODE, LoadConfig, Mode, configurations
-from specdec.bench.plan import parse_overlap
 from specdec.config import DEFAULT_MODELS
 
 DEFAULT_GUIDELLM = ".venv-load/bin/guidellm"
@@ -96,12 +95,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=["", "float32", "bfloat16", "int8", "int4"],
         help="the model services' weights (default: theirs, auto; bfloat16 on a CPU with AMX batches "
         "almost for free, docs/performance.md)",
-    )
-    p.add_argument(
-        "--overlap",
-        default="",
-        help="overlapped-round twins (docs/overlap.md; model / combined drafts): "
-        "k values and/or 'adaptive', e.g. 4,adaptive -> overlap_k4, overlap_adaptive",
     )
     p.add_argument("--guidellm", default=DEFAULT_GUIDELLM, help="the guidellm executable (make bench-load installs it)")
     p.add_argument("--work-dir", default=DEFAULT_WORK_DIR, help="scenarios, guidellm reports and logs")
@@ -204,14 +197,5 @@ def _draft_model(ns: argparse.Namespace) -> str:
 
 
 def _configs(ns: argparse.Namespace, mode: Mode) -> list[LoadConfig]:
-    """configurations() of the mode, with the overlapped twins --overlap asks for."""
-    try:
-        overlap_ks, overlap_adaptive = parse_overlap(ns.overlap)
-    except ValueError as exc:
-        raise SystemExit(f"specdec bench-load: {exc}") from None
-    if (overlap_ks or overlap_adaptive) and ns.draft_kind == "ngram":
-        raise SystemExit("specdec bench-load: --overlap drafts ahead with a model: add --draft-kind model or combined")
-    try:
-        return configurations(mode.fixed_ks, ns.adaptive_cap, tuple(overlap_ks), overlap_adaptive)
-    except ValueError as exc:
-        raise SystemExit(f"specdec bench-load: --overlap: {exc}") from None
+    """configurations() of the mode."""
+    return configurations(mode.fixed_ks, ns.adaptive_cap)

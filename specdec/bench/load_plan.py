@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
-from specdec.bench.plan import OVERLAP_PREFIX, PROMPTS_DIR, load_prompts
+from specdec.bench.plan import PROMPTS_DIR, load_prompts
 
 #: guidellm is pinned: its scenario schema and JSON report change between minor versions.
 GUIDELLM_VERSION = "0.8.1"
@@ -48,15 +48,12 @@ class LoadConfig:
     name: str
     k: int
     adaptive: bool = False
-    overlap: bool = False  # overlapped rounds (docs/overlap.md), named OVERLAP_PREFIX + "_" + its twin's name
 
     def extension(self) -> dict[str, Any]:
-        """The request's `specdec` object (docs/http.md): k, adaptive_k, overlap, ignore_eos (equal work)."""
+        """The request's `specdec` object (docs/http.md): k, adaptive_k, ignore_eos (equal work)."""
         ext: dict[str, Any] = {"k": self.k, "ignore_eos": True}
         if self.adaptive:
             ext["adaptive_k"] = True
-        if self.overlap:
-            ext["overlap"] = True
         return ext
 
 
@@ -103,27 +100,13 @@ QUICK_MODE = Mode(
 )
 
 
-def configurations(
-    fixed_ks: tuple[int, ...], adaptive_cap: int, overlap_ks: tuple[int, ...] = (), overlap_adaptive: bool = False
-) -> list[LoadConfig]:
-    """k = 0 first, the fixed ks, adaptive, and k = 0 again last (the A/A repeat that sets the noise band);
-    overlap_ks / overlap_adaptive add overlapped twins (`overlap_k4`, `overlap_adaptive`) each right after
-    its sequential configuration, which must be in the run (it is what the twin is judged against)."""
-    missing = [k for k in overlap_ks if k not in fixed_ks or k <= 0]
-    if missing or (overlap_adaptive and adaptive_cap <= 0):
-        raise ValueError(
-            f"an overlapped configuration needs its sequential twin in the run: k {missing or ''}"
-            f"{' adaptive (--adaptive-cap > 0)' if overlap_adaptive and adaptive_cap <= 0 else ''}"
-        )
+def configurations(fixed_ks: tuple[int, ...], adaptive_cap: int) -> list[LoadConfig]:
+    """k = 0 first, the fixed ks, adaptive, and k = 0 again last (the A/A repeat that sets the noise band)."""
     configs = [LoadConfig(K0, 0)]
     for k in (k for k in fixed_ks if k > 0):
         configs.append(LoadConfig(f"k{k}", k))
-        if k in overlap_ks:
-            configs.append(LoadConfig(f"{OVERLAP_PREFIX}_k{k}", k, overlap=True))
     if adaptive_cap > 0:
         configs.append(LoadConfig("adaptive", adaptive_cap, adaptive=True))
-        if overlap_adaptive:
-            configs.append(LoadConfig(f"{OVERLAP_PREFIX}_adaptive", adaptive_cap, adaptive=True, overlap=True))
     configs.append(LoadConfig(K0_AA, 0))
     return configs
 

@@ -315,9 +315,6 @@ SERVER_SAMPLES = (
     "specdec_round_target_batch_size_sum",
     "specdec_round_target_batch_size_count",
     "specdec_spec_decode_latency_capped_rounds_total",
-    "specdec_predrafts_total:started",
-    "specdec_predrafts_total:used",
-    "specdec_draft_hidden_seconds_total",
 )
 
 
@@ -337,8 +334,7 @@ def server_samples(text: str, names: tuple[str, ...] = SERVER_SAMPLES) -> dict[s
 
 def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
     """What the servers saw during one guidellm run: mean sessions per target pass, mean k per round, the
-    rounds whose adaptive k the latency cap lowered, and the overlapped rounds' pre-drafts (started, used,
-    draft seconds hidden behind verification)."""
+    rounds whose adaptive k the latency cap lowered."""
     d = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in SERVER_SAMPLES}
 
     def mean(prefix: str) -> float | None:
@@ -352,7 +348,4 @@ def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
         "mean_k": mean("specdec_spec_decode_k"),
         "mean_round_target_batch": mean("specdec_round_target_batch_size"),
         "latency_capped_rounds": d["specdec_spec_decode_latency_capped_rounds_total"],
-        "predrafts_started": d["specdec_predrafts_total:started"],
-        "predrafts_used": d["specdec_predrafts_total:used"],
-        "draft_hidden_s": round(d["specdec_draft_hidden_seconds_total"], 3),
     }

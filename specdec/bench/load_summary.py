@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec.bench.load_overlap import overlap_lines
 from specdec.bench.load_plan import CONCURRENCY, K0_AA, RATE
 from specdec.bench.load_results import set_names
 
@@ -61,7 +60,6 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
                         else ""
                     )
                 )
-        lines += overlap_lines(ds.get("overlap") or {})
     return lines
 
 

@@ -6,7 +6,7 @@ bench/prompts/NAME.jsonl), the settings of a run (:class:`BenchArgs`) and one me
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,23 +15,6 @@ VERIFY_CONTEXT_TOKENS = 300
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "prompts"
 
 K0, KDEF, ADAPTIVE, HF_TARGET, HF_ASSISTED = "k0", "kdefault", "adaptive", "hf_target", "hf_assisted"
-OVERLAP_PREFIX = "overlap"  # overlapped rounds (docs/overlap.md): overlap_k4, overlap_adaptive
-BRANCHES_SUFFIX = "_b"  # ... with a set number of runner-up branches: overlap_adaptive_b0
-
-
-def without_branches(name: str) -> str:
-    """An overlapped configuration's name without its branches suffix: overlap_k4_b0 -> overlap_k4."""
-    head, _, tail = name.rpartition(BRANCHES_SUFFIX)
-    return head if head and tail.isdigit() else name
-
-
-def parse_overlap(text: str) -> tuple[list[int], bool]:
-    """The benches' `--overlap` value, e.g. '4,adaptive' -> ([4], True): the fixed k values and whether adaptive k
-    get an overlapped twin. ValueError for any other entry."""
-    items = [x.strip() for x in text.split(",") if x.strip()]
-    if any(x != ADAPTIVE and not x.isdigit() for x in items):
-        raise ValueError(f"--overlap takes k values and 'adaptive', got {text!r}")
-    return sorted({int(x) for x in items if x.isdigit()}), ADAPTIVE in items
 
 
 @dataclass(frozen=True)
@@ -43,17 +26,13 @@ class Config:
     k: int | None = None  # stack: None = the server default; with adaptive: the cap
     assisted: bool = False  # hf: assisted generation (d) instead of target-only (c)
     adaptive: bool = False  # stack: adaptive_k (each round picks k in [0, k])
-    overlap: bool = False  # stack: overlapped rounds (GenerateRequest.overlap)
-    branches: int | None = None  # stack, overlapped: GenerateRequest.overlap_branches (None: the server's)
 
     def label(self, default_k: int) -> str:
         if self.kind == "hf":
             return "HF assisted" if self.assisted else "HF target-only"
-        suffix = " overlapped" if self.overlap else ""
-        suffix += f" ({self.branches} branches)" if self.branches is not None else ""
         if self.adaptive:
-            return f"ours adaptive k<={self.k}{suffix}"
-        return f"ours k unset (default {default_k})" if self.k is None else f"ours k={self.k}{suffix}"
+            return f"ours adaptive k<={self.k}"
+        return f"ours k unset (default {default_k})" if self.k is None else f"ours k={self.k}"
 
 
 def adaptive_supported() -> bool:
@@ -68,30 +47,13 @@ def make_configs(
     with_default: bool = True,
     with_hf: bool = True,
     adaptive_cap: int = 0,
-    overlap_ks: list[int] | None = None,
-    overlap_adaptive: bool = False,
-    overlap_branches: int | None = None,
 ) -> list[Config]:
-    """The configurations of a run; overlap_ks / overlap_adaptive add overlapped twins (`overlap_k4`,
-    `overlap_adaptive`, the latter with the adaptive cap) placed next to their sequential ones; with
-    `overlap_branches`, each overlapped one has a twin drafting ahead behind at most that many runner-ups
-    (`overlap_k4_b0`: GenerateRequest.overlap_branches) right after it."""
+    """The configurations of a run."""
     configs = [Config(K0, "stack", 0)] + [Config(f"k{k}", "stack", k) for k in ks if k != 0]
     if with_default:
         configs.append(Config(KDEF, "stack", None))
     if adaptive_cap > 0:
         configs.append(Config(ADAPTIVE, "stack", adaptive_cap, adaptive=True))
-    configs += [Config(f"{OVERLAP_PREFIX}_k{k}", "stack", k, overlap=True) for k in overlap_ks or () if k > 0]
-    if overlap_adaptive and adaptive_cap > 0:
-        configs.append(Config(f"{OVERLAP_PREFIX}_adaptive", "stack", adaptive_cap, adaptive=True, overlap=True))
-    if overlap_branches is not None:
-        configs = [
-            twin
-            for c in configs
-            for twin in (c, replace(c, name=f"{c.name}{BRANCHES_SUFFIX}{overlap_branches}", branches=overlap_branches))[
-                : 1 + c.overlap
-            ]
-        ]
     if with_hf:
         configs += [Config(HF_TARGET, "hf"), Config(HF_ASSISTED, "hf", assisted=True)]
     return configs
@@ -140,11 +102,6 @@ class RunRecord:
                         "overhead_ms",
                         "accepted_tokens",
                         "draft_tokens",
-                        "predrafts",
-                        "predrafts_used",
-                        "draft_hidden_ms",
-                        "predraft_branches",
-                        "predrafts_used_runner_up",
                     )
                     if k in self.stats
                 }
@@ -198,8 +155,5 @@ class BenchArgs:
     llama_server: str = ""  # its binary ("": found by specdec.bench.llama_server.find_binary)
     progress: bool = True
     prompts_dir: str = str(PROMPTS_DIR)
-    overlap_ks: list[int] = field(default_factory=list)  # overlapped twins of these fixed k
-    overlap_adaptive: bool = False  # and of adaptive k
-    overlap_branches: int | None = None  # twins of those with this GenerateRequest.overlap_branches
     hop_delay_ms: float = 0.0  # TEST/BENCH ONLY: SPECDEC_HOP_DELAY_MS of the orchestrator
     time_budget_s: float = 0.0  # 0: none; else no prompt is started after this many seconds of measuring

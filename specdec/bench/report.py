@@ -12,8 +12,6 @@ import math
 import statistics
 from typing import Any
 
-from specdec.bench import overlap_report
-
 K0, KDEF, ADAPTIVE, HF_TARGET, HF_ASSISTED = "k0", "kdefault", "adaptive", "hf_target", "hf_assisted"
 
 
@@ -112,7 +110,7 @@ def build(
 def _set_section(
     records: list[Any], names: list[str], ks: dict[str, int | None], repeats: list[int], c: float, v: Any
 ) -> dict[str, Any]:
-    """One prompt set's figures per configuration (records: that set's runs), with its overlap section."""
+    """One prompt set's figures per configuration (records: that set's runs)."""
     runs = {(n, rep): [r for r in records if r.config == n and r.repeat == rep] for n in names for rep in repeats}
     tps = {
         key: (sum(len(r.tokens) for r in rs) / sum(r.wall_s for r in rs)) if rs else None for key, rs in runs.items()
@@ -173,7 +171,6 @@ def _set_section(
         sp = out["speedup_decode"][n]
         if sp and out["bound_drafted"].get(n):
             out["speedup_vs_bound"][n] = sp["median"] / out["bound_drafted"][n]
-    out["overlap"] = overlap_report.section(out, names, records)
     return out
 
 

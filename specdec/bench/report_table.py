@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec.bench import overlap_report
 from specdec.bench.report import K0, _fmt, _kb, _mb, cpu_features
 
 
@@ -102,7 +101,6 @@ def table(result: dict[str, Any]) -> str:
     from specdec.bench.llama_server import server_lines
     from specdec.bench.llamacpp import anchor_lines
 
-    lines += overlap_report.lines(result)
     lines += anchor_lines(result)
     lines += server_lines(result)
     mem = result["memory"]

@@ -55,15 +55,7 @@ def run(args: BenchArgs) -> dict[str, Any]:
     phases: dict[str, float] = {}
     machine = machine_info()
     adaptive_cap = (args.adaptive_cap or max(args.ks, default=0)) if args.with_adaptive and adaptive_supported() else 0
-    configs = make_configs(
-        args.ks,
-        args.with_default_k,
-        args.with_hf,
-        adaptive_cap,
-        args.overlap_ks,
-        args.overlap_adaptive,
-        args.overlap_branches,
-    )
+    configs = make_configs(args.ks, args.with_default_k, args.with_hf, adaptive_cap)
     prompts = load_prompts(args.prompts, args.prompts_per_set, Path(args.prompts_dir))
     hf, hf_settings, configs = _load_hf(args, prompts, configs, phases)
     records, rss, stats_error = _measure_stack(args, hf, prompts, configs, phases)
@@ -315,7 +307,6 @@ def _settings(
         "timing": "wall clock at the client from sending the request to the last token (prefill included)",
         "configs": {cfg.name: cfg.label(DEFAULTS["k"]) for cfg in configs},
         "hop_delay_ms": args.hop_delay_ms,
-        "overlap_branches": args.overlap_branches,
         "target_weight_layout": layout,
     }
 
@@ -324,8 +315,8 @@ def _warm_up(client: StackClient, hf: Any, prompts: list[Prompt], configs: list[
     """One short generation per configuration kind, not recorded (first-call costs)."""
     p = prompts[0]
     for cfg in configs:
-        if cfg.kind == "stack" and (cfg.k in (0, None) or cfg.adaptive or cfg.overlap):
-            _, _, _, final, _ = client.generate(p, cfg.k, WARMUP_TOKENS, cfg.adaptive, cfg.overlap, cfg.branches)
+        if cfg.kind == "stack" and (cfg.k in (0, None) or cfg.adaptive):
+            _, _, _, final, _ = client.generate(p, cfg.k, WARMUP_TOKENS, cfg.adaptive)
             client.memory_after(final.session_id)
         elif cfg.kind == "hf":
             hf.generate(p.ids, WARMUP_TOKENS, cfg.assisted)
@@ -335,7 +326,7 @@ def _one(client: StackClient, hf: Any, p: Prompt, cfg: Config, rep: int, max_new
     if cfg.kind == "hf":
         r = hf.generate(p.ids, max_new, cfg.assisted)
         return RunRecord(p.set, p.id, cfg.name, rep, r.token_ids, r.wall_s, r.arrivals)
-    tokens, wall, arrivals, final, rounds = client.generate(p, cfg.k, max_new, cfg.adaptive, cfg.overlap, cfg.branches)
+    tokens, wall, arrivals, final, rounds = client.generate(p, cfg.k, max_new, cfg.adaptive)
     if final is None:
         raise RuntimeError(f"{p.id} {cfg.name}: the stream ended without a final chunk")
     rec = RunRecord(

@@ -52,8 +52,6 @@ class StackClient:
         k: int | None,
         max_new_tokens: int,
         adaptive: bool = False,
-        overlap: bool = False,
-        branches: int | None = None,
     ) -> tuple[list[int], float, list, Any, list]:
         from specdec.v1 import orchestrator_pb2 as pb
 
@@ -66,10 +64,6 @@ class StackClient:
             req.k = k
         if adaptive:
             req.adaptive_k = True
-        if overlap:
-            req.overlap = True
-        if branches is not None:
-            req.overlap_branches = branches
         tokens: list[int] = []
         arrivals: list[tuple[float, int]] = []
         rounds: list = []
@@ -139,9 +133,6 @@ def round_dict(r: Any) -> dict[str, Any]:
         "overhead_ms": r.overhead_ms,
         "wire_bytes": r.wire_bytes,
         "context_tokens": r.context_tokens,
-        "predrafted": r.predrafted,
-        "draft_hidden_ms": r.draft_hidden_ms,
-        "predraft_runner_up_at": r.predraft_runner_up_at,
         "target_service_ms": r.target_service_ms,
         "draft_service_ms": r.draft_service_ms,
         "in_target_ms": in_target_ms(r),

@@ -312,7 +312,7 @@ def test_server_delta_reads_batch_fill_and_k_from_metrics_pages():
 def test_the_gateway_maps_every_field_bench_load_sends():
     from http_gateway.openai_schema import parse_request
 
-    for cfg in configurations((4,), 8, overlap_ks=(4,), overlap_adaptive=True):
+    for cfg in configurations((4,), 8):
         body = {
             "model": "specdec",
             "max_completion_tokens": 12,
@@ -327,7 +327,6 @@ def test_the_gateway_maps_every_field_bench_load_sends():
         req = parse_request(body, chat=True).request
         assert (req.k, req.ignore_eos, req.max_new_tokens, req.adaptive_k) == (cfg.k, True, 12, cfg.adaptive)
         assert req.HasField("adaptive_k") == cfg.adaptive
-        assert req.HasField("overlap") == cfg.overlap and req.overlap == cfg.overlap
 
 
 def test_the_saturation_ratio_counts_tokens_streamed_by_requests_cut_at_the_time_cap():
