@@ -380,7 +380,7 @@ def test_the_cap_counts_the_draft_time_the_others_wait_for():
     every session of it (bench-load, bf16 on AMX, capped adaptive k at 4 streams: open prompts' ITL 1.12-1.23x
     k = 0's at a mean k of 0.14-0.19, where the passes themselves barely grow). With passes that cost the same
     for any token count, only that time limits k: a model draft (5 ms a token + a 3 ms hop) fits no 5 % slack of
-    a 67 ms round, the in-process lookup keeps its tokens, a block drafted ahead (proposer None) costs nothing."""
+    a 67 ms round, the in-process lookup keeps its tokens, no draft to wait for (proposer None) costs nothing."""
     four = flat_pass_costs(4.0)
     assert draft_delay(four, 2, "model") == 13.0 and draft_delay(four, 2, None) == 0.0
     assert latency_cap(four, 8, 0.05, sessions=4, drafters=1, proposer="model") == 0
