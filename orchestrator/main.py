@@ -56,7 +56,7 @@ async def serve(cfg: OrchestratorConfig) -> None:
     deps = Deps(
         cfg=cfg,
         store=store,
-        runner=RoundRunner(draft, target, cfg.retry, local_ngram(cfg), cfg.overlap),
+        runner=RoundRunner(draft, target, cfg.retry, local_ngram(cfg)),
         prompter=Prompter(tokenizer),
         eos_ids=frozenset(),
         max_context=0,

@@ -245,19 +245,6 @@ class OrchestratorMetrics:
             ["role"],
             registry=r,
         )
-        self.predrafts = Counter(
-            f"{PREFIX}_predrafts",
-            "overlapped rounds: blocks drafted ahead during a verify, "
-            "by outcome (started | used; discarded = started - used; used_runner_up: used "
-            "blocks drafted behind the draft's runner-up token)",
-            ["outcome"],
-            registry=r,
-        )
-        self.draft_hidden = Counter(
-            f"{PREFIX}_draft_hidden_seconds",
-            "draft time (hop + forward) of used pre-drafts hidden behind verification",
-            registry=r,
-        )
         self.routes = Counter(
             f"{PREFIX}_generation_routes",
             "generations by what routed them to replicas: their "
@@ -307,18 +294,6 @@ class OrchestratorMetrics:
         self.k_per_round.labels(mode="adaptive" if adaptive else "fixed").observe(k)
         if target_batch > 0:
             self.target_batch.observe(target_batch)
-
-    def observe_overlap(self, issued: int, used: bool, hidden_ms: float, runner_up: bool = False) -> None:
-        """A round that started `issued` blocks drafted ahead and/or used one (`used`, hiding `hidden_ms`;
-        `runner_up`: drafted behind the draft's runner-up). Blocks are counted when the round that started them
-        ends: discarded = started - used."""
-        if issued:
-            self.predrafts.labels(outcome="started").inc(issued)
-        if used:
-            self.predrafts.labels(outcome="used").inc()
-            self.draft_hidden.inc(hidden_ms / MS_PER_S)
-            if runner_up:
-                self.predrafts.labels(outcome="used_runner_up").inc()
 
     def observe_generation(self, finish_reason: str, ttft_ms: float) -> None:
         """Account for a finished generation."""
