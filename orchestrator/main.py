@@ -8,6 +8,7 @@ import sys
 import uuid
 
 from orchestrator.deps import Deps
+from orchestrator.hop_delay import delay_hops
 from orchestrator.pair import PairMonitor
 from orchestrator.prompting import Prompter
 from orchestrator.replicas import ReplicaPool
@@ -39,6 +40,9 @@ def build_pools(cfg: OrchestratorConfig) -> tuple[ReplicaPool, ReplicaPool | Non
         raise SystemExit("specdec orchestrator: no target address (SPECDEC_TARGET_ADDRESSES or --target)")
     target = ReplicaPool("target", cfg.target_addresses, cfg.server, cfg.retry)
     draft = ReplicaPool("draft", cfg.draft_addresses, cfg.server, cfg.retry) if cfg.draft_addresses else None
+    if cfg.retry.hop_delay_ms > 0:  # bench and tests only
+        for pool in filter(None, (target, draft)):
+            delay_hops(pool, cfg.retry.hop_delay_ms)
     return target, draft
 
 

@@ -22,9 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from orchestrator.delta import ContextSend, ContextWire
 from orchestrator.features import HiddenRelay
@@ -143,10 +142,7 @@ class RoundRunner:
     async def _call(
         self, pool: ReplicaPool, req: RoundRequest, method: str, request, timeout: float, send: ContextSend
     ) -> tuple:
-        """pool.call, with the test/bench-only hop delay (RetryConfig.hop_delay_ms) when set."""
-        return await with_hop_delay(
-            self.retry.hop_delay_ms, lambda: pool.call(req.replica_key, method, request, timeout, send)
-        )
+        return await pool.call(req.replica_key, method, request, timeout, send)
 
     def target_replicas(self) -> int:
         """Healthy target replicas (at least 1): the generations of this orchestrator spread over them."""
@@ -301,17 +297,6 @@ class RoundRunner:
         out.context_resends = send.resends
         out.wire_bytes = propose.ByteSize() + response.ByteSize()
         return response, out
-
-
-async def with_hop_delay(delay_ms: float, call: Callable[[], Awaitable[Any]]) -> Any:
-    """TEST AND BENCH ONLY (RetryConfig.hop_delay_ms): one call with a fixed delay on each of its two
-    hops (request, response), to measure a distant draft or target."""
-    if delay_ms <= 0:
-        return await call()
-    await asyncio.sleep(delay_ms / MS_PER_S)
-    result = await call()
-    await asyncio.sleep(delay_ms / MS_PER_S)
-    return result
 
 
 async def cancel_round(task: asyncio.Task | None) -> None:
