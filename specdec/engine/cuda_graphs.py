@@ -101,9 +101,8 @@ class _Captured:
 class GraphSlot:
     """One session's static KV cache and the graphs captured over it (see the module docstring)."""
 
-    def __init__(self, owner: GraphCacheOps, index: int) -> None:
+    def __init__(self, owner: GraphCacheOps) -> None:
         self.owner = owner
-        self.index = index
         self.cache = StaticCache(config=owner.model.config, max_cache_len=owner.max_tokens)
         self.layers = _full_attention_layers(self.cache)
         self.lengths = torch.zeros(len(self.layers), dtype=torch.long, device=owner.device)
@@ -154,18 +153,15 @@ class GraphSlot:
         return captured
 
     def _run(self, captured: _Captured) -> torch.Tensor:
-        out = self.owner.model(
-            input_ids=captured.ids,
-            position_ids=captured.positions,
-            use_cache=True,
-            **{self.owner.cache_arg: self.cache},
-        )
-        return out.logits[0]  # [n, V]
+        return self._forward(captured.ids, captured.positions)
 
     def _eager(self, new_ids: Sequence[int], past: int) -> torch.Tensor:
         device = self.owner.device
         ids = torch.tensor([list(new_ids)], dtype=torch.long, device=device)
-        positions = torch.arange(past, past + len(new_ids), device=device).unsqueeze(0)
+        return self._forward(ids, torch.arange(past, past + len(new_ids), device=device).unsqueeze(0))
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The model over `ids` [1, n] at `positions` [1, n], writing into this slot's cache: logits [n, V]."""
         out = self.owner.model(
             input_ids=ids, position_ids=positions, use_cache=True, **{self.owner.cache_arg: self.cache}
         )
@@ -220,7 +216,7 @@ class GraphCacheOps:
         if self._free:
             slot = self._free.pop()
         elif len(self._slots) < self.capacity:
-            slot = GraphSlot(self, len(self._slots))
+            slot = GraphSlot(self)
             self._slots.append(slot)
         else:
             raise ResourceExhausted(f"all {self.capacity} CUDA graph slots hold sessions (SPECDEC_CUDA_GRAPH_SLOTS)")

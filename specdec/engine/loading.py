@@ -14,7 +14,7 @@ from specdec.config import ModelServiceConfig
 from specdec.engine.draft import COMBINED, DRAFT_SERVICE_KINDS, MODEL, NGRAM, CombinedDraft, ModelDraft, NgramDraft
 from specdec.engine.feature import FeatureDraft
 from specdec.engine.kvcache import KVCachePool
-from specdec.engine.runner import ENGINES, Runner
+from specdec.engine.runner import Runner
 from specdec.engine.target import TargetEngine
 from specdec.models.load_config import load_config
 from specdec.models.resolve import resolve_gguf_file
@@ -48,18 +48,13 @@ class ModelBundle:
     engine_detail: str = ""
 
 
-ENGINE_CHOICES = ("auto", *ENGINES)
-
-
 def choose_engine(cfg: ModelServiceConfig) -> str:
     """SPECDEC_ENGINE / --engine as it applies: auto runs a GGUF model on CPU (the embedded default included)
     with llama.cpp where llama-cpp-python is installed, at the GGUF's own precision (--dtype auto), and
-    everything else with torch (a --dtype other than auto is torch's)."""
-    choice = cfg.engine.strip().lower()
-    if choice not in ENGINE_CHOICES:
-        raise ValueError(f"engine must be one of {ENGINE_CHOICES}, got {cfg.engine!r}")
-    if choice != "auto":
-        return choice
+    everything else with torch (a --dtype other than auto is torch's). The setting is checked, and lower-cased,
+    when the configuration is built (specdec/settings/model_service.py)."""
+    if cfg.engine != "auto":
+        return cfg.engine
     from specdec.engine.llamacpp_lib import available
 
     on_cpu = cfg.device == "cpu" or (cfg.device in ("auto", "") and not torch.cuda.is_available())
