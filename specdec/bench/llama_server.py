@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from specdec import children
 from specdec.bench.llamacpp import our_medians
 from specdec.launcher import free_port
 
@@ -83,7 +84,7 @@ class LlamaServer:
             *extra,
         ]
         libs = os.pathsep.join(filter(None, (str(binary.parent), os.environ.get("LD_LIBRARY_PATH", ""))))
-        self.proc = subprocess.Popen(
+        self.proc = children.popen(  # ends with the bench however the bench ends
             cmd,
             stdout=self.log,
             stderr=subprocess.STDOUT,

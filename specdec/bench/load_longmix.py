@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from specdec import children
 from specdec.bench.load_plan import CONCURRENCY, K0, LoadConfig, ScenarioInputs, scenario
 from specdec.bench.load_results import parse_report
 from specdec.bench.plan import PROMPTS_DIR
@@ -258,7 +259,7 @@ def _launch(args: Any, tag: str, spec: dict[str, Any], max_tokens: int) -> Launc
     spec["spec"]["outputs"] = [{"kind": "json", "path": str(report)}]
     scenario_path.write_text(json.dumps(spec, indent=1))
     with log_path.open("wb") as out:
-        proc = subprocess.Popen(
+        proc = children.popen(  # ends with the bench however the bench ends
             [args.guidellm, "run", "--scenario", str(scenario_path), "--disable-console-interactive"],
             stdout=out,
             stderr=subprocess.STDOUT,
