@@ -224,6 +224,22 @@ def chat_logprobs(lps: list[Any]) -> wire.ChatLogprobs:
     )
 
 
+def extension(
+    session_id: str,
+    request_id: str,
+    finish: int | None,
+    *,
+    token_ids: list[int] | None = None,
+    offset: int | None = None,
+    stats: Any = None,
+    trace: list[Any] | None = None,
+) -> dict[str, Any]:
+    """The per-request "specdec" field beside usage."""
+    return _extension(
+        session_id, request_id, finish, token_ids=token_ids, offset=offset, stats=stats, trace=trace
+    ).model_dump()
+
+
 def _extension(
     session_id: str,
     request_id: str,
