@@ -37,7 +37,7 @@ from orchestrator.idempotency import check_id, request_fingerprint
 from orchestrator.lease import SessionLease, store_errors
 from orchestrator.request_begin import RequestIds, State, begin
 from orchestrator.rounds import RoundOutcome, RoundRequest, cancel_round
-from orchestrator.stats import StatsCollector, count_emitted
+from orchestrator.stats import Emitted, StatsCollector
 from orchestrator.stops import cut_at_limits, tokens_before_stop
 from specdec.params import MODEL, GenerationParams, field_or_default, resolve_generation
 from specdec.proto_json import finish_detail
@@ -68,6 +68,7 @@ class Generation:
         self.relay = HiddenRelay()  # the target's hidden states on their way to a feature draft
         self.wire = ContextWire()  # what each replica holds of the context (delta rounds)
         self.state: State | None = None
+        self.advanced = 0  # rounds cut and appended by _advance (the stats count them a step later)
 
     def _begin_ids(self) -> RequestIds:
         return RequestIds(self.session_id, self.request_id, self.fingerprint, self.deadline)
@@ -158,9 +159,12 @@ class Generation:
     def _tracker(self, proposer: str) -> AcceptanceTracker:
         return self.acceptance.setdefault(proposer, AcceptanceTracker(k_max=max(self.params.k, 1)))
 
-    def _learn(self, outcome: RoundOutcome) -> None:
-        """Feed adaptive k: acceptance per session and proposer; costs only from rounds without a prefill."""
+    def _learn(self, outcome: RoundOutcome, step: bool = False) -> None:
+        """Feed adaptive k: acceptance per session and proposer; costs only from rounds without a prefill. A decode
+        step of a round at k = 0 (`step`) counts as a round at k = 0 towards the next probe."""
         proposed = len(outcome.draft_ids)
+        if step and self.params.adaptive_k:
+            self._tracker(outcome.proposer).rounds_at_zero += 1
         self.deps.costs.observe_batch(outcome.target_batch)
         if proposed:
             self._tracker(outcome.proposer).observe(proposed, outcome.num_accepted)
@@ -175,28 +179,30 @@ class Generation:
             )
 
     async def _rounds(self, state: State, text: CompletionText) -> AsyncGenerator[pb.GenerateChunk, None]:
-        """Steps 1-6 of the module docstring, round after round, until the generation finishes.
+        """Steps 1-6 of the module docstring, call after call, until the generation finishes.
 
-        Pipelined: as soon as round r's tokens are cut (3), round r+1 starts (1, 2) and runs on the
-        draft and target while round r's tokens are detokenized (4), stored in Redis (5) and streamed
+        Pipelined: as soon as a call's tokens are cut (3), the next call starts (1, 2) and runs on the
+        draft and target while this call's tokens are detokenized (4), stored in Redis (5) and streamed
         (6): none of that is on the critical path. A chunk still leaves only after its tokens are
-        stored; a failed store or a stop string cancels the round in flight.
+        stored; a failed store or a stop string cancels the call in flight. A call is one round, or
+        several with decode steps (RoundRunner.run).
         """
         running: asyncio.Task | None = self._start_round(state)
         try:
             while running is not None:
-                outcome = await running
+                outcomes = await running
                 start_len = len(state.completion)
-                tokens = self._advance(state, outcome)  # 3
+                kept = self._advance(state, outcomes)  # 3
                 running = None if state.finish else self._start_round(state)  # next 1, 2
                 await asyncio.sleep(0)  # the next round sends its calls before the bookkeeping below
-                tokens, delta = await self._settle(state, text, outcome, start_len, tokens)  # 4
+                rounds, delta = await self._settle(state, text, outcomes, start_len, kept)  # 4
                 if state.finish and running is not None:  # a stop string: the round started is not needed
                     await cancel_round(running)
                     running = None
+                tokens = state.completion[start_len:]
                 if tokens:
-                    await self._store(state, tokens, outcome)  # 5
-                chunk = self._chunk(state, outcome, tokens, start_len, delta)  # 6
+                    await self._store(state, tokens, rounds)  # 5
+                chunk = self._chunk(state, rounds, tokens, start_len, delta)  # 6
                 if chunk is not None:
                     yield chunk
         finally:
@@ -223,67 +229,105 @@ class Generation:
                     self.wire,
                     route=self.route,
                     verdict_only=not (p.trace and self.deps.cfg.trace_rejected_rows),
+                    steps=self._steps(state),
+                    stop_ids=() if p.ignore_eos else tuple(self.deps.eos_ids),
                 )
             )
         )
 
-    def _advance(self, state: State, outcome: RoundOutcome) -> list[int]:
-        """Step 3: cut the round's tokens (EOS, max_new_tokens, the context end, max_rounds) and grow the context, so
-        the next round can start; adaptive k learns from the round. Returns the tokens (_settle may still cut them)."""
-        tokens, finish = cut_at_limits(
-            outcome.emitted,
-            len(state.completion),
-            len(state.ids),
-            self.params,
-            self.deps.eos_ids,
-            self.deps.max_context,
+    def _steps(self, state: State) -> int:
+        """The most decode steps a round may ask for (RoundRunner._steps decides whether it does): none for the first
+        token; else up to the setting, the tokens and context left and the rounds left (params.max_rounds)."""
+        if not state.completion:
+            return 1
+        left = min(
+            self.deps.cfg.decode_steps,
+            self.params.max_new_tokens - len(state.completion),
+            self.deps.max_context - len(state.ids),
         )
-        state.finish = finish or state.finish
-        state.completion += tokens
-        state.ids += tokens
-        self._learn(outcome)
-        if self.params.max_rounds and self.stats.rounds + 1 >= self.params.max_rounds and not state.finish:
-            state.finish = pb.FINISH_REASON_LENGTH
-        return tokens
+        if self.params.max_rounds:
+            left = min(left, self.params.max_rounds - self.advanced)
+        return max(1, left)
+
+    def _advance(self, state: State, outcomes: list[RoundOutcome]) -> list[list[int]]:
+        """Step 3: cut the call's tokens round by round (EOS, max_new_tokens, the context end, max_rounds) and grow
+        the context, so the next call can start; adaptive k learns from each round. Returns each round's tokens
+        (_settle may still cut them); rounds after the finish keep none."""
+        kept: list[list[int]] = []
+        for outcome in outcomes:
+            if state.finish:
+                kept.append([])
+                continue
+            tokens, finish = cut_at_limits(
+                outcome.emitted,
+                len(state.completion),
+                len(state.ids),
+                self.params,
+                self.deps.eos_ids,
+                self.deps.max_context,
+            )
+            state.finish = finish or state.finish
+            state.completion += tokens
+            state.ids += tokens
+            kept.append(tokens)
+            self._learn(outcome, step=len(kept) > 1 and outcomes[0].k == 0)
+            self.advanced += 1
+            if self.params.max_rounds and self.advanced >= self.params.max_rounds and not state.finish:
+                state.finish = pb.FINISH_REASON_LENGTH
+        return kept
 
     async def _settle(
-        self, state: State, text: CompletionText, outcome: RoundOutcome, start_len: int, tokens: list[int]
-    ) -> tuple[list[int], str]:
-        """Step 4, while the next round runs: detokenize, handle a stop string (it ends the generation
-        and cuts the tokens, also from the context); count the round.
+        self, state: State, text: CompletionText, outcomes: list[RoundOutcome], start_len: int, kept: list[list[int]]
+    ) -> tuple[list[tuple[RoundOutcome, Emitted]], str]:
+        """Step 4, while the next call runs: detokenize, handle a stop string (it ends the generation
+        and cuts the tokens, also from the context); count the rounds.
 
-        start_len: completion tokens before this round; tokens: what _advance added. Returns (tokens this
-        round adds, text to stream). Redis gets the tokens in step 5.
+        start_len: completion tokens before this call; kept: what _advance added per round. Returns (the rounds
+        counted with what each emitted: the first, and each later one that kept a token; text to stream). Redis
+        gets the tokens in step 5.
         """
+        tokens = [t for part in kept for t in part]
         delta = text.push(tokens, last=state.finish != pb.FINISH_REASON_UNSPECIFIED)  # last: held text released
         if delta.stopped:
             state.finish = pb.FINISH_REASON_STOP
             keep = tokens_before_stop(self.deps.prompter.tokenizer, state.completion, len(state.text + delta.emit))
-            tokens = state.completion[start_len:keep] if keep >= start_len else []
             await self._store_cut(state, keep, start_len)
             state.completion = state.completion[:keep]
             del state.ids[state.prompt_len + len(state.completion) :]
         state.text += delta.emit
-        counted = self.stats.add_round(outcome, len(tokens))  # only what was emitted counts
-        self.deps.metrics.observe_round(
-            outcome.draft_ids[: counted.drafted],
-            counted.accepted,
-            len(tokens),
-            outcome.draft_ms,
-            outcome.target_ms,
-            outcome.overhead_ms,
-            outcome.wall_ms,
-            outcome.degraded,
-        )
-        self.deps.metrics.observe_load(outcome.k, outcome.target_batch, self.params.adaptive_k)
-        return tokens, delta.emit
+        left = max(0, len(state.completion) - start_len)
+        rounds = []
+        for i, (outcome, part) in enumerate(zip(outcomes, kept)):
+            n = min(len(part), left)
+            left -= n
+            if i and not n:
+                break
+            counted = self.stats.add_round(outcome, n)  # only what was emitted counts
+            rounds.append((outcome, counted))
+            self.deps.metrics.observe_round(
+                outcome.draft_ids[: counted.drafted],
+                counted.accepted,
+                n,
+                outcome.draft_ms,
+                outcome.target_ms,
+                outcome.overhead_ms,
+                outcome.wall_ms,
+                outcome.degraded,
+            )
+            self.deps.metrics.observe_load(outcome.k, outcome.target_batch, self.params.adaptive_k)
+        return rounds, delta.emit
 
-    async def _store(self, state: State, tokens: list[int], outcome: RoundOutcome) -> None:
-        counted = count_emitted(outcome, len(tokens))
-        counters = {"rounds": 1, "drafted": counted.drafted, "accepted": counted.accepted, "delivered": len(tokens)}
+    async def _store(self, state: State, tokens: list[int], rounds: list[tuple[RoundOutcome, Emitted]]) -> None:
+        counters = {
+            "rounds": len(rounds),
+            "drafted": sum(e.drafted for _, e in rounds),
+            "accepted": sum(e.accepted for _, e in rounds),
+            "delivered": len(tokens),
+        }
         written = await self.deps.store.append(self.session_id, state.version, tokens, counters, self.deps.owner)
         state.version = written.version
-        state.logprobs += outcome.logprobs[: len(tokens)]
+        for outcome, e in rounds:
+            state.logprobs += outcome.logprobs[: e.tokens]
 
     async def _store_cut(self, state: State, keep: int, start_len: int) -> None:
         """A stop string ended inside tokens stored by earlier rounds: drop them from the session."""
@@ -294,20 +338,23 @@ class Generation:
             state.version = written.version
 
     def _chunk(
-        self, state: State, outcome: RoundOutcome, tokens: list[int], offset: int, text: str
+        self, state: State, rounds: list[tuple[RoundOutcome, Emitted]], tokens: list[int], offset: int, text: str
     ) -> pb.GenerateChunk | None:
-        rounds = []
+        rows = []
         if self.params.trace:
-            # the tokens this round appended (after EOS/length/stop cuts), special tokens shown
-            rounds = [
-                self.stats.round_proto(
-                    outcome, count_emitted(outcome, len(tokens)), self.deps.prompter.tokenizer.decode(tokens)
+            # the tokens each round appended (after EOS/length/stop cuts), special tokens shown
+            at = offset
+            for i, (outcome, e) in enumerate(rounds, self.stats.rounds - len(rounds)):
+                row = self.stats.round_proto(
+                    outcome, e, self.deps.prompter.tokenizer.decode(tokens[at - offset : at - offset + e.tokens])
                 )
-            ]
-            state.trace += rounds
-        if not tokens and not text and not rounds:
+                row.index = i
+                at += e.tokens
+                rows.append(row)
+            state.trace += rows
+        if not tokens and not text and not rows:
             return None
-        return pb.GenerateChunk(text_delta=text, token_ids=tokens, offset=offset, rounds=rounds)
+        return pb.GenerateChunk(text_delta=text, token_ids=tokens, offset=offset, rounds=rows)
 
     # -- end -------------------------------------------------------------------------------
 

@@ -8,6 +8,12 @@ So every round yields m + 1 >= 1 tokens. With k = 0 a round is one plain
 target step. When no draft replica answers, the round degrades to k = 0
 (RoundOutcome.degraded, counted in Stats.degraded_rounds).
 
+Decode steps: a round without a draft may ask the target for up to RoundRequest.steps tokens in one call
+(VerifyRequest.steps, vLLM's multi-step decoding): the target runs that many k = 0 rounds back to back and
+the call's per-round cost (the hops, the orchestrator's and Redis's work) is paid once for all of them. Each
+step comes back as a round of its own (RoundRunner.run returns them in order), so the trace, the stats and
+adaptive k see one row per target pass, as without steps.
+
 Context on the wire: a call carries only the tokens its replica does not hold yet plus the hash of
 the prefix it does (the delta form, orchestrator/delta.py); a replica that lost the session's
 context gets the whole context again in the same round (RoundOutcome.context_resends).
@@ -110,6 +116,8 @@ class RoundRequest:
     wire: ContextWire | None = None  # the generation's delta-round state (None: every call sends the whole context)
     route: str = ""  # replicas' routing key ("" = the session id; orchestrator/affinity.py)
     verdict_only: bool = False  # the target returns only the accept rule's reads (VerifyRequest.verdict_only)
+    steps: int = 1  # a round without a draft: the most tokens the target may decode in its call (RoundRunner._steps)
+    stop_ids: Sequence[int] = ()  # decode steps end after one of these (EOS; empty when ignored)
 
     @property
     def replica_key(self) -> str:
@@ -200,8 +208,8 @@ class RoundRunner:
             raise DeadlineExceeded("the client's deadline passed before the round could run")
         return min(scaled, left)
 
-    async def run(self, req: RoundRequest) -> RoundOutcome:
-        """Steps 1-3 of the round (see module docstring)."""
+    async def run(self, req: RoundRequest) -> list[RoundOutcome]:
+        """Steps 1-3 of the round (see module docstring): the round, then one per decode step the target ran."""
         start = time.perf_counter()
         relay = req.relay if req.relay is not None and self.feature_draft(req.draft_kind) else None
         proposal, out = await self._propose(req, relay)
@@ -215,10 +223,14 @@ class RoundRunner:
         verify.sampling.MergeFromString(sampling_bytes(req.sampling))
         if req.logprobs >= 0:
             verify.logprobs = req.logprobs
+        steps, repeat = self._steps(req, proposal, relay)
+        if steps > 1:
+            verify.steps, verify.stop_on_repeat = steps, repeat
+            verify.stop_ids.extend(req.stop_ids)
         hidden_from = relay.verify_from() if relay is not None else None
         if hidden_from is not None:
             verify.return_hidden_states, verify.hidden_from = True, hidden_from
-        timeout = self._deadline(len(req.context_ids) + len(proposal.draft_ids), req.deadline)
+        timeout = self._deadline(len(req.context_ids) + len(proposal.draft_ids) + steps - 1, req.deadline)
         send = context_send(req, "target")
         verdict, out.target_replica, retries = await self._call(self.target, req, "Verify", verify, timeout, send)
         out.context_resends += send.resends
@@ -237,7 +249,20 @@ class RoundRunner:
         out.wire_bytes += verify.ByteSize() + verdict.ByteSize()
         out.retries += retries
         out.wall_ms = (time.perf_counter() - start) * MS_PER_S
-        return out
+        return [out, *step_rounds(out, verdict)]
+
+    def _steps(
+        self, req: RoundRequest, proposal: draft_pb2.ProposeResponse, relay: HiddenRelay | None
+    ) -> tuple[int, int]:
+        """(decode steps, stop_on_repeat) of the round's Verify: up to req.steps without a draft; where the local
+        n-gram draft was asked and found nothing, until the context's tail repeats (then it can propose again)."""
+        if proposal.draft_ids or relay is not None or req.steps <= 1:
+            return 1, 0
+        if req.k == 0:
+            return req.steps, 0
+        if self.local_ngram is not None and self.draft_kind(req.draft_kind) == NGRAM:
+            return req.steps, self.local_ngram.min_n
+        return 1, 0
 
     async def _propose(
         self, req: RoundRequest, relay: HiddenRelay | None
@@ -297,6 +322,43 @@ class RoundRunner:
         out.context_resends = send.resends
         out.wire_bytes = propose.ByteSize() + response.ByteSize()
         return response, out
+
+
+def step_rounds(first: RoundOutcome, verdict: target_pb2.VerifyResponse) -> list[RoundOutcome]:
+    """The decode steps of a verdict (VerifyResponse.steps) as k = 0 rounds after `first`. The call's time outside
+    the passes is shared equally among its rounds (first's wall_ms is the call's: it keeps its share)."""
+    if not verdict.steps:
+        return []
+    steps_ms = sum(step.stats.forward_ms for step in verdict.steps)
+    share = max(0.0, first.overhead_ms - steps_ms) / (1 + len(verdict.steps))
+    first.wall_ms = first.draft_ms + first.target_ms + share
+    rounds, context = [], first.context_tokens + len(first.emitted)
+    for step in verdict.steps:
+        stats = step.stats
+        rounds.append(
+            RoundOutcome(
+                k=0,
+                draft_ids=[],
+                matches=[],
+                target_ids=[step.token],
+                num_accepted=0,
+                next_token=step.token,
+                next_kind=target_pb2.NEXT_KIND_TARGET,
+                emitted=[step.token],
+                logprobs=[step.logprob] if step.HasField("logprob") else [],
+                target_ms=stats.forward_ms,
+                target_cached=stats.cached_tokens,
+                target_computed=stats.computed_tokens,
+                target_batch=stats.batch_size,
+                target_batch_tokens=stats.batch_tokens,
+                wall_ms=stats.forward_ms + share,
+                target_replica=first.target_replica,
+                proposer=first.proposer,
+                context_tokens=context,
+            )
+        )
+        context += 1
+    return rounds
 
 
 async def cancel_round(task: asyncio.Task | None) -> None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
 
-from specdec.core.accept import BONUS, AcceptResult
+from specdec.core.accept import BONUS
+from specdec.core.ngram import NgramIndex
 from specdec.engine.batch_queue import BatchQueue
 from specdec.engine.types import VerifyInput, VerifyOutput
 from specdec.errors import InvalidArgument
@@ -62,13 +65,26 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
     def verify_now(self, request: target_pb2.VerifyRequest, deadline_s: float | None) -> Any:
         """Verify, answered at once where it can be: a lone session's decode round runs right here
         (BatchQueue.run_now) and its response is returned, so such a round needs no task; any other call
-        returns the awaitable that queues it and answers (BatchQueue.submit). `deadline_s`: how long the
-        caller still waits (None: no deadline)."""
+        returns the awaitable that queues it and answers (BatchQueue.submit), as does a call of several decode
+        steps. `deadline_s`: how long the caller still waits (None: no deadline)."""
         arrived = time.perf_counter()
-        batches = self.batches()
+        inp = self._input(request)
+        if request.steps > 1:
+            return self._stepped(request, inp, deadline_s, arrived)
+        out = self.batches().run_now(request.session_id, inp)
+        if out is None:
+            return self._queued(inp, deadline_s, arrived)
+        emitted = out.result.emitted(inp.draft_ids)
+        asyncio.get_running_loop().call_soon(self.prepare_next, inp, emitted, out.result.num_accepted)
+        return verify_response(out, 0.0, arrived)
+
+    def _input(self, request: target_pb2.VerifyRequest) -> VerifyInput:
+        """proto -> VerifyInput, the context resolved from the delta form (a bad step request is refused here)."""
+        if request.steps > 1 and (request.draft_ids or request.return_hidden_states):
+            raise InvalidArgument("steps > 1 decodes without a draft: not with draft_ids or return_hidden_states")
         context, position_base, hashes = resolve_context(self.context_store(), request)
         hashes.extend(request.draft_ids)  # VerifyInput.prefix_hashes covers context + draft
-        inp = VerifyInput(
+        return VerifyInput(
             session_id=request.session_id,
             context_ids=context,
             draft_ids=list(request.draft_ids),
@@ -81,32 +97,81 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
             hidden_from=hidden_from(request, position_base),
             verdict_only=request.verdict_only,
         )
-        out = batches.run_now(request.session_id, inp)
-        if out is None:
-            return self._queued(inp, deadline_s, arrived)
-        asyncio.get_running_loop().call_soon(self.prepare_next, inp, out.result)  # runs once the answer is sent
-        return verify_response(out, 0.0, arrived)
 
-    def prepare_next(self, inp: VerifyInput, result: AcceptResult) -> None:
+    def prepare_next(self, inp: VerifyInput, emitted: list[int], accepted: int) -> None:
         """After a lone session's round is answered, while the caller works on the answer: do the first steps
         of the session's next round, which continues from this round's context and the tokens it emitted. The
         context store holds that context (the next delta then finds its tokens held), and the KV cache drops the
-        rejected draft positions. Both are soft state, as before: a next request that differs (a retry, a resent
-        context) is served as any other. Done only while no other call is in flight or queued (the KV cache
-        changes between forwards only); docs/performance.md, "Where the per-round overhead goes"."""
-        self.context_store().hold_next(inp.session_id, len(inp.context_ids), result.emitted(inp.draft_ids))
+        rejected draft positions (`accepted`: the drafts kept). Both are soft state, as before: a next request that
+        differs (a retry, a resent context) is served as any other. Done only while no other call is in flight or
+        queued (the KV cache changes between forwards only); docs/performance.md, "Where the per-round overhead
+        goes"."""
+        self.context_store().hold_next(inp.session_id, len(inp.context_ids), emitted)
         if self.batches().lone(inp.session_id):
             pool = self.loaded().pool
             if pool is not None:
-                pool.roll_back(inp.session_id, len(inp.context_ids) + result.num_accepted)
+                pool.roll_back(inp.session_id, len(inp.context_ids) + accepted)
 
     async def _queued(self, inp: VerifyInput, deadline_s: float | None, arrived: float) -> target_pb2.VerifyResponse:
         out, queue_ms = await self.batches().submit(inp.session_id, inp, deadline_s)
         return verify_response(out, queue_ms, arrived)
 
+    async def _stepped(
+        self, request: target_pb2.VerifyRequest, inp: VerifyInput, deadline_s: float | None, arrived: float
+    ) -> target_pb2.VerifyResponse:
+        """Decode steps (VerifyRequest.steps): a k = 0 round per token, each through the batch queue as any round
+        (a lone session's inline, others batched with the sessions they meet), until `steps` tokens, a stop id, or
+        the context's tail repeats (stop_on_repeat). Between steps the event loop turns, so calls of other sessions
+        arriving meanwhile join the next pass."""
+        batches, first_context = self.batches(), len(inp.context_ids)
+        stop = StepStop(request.stop_ids, request.stop_on_repeat)
+        outs: list[VerifyOutput] = []
+        queue_ms = 0.0
+        while True:
+            out = batches.run_now(inp.session_id, inp)
+            if out is None:
+                left = None if deadline_s is None else deadline_s - (time.perf_counter() - arrived)
+                out, waited = await batches.submit(inp.session_id, inp, left)
+                queue_ms += waited
+            outs.append(out)
+            inp = next_step(inp, out.result.next_token)
+            if len(outs) >= request.steps or stop.after(inp.context_ids):
+                break
+            await asyncio.sleep(0)  # calls that arrived meanwhile queue, and the next step batches with them
+        self.context_store().hold_next(inp.session_id, first_context, inp.context_ids[first_context:])
+        return verify_response(outs[0], queue_ms, arrived, outs[1:])
 
-def verify_response(out: VerifyOutput, queue_ms: float, arrived: float) -> target_pb2.VerifyResponse:
-    """engine -> proto; `arrived`: when the call reached the service (ComputeStats.service_ms counts from it)."""
+
+class StepStop:
+    """When decode steps end before their number: after a stop id (EOS), or, with `repeat` = n > 0, once the
+    context's last n tokens occurred earlier in it (where a prompt-lookup draft of n-grams from n on proposes)."""
+
+    def __init__(self, stop_ids: Sequence[int], repeat: int) -> None:
+        self.stop_ids = frozenset(stop_ids)
+        self.index = NgramIndex(repeat, repeat) if repeat > 0 else None
+
+    def after(self, context: Sequence[int]) -> bool:
+        """Whether stepping ends at `context` (its last token: the one just decoded); contexts grow call by call."""
+        if context[-1] in self.stop_ids:
+            return True
+        return self.index is not None and bool(self.index.propose(context, 1))
+
+
+def next_step(inp: VerifyInput, token: int) -> VerifyInput:
+    """The k = 0 round after `inp` emitted `token` (no draft): its context grown by the token, hashes kept in step."""
+    hashes = inp.prefix_hashes
+    if hashes is not None:
+        hashes.extend([token])  # the call's own copy (resolve_context); the engine copies what it keeps
+    return dataclasses.replace(
+        inp, context_ids=[*inp.context_ids, token], checked_ids=len(inp.context_ids) + 1, prefilled=None, _ids=None
+    )
+
+
+def verify_response(
+    out: VerifyOutput, queue_ms: float, arrived: float, steps: Sequence[VerifyOutput] = ()
+) -> target_pb2.VerifyResponse:
+    """engine -> proto; `arrived`: when the call reached the service (ComputeStats.service_ms counts from it);
+    `steps`: the decode steps after the first (VerifyRequest.steps)."""
     out.stats.queue_ms = queue_ms
     r = out.result
     kind = target_pb2.NEXT_KIND_BONUS if r.next_kind == BONUS else target_pb2.NEXT_KIND_RECOVERED
@@ -118,6 +183,11 @@ def verify_response(out: VerifyOutput, queue_ms: float, arrived: float) -> targe
     fill_stats(response.stats, out.stats)
     if out.hidden is not None:
         response.hidden.CopyFrom(hidden_to_proto(out.hidden))
+    for step in steps:
+        added = response.steps.add(token=step.result.next_token)
+        if step.logprobs:
+            added.logprob.CopyFrom(logprobs_to_proto(step.logprobs)[0])
+        fill_stats(added.stats, step.stats)
     response.stats.service_ms = ms_since(arrived)
     return response
 

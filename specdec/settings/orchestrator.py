@@ -137,6 +137,15 @@ class OrchestratorConfig(ModelCache, ContextSettings, ClientAuth, RedisSettings)
         "generations of one opening at once; more are spread over the other replicas.",
         ge=1,
     )
+    decode_steps: int = env(
+        "SPECDEC_DECODE_STEPS",
+        4,
+        "A round without a draft asks the target for up to this many tokens in one call (decode steps, as vLLM's "
+        "multi-step decoding): the round's hops and bookkeeping are paid once for them, tokens stream in groups "
+        "of up to this many; 1 = a call per token. Never in a generation's first round (its first token).",
+        ge=1,
+        le=64,
+    )
     trace_rejected_rows: bool = env(
         "SPECDEC_TRACE_REJECTED_ROWS",
         True,

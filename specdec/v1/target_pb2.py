@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/target.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xa8\x03\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x17\n\x0b\x63ontext_ids\x18\x03 \x03(\x05\x42\x02\x10\x01\x12\x15\n\tdraft_ids\x18\x04 \x03(\x05\x42\x02\x10\x01\x12\x33\n\x0b\x64raft_probs\x18\x05 \x03(\x0b\x32\x1e.specdec.v1.SparseDistribution\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x15\n\x08logprobs\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12!\n\x14return_hidden_states\x18\x08 \x01(\x08H\x01\x88\x01\x01\x12\x15\n\rposition_base\x18\t \x01(\x03\x12\x13\n\x0bhidden_from\x18\n \x01(\x03\x12\x18\n\x0bprefix_hash\x18\x0b \x01(\x06H\x02\x88\x01\x01\x12\x14\n\x0cverdict_only\x18\r \x01(\x08\x42\x0b\n\t_logprobsB\x17\n\x15_return_hidden_statesB\x0e\n\x0c_prefix_hashJ\x04\x08\x0c\x10\rR\ntimeout_ms\"\x8f\x02\n\x0eVerifyResponse\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\x05\x12\x12\n\nnext_token\x18\x02 \x01(\x05\x12\'\n\tnext_kind\x18\x03 \x01(\x0e\x32\x14.specdec.v1.NextKind\x12\x16\n\ntarget_ids\x18\x04 \x03(\x05\x42\x02\x10\x01\x12\x13\n\x07matches\x18\x05 \x03(\x08\x42\x02\x10\x01\x12*\n\x08logprobs\x18\x06 \x03(\x0b\x32\x18.specdec.v1.TokenLogprob\x12(\n\x06hidden\x18\x07 \x01(\x0b\x32\x18.specdec.v1.HiddenStates\x12\'\n\x05stats\x18\x08 \x01(\x0b\x32\x18.specdec.v1.ComputeStats*i\n\x08NextKind\x12\x19\n\x15NEXT_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13NEXT_KIND_RECOVERED\x10\x01\x12\x13\n\x0fNEXT_KIND_BONUS\x10\x02\x12\x14\n\x10NEXT_KIND_TARGET\x10\x03\x32\x81\x02\n\x06Target\x12\x36\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x15.specdec.v1.ModelInfo\x12?\n\x06Verify\x12\x19.specdec.v1.VerifyRequest\x1a\x1a.specdec.v1.VerifyResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12:\n\x05Stats\x12\x17.specdec.v1.InfoRequest\x1a\x18.specdec.v1.ServiceStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/target.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xe5\x03\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x17\n\x0b\x63ontext_ids\x18\x03 \x03(\x05\x42\x02\x10\x01\x12\x15\n\tdraft_ids\x18\x04 \x03(\x05\x42\x02\x10\x01\x12\x33\n\x0b\x64raft_probs\x18\x05 \x03(\x0b\x32\x1e.specdec.v1.SparseDistribution\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x15\n\x08logprobs\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12!\n\x14return_hidden_states\x18\x08 \x01(\x08H\x01\x88\x01\x01\x12\x15\n\rposition_base\x18\t \x01(\x03\x12\x13\n\x0bhidden_from\x18\n \x01(\x03\x12\x18\n\x0bprefix_hash\x18\x0b \x01(\x06H\x02\x88\x01\x01\x12\x14\n\x0cverdict_only\x18\r \x01(\x08\x12\r\n\x05steps\x18\x0e \x01(\x05\x12\x14\n\x08stop_ids\x18\x0f \x03(\x05\x42\x02\x10\x01\x12\x16\n\x0estop_on_repeat\x18\x10 \x01(\x05\x42\x0b\n\t_logprobsB\x17\n\x15_return_hidden_statesB\x0e\n\x0c_prefix_hashJ\x04\x08\x0c\x10\rR\ntimeout_ms\"\xb6\x02\n\x0eVerifyResponse\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\x05\x12\x12\n\nnext_token\x18\x02 \x01(\x05\x12\'\n\tnext_kind\x18\x03 \x01(\x0e\x32\x14.specdec.v1.NextKind\x12\x16\n\ntarget_ids\x18\x04 \x03(\x05\x42\x02\x10\x01\x12\x13\n\x07matches\x18\x05 \x03(\x08\x42\x02\x10\x01\x12*\n\x08logprobs\x18\x06 \x03(\x0b\x32\x18.specdec.v1.TokenLogprob\x12(\n\x06hidden\x18\x07 \x01(\x0b\x32\x18.specdec.v1.HiddenStates\x12\'\n\x05stats\x18\x08 \x01(\x0b\x32\x18.specdec.v1.ComputeStats\x12%\n\x05steps\x18\t \x03(\x0b\x32\x16.specdec.v1.DecodeStep\"o\n\nDecodeStep\x12\r\n\x05token\x18\x01 \x01(\x05\x12)\n\x07logprob\x18\x02 \x01(\x0b\x32\x18.specdec.v1.TokenLogprob\x12\'\n\x05stats\x18\x03 \x01(\x0b\x32\x18.specdec.v1.ComputeStats*i\n\x08NextKind\x12\x19\n\x15NEXT_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13NEXT_KIND_RECOVERED\x10\x01\x12\x13\n\x0fNEXT_KIND_BONUS\x10\x02\x12\x14\n\x10NEXT_KIND_TARGET\x10\x03\x32\x81\x02\n\x06Target\x12\x36\n\x04Info\x12\x17.specdec.v1.InfoRequest\x1a\x15.specdec.v1.ModelInfo\x12?\n\x06Verify\x12\x19.specdec.v1.VerifyRequest\x1a\x1a.specdec.v1.VerifyResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12:\n\x05Stats\x12\x17.specdec.v1.InfoRequest\x1a\x18.specdec.v1.ServiceStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,16 +36,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERIFYREQUEST'].fields_by_name['context_ids']._serialized_options = b'\020\001'
   _globals['_VERIFYREQUEST'].fields_by_name['draft_ids']._loaded_options = None
   _globals['_VERIFYREQUEST'].fields_by_name['draft_ids']._serialized_options = b'\020\001'
+  _globals['_VERIFYREQUEST'].fields_by_name['stop_ids']._loaded_options = None
+  _globals['_VERIFYREQUEST'].fields_by_name['stop_ids']._serialized_options = b'\020\001'
   _globals['_VERIFYRESPONSE'].fields_by_name['target_ids']._loaded_options = None
   _globals['_VERIFYRESPONSE'].fields_by_name['target_ids']._serialized_options = b'\020\001'
   _globals['_VERIFYRESPONSE'].fields_by_name['matches']._loaded_options = None
   _globals['_VERIFYRESPONSE'].fields_by_name['matches']._serialized_options = b'\020\001'
-  _globals['_NEXTKIND']._serialized_start=765
-  _globals['_NEXTKIND']._serialized_end=870
+  _globals['_NEXTKIND']._serialized_start=978
+  _globals['_NEXTKIND']._serialized_end=1083
   _globals['_VERIFYREQUEST']._serialized_start=65
-  _globals['_VERIFYREQUEST']._serialized_end=489
-  _globals['_VERIFYRESPONSE']._serialized_start=492
-  _globals['_VERIFYRESPONSE']._serialized_end=763
-  _globals['_TARGET']._serialized_start=873
-  _globals['_TARGET']._serialized_end=1130
+  _globals['_VERIFYREQUEST']._serialized_end=550
+  _globals['_VERIFYRESPONSE']._serialized_start=553
+  _globals['_VERIFYRESPONSE']._serialized_end=863
+  _globals['_DECODESTEP']._serialized_start=865
+  _globals['_DECODESTEP']._serialized_end=976
+  _globals['_TARGET']._serialized_start=1086
+  _globals['_TARGET']._serialized_end=1343
 # @@protoc_insertion_point(module_scope)

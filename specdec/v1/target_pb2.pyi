@@ -20,7 +20,7 @@ NEXT_KIND_BONUS: NextKind
 NEXT_KIND_TARGET: NextKind
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "request_id", "context_ids", "draft_ids", "draft_probs", "sampling", "logprobs", "return_hidden_states", "position_base", "hidden_from", "prefix_hash", "verdict_only")
+    __slots__ = ("session_id", "request_id", "context_ids", "draft_ids", "draft_probs", "sampling", "logprobs", "return_hidden_states", "position_base", "hidden_from", "prefix_hash", "verdict_only", "steps", "stop_ids", "stop_on_repeat")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,9 @@ class VerifyRequest(_message.Message):
     HIDDEN_FROM_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HASH_FIELD_NUMBER: _ClassVar[int]
     VERDICT_ONLY_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    STOP_IDS_FIELD_NUMBER: _ClassVar[int]
+    STOP_ON_REPEAT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     request_id: str
     context_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -45,10 +48,13 @@ class VerifyRequest(_message.Message):
     hidden_from: int
     prefix_hash: int
     verdict_only: bool
-    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., context_ids: _Optional[_Iterable[int]] = ..., draft_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[int] = ..., return_hidden_states: _Optional[bool] = ..., position_base: _Optional[int] = ..., hidden_from: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., verdict_only: _Optional[bool] = ...) -> None: ...
+    steps: int
+    stop_ids: _containers.RepeatedScalarFieldContainer[int]
+    stop_on_repeat: int
+    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., context_ids: _Optional[_Iterable[int]] = ..., draft_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., logprobs: _Optional[int] = ..., return_hidden_states: _Optional[bool] = ..., position_base: _Optional[int] = ..., hidden_from: _Optional[int] = ..., prefix_hash: _Optional[int] = ..., verdict_only: _Optional[bool] = ..., steps: _Optional[int] = ..., stop_ids: _Optional[_Iterable[int]] = ..., stop_on_repeat: _Optional[int] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("num_accepted", "next_token", "next_kind", "target_ids", "matches", "logprobs", "hidden", "stats")
+    __slots__ = ("num_accepted", "next_token", "next_kind", "target_ids", "matches", "logprobs", "hidden", "stats", "steps")
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     NEXT_KIND_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +63,7 @@ class VerifyResponse(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     num_accepted: int
     next_token: int
     next_kind: NextKind
@@ -65,4 +72,15 @@ class VerifyResponse(_message.Message):
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
     hidden: _common_pb2.HiddenStates
     stats: _common_pb2.ComputeStats
-    def __init__(self, num_accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., next_kind: _Optional[_Union[NextKind, str]] = ..., target_ids: _Optional[_Iterable[int]] = ..., matches: _Optional[_Iterable[bool]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., hidden: _Optional[_Union[_common_pb2.HiddenStates, _Mapping]] = ..., stats: _Optional[_Union[_common_pb2.ComputeStats, _Mapping]] = ...) -> None: ...
+    steps: _containers.RepeatedCompositeFieldContainer[DecodeStep]
+    def __init__(self, num_accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., next_kind: _Optional[_Union[NextKind, str]] = ..., target_ids: _Optional[_Iterable[int]] = ..., matches: _Optional[_Iterable[bool]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., hidden: _Optional[_Union[_common_pb2.HiddenStates, _Mapping]] = ..., stats: _Optional[_Union[_common_pb2.ComputeStats, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[DecodeStep, _Mapping]]] = ...) -> None: ...
+
+class DecodeStep(_message.Message):
+    __slots__ = ("token", "logprob", "stats")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    token: int
+    logprob: _common_pb2.TokenLogprob
+    stats: _common_pb2.ComputeStats
+    def __init__(self, token: _Optional[int] = ..., logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., stats: _Optional[_Union[_common_pb2.ComputeStats, _Mapping]] = ...) -> None: ...

@@ -207,12 +207,12 @@ class ScriptedRunner:
     def target_replicas(self) -> int:
         return 1
 
-    async def run(self, req: Any) -> RoundOutcome:
+    async def run(self, req: Any) -> list[RoundOutcome]:
         done = len(req.context_ids) - self.prompt_len
         sizes = [len(r) for r in _rounds(self.completion)]
         n = next(s for i, s in enumerate(sizes) if sum(sizes[:i]) == done)
         emitted = self.completion[done : done + n]
-        return RoundOutcome(
+        outcome = RoundOutcome(
             k=0,
             draft_ids=[],
             matches=[],
@@ -222,6 +222,7 @@ class ScriptedRunner:
             next_kind=0,
             emitted=emitted,
         )
+        return [outcome]
 
 
 def _generate(deps: Deps, completion: list[int], **fields: Any) -> tuple[list, Generation]:
