@@ -165,16 +165,16 @@ class Generation:
         proposed = len(outcome.draft_ids)
         if step and self.params.adaptive_k:
             self._tracker(outcome.proposer).rounds_at_zero += 1
-        self.deps.costs.observe_batch(outcome.target_batch)
+        self.deps.costs.observe_batch(outcome.cost.target_batch)
         if proposed:
             self._tracker(outcome.proposer).observe(proposed, outcome.num_accepted)
-        if outcome.target_computed <= proposed + 1 and not outcome.degraded:
+        if outcome.cost.target_computed <= proposed + 1 and not outcome.degraded:
             self.deps.costs.observe(
                 proposed,
-                outcome.pass_tokens,
-                outcome.draft_ms,
-                outcome.target_ms,
-                outcome.fixed_overhead_ms,
+                outcome.cost.pass_tokens,
+                outcome.cost.draft_ms,
+                outcome.cost.target_ms,
+                outcome.cost.fixed_overhead_ms,
                 outcome.proposer,
             )
 
@@ -308,13 +308,13 @@ class Generation:
                 outcome.draft_ids[: counted.drafted],
                 counted.accepted,
                 n,
-                outcome.draft_ms,
-                outcome.target_ms,
-                outcome.overhead_ms,
-                outcome.wall_ms,
+                outcome.cost.draft_ms,
+                outcome.cost.target_ms,
+                outcome.cost.overhead_ms,
+                outcome.cost.wall_ms,
                 outcome.degraded,
             )
-            self.deps.metrics.observe_load(outcome.k, outcome.target_batch, self.params.adaptive_k)
+            self.deps.metrics.observe_load(outcome.k, outcome.cost.target_batch, self.params.adaptive_k)
         return rounds, delta.emit
 
     async def _store(self, state: State, tokens: list[int], rounds: list[tuple[RoundOutcome, Emitted]]) -> None:

@@ -16,7 +16,7 @@ adaptive k see one row per target pass, as without steps.
 
 Context on the wire: a call carries only the tokens its replica does not hold yet plus the hash of
 the prefix it does (the delta form, orchestrator/delta.py); a replica that lost the session's
-context gets the whole context again in the same round (RoundOutcome.context_resends).
+context gets the whole context again in the same round (RoundCost.context_resends).
 
 Deadlines: each call gets base + per_token x (tokens it must compute: the whole
 context, since a replica without the session's cache re-runs the prefill),
@@ -40,7 +40,7 @@ from specdec.core.sampling import SamplingConfig
 from specdec.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from specdec.params import COMBINED, MODEL, NGRAM
 from specdec.protocol import sampling_bytes
-from specdec.v1 import draft_pb2, target_pb2
+from specdec.v1 import common_pb2, draft_pb2, target_pb2
 
 log = logging.getLogger("specdec.orchestrator")
 MS_PER_S = 1000.0
@@ -51,18 +51,10 @@ DEGRADING_DRAFT_ERRORS = (Unavailable, DeadlineExceeded, ResourceExhausted)
 
 
 @dataclass
-class RoundOutcome:
-    """What one round produced and what it cost (the article's per-round table row)."""
+class RoundCost:
+    """What a round cost and where it ran: the trace's timing and placement columns, the stats' sums and adaptive
+    k's cost model read it; the round's tokens do not depend on it."""
 
-    k: int
-    draft_ids: list[int]
-    matches: list[bool]
-    target_ids: list[int]
-    num_accepted: int
-    next_token: int
-    next_kind: target_pb2.NextKind
-    emitted: list[int]  # accepted draft tokens + the recovered/bonus token
-    logprobs: list = field(default_factory=list)
     draft_ms: float = 0.0  # draft forward time
     target_ms: float = 0.0  # target forward time
     target_cached: int = 0  # context tokens the target reused from its KV cache
@@ -76,13 +68,9 @@ class RoundOutcome:
     wall_ms: float = 0.0
     wire_bytes: int = 0
     draft_replica: str = ""
-    draft_kind: str = ""  # which draft proposed ("model" | "ngram"; "" = none)
-    proposer: str = ""  # which draft was expected to propose (RoundRequest.proposer)
     target_replica: str = ""
-    degraded: bool = False
     retries: int = 0
     context_resends: int = 0  # calls resent with the whole context after a replica's context miss
-    context_tokens: int = 0  # the context the round started from
 
     @property
     def overhead_ms(self) -> float:
@@ -99,6 +87,26 @@ class RoundOutcome:
         """Tokens the target pass of this round computed over all its sessions (estimated as every session
         of the pass computing as many as this one where the target does not report it)."""
         return self.target_batch_tokens or self.target_computed * max(1, self.target_batch)
+
+
+@dataclass
+class RoundOutcome:
+    """What one round produced (the article's per-round table row), and what it cost (`cost`)."""
+
+    k: int
+    draft_ids: list[int]
+    matches: list[bool]
+    target_ids: list[int]
+    num_accepted: int
+    next_token: int
+    next_kind: target_pb2.NextKind
+    emitted: list[int]  # accepted draft tokens + the recovered/bonus token
+    logprobs: list = field(default_factory=list)
+    draft_kind: str = ""  # which draft proposed ("model" | "ngram"; "" = none)
+    proposer: str = ""  # which draft was expected to propose (RoundRequest.proposer)
+    degraded: bool = False
+    context_tokens: int = 0  # the context the round started from
+    cost: RoundCost = field(default_factory=RoundCost)
 
 
 @dataclass
@@ -232,8 +240,8 @@ class RoundRunner:
             verify.return_hidden_states, verify.hidden_from = True, hidden_from
         timeout = self._deadline(len(req.context_ids) + len(proposal.draft_ids) + steps - 1, req.deadline)
         send = context_send(req, "target")
-        verdict, out.target_replica, retries = await self._call(self.target, req, "Verify", verify, timeout, send)
-        out.context_resends += send.resends
+        verdict, out.cost.target_replica, retries = await self._call(self.target, req, "Verify", verify, timeout, send)
+        out.cost.context_resends += send.resends
         if relay is not None and hidden_from is not None:
             relay.after_verify(verdict.hidden)
         m, drafted = verdict.num_accepted, list(proposal.draft_ids)
@@ -241,14 +249,10 @@ class RoundRunner:
         out.num_accepted, out.next_token, out.next_kind = m, verdict.next_token, verdict.next_kind
         out.emitted = drafted[:m] + [verdict.next_token]
         out.logprobs = list(verdict.logprobs)
-        stats = verdict.stats
-        out.target_ms, out.target_cached = stats.forward_ms, stats.cached_tokens
-        out.target_computed, out.target_batch = stats.computed_tokens, stats.batch_size
-        out.target_batch_tokens, out.target_queue_ms = stats.batch_tokens, stats.queue_ms
-        out.target_service_ms = stats.service_ms
-        out.wire_bytes += verify.ByteSize() + verdict.ByteSize()
-        out.retries += retries
-        out.wall_ms = (time.perf_counter() - start) * MS_PER_S
+        target_cost(out.cost, verdict.stats)
+        out.cost.wire_bytes += verify.ByteSize() + verdict.ByteSize()
+        out.cost.retries += retries
+        out.cost.wall_ms = (time.perf_counter() - start) * MS_PER_S
         return [out, *step_rounds(out, verdict)]
 
     def _steps(
@@ -288,9 +292,9 @@ class RoundRunner:
             remote_kind = MODEL  # `proposer` already looked the tail up here and found nothing
         elif self.local_ngram is not None and kind in (NGRAM, COMBINED):
             response = self._propose_locally(req)
-            out.draft_ms = response.stats.forward_ms
+            out.cost.draft_ms = response.stats.forward_ms
             if kind == NGRAM or response.draft_ids:
-                out.draft_replica, out.draft_kind = "local", NGRAM if response.draft_ids else ""
+                out.cost.draft_replica, out.draft_kind = "local", NGRAM if response.draft_ids else ""
                 return response, out
             remote_kind = MODEL  # combined and the lookup found nothing here: the pool's model proposes
         if self.draft is None:
@@ -306,7 +310,7 @@ class RoundRunner:
             propose.target_hidden.CopyFrom(rows)
         try:
             timeout = self._deadline(len(req.context_ids) + req.k, req.deadline)
-            response, out.draft_replica, out.retries = await self._call(
+            response, out.cost.draft_replica, out.cost.retries = await self._call(
                 self.draft, req, "Propose", propose, timeout, send
             )
         except DEGRADING_DRAFT_ERRORS as exc:
@@ -315,13 +319,22 @@ class RoundRunner:
             return empty, out
         if relay is not None and response.HasField("target_hidden_from"):
             relay.after_propose(response.target_hidden_from)
-        out.draft_ms += response.stats.forward_ms
-        out.draft_service_ms = response.stats.service_ms
+        out.cost.draft_ms += response.stats.forward_ms
+        out.cost.draft_service_ms = response.stats.service_ms
         out.draft_kind = response.draft_kind if response.draft_ids else ""
-        out.draft_computed = response.stats.computed_tokens
-        out.context_resends = send.resends
-        out.wire_bytes = propose.ByteSize() + response.ByteSize()
+        out.cost.draft_computed = response.stats.computed_tokens
+        out.cost.context_resends = send.resends
+        out.cost.wire_bytes = propose.ByteSize() + response.ByteSize()
         return response, out
+
+
+def target_cost(cost: RoundCost, stats: common_pb2.ComputeStats) -> RoundCost:
+    """Fill the target's side of a round's cost from the ComputeStats of its pass; returns `cost`."""
+    cost.target_ms, cost.target_cached = stats.forward_ms, stats.cached_tokens
+    cost.target_computed, cost.target_batch = stats.computed_tokens, stats.batch_size
+    cost.target_batch_tokens, cost.target_queue_ms = stats.batch_tokens, stats.queue_ms
+    cost.target_service_ms = stats.service_ms
+    return cost
 
 
 def step_rounds(first: RoundOutcome, verdict: target_pb2.VerifyResponse) -> list[RoundOutcome]:
@@ -330,11 +343,10 @@ def step_rounds(first: RoundOutcome, verdict: target_pb2.VerifyResponse) -> list
     if not verdict.steps:
         return []
     steps_ms = sum(step.stats.forward_ms for step in verdict.steps)
-    share = max(0.0, first.overhead_ms - steps_ms) / (1 + len(verdict.steps))
-    first.wall_ms = first.draft_ms + first.target_ms + share
+    share = max(0.0, first.cost.overhead_ms - steps_ms) / (1 + len(verdict.steps))
+    first.cost.wall_ms = first.cost.draft_ms + first.cost.target_ms + share
     rounds, context = [], first.context_tokens + len(first.emitted)
     for step in verdict.steps:
-        stats = step.stats
         rounds.append(
             RoundOutcome(
                 k=0,
@@ -346,15 +358,12 @@ def step_rounds(first: RoundOutcome, verdict: target_pb2.VerifyResponse) -> list
                 next_kind=target_pb2.NEXT_KIND_TARGET,
                 emitted=[step.token],
                 logprobs=[step.logprob] if step.HasField("logprob") else [],
-                target_ms=stats.forward_ms,
-                target_cached=stats.cached_tokens,
-                target_computed=stats.computed_tokens,
-                target_batch=stats.batch_size,
-                target_batch_tokens=stats.batch_tokens,
-                wall_ms=stats.forward_ms + share,
-                target_replica=first.target_replica,
                 proposer=first.proposer,
                 context_tokens=context,
+                cost=target_cost(
+                    RoundCost(wall_ms=step.stats.forward_ms + share, target_replica=first.cost.target_replica),
+                    step.stats,
+                ),
             )
         )
         context += 1

@@ -73,7 +73,7 @@ class StatsCollector:
     def add_round(self, o: RoundOutcome, kept_tokens: int) -> Emitted:
         """Account for one round that emitted `kept_tokens` tokens; returns what was counted."""
         if self.rounds == 0:
-            self.first_target_cached = o.target_cached
+            self.first_target_cached = o.cost.target_cached
             if kept_tokens:
                 self.first_token_ms = (time.perf_counter() - self.started) * MS_PER_S
         e = count_emitted(o, kept_tokens)
@@ -83,16 +83,16 @@ class StatsCollector:
         self.recovered += e.next_kind == target_pb2.NEXT_KIND_RECOVERED
         self.bonus += e.next_kind == target_pb2.NEXT_KIND_BONUS
         self.round_tokens += e.tokens
-        self.draft_ms += o.draft_ms
-        self.target_ms += o.target_ms
-        self.overhead_ms += o.overhead_ms
-        self.wire_bytes += o.wire_bytes
+        self.draft_ms += o.cost.draft_ms
+        self.target_ms += o.cost.target_ms
+        self.overhead_ms += o.cost.overhead_ms
+        self.wire_bytes += o.cost.wire_bytes
         self.degraded += o.degraded
-        self.retries += o.retries
-        self.context_resends += o.context_resends
-        self.target_computed += o.target_computed
-        self.draft_computed += o.draft_computed
-        self.last_target_batch = o.target_batch
+        self.retries += o.cost.retries
+        self.context_resends += o.cost.context_resends
+        self.target_computed += o.cost.target_computed
+        self.draft_computed += o.cost.draft_computed
+        self.last_target_batch = o.cost.target_batch
         for i in range(e.drafted):
             if i >= len(self.drafted_per_position):
                 self.drafted_per_position.append(0)
@@ -143,19 +143,19 @@ class StatsCollector:
             next_token=o.next_token if emitted_next else -1,
             next_kind=e.next_kind,
             text=text,
-            draft_ms=o.draft_ms,
-            target_ms=o.target_ms,
-            overhead_ms=o.overhead_ms,
+            draft_ms=o.cost.draft_ms,
+            target_ms=o.cost.target_ms,
+            overhead_ms=o.cost.overhead_ms,
             draft_kind=o.draft_kind,
-            draft_replica=o.draft_replica,
-            target_replica=o.target_replica,
-            target_cached_tokens=o.target_cached,
-            target_computed_tokens=o.target_computed,
-            draft_computed_tokens=o.draft_computed,
-            target_batch_size=o.target_batch,
-            wire_bytes=o.wire_bytes,
+            draft_replica=o.cost.draft_replica,
+            target_replica=o.cost.target_replica,
+            target_cached_tokens=o.cost.target_cached,
+            target_computed_tokens=o.cost.target_computed,
+            draft_computed_tokens=o.cost.draft_computed,
+            target_batch_size=o.cost.target_batch,
+            wire_bytes=o.cost.wire_bytes,
             context_tokens=o.context_tokens,
-            context_resends=o.context_resends,
-            target_service_ms=o.target_service_ms,
-            draft_service_ms=o.draft_service_ms,
+            context_resends=o.cost.context_resends,
+            target_service_ms=o.cost.target_service_ms,
+            draft_service_ms=o.cost.draft_service_ms,
         )

@@ -200,7 +200,7 @@ def test_under_load_a_weak_draft_backs_off_because_its_tokens_slow_every_session
 
 
 def test_a_round_learns_its_pass_and_leaves_queueing_out_of_its_overhead():
-    from orchestrator.rounds import RoundOutcome
+    from orchestrator.rounds import RoundCost, RoundOutcome
 
     out = RoundOutcome(
         k=4,
@@ -211,17 +211,14 @@ def test_a_round_learns_its_pass_and_leaves_queueing_out_of_its_overhead():
         next_token=5,
         next_kind=0,
         emitted=[5],
-        draft_ms=4.0,
-        target_ms=60.0,
-        wall_ms=130.0,
-        target_computed=5,
-        target_batch=4,
-        target_queue_ms=50.0,
+        cost=RoundCost(
+            draft_ms=4.0, target_ms=60.0, wall_ms=130.0, target_computed=5, target_batch=4, target_queue_ms=50.0
+        ),
     )
-    assert out.overhead_ms == 66.0 and out.fixed_overhead_ms == 16.0
-    assert out.pass_tokens == 20  # not reported: 4 sessions of 5 tokens
-    out.target_batch_tokens = 11  # reported by the target: the others computed 6
-    assert out.pass_tokens == 11
+    assert out.cost.overhead_ms == 66.0 and out.cost.fixed_overhead_ms == 16.0
+    assert out.cost.pass_tokens == 20  # not reported: 4 sessions of 5 tokens
+    out.cost.target_batch_tokens = 11  # reported by the target: the others computed 6
+    assert out.cost.pass_tokens == 11
 
 
 def cpu_pass_costs(batch: float) -> CostModel:

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.deps import Deps
 from orchestrator.generation import Generation
 from orchestrator.prompting import Prompter
-from orchestrator.rounds import RoundOutcome, RoundRequest, RoundRunner, step_rounds
+from orchestrator.rounds import RoundCost, RoundOutcome, RoundRequest, RoundRunner, step_rounds
 from specdec.config import OrchestratorConfig, RetryConfig
 from specdec.core.ngram import NgramProposer
 from specdec.core.sampling import SamplingConfig
@@ -41,11 +41,9 @@ def first_round(token: int, target_ms: float, wall_ms: float, context: int) -> R
         next_token=token,
         next_kind=target_pb2.NEXT_KIND_BONUS,
         emitted=[token],
-        target_ms=target_ms,
-        wall_ms=wall_ms,
         context_tokens=context,
-        target_replica="t0",
         proposer="ngram",
+        cost=RoundCost(target_ms=target_ms, wall_ms=wall_ms, target_replica="t0"),
     )
 
 
@@ -59,12 +57,12 @@ def test_a_verdicts_steps_become_rounds_that_share_the_calls_overhead():
     rounds = [first, *step_rounds(first, verdict)]
     assert [r.emitted for r in rounds] == [[5], [6], [7]]
     assert [r.context_tokens for r in rounds] == [40, 41, 42]
-    assert [r.target_ms for r in rounds] == [10.0, 9.0, 11.0]
-    assert [r.overhead_ms for r in rounds] == pytest.approx([2.0, 2.0, 2.0])
-    assert sum(r.wall_ms for r in rounds) == pytest.approx(36.0)
+    assert [r.cost.target_ms for r in rounds] == [10.0, 9.0, 11.0]
+    assert [r.cost.overhead_ms for r in rounds] == pytest.approx([2.0, 2.0, 2.0])
+    assert sum(r.cost.wall_ms for r in rounds) == pytest.approx(36.0)
     assert all(r.next_kind == target_pb2.NEXT_KIND_TARGET and r.k == 0 for r in rounds[1:])
     assert [r.logprobs[0].token_id for r in rounds[1:]] == [6, 7]
-    assert {r.target_replica for r in rounds} == {"t0"} and {r.proposer for r in rounds} == {"ngram"}
+    assert {r.cost.target_replica for r in rounds} == {"t0"} and {r.proposer for r in rounds} == {"ngram"}
     assert step_rounds(first, target_pb2.VerifyResponse(next_token=5)) == []
 
 
