@@ -49,6 +49,7 @@ def run(args: BenchArgs) -> dict[str, Any]:
     measured in process, then the report (with the llama.cpp anchor when asked)."""
     from specdec.bench import report
     from specdec.engine.kvcache import kv_bytes_per_token
+    from specdec.config import OrchestratorConfig
     from specdec.params import DEFAULTS
 
     t_start = time.perf_counter()
@@ -307,6 +308,7 @@ def _settings(
         "timing": "wall clock at the client from sending the request to the last token (prefill included)",
         "configs": {cfg.name: cfg.label(DEFAULTS["k"]) for cfg in configs},
         "hop_delay_ms": args.hop_delay_ms,
+        "decode_steps": OrchestratorConfig().decode_steps,  # SPECDEC_DECODE_STEPS as the stack read it
         "target_weight_layout": layout,
     }
 
