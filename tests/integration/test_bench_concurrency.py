@@ -1,6 +1,7 @@
 """`specdec bench-concurrency`: batched and unbatched targets side by side, identical greedy output.
 
-Small on purpose (c = 1 and 3, k = 3, 12 tokens, one repeat, the embedded SmolLM2 target; k = 0's
+Small on purpose (c = 1 and 3, k = 3, 12 tokens, one repeat, the embedded SmolLM2 target, the prompt sets
+taken open first, so the three sessions are o1, g1, o2: one long grounded prefill, not two; k = 0's
 batches are the same code path with one token a session, and the unit and chunked-prefill tests cover them):
 it checks the JSON's shape, that every session's tokens equal the same prompt run alone (also behind a second
 batched target whose every forward runs on its event loop, --compare-env SPECDEC_LOOP_FORWARDS=1), that the batched target really put several sessions in
@@ -41,6 +42,8 @@ def test_bench_concurrency_small_run(tmp_path: Path) -> None:
         "SPECDEC_LOOP_FORWARDS=1",
         "--dtype",
         "float32",
+        "--prompts",
+        "open,grounded",
         "--out",
         str(out),
     ]  # torch fp32, as before the llama.cpp engine (exact batched rows)
@@ -64,6 +67,7 @@ def test_bench_concurrency_small_run(tmp_path: Path) -> None:
         assert set(result["ratios"][k_name]["batched_vs_env"]) == {"1", "3"}
         batched_means.append(result["throughput"][k_name]["batched_env"]["3"]["mean_batch"])
     assert result["settings"]["compare_env"] == {"SPECDEC_LOOP_FORWARDS": "1"}
+    assert [p[0] for p in result["settings"]["prompts"]] == ["o", "g", "o"]  # the sets taken in turn
     assert max(batched_means) > 1.0, batched_means
     server = result["llama_server"]  # llama.cpp's own server on the same waves, or why not
     assert set(server.get("tokens_per_s", {})) == {"1", "3"} or "make llama-server" in server["skipped"], server

@@ -17,7 +17,7 @@ from tests.support import make_tiny_pair
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-SESSIONS, MAX_NEW, BUDGET_TOKENS = 24, 16, 120
+SESSIONS, MAX_NEW, BUDGET_TOKENS = 12, 16, 120  # 12 sessions of ~30 tokens: 3x the budget, evictions certain
 
 
 def test_many_sessions_stay_within_the_target_budget(tmp_path, redis_server):
