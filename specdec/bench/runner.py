@@ -49,7 +49,6 @@ def run(args: BenchArgs) -> dict[str, Any]:
     measured in process, then the report (with the llama.cpp anchor when asked)."""
     from specdec.bench import report
     from specdec.engine.kvcache import kv_bytes_per_token
-    from specdec.config import OrchestratorConfig
     from specdec.params import DEFAULTS
 
     t_start = time.perf_counter()
@@ -275,6 +274,7 @@ def _settings(
     args: BenchArgs, prompts: list[Prompt], configs: list[Config], hf: Any, adaptive_cap: int, layout: str
 ) -> dict[str, Any]:
     """What the run was: prompts, lengths, configurations, threads, order and timing rules."""
+    from specdec.config import OrchestratorConfig
     from specdec.params import DEFAULTS
 
     model_draft = args.draft_kind in MODEL_DRAFT_KINDS
