@@ -339,12 +339,17 @@ def target_cost(cost: RoundCost, stats: common_pb2.ComputeStats) -> RoundCost:
 
 def step_rounds(first: RoundOutcome, verdict: target_pb2.VerifyResponse) -> list[RoundOutcome]:
     """The decode steps of a verdict (VerifyResponse.steps) as k = 0 rounds after `first`. The call's time outside
-    the passes is shared equally among its rounds (first's wall_ms is the call's: it keeps its share)."""
+    the passes is shared equally among its rounds, at the orchestrator (wall_ms) and at the target (target_service_ms),
+    so each round's own part of the call stays within its overhead (first's figures are the call's: it keeps its
+    share)."""
     if not verdict.steps:
         return []
-    steps_ms = sum(step.stats.forward_ms for step in verdict.steps)
-    share = max(0.0, first.cost.overhead_ms - steps_ms) / (1 + len(verdict.steps))
+    n, steps_ms = 1 + len(verdict.steps), sum(step.stats.forward_ms for step in verdict.steps)
+    share = max(0.0, first.cost.overhead_ms - steps_ms) / n
+    service_share = max(0.0, first.cost.target_service_ms - first.cost.target_ms - steps_ms) / n
     first.cost.wall_ms = first.cost.draft_ms + first.cost.target_ms + share
+    if first.cost.target_service_ms:
+        first.cost.target_service_ms = first.cost.target_ms + service_share
     rounds, context = [], first.context_tokens + len(first.emitted)
     for step in verdict.steps:
         rounds.append(
@@ -360,12 +365,12 @@ def step_rounds(first: RoundOutcome, verdict: target_pb2.VerifyResponse) -> list
                 logprobs=[step.logprob] if step.HasField("logprob") else [],
                 proposer=first.proposer,
                 context_tokens=context,
-                cost=target_cost(
-                    RoundCost(wall_ms=step.stats.forward_ms + share, target_replica=first.cost.target_replica),
-                    step.stats,
-                ),
+                cost=target_cost(RoundCost(target_replica=first.cost.target_replica), step.stats),
             )
         )
+        cost = rounds[-1].cost
+        cost.wall_ms = cost.target_ms + share
+        cost.target_service_ms = cost.target_ms + service_share if first.cost.target_service_ms else 0.0
         context += 1
     return rounds
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from specdec.core.accept import BONUS
+from specdec.core.accept import BONUS, AcceptResult
 from specdec.core.ngram import NgramIndex
 from specdec.engine.batch_queue import BatchQueue
 from specdec.engine.types import VerifyInput, VerifyOutput
@@ -74,8 +74,7 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
         out = self.batches().run_now(request.session_id, inp)
         if out is None:
             return self._queued(inp, deadline_s, arrived)
-        emitted = out.result.emitted(inp.draft_ids)
-        asyncio.get_running_loop().call_soon(self.prepare_next, inp, emitted, out.result.num_accepted)
+        asyncio.get_running_loop().call_soon(self.prepare_next, inp, out.result)
         return verify_response(out, 0.0, arrived)
 
     def _input(self, request: target_pb2.VerifyRequest) -> VerifyInput:
@@ -98,19 +97,19 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
             verdict_only=request.verdict_only,
         )
 
-    def prepare_next(self, inp: VerifyInput, emitted: list[int], accepted: int) -> None:
+    def prepare_next(self, inp: VerifyInput, result: AcceptResult) -> None:
         """After a lone session's round is answered, while the caller works on the answer: do the first steps
         of the session's next round, which continues from this round's context and the tokens it emitted. The
         context store holds that context (the next delta then finds its tokens held), and the KV cache drops the
-        rejected draft positions (`accepted`: the drafts kept). Both are soft state, as before: a next request that
+        rejected draft positions. Both are soft state, as before: a next request that
         differs (a retry, a resent context) is served as any other. Done only while no other call is in flight or
         queued (the KV cache changes between forwards only); docs/performance.md, "Where the per-round overhead
         goes"."""
-        self.context_store().hold_next(inp.session_id, len(inp.context_ids), emitted)
+        self.context_store().hold_next(inp.session_id, len(inp.context_ids), result.emitted(inp.draft_ids))
         if self.batches().lone(inp.session_id):
             pool = self.loaded().pool
             if pool is not None:
-                pool.roll_back(inp.session_id, len(inp.context_ids) + accepted)
+                pool.roll_back(inp.session_id, len(inp.context_ids) + result.num_accepted)
 
     async def _queued(self, inp: VerifyInput, deadline_s: float | None, arrived: float) -> target_pb2.VerifyResponse:
         out, queue_ms = await self.batches().submit(inp.session_id, inp, deadline_s)

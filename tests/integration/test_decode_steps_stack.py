@@ -42,11 +42,23 @@ def generate(stack, steps: int, prompt: str, **fields) -> pb.GenerateResponse:
         channel.close()
 
 
+def stream(stack, steps: int, prompt: str, **fields) -> list[pb.GenerateChunk]:
+    stack.deps.cfg.decode_steps = steps
+    channel, stub = stack.stub()
+    try:
+        request = pb.GenerateRequest(prompt=prompt, k=0, max_new_tokens=MAX_NEW, **fields)
+        return list(stub.GenerateStream(request, timeout=120))
+    finally:
+        channel.close()
+
+
 def test_greedy_steps_give_the_targets_own_tokens_in_fewer_calls(stack, tiny):
     model, eos = tiny[2], sorted(stack.deps.eos_ids)
     for prompt in IDENTITY_PROMPTS[:3]:
-        reply = generate(stack, STEPS, prompt, ignore_eos=True, trace=True)
-        calls = sum(r.target_service_ms > 0 for r in reply.trace)  # a call's first round reports the call's time
+        chunks = stream(stack, STEPS, prompt, ignore_eos=True, trace=True)
+        reply = pb.GenerateResponse(token_ids=[t for c in chunks for t in c.token_ids], stats=chunks[-1].stats)
+        reply.trace.extend(r for c in chunks for r in c.rounds)
+        calls = sum(1 for c in chunks if c.rounds)  # a chunk per target call, with that call's rounds
         want = target_greedy(model, stack.tokenizer.encode(prompt), MAX_NEW, [-1])  # EOS ignored
         assert list(reply.token_ids) == want
         assert reply.stats.rounds == len(reply.trace) == MAX_NEW and reply.stats.target_passes == MAX_NEW

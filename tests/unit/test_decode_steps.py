@@ -54,7 +54,9 @@ def test_a_verdicts_steps_become_rounds_that_share_the_calls_overhead():
         step.stats.forward_ms, step.stats.computed_tokens, step.stats.batch_size = ms, 1, 1
         step.logprob.token_id, step.logprob.logprob = token, -0.5
     first = first_round(5, target_ms=10.0, wall_ms=36.0, context=40)  # the call: 30 ms of passes, 6 ms beside
+    first.cost.target_service_ms = 33.0  # of which 3 ms at the target around its passes
     rounds = [first, *step_rounds(first, verdict)]
+    assert [r.cost.target_service_ms - r.cost.target_ms for r in rounds] == pytest.approx([1.0, 1.0, 1.0])
     assert [r.emitted for r in rounds] == [[5], [6], [7]]
     assert [r.context_tokens for r in rounds] == [40, 41, 42]
     assert [r.cost.target_ms for r in rounds] == [10.0, 9.0, 11.0]
