@@ -50,6 +50,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="llama.cpp's server binary for its anchor columns (default: the one `make llama-server` built)",
     )
     p.add_argument("--no-llama-server", action="store_true", help="skip the llama-server anchor columns")
+    p.add_argument(
+        "--llama-server-configs",
+        default="",
+        metavar="NAMES",
+        help="the llama-server configurations to run, a fresh server each, separated by commas (default: all: "
+        "server, server_ngram_simple, server_ngram_mod); `server` alone keeps the target-alone anchor and "
+        "its identity check",
+    )
     p.add_argument("--hf-lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
     p.add_argument("--hf-ngram-size", type=int, default=2, help="HF max_matching_ngram_size")
     p.add_argument(
@@ -90,6 +98,7 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
         raise SystemExit(f"specdec bench: --k must be integers separated by commas, got {ns.k!r}") from None
     if ns.draft_kind in MODEL_DRAFT_KINDS and not ns.draft_model:
         raise SystemExit(f"specdec bench: --draft-kind {ns.draft_kind} needs --draft-model SPEC")
+    server_configs = _llama_server_configs(ns.llama_server_configs)
     return BenchArgs(
         prompts=[s.strip() for s in ns.prompts.split(",") if s.strip()],
         ks=ks,
@@ -116,9 +125,25 @@ def args_from_cli(ns: argparse.Namespace) -> BenchArgs:
         engine=ns.engine,
         with_llama_server=not ns.no_llama_server,
         llama_server=ns.llama_server,
+        llama_server_configs=server_configs,
         hop_delay_ms=ns.hop_delay_ms,
         time_budget_s=ns.time_budget,
     )
+
+
+def _llama_server_configs(text: str) -> list[str] | None:
+    """--llama-server-configs as names of specdec.bench.llama_server.SPEC_CONFIGS (None: all of them)."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        return None
+    from specdec.bench.llama_server import SPEC_CONFIGS  # not at import: the CLI's parser is built for every command
+
+    unknown = [name for name in names if name not in SPEC_CONFIGS]
+    if unknown:
+        raise SystemExit(
+            f"specdec bench: --llama-server-configs takes names among {', '.join(SPEC_CONFIGS)}, got {', '.join(unknown)}"
+        )
+    return names
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:

@@ -140,10 +140,17 @@ class LlamaServer:
 
 
 def llama_server_anchor(
-    gguf: str, prompts: Sequence[Any], max_new: int, repeats: int, threads: int, binary: str = ""
+    gguf: str,
+    prompts: Sequence[Any],
+    max_new: int,
+    repeats: int,
+    threads: int,
+    binary: str = "",
+    configs: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """tok/s of llama-server target alone and with each SPEC_CONFIGS speculation, per prompt set (median over
-    prompts x repeats), with its greedy tokens per prompt (identity against ours), or why it was skipped."""
+    """tok/s of llama-server target alone and with each SPEC_CONFIGS speculation (or only those named in
+    `configs`, in SPEC_CONFIGS' order), per prompt set (median over prompts x repeats), with its greedy tokens
+    per prompt (identity against ours), or why it was skipped."""
     path = find_binary(binary)
     if path is None:
         return {"skipped": f"no llama-server binary: {BUILD_HINT}"}
@@ -155,6 +162,8 @@ def llama_server_anchor(
         "configs": {},
     }
     for name, extra in SPEC_CONFIGS.items():
+        if configs is not None and name not in configs:
+            continue
         try:
             with LlamaServer(path, gguf, threads, extra) as server:
                 server.complete(prompts[0].ids, min(8, max_new))  # warm-up

@@ -153,6 +153,7 @@ class BenchArgs:
     engine: str = "auto"  # the model services' runner (auto: llama.cpp for a GGUF on CPU)
     with_llama_server: bool = True  # llama.cpp's own server (skipped with a note when no binary is found)
     llama_server: str = ""  # its binary ("": found by specdec.bench.llama_server.find_binary)
+    llama_server_configs: list[str] | None = None  # names of llama_server.SPEC_CONFIGS to run (None: all)
     progress: bool = True
     prompts_dir: str = str(PROMPTS_DIR)
     hop_delay_ms: float = 0.0  # TEST/BENCH ONLY: SPECDEC_HOP_DELAY_MS of the orchestrator

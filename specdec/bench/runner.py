@@ -242,7 +242,15 @@ def _llama_server(args: BenchArgs, prompts: list[Prompt]) -> dict[str, Any]:
     gguf = target_gguf(args.target_model)
     if gguf is None:
         return {"skipped": f"the target {args.target_model!r} is not a GGUF file"}
-    return llama_server_anchor(str(gguf), prompts, args.max_new_tokens, args.repeats, args.threads, args.llama_server)
+    return llama_server_anchor(
+        str(gguf),
+        prompts,
+        args.max_new_tokens,
+        args.repeats,
+        args.threads,
+        args.llama_server,
+        args.llama_server_configs,
+    )
 
 
 def _measure_verify_costs(

@@ -2,7 +2,9 @@
 
 One prompt per set, 12 tokens (--quick's 24 halved by --max-new-tokens), one repeat, and a k sweep of {4}
 alone (k = 0, k = 4, k unset, adaptive k <= 4, HF target-only, HF prompt lookup: 12 generations), so it
-stays under a minute on 2 cores. It checks the shape of the result (keys naming the prompt set and the measure), that every
+stays under a minute on 2 cores. llama.cpp's server runs its target-alone configuration only
+(--llama-server-configs server: one server start, not one per speculation type; the anchor's code is the same
+for each). It checks the shape of the result (keys naming the prompt set and the measure), that every
 configuration produced the same number of tokens, and that greedy output is token-identical
 to k = 0; the numbers themselves are for `make bench`, not for a test.
 """
@@ -54,6 +56,8 @@ def test_bench_quick_writes_json_and_plot(tmp_path: Path) -> None:
         str(MAX_NEW_TOKENS),
         "--threads",
         "1",
+        "--llama-server-configs",
+        "server",
         "--no-progress",
         "--out",
         str(out),
@@ -98,3 +102,10 @@ def test_bench_quick_writes_json_and_plot(tmp_path: Path) -> None:
     assert result["settings"]["dtype"] == "Q4_1" and result["settings"]["hf_dtype"] == "float32"
     if "verify_cost_hf_layout" in result:
         assert result["verify_cost_hf_layout"]["ratio"]["1"] == pytest.approx(1.0)
+    server = result["llama_server"]  # llama.cpp's own server, the one configuration asked for, or why not
+    if "skipped" in server:
+        assert "make llama-server" in server["skipped"], server
+    else:
+        assert set(server["configs"]) == {"server"}, server
+        assert {len(t) for t in server["configs"]["server"]["tokens"].values()} == {MAX_NEW_TOKENS}, server
+        assert set(result["identity_vs_llama_server"]) == set(CONFIGS), result["identity_vs_llama_server"]

@@ -9,10 +9,7 @@ Every error class reaches the openai client (max_retries=0) as its exception.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -23,8 +20,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from http_gateway.process import GatewayProcess
-from specdec.healthcheck import check
-from specdec.redis_server import free_port
+from specdec.launcher import Proc
 from specdec.v1 import orchestrator_pb2 as pb
 from specdec.v1 import orchestrator_pb2_grpc
 from tests.http_support import AUTH_TOKEN, shared_stack
@@ -351,47 +347,14 @@ def test_401_with_tokens_configured(hs):
         gw.stop()
 
 
-def _spare_orchestrator(hs, max_concurrent: int) -> tuple[subprocess.Popen, str]:
-    """A second orchestrator process over the same target, draft and Redis, with its own admission cap."""
-    port = free_port()
-    s = hs.stack
-    targets = ",".join(p.address for p in s.procs if p.role == "target")
-    drafts = ",".join(p.address for p in s.procs if p.role == "draft")
-    cmd = [
-        sys.executable,
-        "-m",
-        "specdec.cli",
-        "serve",
-        "orchestrator",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--target",
-        targets,
-        "--draft",
-        drafts,
-        "--redis-url",
-        s.redis.url,
-        "--tokenizer",
-        str(hs.target_dir),
-        "--max-concurrent",
-        str(max_concurrent),
-    ]
-    log = (s.log_dir / f"spare-orchestrator-{port}.log").open("wb")
-    proc = subprocess.Popen(
-        cmd,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "SPECDEC_DRAIN_SECONDS": "1"},
+def _spare_orchestrator(hs, max_concurrent: int) -> Proc:
+    """A second orchestrator process over the same targets, drafts and Redis, with its own admission cap, started
+    as the stack starts its own (a fork of the suite's fork server); the caller takes it off the stack's lists."""
+    proc = hs.stack.start_orchestrator(
+        args=["--max-concurrent", str(max_concurrent)], env={"SPECDEC_DRAIN_SECONDS": "1"}
     )
-    address = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not check(address, timeout=1.0)[0]:
-        assert proc.poll() is None and time.monotonic() < deadline, "spare orchestrator did not start"
-        time.sleep(0.2)
-    return proc, address
+    hs.stack.wait_ready(proc, timeout=READY_TIMEOUT_S)
+    return proc
 
 
 def _wait_for_a_free_slot(c: openai.OpenAI, wait_s: float = 30.0) -> None:
@@ -406,8 +369,8 @@ def _wait_for_a_free_slot(c: openai.OpenAI, wait_s: float = 30.0) -> None:
 
 
 def test_429_overload_then_503_orchestrator_stopped(hs):
-    proc, address = _spare_orchestrator(hs, max_concurrent=1)
-    gw = GatewayProcess(address, log_dir=str(hs.stack.log_dir)).start()
+    proc = _spare_orchestrator(hs, max_concurrent=1)
+    gw = GatewayProcess(proc.address, log_dir=str(hs.stack.log_dir)).start()
     c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0, timeout=RPC_TIMEOUT_S)
     try:
         # One stream holds the only slot (it runs to max_tokens: EOS ignored) ...
@@ -440,8 +403,8 @@ def test_429_overload_then_503_orchestrator_stopped(hs):
                 )
             _wait_for_a_free_slot(c)
         # Orchestrator stopped: UNAVAILABLE -> 503 (InternalServerError is openai's class for 5xx).
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        proc.popen.send_signal(signal.SIGTERM)
+        assert proc.popen.wait(timeout=30) == 0
         with pytest.raises(openai.InternalServerError) as e:
             c.completions.create(model="specdec", prompt=PROMPT, max_tokens=2)
         assert e.value.status_code == 503
@@ -451,6 +414,8 @@ def test_429_overload_then_503_orchestrator_stopped(hs):
         assert http(f"{gw.url}/health")[0] == 503
     finally:
         gw.stop()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc.popen.poll() is None:
+            proc.popen.kill()
+            proc.popen.wait()
+        hs.stack.procs.remove(proc)  # the shared stack's other users see its own orchestrator only
+        hs.stack.orchestrators.remove(proc)

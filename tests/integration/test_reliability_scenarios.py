@@ -2,7 +2,9 @@
 
 One LocalStack for the module (specdec/launcher.py): a persistent EmbeddedRedis (AOF),
 two target and two draft replicas of a tiny Llama pair (tests.support.make_tiny_pair,
-loaded by local-dir spec), and three orchestrators on the same Redis:
+loaded by local-dir spec), and three orchestrators on the same Redis, every one a process of
+its own forked by the suite's fork server (tests/conftest.py; the stack's environment differs
+only in SPECDEC_* variables), as are the restarts after a kill:
   A: all replicas;  B: all replicas (takes over A's sessions);
   S: target T1 and draft D1 only, max_concurrent = CAP (single-replica and overload cases).
 Leases are short (LEASE_S) so takeovers are quick. Tests run in file order; a test that
@@ -131,8 +133,7 @@ def env(tmp_path_factory):
             "SPECDEC_LEASE_SECONDS": str(LEASE_S),
             "SPECDEC_DRAIN_SECONDS": str(DRAIN_S),
             "SPECDEC_MAX_MESSAGE_BYTES": str(MAX_MESSAGE_BYTES),
-            "OMP_NUM_THREADS": "1",
-        },
+        },  # one torch thread per model service: StackConfig.threads, set by each service itself
     )
     stack = LocalStack(cfg)
     stack.redis_url = redis.url
