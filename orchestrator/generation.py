@@ -343,14 +343,11 @@ class Generation:
         rows = []
         if self.params.trace:
             # the tokens each round appended (after EOS/length/stop cuts), special tokens shown
-            at = offset
-            for i, (outcome, e) in enumerate(rounds, self.stats.rounds - len(rounds)):
-                row = self.stats.round_proto(
-                    outcome, e, self.deps.prompter.tokenizer.decode(tokens[at - offset : at - offset + e.tokens])
-                )
-                row.index = i
+            at = 0
+            for index, (outcome, e) in enumerate(rounds, self.stats.rounds - len(rounds)):
+                text_of_round = self.deps.prompter.tokenizer.decode(tokens[at : at + e.tokens])
+                rows.append(self.stats.round_proto(outcome, e, text_of_round, index))
                 at += e.tokens
-                rows.append(row)
             state.trace += rows
         if not tokens and not text and not rows:
             return None

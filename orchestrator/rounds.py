@@ -352,6 +352,9 @@ def step_rounds(first: RoundOutcome, verdict: target_pb2.VerifyResponse) -> list
         first.cost.target_service_ms = first.cost.target_ms + service_share
     rounds, context = [], first.context_tokens + len(first.emitted)
     for step in verdict.steps:
+        cost = target_cost(RoundCost(target_replica=first.cost.target_replica), step.stats)
+        cost.wall_ms = cost.target_ms + share
+        cost.target_service_ms = cost.target_ms + service_share if first.cost.target_service_ms else 0.0
         rounds.append(
             RoundOutcome(
                 k=0,
@@ -365,12 +368,9 @@ def step_rounds(first: RoundOutcome, verdict: target_pb2.VerifyResponse) -> list
                 logprobs=[step.logprob] if step.HasField("logprob") else [],
                 proposer=first.proposer,
                 context_tokens=context,
-                cost=target_cost(RoundCost(target_replica=first.cost.target_replica), step.stats),
+                cost=cost,
             )
         )
-        cost = rounds[-1].cost
-        cost.wall_ms = cost.target_ms + share
-        cost.target_service_ms = cost.target_ms + service_share if first.cost.target_service_ms else 0.0
         context += 1
     return rounds
 

@@ -129,12 +129,13 @@ class StatsCollector:
             context_resends=self.context_resends,
         )
 
-    def round_proto(self, o: RoundOutcome, e: Emitted, text: str) -> pb.Round:
+    def round_proto(self, o: RoundOutcome, e: Emitted, text: str, index: int | None = None) -> pb.Round:
         """One row of the per-round trace, cut as the stats count it (`e`): draft ids, matches and target ids
-        of the counted positions only, so the rows sum to the stats (drafted, accepted, completion tokens)."""
+        of the counted positions only, so the rows sum to the stats (drafted, accepted, completion tokens).
+        `index`: the row's round (default: the latest counted)."""
         emitted_next = e.next_kind != target_pb2.NEXT_KIND_UNSPECIFIED
         return pb.Round(
-            index=self.rounds - 1,
+            index=self.rounds - 1 if index is None else index,
             k=o.k,
             draft_ids=o.draft_ids[: e.drafted],
             matches=o.matches[: e.drafted],

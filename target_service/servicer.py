@@ -74,7 +74,7 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
         out = self.batches().run_now(request.session_id, inp)
         if out is None:
             return self._queued(inp, deadline_s, arrived)
-        asyncio.get_running_loop().call_soon(self.prepare_next, inp, out.result)
+        asyncio.get_running_loop().call_soon(self.prepare_next, inp, out.result)  # runs once the answer is sent
         return verify_response(out, 0.0, arrived)
 
     def _input(self, request: target_pb2.VerifyRequest) -> VerifyInput:
@@ -101,10 +101,9 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
         """After a lone session's round is answered, while the caller works on the answer: do the first steps
         of the session's next round, which continues from this round's context and the tokens it emitted. The
         context store holds that context (the next delta then finds its tokens held), and the KV cache drops the
-        rejected draft positions. Both are soft state, as before: a next request that
-        differs (a retry, a resent context) is served as any other. Done only while no other call is in flight or
-        queued (the KV cache changes between forwards only); docs/performance.md, "Where the per-round overhead
-        goes"."""
+        rejected draft positions. Both are soft state, as before: a next request that differs (a retry, a resent
+        context) is served as any other. Done only while no other call is in flight or queued (the KV cache
+        changes between forwards only); docs/performance.md, "Where the per-round overhead goes"."""
         self.context_store().hold_next(inp.session_id, len(inp.context_ids), result.emitted(inp.draft_ids))
         if self.batches().lone(inp.session_id):
             pool = self.loaded().pool
