@@ -27,9 +27,11 @@ from specdec.models.resolve import embedded_gguf_path  # noqa: E402
 
 LlamaCppRunner, LlamaCppSettings = llamacpp_runner.LlamaCppRunner, llamacpp_runner.LlamaCppSettings
 CONTEXT = [(i * 37) % 40000 + 100 for i in range(120)]
-# One position's logits in passes of different row counts lie up to ~1.1 apart (of ~30; measured): compared as
-# distributions, whose probabilities stay within this of each other.
-PROB_ATOL = 0.03
+# One position's logits in passes of different row counts lie up to ~1.1 apart (of ~30): compared as
+# distributions, whose probabilities stay within this of each other. Measured: up to 0.03 on ggml's AVX2 kernels
+# (AMD EPYC Zen 2), 0.051 on its AVX-512 ones (AMD EPYC Zen 4, a 0.47 logit shift at a top probability of 0.31); a
+# wrong row or position differs by far more, and its argmax with it.
+PROB_ATOL = 0.08
 
 
 def make_runner(**overrides) -> LlamaCppRunner:
