@@ -37,11 +37,15 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The suite's test files spread over TEST_WORKERS processes (pytest-xdist; 1: one process, in file order).
+TEST_WORKERS ?= 2
+PYTEST       := $(BIN)/python -m pytest -q $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+
 test: lint
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 ## Regenerate specdec/v1 from protos/ (the only way to change the generated code).
 protos: $(STAMP)
