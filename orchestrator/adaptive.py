@@ -20,13 +20,8 @@ drafting k, every round waits for v(B·(k+1)); as batches fill, choose_k backs o
 while where extra tokens are nearly free (m ≈ 0) it keeps speculating. Time queued at the target is left out
 of the overhead, since v(B·(k+1)) already prices it.
 
-`latency_cap` (opt-in, SPECDEC_LATENCY_SLACK) puts latency first: k is capped where the other sessions'
-drafts would lengthen a session's pass by more than `slack` of a round without drafts. B counts the sessions
-waiting for the target (this orchestrator's running generations per healthy target replica, or the latest
-pass when it held more); the pass's draft budget is split among the sessions that want to draft
-(`DraftDemand`), and a draft's own time (`draft_delay`) counts, since the target holds the next pass for the
-last one's sessions. A generation's first round drafts nothing with a model draft (the draft would first
-prefill the whole prompt, delaying the first token); an in-process lookup still drafts there.
+A generation's first round drafts nothing with a model draft (the draft would first prefill the whole prompt,
+delaying the first token); an in-process lookup still drafts there.
 """
 
 from __future__ import annotations
@@ -121,10 +116,10 @@ class CostModel:
         draft = k * self.draft_step_ms.get(key, 0.0) if k > 0 else 0.0
         return self.pass_ms(k + 1) + draft + base
 
-    def pass_ms(self, n: int, batch: float | None = None) -> float:
-        """The target pass a round scoring n tokens of this session waits for, when `batch` sessions (default
-        self.batch) share it each with about as many: v(batch·n) (module docstring). Alone it is v(n)."""
-        return self.verify(n * max(1.0, self.batch if batch is None else batch))
+    def pass_ms(self, n: int) -> float:
+        """The target pass a round scoring n tokens of this session waits for, when self.batch sessions share it
+        each with about as many: v(batch·n) (module docstring). Alone it is v(n)."""
+        return self.verify(n * max(1.0, self.batch))
 
 
 @dataclass
@@ -174,81 +169,6 @@ class AcceptanceTracker:
             survive = survive * rates[k] if k < len(rates) else 0.0
             out.append(out[-1] + survive)
         return out
-
-
-def latency_cap(
-    costs: CostModel,
-    k_cap: int,
-    slack: float,
-    sessions: float = 0.0,
-    drafters: float = 0.0,
-    proposer: str | None = None,
-) -> int:
-    """The largest k <= k_cap whose draft lengthens the passes the other sessions wait for by at most `slack`
-    of a round without drafts (module docstring). sessions: those waiting for the target's passes, this one
-    included (0: not known, the orchestrator's average pass costs.batch). drafters: how many of them want
-    drafts, this one included (0: not known, every session drafting alike); they share the passes' draft
-    budget (`draft_budget`). proposer: the draft that would propose (None: none to wait for); its time (`draft_delay`) is spent before this session's verify reaches the target, and
-    the target holds the next pass for the sessions of the last one (its batch wait), so the others wait for
-    it too: it comes off the slack first. slack < 0: no cap (throughput first)."""
-    sessions = sessions if sessions > 0 else costs.batch
-    others = max(0.0, sessions - 1.0) / max(sessions, 1.0)  # (B-1)/B: the others' part of the drafts
-    if slack < 0 or others == 0.0:
-        return k_cap
-    allowed = slack * (costs.round_ms(0) - costs.pass_ms(1) + costs.pass_ms(1, sessions))
-    k = k_cap
-    while k > 0 and not _tokens_fit(costs, k, allowed - draft_delay(costs, k, proposer), sessions, drafters, others):
-        k -= 1
-    return k
-
-
-def draft_delay(costs: CostModel, k: int, proposer: str | None) -> float:
-    """How much later a round of k tokens from `proposer` sends its verify than a round without a draft: k draft
-    steps and the draft's extra overhead per round (its hop). 0 for proposer None; an unmeasured proposer costs
-    nothing yet (optimistic, as round_ms)."""
-    if proposer is None or k <= 0:
-        return 0.0
-    base = costs.overhead_ms.get(NO_DRAFT)
-    hop = 0.0 if base is None else max(costs.overhead_ms.get(proposer, base) - base, 0.0)
-    return k * costs.draft_step_ms.get(proposer, 0.0) + hop
-
-
-def _tokens_fit(costs: CostModel, k: int, allowed: float, sessions: float, drafters: float, others: float) -> bool:
-    """Whether k draft tokens a session fit what the passes may grow by (`allowed` ms): shared among `drafters`
-    when known (a session that does not draft sees all D drafts; when every session drafts, each sees D - 1),
-    else every session drafting alike."""
-    if allowed < 0:
-        return False
-    if drafters > 0:
-        share = max(min(max(drafters, 1.0), sessions - 1.0), 1e-9)
-        return k <= int(draft_budget(costs, allowed, sessions, k * share) / share)
-    return others * (costs.pass_ms(k + 1, sessions) - costs.pass_ms(1, sessions)) <= allowed
-
-
-def draft_budget(costs: CostModel, allowed_ms: float, sessions: float, most: float) -> int:
-    """The most draft tokens R (<= most) that the passes of `sessions` sessions may carry in all while
-    growing by at most allowed_ms: v(B + R) - v(B) <= allowed_ms."""
-    base, budget = costs.verify(sessions), 0
-    while budget + 1 <= most and costs.verify(sessions + budget + 1) - base <= allowed_ms:
-        budget += 1
-    return budget
-
-
-@dataclass
-class DraftDemand:
-    """Which generations of this orchestrator want drafts now (their best k without the latency cap is
-    above 0): `latency_cap` splits the passes' draft budget among them."""
-
-    wants: dict[tuple[str, str], bool] = field(default_factory=dict)  # (session, request) -> wants drafts
-
-    def set(self, key: tuple[str, str], wants: bool) -> None:
-        self.wants[key] = wants
-
-    def drop(self, key: tuple[str, str]) -> None:
-        self.wants.pop(key, None)
-
-    def drafters(self) -> int:
-        return sum(self.wants.values())
 
 
 def best_k(costs: CostModel, acceptance: AcceptanceTracker, k_cap: int, proposer: str = ANY_DRAFT) -> int:

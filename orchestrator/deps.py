@@ -1,11 +1,11 @@
 """What a generation needs from its orchestrator: configuration, the session store, the round runner, the prompt
-template, and the state its generations share (measured costs, the requests running, their draft demand)."""
+template, and the state its generations share (measured costs, the requests running)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrator.adaptive import CostModel, DraftDemand
+from orchestrator.adaptive import CostModel
 from orchestrator.idempotency import RunningRequests
 from orchestrator.prompting import Prompter
 from orchestrator.rounds import RoundRunner
@@ -29,4 +29,3 @@ class Deps:
     metrics: OrchestratorMetrics = field(default_factory=OrchestratorMetrics)
     costs: CostModel = field(default_factory=CostModel)  # measured draft/verify costs, shared by sessions
     running: RunningRequests = field(default_factory=RunningRequests)  # requests generating in this process
-    demand: DraftDemand = field(default_factory=DraftDemand)  # which of them want drafts (the latency cap's share)

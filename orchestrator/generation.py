@@ -28,7 +28,7 @@ import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from orchestrator.adaptive import AcceptanceTracker, best_k, choose_k, latency_cap
+from orchestrator.adaptive import AcceptanceTracker, choose_k
 from orchestrator.completion_text import CompletionText
 from orchestrator.delta import ContextWire
 from orchestrator.deps import Deps
@@ -61,7 +61,6 @@ class Generation:
         self.route = ""  # replicas' routing key, set by the servicer ("" = the session id)
         self.lease = SessionLease(deps.store, self.session_id, deps.owner, deps.cfg.lease)
         self.request_id = request.request_id if request.HasField("request_id") else uuid.uuid4().hex
-        self._key = (self.session_id, self.request_id)
         self.fingerprint = request_fingerprint(request, self.params)  # orchestrator/idempotency.py
         self.stats = StatsCollector()
         self.acceptance: dict[str, AcceptanceTracker] = {}  # per proposer (orchestrator/adaptive.py)
@@ -126,7 +125,7 @@ class Generation:
 
     def _round_k(self, state: State) -> tuple[int, str]:
         """(k, the draft expected to propose): k clipped to the tokens and context left; with adaptive k chosen from the
-        proposer's acceptance and costs within the latency cap, and 0 for a model in the prompt's round (adaptive.py)."""
+        proposer's acceptance and costs, and 0 for a model in the prompt's round (adaptive.py)."""
         left_tokens, left_context = (
             self.params.max_new_tokens - len(state.completion),
             self.deps.max_context - len(state.ids),
@@ -139,22 +138,7 @@ class Generation:
             return cap, proposer
         if proposer == MODEL and not self.stats.rounds:
             return 0, proposer
-        capped = self._latency_cap(cap, proposer)
-        self.deps.metrics.latency_capped.inc(capped < cap)
-        return choose_k(self.deps.costs, self._tracker(proposer), capped, proposer), proposer
-
-    def _latency_cap(self, cap: int, proposer: str) -> int:
-        """adaptive.latency_cap for this round: B = the sessions waiting for the target (this orchestrator's
-        generations per healthy replica, or the latest pass when it held more); D = those wanting drafts
-        (sessions of other orchestrators, seen only in the pass, count as drafters); and the draft's time."""
-        if self.deps.cfg.latency_slack < 0:
-            return cap
-        self.deps.demand.set(self._key, best_k(self.deps.costs, self._tracker(proposer), cap, proposer) > 0)
-        replicas = self.deps.runner.target_replicas()
-        local = len(self.deps.running) / replicas
-        waiting = max(self.stats.last_target_batch, local)
-        drafters = self.deps.demand.drafters() / replicas + (waiting - local)
-        return latency_cap(self.deps.costs, cap, self.deps.cfg.latency_slack, waiting, drafters, proposer)
+        return choose_k(self.deps.costs, self._tracker(proposer), cap, proposer), proposer
 
     def _tracker(self, proposer: str) -> AcceptanceTracker:
         return self.acceptance.setdefault(proposer, AcceptanceTracker(k_max=max(self.params.k, 1)))
@@ -206,7 +190,6 @@ class Generation:
                 if chunk is not None:
                     yield chunk
         finally:
-            self.deps.demand.drop(self._key)
             await cancel_round(running)
 
     def _start_round(self, state: State) -> asyncio.Task:

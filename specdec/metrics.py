@@ -233,11 +233,6 @@ class OrchestratorMetrics:
         self.k_per_round = Histogram(
             f"{p}_k", "draft tokens asked per round (adaptive: the k it chose)", ["mode"], buckets=K_BUCKETS, registry=r
         )
-        self.latency_capped = Counter(
-            f"{p}_latency_capped_rounds",
-            "adaptive rounds whose k the latency cap lowered (the target's passes were shared; SPECDEC_LATENCY_SLACK)",
-            registry=r,
-        )
         self.context_resends = Counter(
             f"{PREFIX}_context_resends",
             "calls resent with the whole context after a replica's context miss "

@@ -55,7 +55,6 @@ from specdec.bench.load_results import (
     server_delta,
     server_samples,
 )
-from specdec.config import OrchestratorConfig
 
 log = logging.getLogger("specdec.bench.load")
 
@@ -344,7 +343,6 @@ def _settings(args: LoadArgs) -> dict[str, Any]:
         "draft": {"kind": args.draft_kind, "model": args.draft_model},
         "dtype": args.dtype or "service default",
         "max_batch": args.max_batch or "service default",
-        "latency_slack": OrchestratorConfig().latency_slack,  # adaptive k's latency cap (< 0: off)
         "cache_budget_bytes": args.cache_budget_bytes or "service default",
         "max_seconds_per_point": args.max_seconds_per_point,
         "prefix_share_min_tokens": args.prefix_share_min_tokens

@@ -314,7 +314,6 @@ SERVER_SAMPLES = (
     "specdec_spec_decode_k_count",
     "specdec_round_target_batch_size_sum",
     "specdec_round_target_batch_size_count",
-    "specdec_spec_decode_latency_capped_rounds_total",
 )
 
 
@@ -333,8 +332,7 @@ def server_samples(text: str, names: tuple[str, ...] = SERVER_SAMPLES) -> dict[s
 
 
 def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
-    """What the servers saw during one guidellm run: mean sessions per target pass, mean k per round, the
-    rounds whose adaptive k the latency cap lowered."""
+    """What the servers saw during one guidellm run: mean sessions per target pass, mean k per round."""
     d = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in SERVER_SAMPLES}
 
     def mean(prefix: str) -> float | None:
@@ -347,5 +345,4 @@ def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
         "rounds": d["specdec_spec_decode_k_count"],
         "mean_k": mean("specdec_spec_decode_k"),
         "mean_round_target_batch": mean("specdec_round_target_batch_size"),
-        "latency_capped_rounds": d["specdec_spec_decode_latency_capped_rounds_total"],
     }

@@ -115,13 +115,6 @@ class OrchestratorConfig(ModelCache, ContextSettings, ClientAuth, RedisSettings)
         "Run the n-gram draft here (it needs only the context the "
         "orchestrator holds) instead of a network hop per round.",
     )
-    latency_slack: float = env(
-        "SPECDEC_LATENCY_SLACK",
-        -1.0,
-        "Adaptive k under load: how much the drafts of sessions waiting for the "
-        "target may lengthen the others' rounds, as a fraction of a round without drafts (0.05: at most 1.05x); "
-        "negative: no cap, throughput first.",
-    )
     affinity_prompt_chars: int = env(
         "SPECDEC_AFFINITY_PROMPT_CHARS",
         1024,

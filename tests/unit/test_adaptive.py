@@ -10,12 +10,8 @@ from orchestrator.adaptive import (
     PROBE_K,
     AcceptanceTracker,
     CostModel,
-    DraftDemand,
     best_k,
     choose_k,
-    draft_budget,
-    draft_delay,
-    latency_cap,
 )
 
 
@@ -221,92 +217,7 @@ def test_a_round_learns_its_pass_and_leaves_queueing_out_of_its_overhead():
     assert out.cost.pass_tokens == 11
 
 
-def cpu_pass_costs(batch: float) -> CostModel:
-    """v(n) = 23 + 2 n ms per pass, 5 ms a round outside the forwards, `batch` sessions per pass."""
-    costs = CostModel()
-    for n in (1, 2, 5, 9, 20, 36):
-        costs.observe(k=0, pass_tokens=n, draft_ms=0.0, target_ms=23.0 + 2.0 * n, overhead_ms=5.0)
-    costs.batch = batch
-    return costs
-
-
-def test_the_latency_cap_keeps_the_others_rounds_within_the_slack():
-    """With B sessions a pass each drafting k, the others' drafts lengthen a session's pass by
-    (B-1)/B · (v(B(k+1)) - v(B)) = (B-1) · 2k ms here; a round without drafts takes v(B) + 5 ms."""
-    alone, pair, four = cpu_pass_costs(1.0), cpu_pass_costs(2.0), cpu_pass_costs(4.0)
-    assert latency_cap(alone, 8, 0.05) == 8  # nobody else waits for the pass
-    assert latency_cap(pair, 8, 0.05) == 0  # 2 ms a token > 5 % of 32 ms
-    assert latency_cap(pair, 8, 0.25) == 4  # 2k <= 8 ms
-    assert latency_cap(four, 8, 0.25) == 1  # 6k <= 9 ms
-    assert latency_cap(four, 8, -1.0) == 8  # off: throughput first
-    for costs in (pair, four):
-        for slack in (0.05, 0.1, 0.25, 0.5):
-            k = latency_cap(costs, 8, slack)
-            share = (costs.batch - 1) / costs.batch
-            grow = share * (costs.pass_ms(k + 1) - costs.pass_ms(1))
-            assert grow <= slack * costs.round_ms(0)
-            if k < 8:  # the largest such k
-                assert share * (costs.pass_ms(k + 2) - costs.pass_ms(1)) > slack * costs.round_ms(0)
-
-
-def test_under_shared_passes_a_strong_draft_is_held_to_the_cap_and_free_again_alone():
-    """Throughput first, a draft accepted ~85 % per position keeps k >= 2 at 4 sessions a pass
-    (test above); latency first it drafts only what the cap allows, and when the load goes the
-    cap lifts and its acceptance data is still there."""
-    strong = AcceptanceTracker(k_max=8)
-    for i in range(60):
-        strong.observe(proposed=8, accepted=8 if i % 20 < 17 else 1)
-    shared = cpu_pass_costs(4.0)
-    assert choose_k(shared, strong, 8) >= 2
-    assert choose_k(shared, strong, latency_cap(shared, 8, 0.05)) == 0
-    assert choose_k(shared, strong, latency_cap(shared, 8, 0.5)) <= latency_cap(shared, 8, 0.5) < 8
-    for _ in range(40):
-        shared.observe_batch(1)
-    assert latency_cap(shared, 8, 0.05) == 8 and choose_k(shared, strong, 8) >= 6
-
-
-def test_the_cap_follows_the_sessions_waiting_now_not_the_orchestrator_average():
-    """At a low request rate a session is often alone while the orchestrator's average still counts
-    the passes it shared a moment ago: the sessions waiting for the target now decide."""
-    lagging = cpu_pass_costs(4.0)
-    assert latency_cap(lagging, 8, 0.25) == 1
-    assert latency_cap(lagging, 8, 0.25, sessions=1) == 8  # alone now
-    assert latency_cap(cpu_pass_costs(1.0), 8, 0.25, sessions=4) == 1  # shared now, the average lags
-    assert latency_cap(cpu_pass_costs(1.0), 8, 0.25, sessions=2) == 4
-
-
-def test_the_sessions_that_want_drafts_share_the_passes_draft_budget():
-    """v(n) = 23 + 2n ms, 4 sessions a pass, slack 0.25: a round without drafts takes v(4) + 5 = 36 ms, so
-    the passes may grow by 9 ms: 4 draft tokens in all. A lone drafter beside three sessions that would
-    not draft keeps all 4; two split them; when all four want drafts each sees the other three's, as
-    in the alike rule. Whatever the split, a session that does not draft waits at most 9 ms longer."""
-    four = cpu_pass_costs(4.0)
-    allowed = 0.25 * four.round_ms(0)
-    assert draft_budget(four, allowed, 4.0, 32) == 4
-    assert [latency_cap(four, 8, 0.25, drafters=d) for d in (1, 2, 3, 4)] == [4, 2, 1, 1]
-    assert latency_cap(four, 8, 0.25, drafters=4) == latency_cap(four, 8, 0.25)  # all draft: the alike rule
-    assert latency_cap(four, 8, 0.25, sessions=1, drafters=1) == 8  # alone: nothing to delay
-    assert latency_cap(four, 8, -1.0, drafters=1) == 8  # off
-    for slack in (0.05, 0.1, 0.25, 0.5):
-        for sessions in (2.0, 4.0, 8.0):
-            for d in range(1, int(sessions) + 1):
-                k = latency_cap(four, 8, slack, sessions=sessions, drafters=d)
-                seen = d * k if d <= sessions - 1 else (d - 1) * k  # the drafts a session waits for
-                assert (
-                    four.verify(sessions + seen) - four.verify(sessions)
-                    <= slack * (four.round_ms(0) - four.pass_ms(1) + four.pass_ms(1, sessions)) + 1e-9
-                )
-
-
-def test_draft_demand_counts_the_generations_that_want_drafts_and_best_k_changes_nothing():
-    demand = DraftDemand()
-    demand.set(("s1", "r1"), True)
-    demand.set(("s2", "r2"), False)
-    demand.set(("s1", "r1"), True)
-    assert demand.drafters() == 1
-    demand.drop(("s1", "r1"))
-    demand.drop(("nobody", "r"))
-    assert demand.drafters() == 0 and list(demand.wants) == [("s2", "r2")]
+def test_best_k_changes_no_probing_state():
     costs, acc = cpu_like_costs(), AcceptanceTracker(k_max=8)
     for _ in range(30):
         acc.observe(proposed=8, accepted=0)
@@ -355,39 +266,3 @@ def test_expected_tokens_upto_lists_expected_tokens():
     assert len(listed) == 9
     assert listed == [tracker.expected_tokens(k) for k in range(9)]
     assert listed[5] == listed[8]  # positions beyond k_max add nothing
-
-
-def flat_pass_costs(batch: float) -> CostModel:
-    """A target whose passes cost the same for 1 to 36 tokens (bf16 on AMX: v(n) = 65 ms), 2 ms a round outside
-    the forwards; a model draft at 5 ms a token plus a 3 ms hop, the n-gram lookup at 0.02 ms a token."""
-    costs = CostModel()
-    for n in (1, 4, 8, 20, 36):
-        costs.observe(k=0, pass_tokens=n, draft_ms=0.0, target_ms=65.0, overhead_ms=2.0)
-    costs.observe(k=4, pass_tokens=5, draft_ms=20.0, target_ms=65.0, overhead_ms=5.0, proposer="model")
-    costs.observe(k=4, pass_tokens=5, draft_ms=0.08, target_ms=65.0, overhead_ms=2.0, proposer="ngram")
-    for _ in range(40):  # the EMAs settle on these figures
-        costs.observe(k=4, pass_tokens=5, draft_ms=20.0, target_ms=65.0, overhead_ms=5.0, proposer="model")
-        costs.observe(k=4, pass_tokens=5, draft_ms=0.08, target_ms=65.0, overhead_ms=2.0, proposer="ngram")
-    costs.batch = batch
-    return costs
-
-
-def test_the_cap_counts_the_draft_time_the_others_wait_for():
-    """The target holds a pass for the last pass's sessions, so a session's draft time before its verify delays
-    every session of it (bench-load, bf16 on AMX, capped adaptive k at 4 streams: open prompts' ITL 1.12-1.23x
-    k = 0's at a mean k of 0.14-0.19, where the passes themselves barely grow). With passes that cost the same
-    for any token count, only that time limits k: a model draft (5 ms a token + a 3 ms hop) fits no 5 % slack of
-    a 67 ms round, the in-process lookup keeps its tokens, no draft to wait for (proposer None) costs nothing."""
-    four = flat_pass_costs(4.0)
-    assert draft_delay(four, 2, "model") == 13.0 and draft_delay(four, 2, None) == 0.0
-    assert latency_cap(four, 8, 0.05, sessions=4, drafters=1, proposer="model") == 0
-    assert latency_cap(four, 8, 0.05, sessions=4, drafters=1, proposer="ngram") == 8
-    assert latency_cap(four, 8, 0.05, sessions=4, drafters=1, proposer=None) == 8
-    assert latency_cap(four, 8, 0.25, sessions=4, drafters=1, proposer="model") == 2  # 5k + 3 <= 16.75 ms
-    assert latency_cap(four, 8, 0.05, sessions=1, proposer="model") == 8  # alone: nobody waits
-    for slack in (0.05, 0.1, 0.25, 0.5):
-        for drafters in (0, 1, 4):
-            k = latency_cap(four, 8, slack, sessions=4, drafters=drafters, proposer="model")
-            assert draft_delay(four, k, "model") <= slack * four.round_ms(0)
-            if k < 8:
-                assert draft_delay(four, k + 1, "model") > slack * four.round_ms(0)

@@ -297,15 +297,13 @@ def test_server_delta_reads_batch_fill_and_k_from_metrics_pages():
         "# TYPE specdec_spec_decode_k histogram\n"
         'specdec_spec_decode_k_sum{{mode="fixed"}} {ks}\nspecdec_spec_decode_k_count{{mode="fixed"}} {kc}\n'
         'specdec_spec_decode_k_sum{{mode="adaptive"}} 1\nspecdec_spec_decode_k_count{{mode="adaptive"}} 1\n'
-        "# TYPE specdec_spec_decode_latency_capped_rounds counter\n"
-        "specdec_spec_decode_latency_capped_rounds_total {cap}\n"
     )
-    before = server_samples(page.format(bs=10, bc=10, ks=8, kc=2, cap=3))
-    after = server_samples(page.format(bs=40, bc=20, ks=48, kc=12, cap=7))
+    before = server_samples(page.format(bs=10, bc=10, ks=8, kc=2))
+    after = server_samples(page.format(bs=40, bc=20, ks=48, kc=12))
     assert before["specdec_spec_decode_k_sum"] == 9.0  # fixed + adaptive
     delta = server_delta(before, after)
     assert delta["mean_target_batch"] == 3.0 and delta["target_passes"] == 10
-    assert delta["mean_k"] == 4.0 and delta["rounds"] == 10 and delta["latency_capped_rounds"] == 4
+    assert delta["mean_k"] == 4.0 and delta["rounds"] == 10
     assert delta["mean_round_target_batch"] is None  # not on the page: no rounds seen
 
 

@@ -109,7 +109,6 @@ ORCHESTRATOR = {
     "ngram_max_n": 4,
     "ngram_prefer": "earliest",
     "target_addresses": "",
-    "latency_slack": -1.0,
     "affinity_prompt_chars": 1024,
     "affinity_max_live": 4,
     "trace_rejected_rows": True,
