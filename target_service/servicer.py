@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from specdec.core.accept import BONUS, AcceptResult
+from specdec.core.accept import BONUS
 from specdec.core.ngram import NgramIndex
 from specdec.engine.batch_queue import BatchQueue
 from specdec.engine.types import VerifyInput, VerifyOutput
@@ -74,7 +74,8 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
         out = self.batches().run_now(request.session_id, inp)
         if out is None:
             return self._queued(inp, deadline_s, arrived)
-        asyncio.get_running_loop().call_soon(self.prepare_next, inp, out.result)  # runs once the answer is sent
+        # the next delta continues from this context and the tokens emitted: held, it needs no copy or hashing
+        self.context_store().hold_next(inp.session_id, len(inp.context_ids), out.result.emitted(inp.draft_ids))
         return verify_response(out, 0.0, arrived)
 
     def _input(self, request: target_pb2.VerifyRequest) -> VerifyInput:
@@ -96,19 +97,6 @@ class TargetServicer(ModelServiceBase, target_pb2_grpc.TargetServicer):
             hidden_from=hidden_from(request, position_base),
             verdict_only=request.verdict_only,
         )
-
-    def prepare_next(self, inp: VerifyInput, result: AcceptResult) -> None:
-        """After a lone session's round is answered, while the caller works on the answer: do the first steps
-        of the session's next round, which continues from this round's context and the tokens it emitted. The
-        context store holds that context (the next delta then finds its tokens held), and the KV cache drops the
-        rejected draft positions. Both are soft state, as before: a next request that differs (a retry, a resent
-        context) is served as any other. Done only while no other call is in flight or queued (the KV cache
-        changes between forwards only); docs/performance.md, "Where the per-round overhead goes"."""
-        self.context_store().hold_next(inp.session_id, len(inp.context_ids), result.emitted(inp.draft_ids))
-        if self.batches().lone(inp.session_id):
-            pool = self.loaded().pool
-            if pool is not None:
-                pool.roll_back(inp.session_id, len(inp.context_ids) + result.num_accepted)
 
     async def _queued(self, inp: VerifyInput, deadline_s: float | None, arrived: float) -> target_pb2.VerifyResponse:
         out, queue_ms = await self.batches().submit(inp.session_id, inp, deadline_s)

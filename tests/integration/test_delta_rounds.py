@@ -268,35 +268,26 @@ def test_a_round_is_answered_at_once_when_the_service_is_idle_and_through_its_qu
         assert at_once.stats.service_ms >= at_once.stats.forward_ms > 0
 
 
-def test_a_lone_sessions_next_round_is_prepared_once_its_round_is_answered(stack):
-    """TargetServicer.prepare_next: a round answered at once is followed, on the loop's next turn, by the next
-    round's first steps: the context store holds the context + the emitted tokens, the KV cache the context + the
-    accepted drafts. The next delta round then finds its tokens held, reuses the cache with nothing to roll back,
-    and answers as a fresh session sent the whole context does. With another call in flight the cache is left alone."""
-    import asyncio
+def test_a_lone_sessions_next_context_is_held_once_its_round_is_answered(stack):
+    """A round answered at once leaves the context store holding the context + the emitted tokens
+    (ContextStore.hold_next), so the next delta round finds its tokens held, reuses the cache up to the accepted
+    drafts (rolling back the rejected ones) and answers as a fresh session sent the whole context does."""
     import inspect
-
-    from specdec.core.accept import AcceptResult
-    from specdec.core.sampling import SamplingConfig
-    from specdec.engine.types import VerifyInput
 
     ids = stack.tokenizer.encode(LONG_PROMPT)[:8]
     target = stack.target_servicer
-    store, pool = target.context_store(), target.loaded().pool
+    store = target.context_store()
 
     async def verify(request):
         answer = target.verify_now(request, None)
-        answer = await answer if inspect.isawaitable(answer) else answer
-        await asyncio.sleep(0)  # the loop's next turn: prepare_next has run
-        return answer
+        return await answer if inspect.isawaitable(answer) else answer
 
     async def body():
         full = target_pb2.VerifyRequest(session_id="prep", context_ids=ids, draft_ids=[ids[2], ids[3], ids[4]])
         await verify(full)  # the first call of a session may queue
-        first = await verify(full)  # answered at once, then prepared
+        first = await verify(full)  # answered at once
         emitted = list(first.target_ids[: first.num_accepted]) + [first.next_token]
         held = store._held["prep"].tokens
-        kv_len = len(pool._sessions["prep"])
         hits = store.counters.hits
         draft = [emitted[-1], ids[5]]
         delta = target_pb2.VerifyRequest(
@@ -307,20 +298,11 @@ def test_a_lone_sessions_next_round_is_prepared_once_its_round_is_answered(stack
             draft_ids=draft,
         )
         fresh = target_pb2.VerifyRequest(session_id="prep-fresh", context_ids=ids + emitted, draft_ids=draft)
-        out = (held, kv_len, first, await verify(delta), store.counters.hits - hits, await verify(fresh))
-        inp = VerifyInput("prep-fresh", ids[:4], [1, 2], SamplingConfig())  # the session of the last pass
-        result = AcceptResult(0, 3, "recovered", [], [])
-        before = len(pool._sessions["prep-fresh"])
-        async with target.worker.session_slot("someone-else"):  # another call in flight: the cache stays
-            target.prepare_next(inp, result)
-        kept = len(pool._sessions["prep-fresh"])
-        target.prepare_next(inp, result)  # nothing in flight: rolled back to 4
-        return out + ((before, kept, len(pool._sessions["prep-fresh"])),)
+        return held, first, await verify(delta), store.counters.hits - hits, await verify(fresh)
 
-    held, kv_len, first, nxt, hits, fresh, (before, kept, rolled) = stack.call(body())
+    held, first, nxt, hits, fresh = stack.call(body())
     assert held == ids + list(first.target_ids[: first.num_accepted]) + [first.next_token]
-    assert kv_len == len(ids) + first.num_accepted
-    assert hits == 1 and nxt.stats.cached_tokens == len(held) - 1 and nxt.stats.rolled_back == 0
+    assert hits == 1 and nxt.stats.cached_tokens == len(held) - 1
+    assert nxt.stats.rolled_back == 3 - first.num_accepted  # the rejected drafts' positions
     for f in ("num_accepted", "next_token", "target_ids"):
         assert getattr(nxt, f) == getattr(fresh, f), f
-    assert kept == before > 4 and rolled == 4
