@@ -14,6 +14,7 @@ torch runner's DynamicCache (specdec/engine/torch_cache.py), llama.cpp's sequenc
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -89,6 +90,7 @@ class SessionKV:
     anchor: int = -1
     reserved: int = 0
     hashes: PrefixHashes | None = None  # prefix hashes of `tokens` when kept in step (see `common_prefix`)
+    used_at: float = 0.0  # time.monotonic() of its last acquire (the pool's idle rule)
     _hidden_store: Any = field(default=None, repr=False)  # the buffer `hidden` is a prefix view of
     ops: CacheOps | None = field(default=None, repr=False)  # None: a torch DynamicCache
 
@@ -202,6 +204,14 @@ class CacheCounters:
     prefix_shared_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class IdleRule:
+    """Sessions unused for `seconds` hold at most `tokens` positions in all (KVCachePool's `idle`)."""
+
+    tokens: int
+    seconds: float
+
+
 class KVCachePool:
     """Session id -> SessionKV, least recently used evicted first to stay within a byte budget.
 
@@ -210,6 +220,9 @@ class KVCachePool:
         bytes_per_token: KV bytes of one cached position (2 * layers * kv_heads * head_dim * dtype size).
         model_config: passed to DynamicCache so it builds the right layer types (torch caches).
         ops: the runner's cache handles (default: torch DynamicCaches for `model_config`).
+        idle: the idle rule (None: none), for runners where held sessions slow every pass (llama.cpp's unified
+            cache, whose attention spans every used cell): sessions unused for idle.seconds are evicted, least
+            recently used first, while they hold more than idle.tokens positions.
     """
 
     def __init__(
@@ -219,8 +232,10 @@ class KVCachePool:
         model_config: Any = None,
         share_min_tokens: int = 0,
         ops: CacheOps | None = None,
+        idle: IdleRule | None = None,
     ) -> None:
         self.ops: CacheOps = ops if ops is not None else torch_cache_ops(model_config)
+        self.idle = idle
         self.budget_bytes = budget_bytes
         self.bytes_per_token = max(1, bytes_per_token)
         self.share_min_tokens = share_min_tokens  # prefix sharing (`share_prefix`): the shortest worth a copy; 0 = off
@@ -325,7 +340,9 @@ class KVCachePool:
                 f"{self.budget_bytes} bytes ({self.max_tokens} tokens)"
             )
         with self._lock:
+            now = time.monotonic()
             kv = self._sessions.pop(session_id, None)
+            self._evict_idle(now)
             if kv is None:
                 self._count_return(session_id)
                 self._make_room(total_tokens, new_session=True)
@@ -333,9 +350,21 @@ class KVCachePool:
                 self._new_epoch()
             else:
                 self._make_room(total_tokens)
-            kv.reserved = total_tokens
+            kv.reserved, kv.used_at = total_tokens, now
             self._sessions[session_id] = kv
             return kv
+
+    def _evict_idle(self, now: float) -> None:
+        """The idle rule: evict sessions unused for idle.seconds, least recently used first, while those hold more
+        than idle.tokens positions."""
+        if self.idle is None:
+            return
+        idle = [sid for sid, kv in self._sessions.items() if now - kv.used_at >= self.idle.seconds]  # LRU order
+        held = sum(self._sessions[sid].held() for sid in idle)
+        for sid in idle:
+            if held <= self.idle.tokens:
+                break
+            held -= self._evict(sid)
 
     def _make_room(self, needed_tokens: int, new_session: bool = False) -> None:
         """Evict least recently used sessions until the others plus `needed_tokens` fit the budget (and, for a
@@ -345,15 +374,19 @@ class KVCachePool:
         while self._sessions and (
             (held + needed_tokens) > self.max_tokens or (new_session and capacity and len(self._sessions) >= capacity)
         ):
-            victim_id, victim = self._sessions.popitem(last=False)
-            self.ops.drop(victim.cache)
-            self._new_epoch()
-            held -= victim.held()
-            self.counters.evictions += 1
-            self.counters.evicted_tokens += len(victim)
-            self._evicted[victim_id] = len(victim)
-            if len(self._evicted) > EVICTED_IDS_KEPT:
-                self._evicted.popitem(last=False)
+            held -= self._evict(next(iter(self._sessions)))
+
+    def _evict(self, session_id: str) -> int:
+        """Drop a session's cache, remembered as evicted (a return counts as a re-prefill); the positions it held."""
+        victim = self._sessions.pop(session_id)
+        self.ops.drop(victim.cache)
+        self._new_epoch()
+        self.counters.evictions += 1
+        self.counters.evicted_tokens += len(victim)
+        self._evicted[session_id] = len(victim)
+        if len(self._evicted) > EVICTED_IDS_KEPT:
+            self._evicted.popitem(last=False)
+        return victim.held()
 
     def _count_return(self, session_id: str) -> None:
         """A session comes back after its eviction: it prefills again (counted as a re-prefill)."""

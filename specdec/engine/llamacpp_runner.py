@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from specdec.core.prefix_hash import PrefixHashes
-from specdec.engine.kvcache import KVCachePool
+from specdec.engine.kvcache import IdleRule, KVCachePool
 from specdec.engine.llamacpp_cache import LlamaCacheOps
 from specdec.engine.llamacpp_lib import LlamaCppLib, load_library
 from specdec.engine.runner import ExtendItem, ExtendPlan, ForwardResult, count_extend, plan_extend
@@ -41,6 +41,8 @@ class LlamaCppSettings:
     ubatch_tokens: int = 512  # tokens ggml computes at once (n_ubatch)
     flash_attn: bool = True  # flash attention (its CPU kernel skips masked cells of other sessions)
     share_min_tokens: int = 16  # prefix sharing's shortest shared prefix (0: off)
+    idle_tokens: int = -1  # the most cells idle sessions hold, least recently used evicted beyond (-1: no limit)
+    idle_seconds: float = 1.0  # unused this long, a session is idle
 
 
 class _Batch:
@@ -110,6 +112,7 @@ class LlamaCppRunner:
             self.bytes_per_token,
             share_min_tokens=settings.share_min_tokens,
             ops=self.ops,
+            idle=IdleRule(settings.idle_tokens, settings.idle_seconds) if settings.idle_tokens >= 0 else None,
         )
         self._batch = _Batch(self.lib, settings.batch_tokens, settings.sessions)
 

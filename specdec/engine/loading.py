@@ -91,6 +91,8 @@ def _load_llamacpp(cfg: ModelServiceConfig) -> tuple[Any, dict[str, Any], float]
         ubatch_tokens=ll.ubatch_tokens,
         flash_attn=ll.flash_attn,
         share_min_tokens=cfg.prefix_share_min_tokens,
+        idle_tokens=ll.idle_tokens,
+        idle_seconds=ll.idle_seconds,
     )
     runner = LlamaCppRunner(path, settings)
     info = dict(

@@ -77,6 +77,19 @@ class LlamaCppConfig(SpecdecSettings):
     batch_tokens: int = env("SPECDEC_LLAMACPP_BATCH_TOKENS", 2048, "llama.cpp: tokens one llama_decode takes.", ge=1)
     ubatch_tokens: int = env("SPECDEC_LLAMACPP_UBATCH_TOKENS", 512, "llama.cpp: tokens ggml computes at once.", ge=1)
     flash_attn: bool = env("SPECDEC_LLAMACPP_FLASH_ATTN", True, "llama.cpp: flash attention.")
+    idle_tokens: int = env(
+        "SPECDEC_LLAMACPP_IDLE_TOKENS",
+        1024,
+        "llama.cpp: the most KV cells held by idle sessions (unused for SPECDEC_LLAMACPP_IDLE_SECONDS), least "
+        "recently used evicted beyond: every decode's attention spans the cells of all held sessions; -1 = no limit.",
+        ge=-1,
+    )
+    idle_seconds: float = env(
+        "SPECDEC_LLAMACPP_IDLE_SECONDS",
+        1.0,
+        "llama.cpp: how long a session goes unused before it counts as idle.",
+        ge=0,
+    )
 
 
 Engine = Annotated[Literal["auto", "torch", "llamacpp"], BeforeValidator(lower_stripped)]

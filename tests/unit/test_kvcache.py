@@ -9,6 +9,7 @@ from transformers.cache_utils import DynamicLayer
 
 from specdec.engine.growing_layer import GrowingLayer, new_session_cache
 from specdec.engine.kvcache import (
+    IdleRule,
     KVCachePool,
     SessionKV,
     UnsupportedCacheError,
@@ -99,6 +100,41 @@ def test_an_evicted_session_that_comes_back_counts_as_a_reprefill_and_one_that_d
     pool.release("b")  # b was evicted, then deleted: no return to count
     pool.acquire("b", 5)
     assert (pool.counters.evictions, pool.counters.reprefills) == (2, 1)
+
+
+def test_idle_sessions_beyond_the_idle_tokens_are_evicted_least_recently_used_first(monkeypatch):
+    """The idle rule (llama.cpp's unified cache, whose every decode spans all held cells): sessions unused for
+    `seconds` hold at most `tokens` positions; the oldest go first, a session in use is never idle, and one
+    that comes back prefills again (counted)."""
+    from specdec.engine import kvcache
+
+    clock = [100.0]
+    monkeypatch.setattr(kvcache.time, "monotonic", lambda: clock[0])
+    pool = KVCachePool(budget_bytes=1000, bytes_per_token=1, idle=IdleRule(tokens=30, seconds=1.0))
+    for sid in ("a", "b", "c"):  # used at 100.0, 100.2, 100.4
+        pool.acquire(sid, 20).tokens.extend(range(20))
+        clock[0] += 0.2
+    clock[0] = 101.3  # a and b idle (40 positions > 30), c not yet
+    pool.acquire("d", 20).tokens.extend(range(20))
+    assert list(pool._sessions) == ["b", "c", "d"] and pool.counters.evictions == 1
+    clock[0] = 103.0  # all idle; b is acquired again, so c and d are the idle ones
+    pool.acquire("b", 25)
+    assert list(pool._sessions) == ["d", "b"] and pool.counters.evictions == 2
+    pool.acquire("a", 20)  # a comes back: a re-prefill
+    assert pool.counters.reprefills == 1
+
+    keep_all = KVCachePool(budget_bytes=1000, bytes_per_token=1)  # no rule (torch): idle sessions stay
+    for sid in ("a", "b", "c"):
+        keep_all.acquire(sid, 20).tokens.extend(range(20))
+    clock[0] = 200.0
+    keep_all.acquire("d", 20)
+    assert len(keep_all._sessions) == 4 and keep_all.counters.evictions == 0
+    none_idle = KVCachePool(budget_bytes=1000, bytes_per_token=1, idle=IdleRule(tokens=0, seconds=1.0))
+    for sid in ("a", "b"):
+        none_idle.acquire(sid, 20).tokens.extend(range(20))
+    clock[0] = 202.0
+    none_idle.acquire("c", 5)
+    assert list(none_idle._sessions) == ["c"]
 
 
 def test_a_growing_session_counts_its_whole_length_against_the_budget(model):

@@ -40,6 +40,8 @@ DEFAULTS = {
         "batch_tokens": 2048,
         "ubatch_tokens": 512,
         "flash_attn": True,
+        "idle_tokens": 1024,
+        "idle_seconds": 1.0,
     },
     c.RetryConfig: {
         "base_deadline_s": 10.0,
