@@ -395,13 +395,6 @@ class KVCachePool:
             self.counters.reprefills += 1
             self.counters.reprefill_tokens += held
 
-    def roll_back(self, session_id: str, keep: int) -> int:
-        """Keep the first `keep` cached positions of the session's cache (if it has one); returns how many were
-        dropped. Between forwards only (caches change inside them): the caller knows no forward is running."""
-        with self._lock:
-            kv = self._sessions.get(session_id)
-            return 0 if kv is None else kv.truncate(keep)
-
     def release(self, session_id: str) -> bool:
         """Drop a session's cache; True when there was one."""
         with self._lock:

@@ -3,8 +3,8 @@
 All sessions share the context's unified KV cache (as llama.cpp's `parallel` example and its server with
 --kv-unified do): a session is a sequence id, a rollback removes the sequence's positions from n on, and
 prefix sharing copies the donor's cell membership (no K/V data moves). llama.cpp's memory must not change
-while a `llama_decode` runs, and the shared bookkeeping (specdec/engine/kvcache.py) truncates and drops
-caches from the event loop too (a Release, a rollback between rounds), so every edit is queued here and
+while a `llama_decode` runs, and the shared bookkeeping (specdec/engine/kvcache.py) drops caches from the
+event loop too (a Release), so every edit is queued here and
 applied, in order, by the runner right before its next decode, on the thread that decodes.
 """
 

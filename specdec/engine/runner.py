@@ -108,7 +108,7 @@ class Runner(Protocol):
     """What the engines and services use of a model runner.
 
     engine: "torch" or "llamacpp" (Info metadata, metrics); engine_detail: what else Info metadata says of it.
-    pool: the sessions' token bookkeeping (uncached, roll_back, release, counters).
+    pool: the sessions' token bookkeeping (uncached, release, counters).
     vocab_width: rows of the output layer (the logits' width).
     keep_hidden: whether it can return each session's final hidden states (feature drafts).
     batching: whether `extend_batch` takes several sessions in one pass.

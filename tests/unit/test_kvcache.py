@@ -315,17 +315,3 @@ def test_joined_ids_read_as_the_concatenated_list():
     with pytest.raises(IndexError):
         joined[len(whole)]
     assert common_prefix_len(whole[:-1] + [0], joined) == len(whole) - 1
-
-
-def test_roll_back_drops_positions_past_keep_and_the_next_extend_reuses_the_rest(model):
-    """KVCachePool.roll_back (the target's next-round preparation): the positions past `keep` go, the next extend
-    reuses what is left and gives the logits of a full forward; a session without a cache is left alone."""
-    runner = runner_for(model)
-    ids = list(range(1, 13))
-    runner.extend("s", ids, first=len(ids) - 1)
-    assert runner.pool.roll_back("s", 9) == 3 and runner.pool.roll_back("s", 9) == 0
-    assert runner.pool.roll_back("absent", 0) == 0 and runner.pool.session_count() == 1
-    branch = ids[:9] + [30, 31]
-    again = runner.extend("s", branch, first=9)
-    assert again.cached_tokens == 9 and again.rolled_back == 0 and again.computed_tokens == 2
-    torch.testing.assert_close(again.logits, full_logits(model, branch)[9:], atol=1e-4, rtol=1e-4)
