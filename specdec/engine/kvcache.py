@@ -359,7 +359,11 @@ class KVCachePool:
         than idle.tokens positions."""
         if self.idle is None:
             return
-        idle = [sid for sid, kv in self._sessions.items() if now - kv.used_at >= self.idle.seconds]  # LRU order
+        idle = []  # sessions are kept in the order of their last acquire, so the idle ones lead
+        for sid, kv in self._sessions.items():
+            if now - kv.used_at < self.idle.seconds:
+                break
+            idle.append(sid)
         held = sum(self._sessions[sid].held() for sid in idle)
         for sid in idle:
             if held <= self.idle.tokens:
