@@ -139,51 +139,79 @@ class LlamaServer:
         return list(out.get("tokens", [])), time.perf_counter() - start
 
 
-def llama_server_anchor(
-    gguf: str,
-    prompts: Sequence[Any],
-    max_new: int,
-    repeats: int,
-    threads: int,
-    binary: str = "",
-    configs: Sequence[str] | None = None,
-) -> dict[str, Any]:
-    """tok/s of llama-server target alone and with each SPEC_CONFIGS speculation (or only those named in
-    `configs`, in SPEC_CONFIGS' order), per prompt set (median over prompts x repeats), with its greedy tokens
-    per prompt (identity against ours), or why it was skipped."""
-    path = find_binary(binary)
-    if path is None:
-        return {"skipped": f"no llama-server binary: {BUILD_HINT}"}
-    result: dict[str, Any] = {
-        "binary": str(path),
-        "gguf": Path(gguf).name,
-        "threads": threads,
-        "max_new_tokens": max_new,
-        "configs": {},
-    }
-    for name, extra in SPEC_CONFIGS.items():
-        if configs is not None and name not in configs:
-            continue
+class ServerAnchors:
+    """llama-server target alone and with each SPEC_CONFIGS speculation (or only those named in `configs`, in
+    SPEC_CONFIGS' order), each its own process kept running through the bench's loop: `measure(p)` runs a prompt on
+    every one right after our configurations ran it, so a drift of the machine falls on both sides alike (the
+    idle servers wait on a socket). A configuration that fails to start is recorded with its reason."""
+
+    def __init__(self, path: Path, gguf: str, threads: int, max_new: int, configs: Sequence[str] | None = None) -> None:
+        self.path, self.gguf, self.threads, self.max_new = path, gguf, threads, max_new
+        self.names = [n for n in SPEC_CONFIGS if configs is None or n in configs]
+        self.servers: dict[str, LlamaServer] = {}
+        self.skipped: dict[str, str] = {}
+        self.runs: dict[str, dict[str, list[float]]] = {}
+        self.tokens: dict[str, dict[str, list[int]]] = {}
+
+    def __enter__(self) -> ServerAnchors:
+        for name in self.names:
+            try:
+                server = LlamaServer(self.path, self.gguf, self.threads, SPEC_CONFIGS[name]).__enter__()
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                self.skipped[name] = str(exc)
+                continue
+            self.servers[name] = server
+            self.runs[name], self.tokens[name] = {}, {}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for server in self.servers.values():
+            server.__exit__()
+        self.servers = {}
+
+    def warm_up(self, ids: Sequence[int]) -> None:
+        for name in list(self.servers):
+            self._complete(name, ids, min(8, self.max_new))
+
+    def measure(self, p: Any) -> None:
+        """One greedy generation of prompt `p` on every running configuration: its tok/s and (first time) tokens."""
+        for name in list(self.servers):
+            got = self._complete(name, p.ids, self.max_new)
+            if got is not None:
+                tokens, wall = got
+                self.runs[name].setdefault(p.set, []).append(len(tokens) / wall)
+                self.tokens[name].setdefault(f"{p.set}/{p.id}", tokens)
+
+    def _complete(self, name: str, ids: Sequence[int], max_new: int) -> tuple[list[int], float] | None:
         try:
-            with LlamaServer(path, gguf, threads, extra) as server:
-                server.complete(prompts[0].ids, min(8, max_new))  # warm-up
-                per_set: dict[str, list[float]] = {}
-                tokens: dict[str, list[int]] = {}
-                for _ in range(repeats):
-                    for p in prompts:
-                        got, wall = server.complete(p.ids, max_new)
-                        per_set.setdefault(p.set, []).append(len(got) / wall)
-                        tokens.setdefault(f"{p.set}/{p.id}", got)
-        except (RuntimeError, TimeoutError, OSError) as exc:
-            result["configs"][name] = {"skipped": str(exc)}
-            continue
-        result["configs"][name] = {
-            "args": extra,
-            "tok_s": {s: statistics.median(v) for s, v in per_set.items()},
-            "runs": per_set,
-            "tokens": tokens,
+            return self.servers[name].complete(ids, max_new)
+        except (OSError, ValueError) as exc:  # a dead or failing server costs its column, not the run
+            self.skipped[name] = f"request failed: {exc}"
+            self.servers.pop(name).__exit__()
+            return None
+
+    def result(self) -> dict[str, Any]:
+        """What the bench records: per configuration its args, tok/s per prompt set (median over prompts x
+        repeats), the runs and its greedy tokens per prompt (identity against ours), or why it was skipped."""
+        configs: dict[str, Any] = {}
+        for name in self.names:
+            if name in self.skipped:
+                configs[name] = {"skipped": self.skipped[name]}
+            elif name in self.runs:
+                configs[name] = {
+                    "args": SPEC_CONFIGS[name],
+                    "tok_s": {s: statistics.median(v) for s, v in self.runs[name].items()},
+                    "runs": self.runs[name],
+                    "tokens": self.tokens[name],
+                }
+        return {
+            "binary": str(self.path),
+            "gguf": Path(self.gguf).name,
+            "threads": self.threads,
+            "max_new_tokens": self.max_new,
+            "order": "interleaved with our configurations: each prompt on every server right after ours",
+            "configs": configs,
         }
-    return result
 
 
 def server_lines(result: dict[str, Any]) -> list[str]:

@@ -2,9 +2,9 @@
 own GGUF file, target alone, greedy, the same chat prompt ids and token count as our stack.
 
 llama-cpp-python is the llama.cpp engine's library (`make install` builds it): without it the bench records why
-the column is missing and goes on. It runs after the stack stopped, with the bench's thread count, in a child process of
-its own: a crash of the native library (seen: SIGSEGV in llama.cpp's AMX matmul on an Intel Xeon VM,
-when built with its default GGML_NATIVE) then costs the column, not the run.
+the column is missing and goes on. It runs with the bench's thread count in a child process of its own, each prompt
+right after our configurations ran it (LibraryAnchor): a crash of the native library then costs the column, not the
+run.
 """
 
 from __future__ import annotations
@@ -83,52 +83,113 @@ def anchor_lines(result: dict[str, Any]) -> list[str]:
 def llamacpp_anchor(
     target_model: str, prompts: Sequence[Any], max_new: int, repeats: int, threads: int
 ) -> dict[str, Any]:
-    """tok/s of llama.cpp on each prompt set (median over prompts x repeats), or why it was skipped;
-    measured in a spawned child process (`_measure`)."""
-    try:
-        import llama_cpp  # noqa: F401 - only whether it is there; the child imports it again
-    except ImportError:
-        return {"skipped": f"llama-cpp-python is not installed: {INSTALL_HINT}"}
-    gguf = target_gguf(target_model)
-    if gguf is None:
-        return {"skipped": f"the target {target_model!r} is not a GGUF file: llama.cpp needs one"}
-    jobs = [(p.set, list(p.ids)) for p in prompts]
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    """tok/s of llama.cpp on each prompt set (median over prompts x repeats), or why it was skipped: the prompts
+    measured back to back on a LibraryAnchor (the bench interleaves them with its configurations instead)."""
+    with LibraryAnchor(target_model, threads, max_new) as anchor:
+        if prompts:
+            anchor.warm_up(prompts[0].ids)
+        for _ in range(repeats):
+            for p in prompts:
+                anchor.measure(p)
+        return anchor.result()
+
+
+class LibraryAnchor:
+    """llama.cpp through llama-cpp-python, target alone, in a spawned child process that loads the GGUF once and
+    stays through the bench's loop: `measure(p)` times prompt `p` right after our configurations ran it, so a drift
+    of the machine falls on both alike. A crash of the native library (seen: SIGSEGV in llama.cpp's AMX matmul on
+    an Intel Xeon VM, when built with its default GGML_NATIVE) costs the column, with its reason, not the run."""
+
+    def __init__(self, target_model: str, threads: int, max_new: int) -> None:
+        self.target_model, self.threads, self.max_new = target_model, threads, max_new
+        self.skipped = ""
+        self.info: dict[str, Any] = {}
+        self.runs: dict[str, list[float]] = {}
+        self.pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> LibraryAnchor:
         try:
-            return pool.submit(_measure, str(gguf), jobs, max_new, repeats, threads).result()
+            import llama_cpp  # noqa: F401 - only whether it is there; the child imports it again
+        except ImportError:
+            self.skipped = f"llama-cpp-python is not installed: {INSTALL_HINT}"
+            return self
+        gguf = target_gguf(self.target_model)
+        if gguf is None:
+            self.skipped = f"the target {self.target_model!r} is not a GGUF file: llama.cpp needs one"
+            return self
+        self.pool = ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn"), initializer=_load, initargs=(str(gguf), self.threads)
+        )
+        self.info = self._call(_describe) or {}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+            self.pool = None
+
+    def warm_up(self, ids: Sequence[int]) -> None:
+        self._call(_generate_job, list(ids), min(8, self.max_new))
+
+    def measure(self, p: Any) -> None:
+        got = self._call(_generate_job, list(p.ids), self.max_new)
+        if got is not None:
+            n, wall = got
+            self.runs.setdefault(p.set, []).append(n / wall)
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        if self.pool is None:
+            return None
+        try:
+            return self.pool.submit(fn, *args).result()
         except BrokenProcessPool as exc:
-            return {
-                "skipped": f"llama.cpp crashed in its child process ({exc}); build llama-cpp-python "
+            self.skipped = (
+                f"llama.cpp crashed in its child process ({exc}); build llama-cpp-python "
                 "with other CMAKE_ARGS (docs/engines.md, 'Installing llama.cpp')"
-            }
+            )
+            self.__exit__()
+            return None
+
+    def result(self) -> dict[str, Any]:
+        if self.skipped:
+            return {"skipped": self.skipped}
+        return {
+            **self.info,
+            "threads": self.threads,
+            "max_new_tokens": self.max_new,
+            "tok_s": {s: statistics.median(v) for s, v in self.runs.items()},
+            "runs": self.runs,
+        }
 
 
-def _measure(gguf: str, jobs: list[tuple[str, list[int]]], max_new: int, repeats: int, threads: int) -> dict[str, Any]:
-    """The child process of llamacpp_anchor: load the GGUF, warm up, time every (set, ids) job."""
+_CHILD: dict[str, Any] = {}  # the child process's model and its file's name (LibraryAnchor's pool initializer)
+
+
+def _load(gguf: str, threads: int) -> None:
     import llama_cpp
 
     from specdec.engine.llamacpp_lib import load_backends
 
     load_backends(llama_cpp)  # ggml's CPU variants from the package folder (llama.cpp looks beside the executable only)
-    llm = llama_cpp.Llama(
+    _CHILD["llm"] = llama_cpp.Llama(
         model_path=gguf, n_threads=threads, n_threads_batch=threads, n_ctx=LLAMACPP_N_CTX, verbose=False
     )
-    _generate(llm, jobs[0][1], min(8, max_new))  # warm-up
-    per_set: dict[str, list[float]] = {}
-    for _ in range(repeats):
-        for name, ids in jobs:
-            n, wall = _generate(llm, ids, max_new)
-            per_set.setdefault(name, []).append(n / wall)
+    _CHILD["gguf"] = Path(gguf).name
+
+
+def _describe() -> dict[str, Any]:
+    import llama_cpp
+
     system_info = llama_cpp.llama_print_system_info() if hasattr(llama_cpp, "llama_print_system_info") else b""
     return {
         "version": llama_cpp.__version__,
-        "gguf": Path(gguf).name,
-        "threads": threads,
-        "max_new_tokens": max_new,
+        "gguf": _CHILD["gguf"],
         "system_info": system_info.decode(errors="replace").strip(),  # the CPU features it was built with
-        "tok_s": {s: statistics.median(v) for s, v in per_set.items()},
-        "runs": per_set,
     }
+
+
+def _generate_job(ids: list[int], max_new: int) -> tuple[int, float]:
+    return _generate(_CHILD["llm"], ids, max_new)
 
 
 # A token where our llama.cpp stack and its k = 0 part ways is a near-tie when the target's top-2 logit gap there

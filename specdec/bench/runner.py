@@ -13,12 +13,13 @@ target's top-2 logit gap at the first differing position.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from specdec.bench.identity import identity_report
 from specdec.bench.machine import machine_info, peak_rss_bytes
@@ -58,7 +59,10 @@ def run(args: BenchArgs) -> dict[str, Any]:
     configs = make_configs(args.ks, args.with_default_k, args.with_hf, adaptive_cap)
     prompts = load_prompts(args.prompts, args.prompts_per_set, Path(args.prompts_dir))
     hf, hf_settings, configs = _load_hf(args, prompts, configs, phases)
-    records, rss, stats_error = _measure_stack(args, hf, prompts, configs, phases)
+    with contextlib.ExitStack() as held:
+        anchors = _open_anchors(args, held, phases)
+        records, rss, stats_error = _measure_stack(args, hf, prompts, configs, phases, list(anchors.values()))
+        anchor_results = {name: a.result() for name, a in anchors.items()}
     probe = _engine_probe(args)
     verify_hf, verify, layout, c = _measure_verify_costs(args, hf, phases, probe)
     rss["bench (HF in-process)"] = peak_rss_bytes(os.getpid())
@@ -87,18 +91,8 @@ def run(args: BenchArgs) -> dict[str, Any]:
         result["verify_cost_hf_layout"] = {k: v for k, v in verify_hf.items() if k != "kv_bytes_per_token_measured"}
     if hasattr(os, "getloadavg"):
         result["machine"]["load_avg_at_end"] = list(os.getloadavg())
-    if args.with_llamacpp:  # after the stack stopped: nothing else competes for the cores
-        from specdec.bench.llamacpp import llamacpp_anchor
-
-        t0 = time.perf_counter()
-        result["llamacpp"] = llamacpp_anchor(
-            args.target_model, prompts, args.max_new_tokens, args.repeats, args.threads
-        )
-        phases["llamacpp_s"] = time.perf_counter() - t0
-    if args.with_llama_server:
-        t0 = time.perf_counter()
-        result["llama_server"] = _llama_server(args, prompts)
-        phases["llama_server_s"] = time.perf_counter() - t0
+    result.update(anchor_results)
+    if "llama_server" in result:
         from specdec.bench.llama_server import server_identity
 
         result["identity_vs_llama_server"] = server_identity(
@@ -135,10 +129,15 @@ def _load_hf(
 
 
 def _measure_stack(
-    args: BenchArgs, hf: Any, prompts: list[Prompt], configs: list[Config], phases: dict[str, float]
+    args: BenchArgs,
+    hf: Any,
+    prompts: list[Prompt],
+    configs: list[Config],
+    phases: dict[str, float],
+    anchors: Sequence[Anchor] = (),
 ) -> tuple[list[RunRecord], dict[str, dict[str, Any]], str]:
-    """Every (repeat, prompt, configuration) once, interleaved, on one local stack.
-    Returns (records, peak RSS per process, the stats error if the services' stats failed)."""
+    """Every (repeat, prompt, configuration) once, interleaved, on one local stack, each prompt then on the
+    llama.cpp anchors. Returns (records, peak RSS per process, the stats error if the services' stats failed)."""
     from tqdm import tqdm
 
     from specdec.launcher import LocalStack, StackConfig
@@ -164,6 +163,8 @@ def _measure_stack(
         try:
             t0 = time.perf_counter()
             _warm_up(client, hf, prompts, configs)
+            for anchor in anchors:
+                anchor.warm_up(prompts[0].ids)
             phases["warmup_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             total = args.repeats * len(prompts) * len(configs)
@@ -175,7 +176,7 @@ def _measure_stack(
                     bar.update()
                     return record
 
-                records = measure_loop(one, prompts, configs, args.repeats, args.time_budget_s)
+                records = measure_loop(one, prompts, configs, args.repeats, args.time_budget_s, anchors=anchors)
             phases["measure_s"] = time.perf_counter() - t0
             rss = {proc.role: peak_rss_bytes(proc.popen.pid) for proc in stack.procs}
             redis_proc = getattr(stack.redis, "_proc", None)
@@ -196,11 +197,12 @@ def measure_loop(
     repeats: int,
     budget_s: float = 0.0,
     clock: Callable[[], float] = time.perf_counter,
+    anchors: Sequence[Anchor] = (),
 ) -> list[RunRecord]:
     """Every (repeat, prompt, configuration) once through `one`: for each repeat, the prompt sets taken
-    in turn (one prompt of each, then the next), every configuration on each prompt (A B C .. A B C ..).
-    With a budget (seconds, > 0), no prompt is started once it is spent; the prompts measured so far
-    have every configuration, so the ratios of a stopped run compare like with like."""
+    in turn (one prompt of each, then the next), every configuration on each prompt (A B C .. A B C ..),
+    then the prompt on each anchor. With a budget (seconds, > 0), no prompt is started once it is spent;
+    the prompts measured so far have every configuration, so the ratios of a stopped run compare like with like."""
     order = interleave_sets(prompts)
     records: list[RunRecord] = []
     start = clock()
@@ -209,6 +211,8 @@ def measure_loop(
             if budget_s > 0 and records and clock() - start >= budget_s:
                 return records
             records.extend(one(p, cfg, rep) for cfg in configs)
+            for anchor in anchors:
+                anchor.measure(p)
     return records
 
 
@@ -234,23 +238,54 @@ def _engine_probe(args: BenchArgs) -> Any:
     return LlamaCppProbe(str(target_gguf(args.target_model)), args.threads)
 
 
-def _llama_server(args: BenchArgs, prompts: list[Prompt]) -> dict[str, Any]:
-    """llama.cpp's own server on the target's GGUF (specdec/bench/llama_server.py), or why not."""
-    from specdec.bench.llama_server import llama_server_anchor
-    from specdec.bench.llamacpp import target_gguf
+class Anchor(Protocol):
+    """llama.cpp as the CPU user runs it, measured inside the bench's loop (specdec/bench/llamacpp.py,
+    specdec/bench/llama_server.py): each prompt right after our configurations ran it."""
 
-    gguf = target_gguf(args.target_model)
-    if gguf is None:
-        return {"skipped": f"the target {args.target_model!r} is not a GGUF file"}
-    return llama_server_anchor(
-        str(gguf),
-        prompts,
-        args.max_new_tokens,
-        args.repeats,
-        args.threads,
-        args.llama_server,
-        args.llama_server_configs,
-    )
+    def warm_up(self, ids: Sequence[int]) -> None: ...
+
+    def measure(self, p: Prompt) -> None: ...
+
+    def result(self) -> dict[str, Any]: ...
+
+
+class Skipped:
+    """An anchor that cannot run here: its result says why."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def warm_up(self, ids: Sequence[int]) -> None:
+        pass
+
+    def measure(self, p: Prompt) -> None:
+        pass
+
+    def result(self) -> dict[str, Any]:
+        return {"skipped": self.why}
+
+
+def _open_anchors(args: BenchArgs, held: contextlib.ExitStack, phases: dict[str, float]) -> dict[str, Anchor]:
+    """The anchors asked for, started (held open by `held`): result key -> anchor."""
+    from specdec.bench.llama_server import BUILD_HINT, ServerAnchors, find_binary
+    from specdec.bench.llamacpp import LibraryAnchor, target_gguf
+
+    t0 = time.perf_counter()
+    anchors: dict[str, Anchor] = {}
+    if args.with_llamacpp:
+        anchors["llamacpp"] = held.enter_context(LibraryAnchor(args.target_model, args.threads, args.max_new_tokens))
+    if args.with_llama_server:
+        gguf, binary = target_gguf(args.target_model), find_binary(args.llama_server)
+        if gguf is None:
+            anchors["llama_server"] = Skipped(f"the target {args.target_model!r} is not a GGUF file")
+        elif binary is None:
+            anchors["llama_server"] = Skipped(f"no llama-server binary: {BUILD_HINT}")
+        else:
+            anchors["llama_server"] = held.enter_context(
+                ServerAnchors(binary, str(gguf), args.threads, args.max_new_tokens, args.llama_server_configs)
+            )
+    phases["anchors_start_s"] = time.perf_counter() - t0
+    return anchors
 
 
 def _measure_verify_costs(

@@ -31,11 +31,32 @@ class Clock:
         return self.now
 
 
-def _run(budget_s: float, repeats: int = 2, step: float = 1.0) -> list[RunRecord]:
+class Anchor:
+    """An anchor that notes which prompt it measured, in the order of the run's generations."""
+
+    def __init__(self, name: str, log: list[tuple[str, str]]) -> None:
+        self.name, self.log = name, log
+
+    def warm_up(self, ids) -> None:
+        pass
+
+    def measure(self, p: Prompt) -> None:
+        self.log.append((p.id, self.name))
+
+    def result(self) -> dict:
+        return {}
+
+
+def _run(
+    budget_s: float, repeats: int = 2, step: float = 1.0, log: list[tuple[str, str]] | None = None
+) -> list[RunRecord]:
     clock = Clock(step)
+    log = [] if log is None else log
+    anchors = [Anchor("server", log), Anchor("library", log)]
 
     def one(p: Prompt, cfg: Config, rep: int) -> RunRecord:
         clock.now += clock.step
+        log.append((p.id, cfg.name))
         k = cfg.k or 0
         return RunRecord(
             p.set,
@@ -50,7 +71,7 @@ def _run(budget_s: float, repeats: int = 2, step: float = 1.0) -> list[RunRecord
             {"session_tokens": 100, "redis_bytes": 900},
         )
 
-    return measure_loop(one, PROMPTS, CONFIGS, repeats, budget_s, clock)
+    return measure_loop(one, PROMPTS, CONFIGS, repeats, budget_s, clock, anchors)
 
 
 def test_the_sets_take_turns_and_each_keeps_its_order():
@@ -66,6 +87,21 @@ def test_without_a_budget_every_repeat_prompt_and_configuration_runs_once():
         (0, "g1", "k4"),
         (0, "o1", "k0"),
         (0, "o1", "k4"),
+    ]
+
+
+def test_each_prompt_runs_on_the_anchors_right_after_our_configurations():
+    log: list[tuple[str, str]] = []
+    _run(2.5, log=log)  # g1 and o1 of repeat 0, then the budget is spent
+    assert log == [
+        ("g1", "k0"),
+        ("g1", "k4"),
+        ("g1", "server"),
+        ("g1", "library"),
+        ("o1", "k0"),
+        ("o1", "k4"),
+        ("o1", "server"),
+        ("o1", "library"),
     ]
 
 

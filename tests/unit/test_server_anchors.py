@@ -1,0 +1,107 @@
+"""specdec.bench.llama_server.ServerAnchors: llama-server configurations kept running through the bench's loop, each
+prompt measured on every one of them; a server that fails to start or dies costs its own column with the reason,
+never the run. A stand-in `llama-server` (a small HTTP server with the endpoints the bench uses) plays the binary,
+as real processes on real sockets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+
+from specdec.bench.llama_server import SPEC_CONFIGS, ServerAnchors
+
+Prompt = namedtuple("Prompt", "set id ids")
+PROMPTS = [Prompt("grounded", "g1", [5, 6, 7]), Prompt("open", "o1", [8, 9])]
+
+STAND_IN = """#!{python}
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+if "--spec-type" in sys.argv and os.environ.get("STAND_IN_SPEC_FAILS"):
+    sys.exit(3)
+PORT = int(sys.argv[sys.argv.index("--port") + 1])
+
+
+class Handler(BaseHTTPRequestHandler):
+    def _send(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._send({{"status": "ok"}})
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt = req["prompt"]
+        self._send({{"tokens": [prompt[i % len(prompt)] for i in range(req["n_predict"])]}})
+
+    def log_message(self, *args):
+        pass
+
+
+HTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
+"""
+
+
+@pytest.fixture
+def binary(tmp_path: Path) -> Path:
+    path = tmp_path / "llama-server"
+    path.write_text(STAND_IN.format(python=sys.executable))
+    path.chmod(0o755)
+    return path
+
+
+def _run(anchors: ServerAnchors, repeats: int = 2, between=None) -> dict:
+    anchors.warm_up(PROMPTS[0].ids)
+    for rep in range(repeats):
+        for p in PROMPTS:
+            anchors.measure(p)
+        if between is not None:
+            between(rep)
+    return anchors.result()
+
+
+def test_every_configuration_measures_each_prompt_and_keeps_its_tokens(binary: Path):
+    with ServerAnchors(binary, "model.gguf", 2, 4, ["server", "server_ngram_mod"]) as anchors:
+        got = _run(anchors)
+    assert not anchors.servers  # stopped on exit
+    assert got["gguf"] == "model.gguf" and got["threads"] == 2 and "interleaved" in got["order"]
+    assert list(got["configs"]) == ["server", "server_ngram_mod"]  # SPEC_CONFIGS' order, only those named
+    for name, cfg in got["configs"].items():
+        assert cfg["args"] == SPEC_CONFIGS[name]
+        assert {s: len(v) for s, v in cfg["runs"].items()} == {"grounded": 2, "open": 2}
+        assert all(v > 0 for v in cfg["tok_s"].values())
+        assert cfg["tokens"] == {"grounded/g1": [5, 6, 7, 5], "open/o1": [8, 9, 8, 9]}
+
+
+def test_a_server_that_does_not_start_is_skipped_with_its_reason(binary: Path, monkeypatch):
+    monkeypatch.setenv("STAND_IN_SPEC_FAILS", "1")
+    with ServerAnchors(binary, "model.gguf", 2, 4) as anchors:
+        got = _run(anchors, repeats=1)
+    assert set(got["configs"]) == set(SPEC_CONFIGS)
+    assert set(got["configs"]["server"]["tok_s"]) == {"grounded", "open"}
+    for name in ("server_ngram_simple", "server_ngram_mod"):
+        assert "exited (3)" in got["configs"][name]["skipped"]
+
+
+def test_a_server_that_dies_mid_run_costs_its_column_not_the_run(binary: Path):
+    with ServerAnchors(binary, "model.gguf", 2, 4, ["server", "server_ngram_simple"]) as anchors:
+        victim = anchors.servers["server_ngram_simple"].proc
+
+        def kill_after_first_repeat(rep: int) -> None:
+            if rep == 0:
+                os.kill(victim.pid, signal.SIGKILL)
+                victim.wait()
+
+        got = _run(anchors, between=kill_after_first_repeat)
+    assert "request failed" in got["configs"]["server_ngram_simple"]["skipped"]
+    assert {s: len(v) for s, v in got["configs"]["server"]["runs"].items()} == {"grounded": 2, "open": 2}
