@@ -25,6 +25,7 @@ only the decode passes took time: its 8-vs-1 ratio is what the runner alone give
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import sys
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.llama_server import ServerWaves
 from specdec.bench.load import scrape
 from specdec.bench.machine import machine_info
 from specdec.bench.plan import PROMPTS_DIR, Prompt, load_prompts
@@ -185,8 +187,11 @@ class Sessions:
         self.channel.close()
 
 
-def measure(args: ConcurrencyArgs, clients: dict[str, Sessions], prompts: list[Prompt]) -> list[Sample]:
-    """Every (repeat, c, k) on both stacks, batched then unbatched, back to back."""
+def measure(
+    args: ConcurrencyArgs, clients: dict[str, Sessions], prompts: list[Prompt], server: ServerWaves | None = None
+) -> list[Sample]:
+    """Every (repeat, c, k) on both stacks, batched then unbatched, back to back; then that c's waves on
+    llama-server (`server`, a ServerWaves) where there is one."""
     from tqdm import tqdm
 
     samples = []
@@ -216,6 +221,8 @@ def measure(args: ConcurrencyArgs, clients: dict[str, Sessions], prompts: list[P
                             )
                         )
                         bar.update()
+                if server is not None:
+                    server.wave(c)
     return samples
 
 
@@ -297,20 +304,22 @@ def run(args: ConcurrencyArgs) -> dict[str, Any]:
     stacks = Stacks(args)
     started = time.perf_counter()
     clients: dict[str, Sessions] = {}
-    try:
-        addresses = stacks.start()
-        clients = {
-            name: Sessions(*addresses[name][:1], args.max_new_tokens, addresses[name][1]) for name in args.stacks
-        }
-        reference = {p.id: clients["unbatched"].one(p, 0)[0] for p in prompts}  # also the warm-up
-        samples = measure(args, clients, prompts)
-    finally:
-        for client in clients.values():
-            client.close()
-        stacks.stop()
+    with contextlib.ExitStack() as held:
+        server = held.enter_context(_server_waves(args, prompts)) if args.llama_server else None
+        try:
+            addresses = stacks.start()
+            clients = {
+                name: Sessions(*addresses[name][:1], args.max_new_tokens, addresses[name][1]) for name in args.stacks
+            }
+            reference = {p.id: clients["unbatched"].one(p, 0)[0] for p in prompts}  # also the warm-up
+            samples = measure(args, clients, prompts, server)
+        finally:
+            for client in clients.values():
+                client.close()
+            stacks.stop()
     result = summarise(samples, args, reference)
-    if args.llama_server:  # after our stacks stopped
-        result["llama_server"] = _server_anchor(args, prompts)
+    if server is not None:
+        result["llama_server"] = server.result()
     result["machine"] = machine_info()
     result["settings"] = {
         "concurrency": args.concurrency,
@@ -334,19 +343,19 @@ def run(args: ConcurrencyArgs) -> dict[str, Any]:
     return result
 
 
-def _server_anchor(args: ConcurrencyArgs, prompts: list[Prompt]) -> dict[str, Any]:
-    """llama-server -np max(c) on the same prompts (the ids the orchestrator's Prompter makes of them), or why not."""
+def _server_waves(args: ConcurrencyArgs, prompts: list[Prompt]) -> ServerWaves:
+    """llama-server -np max(c) on the same prompts (the ids the orchestrator's Prompter makes of them); its result
+    says why not where the target is no GGUF file or no binary is found."""
     from orchestrator.prompting import Message, Prompter
-    from specdec.bench.llama_server import server_waves
     from specdec.bench.llamacpp import target_gguf
     from specdec.models.loader import load_tokenizer
 
     gguf = target_gguf(args.target_model)
-    if gguf is None:
-        return {"skipped": f"the target {args.target_model!r} is not a GGUF file"}
-    prompter = Prompter(load_tokenizer(args.target_model))
-    ids = [prompter.first_turn([Message("user", p.user)], add_generation_prompt=True) for p in prompts]
-    return server_waves(str(gguf), ids, args.concurrency, args.max_new_tokens, args.repeats, args.threads)
+    ids = []
+    if gguf is not None:
+        prompter = Prompter(load_tokenizer(args.target_model))
+        ids = [prompter.first_turn([Message("user", p.user)], add_generation_prompt=True) for p in prompts]
+    return ServerWaves(gguf, ids, max(args.concurrency), args.max_new_tokens, args.threads)
 
 
 def _alternate(prompts: list[Prompt]) -> list[int]:

@@ -277,40 +277,79 @@ def server_identity(
     return out
 
 
-def server_waves(
-    gguf: str,
-    prompt_ids: Sequence[Sequence[int]],
-    concurrency: Sequence[int],
-    max_new: int,
-    repeats: int,
-    threads: int,
-    binary: str = "",
-) -> dict[str, Any]:
-    """llama-server with max(concurrency) slots (continuous batching, `-np`) on the same prompts as
-    bench-concurrency, in waves of c requests at once: aggregate tok/s per c (median over repeats)."""
-    from concurrent.futures import ThreadPoolExecutor
+class ServerWaves:
+    """llama-server with `slots` slots (continuous batching, `-np`) on bench-concurrency's prompts, kept running through
+    its loop: `wave(c)` runs the prompts in waves of c requests at once right after our stacks ran that c, so a drift
+    of the machine falls on both alike. `result()`: aggregate tok/s per c (median over repeats), or why it was
+    skipped."""
 
-    path = find_binary(binary)
-    if path is None:
-        return {"skipped": f"no llama-server binary: {BUILD_HINT}"}
-    slots = max(concurrency)
-    per_c: dict[str, list[float]] = {}
-    with LlamaServer(path, gguf, threads, [], slots=slots) as server, ThreadPoolExecutor(slots) as pool:
-        server.complete(prompt_ids[0], 8)  # warm-up
-        for _ in range(repeats):
-            for c in concurrency:
-                tokens, wall = 0, 0.0
-                for first in range(0, len(prompt_ids), c):
-                    start = time.perf_counter()
-                    done = list(pool.map(lambda ids: server.complete(ids, max_new), prompt_ids[first : first + c]))
-                    wall += time.perf_counter() - start
-                    tokens += sum(len(t) for t, _ in done)
-                per_c.setdefault(str(c), []).append(tokens / wall)
-    return {
-        "binary": str(path),
-        "gguf": Path(gguf).name,
-        "threads": threads,
-        "slots": slots,
-        "tokens_per_s": {c: statistics.median(v) for c, v in per_c.items()},
-        "runs": per_c,
-    }
+    def __init__(
+        self,
+        gguf: Path | None,
+        prompt_ids: Sequence[Sequence[int]],
+        slots: int,
+        max_new: int,
+        threads: int,
+        binary: str = "",
+    ) -> None:
+        self.gguf, self.prompt_ids, self.slots, self.max_new, self.threads = gguf, prompt_ids, slots, max_new, threads
+        self.path = find_binary(binary) if gguf is not None else None
+        self.skipped = ""
+        if gguf is None:
+            self.skipped = "the target is not a GGUF file: llama-server needs one"
+        elif self.path is None:
+            self.skipped = f"no llama-server binary: {BUILD_HINT}"
+        self.server: LlamaServer | None = None
+        self.per_c: dict[str, list[float]] = {}
+
+    def __enter__(self) -> ServerWaves:
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self.path is None or self.gguf is None:
+            return self
+        try:
+            self.server = LlamaServer(self.path, str(self.gguf), self.threads, [], slots=self.slots).__enter__()
+            self.pool = ThreadPoolExecutor(self.slots)
+            self.server.complete(self.prompt_ids[0], 8)  # warm-up
+        except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
+            self.skipped = str(exc)
+            self.__exit__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.server is not None:
+            self.server.__exit__()
+            self.pool.shutdown()
+            self.server = None
+
+    def wave(self, c: int) -> None:
+        """Every prompt, in waves of c at once: one sample of aggregate tok/s for c."""
+        server = self.server
+        if server is None:
+            return
+        tokens, wall = 0, 0.0
+        try:
+            for first in range(0, len(self.prompt_ids), c):
+                start = time.perf_counter()
+                batch = self.prompt_ids[first : first + c]
+                done = list(self.pool.map(lambda ids: server.complete(ids, self.max_new), batch))
+                wall += time.perf_counter() - start
+                tokens += sum(len(t) for t, _ in done)
+        except (OSError, ValueError) as exc:  # a dead or failing server costs its column, not the run
+            self.skipped = f"request failed: {exc}"
+            self.__exit__()
+            return
+        self.per_c.setdefault(str(c), []).append(tokens / wall)
+
+    def result(self) -> dict[str, Any]:
+        if self.skipped:
+            return {"skipped": self.skipped}
+        return {
+            "binary": str(self.path),
+            "gguf": self.gguf.name if self.gguf is not None else "",
+            "threads": self.threads,
+            "slots": self.slots,
+            "order": "interleaved: each repeat's c right after our stacks ran it",
+            "tokens_per_s": {c: statistics.median(v) for c, v in self.per_c.items()},
+            "runs": self.per_c,
+        }

@@ -1,6 +1,6 @@
-"""specdec.bench.llama_server.ServerAnchors: llama-server configurations kept running through the bench's loop, each
-prompt measured on every one of them; a server that fails to start or dies costs its own column with the reason,
-never the run. A stand-in `llama-server` (a small HTTP server with the endpoints the bench uses) plays the binary,
+"""specdec.bench.llama_server.ServerAnchors and ServerWaves: llama-server kept running through the bench's loop
+(`specdec bench`: each prompt on every configuration; `specdec bench-concurrency`: each c's waves on one server with
+slots); a server that fails to start or dies costs its own column with the reason, never the run. A stand-in `llama-server` (a small HTTP server with the endpoints the bench uses) plays the binary,
 as real processes on real sockets."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench.llama_server import SPEC_CONFIGS, ServerAnchors
+from specdec.bench.llama_server import SPEC_CONFIGS, ServerAnchors, ServerWaves
 
 Prompt = namedtuple("Prompt", "set id ids")
 PROMPTS = [Prompt("grounded", "g1", [5, 6, 7]), Prompt("open", "o1", [8, 9])]
@@ -105,3 +105,27 @@ def test_a_server_that_dies_mid_run_costs_its_column_not_the_run(binary: Path):
         got = _run(anchors, between=kill_after_first_repeat)
     assert "request failed" in got["configs"]["server_ngram_simple"]["skipped"]
     assert {s: len(v) for s, v in got["configs"]["server"]["runs"].items()} == {"grounded": 2, "open": 2}
+
+
+def test_waves_of_c_requests_give_one_sample_of_aggregate_tok_s_per_call(binary: Path):
+    ids = [[1, 2], [3, 4], [5, 6]]
+    with ServerWaves(Path("model.gguf"), ids, 2, 4, 2, str(binary)) as waves:
+        for _ in range(2):
+            waves.wave(1)
+            waves.wave(2)
+    got = waves.result()
+    assert got["slots"] == 2 and got["gguf"] == "model.gguf" and "interleaved" in got["order"]
+    assert {c: len(v) for c, v in got["runs"].items()} == {"1": 2, "2": 2}
+    assert all(v > 0 for v in got["tokens_per_s"].values())
+
+
+def test_waves_without_a_gguf_or_after_the_server_died_say_why(binary: Path):
+    with ServerWaves(None, [], 1, 4, 2, str(binary)) as waves:
+        waves.wave(1)
+    assert waves.result() == {"skipped": "the target is not a GGUF file: llama-server needs one"}
+    with ServerWaves(Path("model.gguf"), [[1, 2]], 1, 4, 2, str(binary)) as waves:
+        assert waves.server is not None
+        waves.server.proc.kill()
+        waves.server.proc.wait()
+        waves.wave(1)
+    assert "request failed" in waves.result()["skipped"]
