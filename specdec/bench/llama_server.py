@@ -239,14 +239,34 @@ def server_lines(result: dict[str, Any]) -> list[str]:
                 f"  {s}: ours k = 0 {ours.get('k0', 0):.1f} ({ours.get('k0', 0) / alone:.2f}x server alone); "
                 f"ours best {top} {ours[top]:.1f} ({ours[top] / v:.2f}x the best server {v:.1f})"
             )
+    same = result.get("identity_vs_llama_server", {}).get("k0")
+    if same:
+        lines.append(
+            f"  greedy tokens, ours k = 0 vs server alone: identical on {same['identical']} of {same['prompts']}"
+        )
+        lines += [f"    {difference_line(d)}" for d in same["differences"]]
     return lines
 
 
+def difference_line(d: dict[str, Any]) -> str:
+    """One difference of server_identity in words."""
+    where = f"{d['prompt']} at position {d['position']}"
+    if d.get("ends_generation"):
+        return f"{where}: ours ends a generation there (llama-server's ignore_eos masks it, ours emits it and goes on)"
+    if d.get("top2_logit_gap") is None:
+        return where
+    tie = f"near-tie (<= {d['tie_threshold']:.3g})" if d["near_tie"] else "not a near-tie"
+    return f"{where}: top-2 logit gap {d['top2_logit_gap']:.3f}, {tie}"
+
+
 def server_identity(
-    records: Sequence[Any], prompts: Sequence[Any], anchor: dict[str, Any], gap: Any = None
+    records: Sequence[Any], prompts: Sequence[Any], anchor: dict[str, Any], gap: Any = None, is_eog: Any = None
 ) -> dict[str, Any]:
     """Our k = 0 (and every configuration) against llama-server's target alone, prompt by prompt (repeat 0):
-    identical, or the first differing position with the target's top-2 logit gap there (`gap(prompt_ids, prefix)`)."""
+    identical, or the first differing position with the target's top-2 logit gap there (`gap(prompt_ids, prefix)`).
+    `ends_generation` marks a difference where our token ends a generation (`is_eog(token)`): llama-server's
+    ignore_eos masks such tokens, so it takes the runner-up where we emit the token and go on, as vLLM's ignore_eos
+    does; the greedy decodings agree up to there."""
     from specdec.bench.identity import first_divergence
 
     alone = anchor.get("configs", {}).get("server", {}).get("tokens")
@@ -272,6 +292,7 @@ def server_identity(
                 "top2_logit_gap": logit_gap,
                 "tie_threshold": eps,
                 "near_tie": logit_gap is not None and logit_gap <= eps,
+                "ends_generation": is_eog is not None and pos < len(r.tokens) and is_eog(r.tokens[pos]),
             }
         )
     return out

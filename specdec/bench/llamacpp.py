@@ -245,5 +245,9 @@ class LlamaCppProbe:
         top = torch.topk(logits, 2).values
         return float(top[0] - top[1]), LLAMACPP_TIE_LOGITS
 
+    def is_eog(self, token: int) -> bool:
+        """Whether llama.cpp treats `token` as an end of generation (what llama-server's ignore_eos masks)."""
+        return self.runner.lib.is_eog(self.runner.model, token)
+
     def close(self) -> None:
         self.runner.close()

@@ -96,7 +96,11 @@ def run(args: BenchArgs) -> dict[str, Any]:
         from specdec.bench.llama_server import server_identity
 
         result["identity_vs_llama_server"] = server_identity(
-            records, prompts, result["llama_server"], probe.top2_gap if probe is not None else None
+            records,
+            prompts,
+            result["llama_server"],
+            probe.top2_gap if probe is not None else None,
+            probe.is_eog if probe is not None else None,
         )
     if probe is not None:
         probe.close()

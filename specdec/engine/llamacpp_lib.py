@@ -79,6 +79,10 @@ class LlamaCppLib:
     def n_vocab(self, model: Any) -> int:
         return int(self.c.llama_vocab_n_tokens(self.c.llama_model_get_vocab(model)))
 
+    def is_eog(self, model: Any, token: int) -> bool:
+        """Whether `token` ends a generation in llama.cpp's own eyes (EOS, EOT, <|im_end|> ...)."""
+        return bool(self.c.llama_vocab_is_eog(self.c.llama_model_get_vocab(model), token))
+
     def n_ctx_train(self, model: Any) -> int:
         return int(self.c.llama_model_n_ctx_train(model))
 

@@ -77,6 +77,12 @@ def test_rows_of_a_verify_pass_match_step_by_step_decoding(runner):
     close(rows.logits, torch.stack(steps))
 
 
+def test_the_library_names_the_tokens_that_end_a_generation(runner):
+    # SmolLM2: <|endoftext|> = 0, <|im_start|> = 1, <|im_end|> = 2 (the chat turn's end)
+    assert runner.lib.is_eog(runner.model, 2) and runner.lib.is_eog(runner.model, 0)
+    assert not runner.lib.is_eog(runner.model, 1) and not runner.lib.is_eog(runner.model, 30)
+
+
 def test_rollback_truncates_and_reuses_the_prefix(runner):
     runner.pool.clear()
     long = CONTEXT + [11, 12, 13, 14, 15]

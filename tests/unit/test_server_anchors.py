@@ -129,3 +129,27 @@ def test_waves_without_a_gguf_or_after_the_server_died_say_why(binary: Path):
         waves.server.proc.wait()
         waves.wave(1)
     assert "request failed" in waves.result()["skipped"]
+
+
+def test_a_difference_where_ours_ends_a_generation_is_told_apart_from_a_near_tie():
+    from specdec.bench.llama_server import difference_line, server_identity
+    from specdec.bench.plan import RunRecord
+
+    prompts = [Prompt("grounded", "g1", [5, 6]), Prompt("grounded", "g2", [7]), Prompt("open", "o1", [8])]
+    theirs = {"grounded/g1": [10, 11, 30, 12], "grounded/g2": [20, 21, 22, 23], "open/o1": [1, 2, 3, 4]}
+    ours = {"g1": [10, 11, 2, 12], "g2": [20, 21, 24, 23], "o1": [1, 2, 3, 4]}  # 2 ends a generation
+    records = [RunRecord(p.set, p.id, "k0", 0, ours[p.id], 1.0, []) for p in prompts]
+    gaps = {"g1": 1.37, "g2": 0.2}
+    got = server_identity(
+        records,
+        prompts,
+        {"configs": {"server": {"tokens": theirs}}},
+        gap=lambda ids, prefix: (gaps["g1" if ids == [5, 6] else "g2"], 1.2),
+        is_eog=lambda token: token == 2,
+    )["k0"]
+    assert got["identical"] == 1 and got["prompts"] == 3
+    eos, tie = got["differences"]
+    assert (eos["position"], eos["ends_generation"], eos["near_tie"]) == (2, True, False)
+    assert (tie["position"], tie["ends_generation"], tie["near_tie"]) == (2, False, True)
+    assert "ours ends a generation there" in difference_line(eos)
+    assert difference_line(tie) == "grounded/g2 at position 2: top-2 logit gap 0.200, near-tie (<= 1.2)"
