@@ -68,6 +68,7 @@ class Generation:
         self.wire = ContextWire()  # what each replica holds of the context (delta rounds)
         self.state: State | None = None
         self.advanced = 0  # rounds cut and appended by _advance (the stats count them a step later)
+        self.pass_ms = 0.0  # the target's last pass of a round without a draft (_steps' time cap)
 
     def _begin_ids(self) -> RequestIds:
         return RequestIds(self.session_id, self.request_id, self.fingerprint, self.deadline)
@@ -220,11 +221,15 @@ class Generation:
 
     def _steps(self, state: State) -> int:
         """The most decode steps a round may ask for (RoundRunner._steps decides whether it does): none for the first
-        token; else up to the setting, the tokens and context left and the rounds left (params.max_rounds)."""
+        token; else up to the setting, the steps the last pass says fit in decode_steps_ms, the tokens and context
+        left and the rounds left (params.max_rounds)."""
         if not state.completion:
             return 1
+        cap = self.deps.cfg.decode_steps
+        if self.deps.cfg.decode_steps_ms > 0 and self.pass_ms > 0:
+            cap = max(1, min(cap, int(self.deps.cfg.decode_steps_ms // self.pass_ms)))
         left = min(
-            self.deps.cfg.decode_steps,
+            cap,
             self.params.max_new_tokens - len(state.completion),
             self.deps.max_context - len(state.ids),
         )
@@ -250,6 +255,8 @@ class Generation:
                 self.deps.max_context,
             )
             state.finish = finish or state.finish
+            if not outcome.draft_ids and outcome.cost.target_ms > 0:  # the first (with the prefill): an upper bound
+                self.pass_ms = outcome.cost.target_ms  # what a decode step costs now (_steps)
             state.completion += tokens
             state.ids += tokens
             kept.append(tokens)

@@ -132,12 +132,20 @@ class OrchestratorConfig(ModelCache, ContextSettings, ClientAuth, RedisSettings)
     )
     decode_steps: int = env(
         "SPECDEC_DECODE_STEPS",
-        4,
+        8,
         "A round without a draft asks the target for up to this many tokens in one call (decode steps, as vLLM's "
         "multi-step decoding): the round's hops and bookkeeping are paid once for them, tokens stream in groups "
         "of up to this many; 1 = a call per token. Never in a generation's first round (its first token).",
         ge=1,
         le=64,
+    )
+    decode_steps_ms: float = env(
+        "SPECDEC_DECODE_STEPS_MS",
+        200.0,
+        "Decode steps of one call are cut to what the target's last pass without a draft says fits in this many "
+        "milliseconds (at least 1), so tokens reach the client at least about this often however slow the "
+        "target; 0 = SPECDEC_DECODE_STEPS alone decides.",
+        ge=0,
     )
     trace_rejected_rows: bool = env(
         "SPECDEC_TRACE_REJECTED_ROWS",

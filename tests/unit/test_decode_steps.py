@@ -72,8 +72,11 @@ class SteppingTarget:
     """Each call emits the completion's next token, then up to req.steps - 1 more: as many rounds, as the target's
     decode steps come back. `emit_past_stop`: keep stepping past a stop id (the orchestrator must still cut)."""
 
-    def __init__(self, prompt_len: int, completion: list[int], emit_past_stop: bool = False) -> None:
+    def __init__(
+        self, prompt_len: int, completion: list[int], emit_past_stop: bool = False, pass_ms: float = 10.0
+    ) -> None:
         self.prompt_len, self.completion, self.emit_past_stop = prompt_len, completion, emit_past_stop
+        self.pass_ms = pass_ms  # what each one-token pass reports (ComputeStats.forward_ms)
         self.calls: list[tuple[int, int, tuple[int, ...]]] = []  # (k, steps, stop_ids) per call
 
     def target_replicas(self) -> int:
@@ -90,10 +93,10 @@ class SteppingTarget:
             tokens.append(token)
             if token in req.stop_ids and not self.emit_past_stop:
                 break
-        first = first_round(tokens[0], 10.0, 12.0 * len(tokens), len(req.context_ids))
+        first = first_round(tokens[0], self.pass_ms, (self.pass_ms + 2.0) * len(tokens), len(req.context_ids))
         verdict = target_pb2.VerifyResponse(next_token=tokens[0])
         for token in tokens[1:]:
-            verdict.steps.add(token=token).stats.forward_ms = 10.0
+            verdict.steps.add(token=token).stats.forward_ms = self.pass_ms
         return [first, *step_rounds(first, verdict)]
 
 
@@ -102,9 +105,11 @@ def tok() -> Any:
     return smollm2_tokenizer()
 
 
-def generate(tok: Any, target: SteppingTarget, steps: int, **fields: Any) -> tuple[list, Generation, MemoryStore]:
+def generate(
+    tok: Any, target: SteppingTarget, steps: int, steps_ms: float = 200.0, **fields: Any
+) -> tuple[list, Generation, MemoryStore]:
     store = MemoryStore()
-    cfg = OrchestratorConfig(decode_steps=steps)
+    cfg = OrchestratorConfig(decode_steps=steps, decode_steps_ms=steps_ms)
     deps = Deps(cfg, store, target, Prompter(tok), frozenset({tok.eos_token_id}), 8192, "me", "m")
     request = pb.GenerateRequest(prompt=PROMPT, session_id="s", request_id="r", create_session=True, k=0, **fields)
     generation = Generation(deps, request)
@@ -134,6 +139,23 @@ def test_steps_are_asked_after_the_first_token_up_to_the_setting_and_the_tokens_
     assert all(r.next_kind == target_pb2.NEXT_KIND_TARGET for r in reply.trace)
     assert (reply.stats.rounds, reply.stats.target_passes) == (10, 10)
     assert [len(c.rounds) for c in chunks if c.rounds] == [1, 4, 4, 1]
+
+
+@pytest.mark.parametrize(
+    "pass_ms, steps_ms, calls",
+    [
+        (10.0, 200.0, [1, 8, 3]),  # 20 passes fit in 200 ms: the setting (8) decides
+        (60.0, 200.0, [1, 3, 3, 3, 2]),  # 3 passes fit
+        (300.0, 200.0, [1] * 12),  # not even one: a call per token
+        (300.0, 0.0, [1, 8, 3]),  # no time cap: the setting alone
+    ],
+)
+def test_a_slow_target_gets_the_steps_that_fit_in_the_time_cap(tok, pass_ms, steps_ms, calls):
+    completion = tok.encode(COMPLETION, add_special_tokens=False)[:12]
+    target = SteppingTarget(prompt_len(tok), completion, pass_ms=pass_ms)
+    _, generation, _ = generate(tok, target, steps=8, steps_ms=steps_ms, max_new_tokens=12)
+    assert [s for _, s, _ in target.calls] == calls
+    assert list(generation.response().token_ids) == completion
 
 
 def test_one_step_per_call_when_the_setting_is_one(tok):
