@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.machine import machine_info
-from specdec.bench.plan import PROMPT_SETS, Prompt, env_assignments, load_prompts
+from specdec.bench.plan import PROMPT_SETS, WARMUP_TOKENS, Prompt, env_assignments, load_prompts
 from specdec.bench.runner import interleave_sets
 
 DEFAULT_CONFIGS = "k0,default"  # k = 0, and the default configuration (the server's own choice of k)
@@ -109,7 +109,7 @@ def run(args: AbArgs) -> dict[str, Any]:
         clients = [StackClient(stack) for stack in stacks]
         for client in clients:  # warm-up: every configuration once on the first prompt
             for config in args.configs:
-                client.generate(prompts[0], config_k(config), 8)
+                client.generate(prompts[0], config_k(config), WARMUP_TOKENS)
         for rep in range(args.repeats):
             for p in prompts:
                 for config in args.configs:

@@ -24,6 +24,7 @@ from typing import Any
 
 from specdec import children
 from specdec.bench.llamacpp import our_medians
+from specdec.bench.plan import WARMUP_TOKENS
 from specdec.launcher import free_port
 
 BUILD_HINT = "make llama-server (builds llama.cpp's server from llama-cpp-python's sdist, a few minutes)"
@@ -139,14 +140,30 @@ class LlamaServer:
         return list(out.get("tokens", [])), time.perf_counter() - start
 
 
+def locate(gguf: Path | None, binary: str = "") -> tuple[Path | None, str]:
+    """The llama-server binary to run on `gguf` (find_binary), or None and why it cannot run here."""
+    if gguf is None:
+        return None, "the target is not a GGUF file: llama-server needs one"
+    path = find_binary(binary)
+    return (path, "") if path is not None else (None, f"no llama-server binary: {BUILD_HINT}")
+
+
 class ServerAnchors:
     """llama-server target alone and with each SPEC_CONFIGS speculation (or only those named in `configs`, in
     SPEC_CONFIGS' order), each its own process kept running through the bench's loop: `measure(p)` runs a prompt on
     every one right after our configurations ran it, so a drift of the machine falls on both sides alike (the
     idle servers wait on a socket). A configuration that fails to start is recorded with its reason."""
 
-    def __init__(self, path: Path, gguf: str, threads: int, max_new: int, configs: Sequence[str] | None = None) -> None:
-        self.path, self.gguf, self.threads, self.max_new = path, gguf, threads, max_new
+    def __init__(
+        self,
+        gguf: Path | None,
+        threads: int,
+        max_new: int,
+        configs: Sequence[str] | None = None,
+        binary: str = "",
+    ) -> None:
+        self.gguf, self.threads, self.max_new = gguf, threads, max_new
+        self.path, self.unavailable = locate(gguf, binary)
         self.names = [n for n in SPEC_CONFIGS if configs is None or n in configs]
         self.servers: dict[str, LlamaServer] = {}
         self.skipped: dict[str, str] = {}
@@ -154,9 +171,11 @@ class ServerAnchors:
         self.tokens: dict[str, dict[str, list[int]]] = {}
 
     def __enter__(self) -> ServerAnchors:
+        if self.path is None or self.gguf is None:
+            return self
         for name in self.names:
             try:
-                server = LlamaServer(self.path, self.gguf, self.threads, SPEC_CONFIGS[name]).__enter__()
+                server = LlamaServer(self.path, str(self.gguf), self.threads, SPEC_CONFIGS[name]).__enter__()
             except (RuntimeError, TimeoutError, OSError) as exc:
                 self.skipped[name] = str(exc)
                 continue
@@ -171,7 +190,7 @@ class ServerAnchors:
 
     def warm_up(self, ids: Sequence[int]) -> None:
         for name in list(self.servers):
-            self._complete(name, ids, min(8, self.max_new))
+            self._complete(name, ids, min(WARMUP_TOKENS, self.max_new))
 
     def measure(self, p: Any) -> None:
         """One greedy generation of prompt `p` on every running configuration: its tok/s and (first time) tokens."""
@@ -193,6 +212,8 @@ class ServerAnchors:
     def result(self) -> dict[str, Any]:
         """What the bench records: per configuration its args, tok/s per prompt set (median over prompts x
         repeats), the runs and its greedy tokens per prompt (identity against ours), or why it was skipped."""
+        if self.unavailable:
+            return {"skipped": self.unavailable}
         configs: dict[str, Any] = {}
         for name in self.names:
             if name in self.skipped:
@@ -206,7 +227,7 @@ class ServerAnchors:
                 }
         return {
             "binary": str(self.path),
-            "gguf": Path(self.gguf).name,
+            "gguf": self.gguf.name if self.gguf is not None else "",
             "threads": self.threads,
             "max_new_tokens": self.max_new,
             "order": "interleaved with our configurations: each prompt on every server right after ours",
@@ -314,12 +335,7 @@ class ServerWaves:
         binary: str = "",
     ) -> None:
         self.gguf, self.prompt_ids, self.slots, self.max_new, self.threads = gguf, prompt_ids, slots, max_new, threads
-        self.path = find_binary(binary) if gguf is not None else None
-        self.skipped = ""
-        if gguf is None:
-            self.skipped = "the target is not a GGUF file: llama-server needs one"
-        elif self.path is None:
-            self.skipped = f"no llama-server binary: {BUILD_HINT}"
+        self.path, self.skipped = locate(gguf, binary)
         self.server: LlamaServer | None = None
         self.per_c: dict[str, list[float]] = {}
 
@@ -331,7 +347,7 @@ class ServerWaves:
         try:
             self.server = LlamaServer(self.path, str(self.gguf), self.threads, [], slots=self.slots).__enter__()
             self.pool = ThreadPoolExecutor(self.slots)
-            self.server.complete(self.prompt_ids[0], 8)  # warm-up
+            self.server.complete(self.prompt_ids[0], WARMUP_TOKENS)
         except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
             self.skipped = str(exc)
             self.__exit__()

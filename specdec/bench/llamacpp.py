@@ -18,6 +18,8 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.plan import WARMUP_TOKENS
+
 INSTALL_HINT = "make install (builds llama-cpp-python portable: scripts/build_llamacpp.sh)"
 # Context window llama.cpp allocates: the longest bench prompt plus the generated tokens fit.
 LLAMACPP_N_CTX = 4096
@@ -80,20 +82,6 @@ def anchor_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def llamacpp_anchor(
-    target_model: str, prompts: Sequence[Any], max_new: int, repeats: int, threads: int
-) -> dict[str, Any]:
-    """tok/s of llama.cpp on each prompt set (median over prompts x repeats), or why it was skipped: the prompts
-    measured back to back on a LibraryAnchor (the bench interleaves them with its configurations instead)."""
-    with LibraryAnchor(target_model, threads, max_new) as anchor:
-        if prompts:
-            anchor.warm_up(prompts[0].ids)
-        for _ in range(repeats):
-            for p in prompts:
-                anchor.measure(p)
-        return anchor.result()
-
-
 class LibraryAnchor:
     """llama.cpp through llama-cpp-python, target alone, in a spawned child process that loads the GGUF once and
     stays through the bench's loop: `measure(p)` times prompt `p` right after our configurations ran it, so a drift
@@ -129,7 +117,7 @@ class LibraryAnchor:
             self.pool = None
 
     def warm_up(self, ids: Sequence[int]) -> None:
-        self._call(_generate_job, list(ids), min(8, self.max_new))
+        self._call(_generate_job, list(ids), min(WARMUP_TOKENS, self.max_new))
 
     def measure(self, p: Any) -> None:
         got = self._call(_generate_job, list(p.ids), self.max_new)

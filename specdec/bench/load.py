@@ -55,10 +55,10 @@ from specdec.bench.load_results import (
     server_delta,
     server_samples,
 )
+from specdec.bench.plan import WARMUP_TOKENS
 
 log = logging.getLogger("specdec.bench.load")
 
-WARMUP_TOKENS = 8
 WARMUP_TIMEOUT_S = 300.0
 SCRAPE_TIMEOUT_S = 10.0
 #: a guidellm run that takes longer than this is stuck (the default run takes ~30 min in all).

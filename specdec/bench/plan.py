@@ -12,6 +12,7 @@ from typing import Any
 
 PROMPT_SETS = ("grounded", "open")
 VERIFY_CONTEXT_TOKENS = 300
+WARMUP_TOKENS = 8  # the discarded first generation of each configuration and anchor (first-call costs)
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "prompts"
 
 K0, KDEF, ADAPTIVE, HF_TARGET, HF_ASSISTED = "k0", "kdefault", "adaptive", "hf_target", "hf_assisted"

@@ -25,6 +25,7 @@ from specdec.bench.identity import identity_report
 from specdec.bench.machine import machine_info, peak_rss_bytes
 from specdec.bench.plan import (
     HF_ASSISTED,
+    WARMUP_TOKENS,
     BenchArgs,
     Config,
     Prompt,
@@ -42,7 +43,6 @@ DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_REPEATS = 2
 DEFAULT_PROMPTS_PER_SET = 5
 QUICK = {"prompts_per_set": 1, "max_new_tokens": 24, "repeats": 1, "verify_reps": 2}
-WARMUP_TOKENS = 8
 
 
 def run(args: BenchArgs) -> dict[str, Any]:
@@ -253,25 +253,9 @@ class Anchor(Protocol):
     def result(self) -> dict[str, Any]: ...
 
 
-class Skipped:
-    """An anchor that cannot run here: its result says why."""
-
-    def __init__(self, why: str) -> None:
-        self.why = why
-
-    def warm_up(self, ids: Sequence[int]) -> None:
-        pass
-
-    def measure(self, p: Prompt) -> None:
-        pass
-
-    def result(self) -> dict[str, Any]:
-        return {"skipped": self.why}
-
-
 def _open_anchors(args: BenchArgs, held: contextlib.ExitStack, phases: dict[str, float]) -> dict[str, Anchor]:
     """The anchors asked for, started (held open by `held`): result key -> anchor."""
-    from specdec.bench.llama_server import BUILD_HINT, ServerAnchors, find_binary
+    from specdec.bench.llama_server import ServerAnchors
     from specdec.bench.llamacpp import LibraryAnchor, target_gguf
 
     t0 = time.perf_counter()
@@ -279,15 +263,14 @@ def _open_anchors(args: BenchArgs, held: contextlib.ExitStack, phases: dict[str,
     if args.with_llamacpp:
         anchors["llamacpp"] = held.enter_context(LibraryAnchor(args.target_model, args.threads, args.max_new_tokens))
     if args.with_llama_server:
-        gguf, binary = target_gguf(args.target_model), find_binary(args.llama_server)
-        if gguf is None:
-            anchors["llama_server"] = Skipped(f"the target {args.target_model!r} is not a GGUF file")
-        elif binary is None:
-            anchors["llama_server"] = Skipped(f"no llama-server binary: {BUILD_HINT}")
-        else:
-            anchors["llama_server"] = held.enter_context(
-                ServerAnchors(binary, str(gguf), args.threads, args.max_new_tokens, args.llama_server_configs)
-            )
+        server = ServerAnchors(
+            target_gguf(args.target_model),
+            args.threads,
+            args.max_new_tokens,
+            args.llama_server_configs,
+            args.llama_server,
+        )
+        anchors["llama_server"] = held.enter_context(server)
     phases["anchors_start_s"] = time.perf_counter() - t0
     return anchors
 

@@ -149,7 +149,8 @@ def test_every_result_names_the_cpu_and_the_features_that_decide_kernels():
 def test_the_llamacpp_column_is_skipped_with_a_note_or_set_beside_ours(monkeypatch):
     import builtins
 
-    from specdec.bench.llamacpp import anchor_lines, llamacpp_anchor
+    from specdec.bench.llamacpp import anchor_lines
+    from tests.unit.test_llamacpp_anchor import llamacpp_anchor
 
     real_import = builtins.__import__
     monkeypatch.setattr(

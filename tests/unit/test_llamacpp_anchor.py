@@ -9,7 +9,7 @@ from collections import namedtuple
 
 import pytest
 
-from specdec.bench.llamacpp import llamacpp_anchor
+from specdec.bench.llamacpp import LibraryAnchor
 
 Prompt = namedtuple("Prompt", "set ids")
 PROMPTS = [Prompt("grounded", [1, 2, 3]), Prompt("open", [4, 5])]
@@ -31,6 +31,17 @@ class Llama:
         while True:
             yield 7
 """
+
+
+def llamacpp_anchor(target_model: str, prompts: list, max_new: int, repeats: int, threads: int) -> dict:
+    """The prompts back to back on a LibraryAnchor (the bench interleaves them with its configurations)."""
+    with LibraryAnchor(target_model, threads, max_new) as anchor:
+        if prompts:
+            anchor.warm_up(prompts[0].ids)
+        for _ in range(repeats):
+            for p in prompts:
+                anchor.measure(p)
+        return anchor.result()
 
 
 @pytest.fixture

@@ -71,7 +71,7 @@ def _run(anchors: ServerAnchors, repeats: int = 2, between=None) -> dict:
 
 
 def test_every_configuration_measures_each_prompt_and_keeps_its_tokens(binary: Path):
-    with ServerAnchors(binary, "model.gguf", 2, 4, ["server", "server_ngram_mod"]) as anchors:
+    with ServerAnchors(Path("model.gguf"), 2, 4, ["server", "server_ngram_mod"], str(binary)) as anchors:
         got = _run(anchors)
     assert not anchors.servers  # stopped on exit
     assert got["gguf"] == "model.gguf" and got["threads"] == 2 and "interleaved" in got["order"]
@@ -85,7 +85,7 @@ def test_every_configuration_measures_each_prompt_and_keeps_its_tokens(binary: P
 
 def test_a_server_that_does_not_start_is_skipped_with_its_reason(binary: Path, monkeypatch):
     monkeypatch.setenv("STAND_IN_SPEC_FAILS", "1")
-    with ServerAnchors(binary, "model.gguf", 2, 4) as anchors:
+    with ServerAnchors(Path("model.gguf"), 2, 4, binary=str(binary)) as anchors:
         got = _run(anchors, repeats=1)
     assert set(got["configs"]) == set(SPEC_CONFIGS)
     assert set(got["configs"]["server"]["tok_s"]) == {"grounded", "open"}
@@ -94,7 +94,7 @@ def test_a_server_that_does_not_start_is_skipped_with_its_reason(binary: Path, m
 
 
 def test_a_server_that_dies_mid_run_costs_its_column_not_the_run(binary: Path):
-    with ServerAnchors(binary, "model.gguf", 2, 4, ["server", "server_ngram_simple"]) as anchors:
+    with ServerAnchors(Path("model.gguf"), 2, 4, ["server", "server_ngram_simple"], str(binary)) as anchors:
         victim = anchors.servers["server_ngram_simple"].proc
 
         def kill_after_first_repeat(rep: int) -> None:
@@ -117,6 +117,13 @@ def test_waves_of_c_requests_give_one_sample_of_aggregate_tok_s_per_call(binary:
     assert got["slots"] == 2 and got["gguf"] == "model.gguf" and "interleaved" in got["order"]
     assert {c: len(v) for c, v in got["runs"].items()} == {"1": 2, "2": 2}
     assert all(v > 0 for v in got["tokens_per_s"].values())
+
+
+def test_anchors_without_a_gguf_say_why(binary: Path):
+    with ServerAnchors(None, 2, 4, binary=str(binary)) as anchors:
+        anchors.warm_up([1])
+        anchors.measure(PROMPTS[0])
+    assert anchors.result() == {"skipped": "the target is not a GGUF file: llama-server needs one"}
 
 
 def test_waves_without_a_gguf_or_after_the_server_died_say_why(binary: Path):
