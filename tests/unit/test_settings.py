@@ -38,12 +38,14 @@ def test_a_value_that_is_not_a_number_names_its_variable(monkeypatch):
         ("SPECDEC_LOOP_FORWARDS", "2", "integer from -1 to 1"),
         ("SPECDEC_LEASE_SECONDS", "0", "number > 0"),
         ("SPECDEC_MAX_CONCURRENT", "0", "integer >= 1"),
+        ("SPECDEC_DECODE_STEPS_MS", "-1", "number >= 0"),
     ],
 )
 def test_a_value_out_of_range_is_refused_with_the_range(monkeypatch, name, value, allowed):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=rf"{name}='{value}': .*\(allowed: {allowed}\)"):
-        OrchestratorConfig() if name in ("SPECDEC_LEASE_SECONDS", "SPECDEC_MAX_CONCURRENT") else ModelServiceConfig()
+        orchestrator = ("SPECDEC_LEASE_SECONDS", "SPECDEC_MAX_CONCURRENT", "SPECDEC_DECODE_STEPS_MS")
+        OrchestratorConfig() if name in orchestrator else ModelServiceConfig()
 
 
 @pytest.mark.parametrize(

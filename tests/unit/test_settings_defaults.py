@@ -114,6 +114,8 @@ ORCHESTRATOR = {
     "affinity_prompt_chars": 1024,
     "affinity_max_live": 4,
     "trace_rejected_rows": True,
+    "decode_steps": 8,
+    "decode_steps_ms": 200.0,
     "redis_url": "",
     "redis_prefix": "specdec:",
     "session_ttl_s": 86400,
